@@ -1,0 +1,175 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// State is the life-cycle state of an idempotency record: absent, then in
+// progress, then completed. The zero value is Absent.
+type State int
+
+const (
+	// Absent means no record exists for the scope (or it fell out of the
+	// replay window): the next claim starts a new execution.
+	Absent State = iota
+	// InProgress means an owner holds a lease on the record and is running
+	// the handler, or crashed while doing so.
+	InProgress
+	// Completed means the response is stored and every later request with
+	// the same scope and fingerprint gets it replayed.
+	Completed
+)
+
+// String returns "absent", "in_progress" or "completed".
+func (s State) String() string {
+	switch s {
+	case Absent:
+		return "absent"
+	case InProgress:
+		return "in_progress"
+	case Completed:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Scope identifies one logical request: the same key sent by another
+// principal, to another route or with another method is another request.
+type Scope struct {
+	Principal string // authenticated identity, from the Principal function
+	Method    string // HTTP method, upper case
+	Route     string // the route pattern or path the middleware guards
+	Key       string // the Idempotency-Key value, unquoted
+}
+
+// Response is a stored response, replayed verbatim: status, the allow-listed
+// headers and the body.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Lease identifies one owner's hold on an in-progress record. Every write a
+// store makes on behalf of an owner is conditional on Owner and Generation
+// still matching the record: this is the fence that stops an owner whose lease
+// expired from overwriting its successor.
+type Lease struct {
+	Scope      Scope
+	Owner      string // random token chosen by the claimant
+	Generation int64  // starts at 1, bumped by every takeover
+}
+
+// Record is the stored state of one scope.
+type Record struct {
+	Scope              Scope
+	State              State
+	Fingerprint        string // hex SHA-256 of the canonical request
+	FingerprintVersion int    // algorithm version of Fingerprint
+	Owner              string // current lease owner (in progress)
+	Generation         int64  // fencing generation
+	LeaseUntil         time.Time
+	RecoveryPoint      string // name of the last committed phase, "" before any
+	RecoveryData       []byte // opaque phase state saved with RecoveryPoint
+	Request            []byte // opaque encoded request saved at claim, for the completer
+	Response           *Response
+	CreatedAt          time.Time
+	UpdatedAt          time.Time
+	CompletedAt        time.Time // zero unless Completed
+}
+
+// Lease returns the lease that the record's current owner holds.
+func (r Record) Lease() Lease {
+	return Lease{Scope: r.Scope, Owner: r.Owner, Generation: r.Generation}
+}
+
+// Claim is the argument to Store.Claim.
+type Claim struct {
+	Scope              Scope
+	Fingerprint        string
+	FingerprintVersion int
+	Owner              string        // the claimant's fresh owner token
+	Request            []byte        // stored with a new record (may be nil)
+	Now                time.Time     // the store uses this, never its own clock
+	LeaseFor           time.Duration // lease length: LeaseUntil = Now + LeaseFor
+	ReplayWindow       time.Duration // a completed record older than this is treated as absent
+}
+
+// Store errors. Stores return these (wrapped or bare) so that callers can
+// match them with errors.Is.
+var (
+	// ErrNotFound is returned by Get when no record exists for the scope.
+	ErrNotFound = errors.New("idempotency: record not found")
+	// ErrLeaseLost is returned by a conditional write whose lease no longer
+	// matches the record (expired and taken over, released, or completed).
+	ErrLeaseLost = errors.New("idempotency: lease lost")
+)
+
+// Store keeps idempotency records. Implementations must be safe for
+// concurrent use by many goroutines and, for shared stores, many processes.
+// Every method takes the current time as an argument where it matters; stores
+// never read a clock of their own.
+type Store interface {
+	// Claim atomically decides who runs a request. With no record (or a
+	// completed one older than ReplayWindow) it creates an in-progress record
+	// owned by c.Owner with Generation 1 (or the old generation + 1) and
+	// returns it with acquired = true. With an in-progress record whose lease
+	// has expired and whose fingerprint equals c.Fingerprint, it takes the
+	// record over with a conditional update that sets Owner, bumps Generation
+	// and keeps RecoveryPoint/RecoveryData, and returns acquired = true.
+	// Otherwise it returns the existing record unchanged with acquired =
+	// false. Never select-then-insert: one atomic step.
+	Claim(ctx context.Context, c Claim) (rec Record, acquired bool, err error)
+
+	// Get returns the record for the scope, or ErrNotFound.
+	Get(ctx context.Context, s Scope) (Record, error)
+
+	// Heartbeat extends the lease to until. ErrLeaseLost if l is not the
+	// current owner of an in-progress record.
+	Heartbeat(ctx context.Context, l Lease, until time.Time) error
+
+	// Complete stores resp and marks the record completed at now.
+	// ErrLeaseLost if l is not the current owner of an in-progress record.
+	Complete(ctx context.Context, l Lease, resp Response, now time.Time) error
+
+	// Release deletes an in-progress record so that the next request with the
+	// same scope runs again. ErrLeaseLost if l is not the current owner.
+	Release(ctx context.Context, l Lease) error
+
+	// SetRecoveryPoint records the last committed phase and its state.
+	// ErrLeaseLost if l is not the current owner of an in-progress record.
+	SetRecoveryPoint(ctx context.Context, l Lease, point string, data []byte, now time.Time) error
+
+	// Abandoned lists up to limit in-progress records whose lease expired
+	// before now, oldest first (for the completer).
+	Abandoned(ctx context.Context, now time.Time, limit int) ([]Record, error)
+
+	// DeleteBefore deletes up to limit records last updated before horizon
+	// (completed ones, and in-progress ones whose lease also expired before
+	// horizon) and reports how many it deleted.
+	DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error)
+}
+
+// Transactor is implemented by stores that can run a handler's own writes
+// and the record's writes in one transaction (the SQL store; the memory
+// store too, for a uniform code path). The middleware and the phase API use
+// it when the store offers it.
+type Transactor interface {
+	// Begin starts a unit of work for the owner of l. The returned context
+	// carries the transaction for the handler (for the SQL store,
+	// sqlstore.Tx(ctx) returns the *sql.Tx).
+	Begin(ctx context.Context, l Lease) (Unit, context.Context, error)
+}
+
+// Unit is one transaction bound to a lease. Its conditional writes fail with
+// ErrLeaseLost when the lease no longer holds; nothing is visible to others
+// before Commit. A Unit is used by one goroutine.
+type Unit interface {
+	SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error
+	Complete(ctx context.Context, resp Response, now time.Time) error
+	Commit() error
+	Rollback() error // safe to call after Commit (then a no-op)
+}
