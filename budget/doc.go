@@ -1,0 +1,51 @@
+// Package budget is the fleet retry budget of saferetry: it decides whether
+// a client may retry at all, so that an outage is not made worse by its own
+// clients' retries.
+//
+// Per-request limits (3 attempts, backoff) are not enough: a fleet whose
+// every instance retries "reasonably" still sends up to 3x the load to a
+// server that is failing, exactly when it can least take it. A budget caps
+// retries as a share of traffic instead. The client Transport asks its
+// [Budget] before every retry (never before attempt 1), reports successes,
+// and when denied returns the last outcome instead of retrying.
+//
+// # Token bucket (the default)
+//
+// [TokenBucket] implements the retry quota of the AWS SDKs' retry behaviour
+// announced for 2026 (opt in with AWS_NEW_RETRIES_2026=true, the default from
+// November 2026): a bucket of 500 tokens, starting full; a retry after a
+// transient failure costs 14 tokens, a retry after throttling (429, or 503
+// with Retry-After) costs 5; a retry that succeeds refunds its cost; a
+// first-try success adds 1, never above 500; a retry whose cost exceeds what
+// is left is denied and takes nothing. Pre-2026 SDKs charged 5 per retry and
+// 10 per timeout. There is no refill with time, only with successes: during a
+// full outage the bucket drains after 35 transient retries and the client
+// then sends each request once, so amplification tends to 1; with the
+// defaults the quota keeps draining once roughly 22% or more of first
+// attempts fail for a sustained period (each failure's retry costs 14, funded
+// by first-try successes at 1 each).
+//
+// # Ratio
+//
+// [Ratio] allows retries up to a share of logical requests (default 20%)
+// in a sliding window (default 10 s, ten 1 s sub-buckets), plus a small floor
+// (default 10 retries per second, a golang.org/x/time/rate limiter) so that a
+// client with little traffic can still retry. Its doc comment states the
+// guarantee precisely. Proportional budgets compose: if every instance caps
+// its retries at 20% of its own logical requests, the whole fleet's retries
+// are at most 20% of the fleet's requests, so the load reaching the server is
+// at most 1.2x the logical load, without any coordination or shared store.
+// The floor does not compose that way (it adds FloorPerSecond per instance),
+// which is why it is small.
+//
+// # Registry
+//
+// Budgets are per host: one outage of one host must not stop retries to
+// others. A [Registry] creates one budget per host lazily; [Default] is the
+// process-wide registry of default token buckets that every Transport shares
+// unless given its own budget or registry. [Unlimited] exists for tests and
+// batch jobs.
+//
+// All types are safe for concurrent use, start no goroutines and take the
+// current time as a parameter, so tests and simulations drive the clock.
+package budget

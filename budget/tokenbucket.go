@@ -1,0 +1,151 @@
+package budget
+
+import (
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Defaults of a [TokenBucket], the numbers of the AWS SDKs' retry behaviour of 2026.
+const (
+	DefaultCapacity      = 500 // tokens in a full bucket; a bucket starts full
+	DefaultTransientCost = 14  // tokens a retry after a transient failure costs
+	DefaultThrottleCost  = 5   // tokens a retry after throttling costs
+	DefaultSuccessReward = 1   // tokens a first-try success adds (never above capacity)
+)
+
+// TokenBucketConfig configures [NewTokenBucket]. The zero value means all defaults.
+type TokenBucketConfig struct {
+	// Capacity is the size of the bucket, which starts full. 0 means
+	// DefaultCapacity (500); NewTokenBucket treats a negative value as 0.
+	Capacity int
+	// TransientCost is what a Transient retry takes. 0 means
+	// DefaultTransientCost (14); negative is treated as 0.
+	TransientCost int
+	// ThrottleCost is what a Throttle retry takes. 0 means
+	// DefaultThrottleCost (5); negative is treated as 0.
+	ThrottleCost int
+	// SuccessReward is what a first-try success adds, never above Capacity.
+	// 0 means DefaultSuccessReward (1); a negative value disables the reward,
+	// leaving only refunds to refill the bucket.
+	SuccessReward int
+}
+
+// Validate reports the first field NewTokenBucket would replace by a default:
+// a negative Capacity, TransientCost or ThrottleCost, as a [*ConfigError]
+// wrapping [ErrInvalidConfig]. It returns nil for the zero value.
+func (c TokenBucketConfig) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Capacity", c.Capacity}, {"TransientCost", c.TransientCost}, {"ThrottleCost", c.ThrottleCost}} {
+		if f.v < 0 {
+			return &ConfigError{Field: "TokenBucketConfig." + f.name, Value: strconv.Itoa(f.v), Reason: "must not be negative"}
+		}
+	}
+	return nil
+}
+
+// TokenBucket is the default [Budget], the retry quota of the AWS SDKs' 2026
+// retry behaviour: a bucket of Capacity tokens, starting full. A retry takes
+// its cost (TransientCost or ThrottleCost) and is denied, taking nothing, when
+// the cost exceeds what is left. A retry that succeeds refunds its cost; a
+// first-try success adds SuccessReward; the bucket never exceeds Capacity.
+// There is no refill with time: only successes refill it, so during a full
+// outage the bucket drains after Capacity/TransientCost retries (35 with the
+// defaults) and further failures are not retried until requests succeed again.
+//
+// A TokenBucket is safe for concurrent use (a mutex guards the level) and
+// starts no goroutines. It ignores time and OnRequest. Create it with
+// [NewTokenBucket]; the zero value is not usable.
+type TokenBucket struct {
+	capacity, transient, throttle, reward int
+
+	mu     sync.Mutex
+	tokens int
+}
+
+var _ Budget = (*TokenBucket)(nil)
+
+// NewTokenBucket returns a full bucket configured by c, zero fields meaning
+// the defaults (500 tokens, transient retry 14, throttling retry 5, first-try
+// success +1). It never fails: invalid fields are replaced as documented on
+// [TokenBucketConfig] (use its Validate method to reject them instead).
+func NewTokenBucket(c TokenBucketConfig) *TokenBucket {
+	b := &TokenBucket{
+		capacity:  orDefault(c.Capacity, DefaultCapacity),
+		transient: orDefault(c.TransientCost, DefaultTransientCost),
+		throttle:  orDefault(c.ThrottleCost, DefaultThrottleCost),
+		reward:    c.SuccessReward,
+	}
+	switch {
+	case b.reward == 0:
+		b.reward = DefaultSuccessReward
+	case b.reward < 0:
+		b.reward = 0
+	}
+	b.tokens = b.capacity
+	return b
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Cost returns what a retry of kind k costs in this bucket. Kinds other than
+// [Throttle] cost TransientCost. Safe for concurrent use.
+func (b *TokenBucket) Cost(k Kind) int {
+	if k == Throttle {
+		return b.throttle
+	}
+	return b.transient
+}
+
+// Capacity returns the size of the bucket. Safe for concurrent use.
+func (b *TokenBucket) Capacity() int { return b.capacity }
+
+// OnRequest does nothing: a token bucket counts successes, not requests.
+func (b *TokenBucket) OnRequest(time.Time) {}
+
+// AcquireRetry takes Cost(k) tokens and returns (Cost(k), true), or returns
+// (0, false) and takes nothing when fewer than Cost(k) tokens are left.
+// Safe for concurrent use; now is ignored.
+func (b *TokenBucket) AcquireRetry(_ time.Time, k Kind) (int, bool) {
+	cost := b.Cost(k)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if cost > b.tokens {
+		return 0, false
+	}
+	b.tokens -= cost
+	return cost, true
+}
+
+// OnSuccess refunds retryCost when it is positive (a retry succeeded), or
+// adds the success reward when retryCost is 0 or negative (attempt 1
+// succeeded); either way never above Capacity. Safe for concurrent use; now
+// is ignored.
+func (b *TokenBucket) OnSuccess(_ time.Time, retryCost int) {
+	add := b.reward
+	if retryCost > 0 {
+		add = retryCost
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if add > b.capacity-b.tokens {
+		b.tokens = b.capacity
+		return
+	}
+	b.tokens += add
+}
+
+// Available returns the tokens left, between 0 and Capacity. Safe for
+// concurrent use; now is ignored.
+func (b *TokenBucket) Available(time.Time) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.tokens
+}
