@@ -1,0 +1,114 @@
+package jitter
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Defaults applied by [Config.Backoff] to zero (or negative) fields.
+const (
+	// DefaultBase is the base wait for transient failures (5xx, resets, timeouts).
+	DefaultBase = 50 * time.Millisecond
+	// DefaultThrottleBase is the base wait for throttling (429, or 503 with Retry-After).
+	DefaultThrottleBase = 1 * time.Second
+	// DefaultCap is the largest wait any formula returns.
+	DefaultCap = 20 * time.Second
+)
+
+// Config selects a backoff formula and its parameters. The zero value is
+// ready to use: Func nil means [Full], Base 0 means [DefaultBase] (50 ms),
+// ThrottleBase 0 means [DefaultThrottleBase] (1 s) and Cap 0 means
+// [DefaultCap] (20 s); negative durations are treated like 0. A Config is a
+// plain value, safe to copy and to use from many goroutines.
+type Config struct {
+	Func         Func          // formula; nil: Full
+	Base         time.Duration // base for transient failures; <= 0: 50ms
+	ThrottleBase time.Duration // base when the server throttles; <= 0: 1s
+	Cap          time.Duration // largest wait; <= 0: 20s
+}
+
+// withDefaults returns c with every zero or negative field replaced by its default.
+func (c Config) withDefaults() Config {
+	if c.Func == nil {
+		c.Func = Full
+	}
+	if c.Base <= 0 {
+		c.Base = DefaultBase
+	}
+	if c.ThrottleBase <= 0 {
+		c.ThrottleBase = DefaultThrottleBase
+	}
+	if c.Cap <= 0 {
+		c.Cap = DefaultCap
+	}
+	return c
+}
+
+// Backoff returns the wait before retry number attempt (0 for the first
+// retry) after applying the defaults documented on [Config]. prev is the wait
+// returned for the previous retry (used by [Decorrelated]); throttle selects
+// ThrottleBase instead of Base (the caller sets it for 429, or 503 with
+// Retry-After); r is a uniform random value in [0, 1), clamped into that range
+// when outside it. The result is never negative and never exceeds the cap.
+// Backoff is pure, never panics and is safe for concurrent use.
+func (c Config) Backoff(attempt int, prev time.Duration, throttle bool, r float64) time.Duration {
+	c = c.withDefaults()
+	base := c.Base
+	if throttle {
+		base = c.ThrottleBase
+	}
+	d := c.Func(attempt, prev, base, c.Cap, r)
+	// Guard against user-supplied formulas that misbehave.
+	return max(0, min(d, c.Cap))
+}
+
+// backOff adapts a Func to backoff.BackOff.
+type backOff struct {
+	f         Func
+	base, cap time.Duration
+	rnd       func() float64
+	attempt   int
+	prev      time.Duration
+}
+
+var _ backoff.BackOff = (*backOff)(nil)
+
+// NewBackOff adapts formula f to github.com/cenkalti/backoff/v4's BackOff
+// interface, so the formulas can drive backoff.Retry and friends. Each
+// NextBackOff call returns f(attempt, prev, base, cap, rnd()) for attempt
+// 0, 1, 2, ... and remembers the result as prev; Reset starts over at
+// attempt 0 with prev 0.
+//
+// f nil means [Full]; rnd nil means math/rand/v2's Float64; cap <= 0 means
+// uncapped (largest time.Duration); a negative base counts as 0. No defaults
+// from [Config] are applied. The returned BackOff never returns backoff.Stop:
+// bound it with backoff.WithMaxRetries or backoff.WithContext. Like the
+// backoff/v4 implementations, it is not safe for concurrent use; rnd is
+// called from the goroutine that calls NextBackOff.
+func NewBackOff(f Func, base, cap time.Duration, rnd func() float64) backoff.BackOff {
+	if f == nil {
+		f = Full
+	}
+	if rnd == nil {
+		rnd = rand.Float64
+	}
+	return &backOff{f: f, base: base, cap: cap, rnd: rnd}
+}
+
+// NextBackOff returns the next wait; it never returns backoff.Stop.
+func (b *backOff) NextBackOff() time.Duration {
+	d := max(0, b.f(b.attempt, b.prev, b.base, b.cap, b.rnd()))
+	if b.attempt < int(^uint(0)>>1) {
+		b.attempt++
+	}
+	b.prev = d
+	return d
+}
+
+// Reset restarts the sequence at attempt 0 with no previous wait.
+func (b *backOff) Reset() {
+	b.attempt = 0
+	b.prev = 0
+}
