@@ -1,0 +1,38 @@
+// Package keygen makes and checks idempotency keys: the value of the
+// Idempotency-Key header that lets a server de-duplicate the retries of one
+// logical request, so that a retried write takes effect effectively once
+// within the server's key scope and replay window.
+//
+// # Choosing a key
+//
+// The rule is one stable key per logical request, fixed before the first
+// attempt and reused by every retry. Ranked best first:
+//
+//  1. Event-derived keys ([Event]): computed from the business event the
+//     request carries out, for example Event("order-confirm", orderID). They
+//     are deterministic, so a process that crashes and starts over, a job
+//     re-run or a dead-letter replay computes the same key again: a retry
+//     cannot forget it.
+//  2. Request-scoped keys ([NewContext], [FromContext], [EnsureContext]):
+//     a key attached to the context of an incoming request or job and
+//     reused by every outgoing call made on its behalf, including retries
+//     of that whole unit of work within the process.
+//  3. A random key kept across retries ([Random]): a fresh UUIDv4 generated
+//     once per logical request and reused by every attempt. This is what the
+//     saferetry Transport attaches to POST and PATCH requests that carry no
+//     key. It protects the retries of one call, but a caller that restarts
+//     the whole operation gets a new key and therefore a second execution.
+//
+// The anti-pattern is a new value per attempt: a key that changes between
+// attempts of the same logical request de-duplicates nothing and gives a
+// false sense of safety. The saferetry Transport makes it impossible by fixing
+// the key before attempt 1.
+//
+// # Validation
+//
+// [Validate] accepts 1 to [MaxLen] (255) bytes of printable ASCII
+// (0x21 to 0x7E): no spaces, no control characters, no non-ASCII bytes.
+// Every non-empty result of [Event] and every result of [Random] is valid.
+//
+// All functions are safe for concurrent use.
+package keygen

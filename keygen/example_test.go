@@ -1,0 +1,36 @@
+package keygen_test
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/saferetry/saferetry/keygen"
+)
+
+func ExampleEvent() {
+	fmt.Println(keygen.Event("order-confirm", "42"))
+	fmt.Println(keygen.Event("a-b", "c"))
+	fmt.Println(keygen.Event("a", "b-c"))
+	fmt.Println(keygen.Event("refund", "ord 7", "50%"))
+	// Output:
+	// order-confirm-42
+	// a-b-c
+	// a-b%2Dc
+	// refund-ord%207-50%25
+}
+
+func ExampleValidate() {
+	fmt.Println(keygen.Validate("order-confirm-42"))
+	err := keygen.Validate("order 42")
+	fmt.Println(errors.Is(err, keygen.ErrInvalidKey))
+	var ike *keygen.InvalidKeyError
+	if errors.As(err, &ike) {
+		fmt.Println(ike.Reason, ike.Pos)
+	}
+	fmt.Println(err)
+	// Output:
+	// <nil>
+	// true
+	// invalid character 5
+	// keygen: invalid idempotency key "order 42": invalid character 0x20 at byte 5 (want printable ASCII 0x21..0x7E)
+}

@@ -1,0 +1,155 @@
+package keygen
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// MaxLen is the maximum length of a valid key, in bytes.
+const MaxLen = 255
+
+// hashMarker separates the kept prefix of an over-long [Event] key from the
+// hex SHA-256 of the full key. Outside this marker, every '%' in an Event key
+// starts an escape followed by two upper-case hex digits, so "%~" never occurs
+// in a key that was not shortened, and shortened keys cannot coincide with
+// keys that were not.
+const hashMarker = "%~"
+
+// hashedPrefixLen is the longest prefix kept before hashMarker and the 64 hex
+// digits of the SHA-256, so that a shortened key is at most MaxLen bytes.
+const hashedPrefixLen = MaxLen - len(hashMarker) - sha256.Size*2
+
+// Event returns a deterministic key derived from a business event: the
+// event name followed by the values that identify one occurrence of it, for
+// example Event("order-confirm", orderID). The same parts give the same key
+// in every call, process and machine, so a retry can never forget its key.
+//
+// The rule, byte for byte:
+//
+//   - Each part is escaped separately, then the escaped parts are joined with
+//     "-".
+//   - In every part, '%' and every byte outside printable ASCII 0x21..0x7E
+//     (space, control characters, DEL, each byte of a non-ASCII UTF-8
+//     sequence) is replaced by '%' and two upper-case hex digits: "%25" for
+//     '%', "%20" for a space, "%C3%A9" for "é".
+//   - In the first part (the event name), '-' is kept verbatim, so
+//     Event("order-confirm", "42") == "order-confirm-42".
+//   - In every later part, '-' is escaped as "%2D", so
+//     Event("a-b", "c") == "a-b-c" differs from Event("a", "b-c") == "a-b%2Dc".
+//
+// For a fixed number of parts n the mapping is injective: the last n-1
+// escaped parts contain no '-', so splitting the key at its last n-1 '-'
+// characters (from the right) recovers the escaped parts, the remainder is
+// the escaped event name, and each escaped part decodes uniquely because '%'
+// itself is always escaped.
+//
+// Limitation: keys of different part counts can coincide when an event name
+// is a '-'-joined prefix of another, for example
+// Event("order-confirm", "42") == Event("order", "confirm", "42"). Use one
+// fixed number of parts for each event name, and names that are not
+// '-'-joined prefixes of each other's names plus values.
+//
+// Length: when the escaped key is longer than [MaxLen] bytes, Event keeps
+// its longest prefix that ends on an escape boundary and is at most 189
+// bytes, then appends "%~" and the 64 lower-case hex digits of the SHA-256 of
+// the full escaped key. The result is still deterministic and at most
+// MaxLen bytes; two different long keys coincide only if SHA-256 collides,
+// and a shortened key never equals an unshortened one, because "%~" never
+// occurs in an unshortened key.
+//
+// Zero parts, or a single empty part, give "", which [Validate] rejects
+// with [ReasonEmpty]; every other result passes Validate. Event never
+// fails or panics and is safe for concurrent use.
+func Event(parts ...string) string {
+	var b strings.Builder
+	for i, p := range parts {
+		if i > 0 {
+			b.WriteByte('-')
+		}
+		escapePart(&b, p, i > 0)
+	}
+	s := b.String()
+	if len(s) <= MaxLen {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	cut := hashedPrefixLen
+	// Do not split an escape: back off when one of the last two kept
+	// bytes is the '%' that starts it.
+	for k := 1; k <= 2; k++ {
+		if s[cut-k] == '%' {
+			cut -= k
+			break
+		}
+	}
+	return s[:cut] + hashMarker + hex.EncodeToString(sum[:])
+}
+
+const upperHex = "0123456789ABCDEF"
+
+func escapePart(b *strings.Builder, p string, escapeDash bool) {
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if c < 0x21 || c > 0x7E || c == '%' || (escapeDash && c == '-') {
+			b.WriteByte('%')
+			b.WriteByte(upperHex[c>>4])
+			b.WriteByte(upperHex[c&0x0F])
+			continue
+		}
+		b.WriteByte(c)
+	}
+}
+
+// Random returns a new random key: a version 4 UUID in its canonical
+// 36-character form, from crypto/rand through github.com/google/uuid. Generate
+// it once per logical request and reuse it for every attempt; a new value per
+// attempt de-duplicates nothing. Random is safe for concurrent use and does
+// not fail (crypto/rand does not return errors on supported platforms).
+func Random() string {
+	return uuid.NewString()
+}
+
+type ctxKey struct{}
+
+// NewContext returns a copy of ctx that carries key as the request-scoped
+// idempotency key. A nil ctx is treated as context.Background(). The key is
+// not validated here: the saferetry Transport validates it when it attaches
+// it to a request, and [Validate] is available for earlier checks. An empty
+// key is stored but reported as absent by [FromContext]. Safe for concurrent
+// use.
+func NewContext(ctx context.Context, key string) context.Context {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return context.WithValue(ctx, ctxKey{}, key)
+}
+
+// FromContext returns the request-scoped key that [NewContext] attached to
+// ctx, and whether there is one. A nil ctx, a ctx without a key and an empty
+// key all give "", false. Safe for concurrent use.
+func FromContext(ctx context.Context) (string, bool) {
+	if ctx == nil {
+		return "", false
+	}
+	key, _ := ctx.Value(ctxKey{}).(string)
+	return key, key != ""
+}
+
+// EnsureContext returns ctx and its request-scoped key when it already
+// carries one; otherwise it attaches a new [Random] key with [NewContext] and
+// returns the new context and that key. Call it once at the start of a unit
+// of work (an incoming request, a job) and pass the returned context to every
+// call made on its behalf, so all of them and their retries share one key.
+// A nil ctx is treated as context.Background(). Safe for concurrent use; it
+// does not fail.
+func EnsureContext(ctx context.Context) (context.Context, string) {
+	if key, ok := FromContext(ctx); ok {
+		return ctx, key
+	}
+	key := Random()
+	return NewContext(ctx, key), key
+}

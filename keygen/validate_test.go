@@ -1,0 +1,69 @@
+package keygen
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		name   string
+		key    string
+		reason string
+		pos    int
+	}{
+		{"255 ok", strings.Repeat("k", 255), "", 0},
+		{"one char", "k", "", 0},
+		{"all printable", "!~azAZ09-_.:/%{}", "", 0},
+		{"uuid", "3f1e2a4b-5c6d-4e7f-8a9b-0c1d2e3f4a5b", "", 0},
+		{"empty", "", ReasonEmpty, -1},
+		{"256 chars", strings.Repeat("k", 256), ReasonTooLong, -1},
+		{"huge with control chars", strings.Repeat("\x00", 1<<20), ReasonTooLong, -1},
+		{"space", "order 42", ReasonInvalidChar, 5},
+		{"leading space", " x", ReasonInvalidChar, 0},
+		{"tab", "a\tb", ReasonInvalidChar, 1},
+		{"control char", "ab\x01", ReasonInvalidChar, 2},
+		{"newline", "a\r\nInjected: 1", ReasonInvalidChar, 1},
+		{"DEL", "a\x7f", ReasonInvalidChar, 1},
+		{"non-ASCII", "caf\u00e9", ReasonInvalidChar, 3},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := Validate(c.key)
+			if c.reason == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalidKey)
+			var ike *InvalidKeyError
+			require.True(t, errors.As(err, &ike))
+			require.Equal(t, c.reason, ike.Reason)
+			require.Equal(t, c.pos, ike.Pos)
+			require.Equal(t, len(c.key), ike.Len)
+			if c.pos >= 0 {
+				require.Equal(t, c.key[c.pos], ike.Char)
+			}
+			msg := err.Error()
+			require.Contains(t, msg, c.reason)
+			require.LessOrEqual(t, len(msg), 300, "the message must not echo a huge key")
+			for i := 0; i < len(msg); i++ {
+				require.True(t, msg[i] >= 0x20 && msg[i] < 0x7f, "non-printable byte %q in %q", msg[i], msg)
+			}
+		})
+	}
+}
+
+func TestInvalidKeyErrorMessages(t *testing.T) {
+	require.Equal(t,
+		`keygen: invalid idempotency key "a\x01b": invalid character 0x01 at byte 1 (want printable ASCII 0x21..0x7E)`,
+		Validate("a\x01b").Error())
+	require.Equal(t, `keygen: invalid idempotency key "": empty`, Validate("").Error())
+	long := strings.Repeat("z", 300)
+	require.Equal(t,
+		`keygen: invalid idempotency key "`+strings.Repeat("z", 40)+`"...: too long (300 bytes, max 255)`,
+		Validate(long).Error())
+	require.False(t, errors.Is(Validate(""), errors.New("keygen: invalid idempotency key")))
+}
