@@ -31,10 +31,13 @@
 // in a sliding window (default 10 s, ten 1 s sub-buckets), plus a small floor
 // (default 10 retries per second, a golang.org/x/time/rate limiter) so that a
 // client with little traffic can still retry. Its doc comment states the
-// guarantee precisely. Proportional budgets compose: if every instance caps
-// its retries at 20% of its own logical requests, the whole fleet's retries
-// are at most 20% of the fleet's requests, so the load reaching the server is
-// at most 1.2x the logical load, without any coordination or shared store.
+// guarantee precisely: the retries of any period are at most 20% of the
+// requests of that period and of the window before it, plus the floor, and
+// over the life of the budget at most 20% of all requests plus the floor.
+// Proportional budgets compose: if every instance caps its retries at 20% of
+// its own logical requests, the whole fleet's retries are at most 20% of the
+// fleet's requests, so the load reaching the server is at most 1.2x the
+// logical load, without any coordination or shared store.
 // The floor does not compose that way (it adds FloorPerSecond per instance),
 // which is why it is small.
 //

@@ -83,14 +83,23 @@ func (c RatioConfig) Validate() error {
 //     holding t and the Buckets-1 before it: it covers at least the last
 //     Window-Window/Buckets and never more than the last Window.
 //   - AcquireRetry at t first tries the ratio: it grants when
-//     ratioRetries(W(t))+1 <= Ratio*requests(W(t)). Otherwise it asks the floor
+//     ratioRetries(W(t))+1 <= Ratio*requests(W(t)), where ratioRetries are the
+//     grants made this way. Otherwise it asks the floor
 //     (rate.Limiter.AllowN(t, 1) with FloorPerSecond and FloorBurst).
 //     Otherwise it denies and takes nothing.
-//   - Hence at every grant at time t: retries(W(t)) <= Ratio*requests(W(t)) +
-//     floor, where floor = FloorBurst + FloorPerSecond*Window bounds the floor
-//     grants in any span of length Window (110 with the defaults). In
-//     particular the retries of the last Window-Window/Buckets before any grant
-//     never exceed Ratio times the requests of the last Window plus floor.
+//
+// Guarantees, for every interval [a, b]:
+//
+//	retries in [a, b] <= Ratio * requests in (a-Window, b] + FloorBurst + FloorPerSecond*(b-a)
+//
+// (the windows of the last ratio grants before b, taken back to a, are
+// disjoint and lie in (a-Window, b]; the floor is a token bucket). Over the
+// life of the budget, ratio retries never exceed Ratio times all requests, so
+// amplification stays at most 1+Ratio plus the floor. And at every ratio
+// grant at t, ratioRetries(W(t)) <= Ratio*requests(W(t)). No budget can bound
+// the retries of a window by the requests of that same window alone: a retry
+// follows the request it retries, so the requests that funded a window's
+// retries may lie in the window before; hence "a-Window".
 //
 // Times that go backwards are treated as the latest time seen. OnSuccess is
 // ignored; Available reports the retries grantable now (ratio credit plus
