@@ -1,0 +1,277 @@
+package retry
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Problem codes (the "code" member of an application/problem+json body)
+// that the saferetry idempotency middleware sends with its conflicts.
+const (
+	// ProblemInProgress marks a 409 for a key whose first request is still
+	// running. It is the only 409 that is retried.
+	ProblemInProgress = "idempotency_request_in_progress"
+	// ProblemKeyReused marks a key reused with a different request
+	// (422, or 409 when so configured). It is never retried.
+	ProblemKeyReused = "idempotency_key_reused"
+)
+
+// Decision classes, the stable labels found in [Decision].Class. Statuses
+// outside the cases below are labelled "status_NNN" (for example
+// "status_503", "status_404"); statuses below 400 are [ClassOK].
+const (
+	ClassOK              = "ok"                // a status below 400: nothing to retry
+	ClassConnRefused     = "conn_refused"      // ECONNREFUSED while dialling (never sent)
+	ClassDial            = "dial"              // any other dial error, e.g. DNS or unreachable network (never sent)
+	ClassConnReset       = "conn_reset"        // ECONNRESET
+	ClassEOF             = "eof"               // io.EOF / io.ErrUnexpectedEOF before a response
+	ClassTimeout         = "timeout"           // the per-attempt timeout fired, or a transport timeout
+	ClassH2RefusedStream = "h2_refused_stream" // HTTP/2 REFUSED_STREAM (never processed)
+	ClassH2GoAway        = "h2_goaway"         // HTTP/2 GOAWAY
+	ClassTLS             = "tls"               // certificate verification failed
+	ClassCanceled        = "canceled"          // the caller canceled its context
+	ClassDeadline        = "deadline"          // the caller's own deadline passed
+	ClassInProgress      = "in_progress"       // 409 with ProblemInProgress
+	ClassKeyReused       = "key_reused"        // a conflict with ProblemKeyReused
+	ClassNotRetryable    = "not_retryable"     // an unrecognised error, or no outcome at all
+)
+
+// Policy holds the options of [Classify]. The zero value applies the
+// defaults of DESIGN.md: 500 is not retried.
+type Policy struct {
+	// Retry500 adds 500 Internal Server Error to the retryable statuses
+	// (for idempotent requests only). Default false.
+	Retry500 bool
+}
+
+// Input describes the outcome of one attempt.
+type Input struct {
+	// Method is the request method (informational; Idempotent decides).
+	Method string
+	// Idempotent is true when the method is idempotent (IsIdempotentMethod),
+	// an Idempotency-Key is attached, or the caller declared the request
+	// idempotent. When false, only failures where the request provably never
+	// reached the server are retried.
+	Idempotent bool
+	// Response is the attempt's response; nil when Err is non-nil.
+	// Classify reads only StatusCode and Header, never the body.
+	Response *http.Response
+	// Err is the error the attempt returned, if any. It takes precedence
+	// over Response.
+	Err error
+	// AttemptTimedOut is true when the per-attempt timeout fired while the
+	// caller's own context was still alive.
+	AttemptTimedOut bool
+	// ProblemCode is the "code" member of a problem+json body, when the
+	// caller peeked one (for 409 conflicts); "" otherwise.
+	ProblemCode string
+}
+
+// Decision is the verdict of [Classify].
+type Decision struct {
+	// Retry reports whether the attempt may be retried (budget, deadline
+	// and attempt limits are the caller's to check).
+	Retry bool
+	// Class is a short stable label for logs and metrics (the Class*
+	// constants, or "status_NNN").
+	Class string
+	// Throttle is true for 429, and for 503 carrying a valid Retry-After:
+	// the caller uses the throttling backoff base and budget cost.
+	Throttle bool
+	// RetryAfter is the server's Retry-After hint (429 and 503 only), valid
+	// when HasRetryAfter is true; it may be huge, the caller caps it.
+	RetryAfter time.Duration
+	// HasRetryAfter reports whether a valid Retry-After was present.
+	HasRetryAfter bool
+	// NeverSent is true when the request provably never reached the server
+	// (dial error, HTTP/2 refused stream); only then is a non-idempotent
+	// request retried.
+	NeverSent bool
+}
+
+// IsIdempotentMethod reports whether method is retried as idempotent by
+// default: GET, HEAD, OPTIONS, TRACE, PUT and DELETE (RFC 9110 section
+// 9.2.2). The comparison is case-sensitive, as HTTP methods are; "" counts as
+// GET, like net/http does. POST, PATCH, CONNECT and unknown methods are
+// unsafe. IsIdempotentMethod is safe for concurrent use.
+func IsIdempotentMethod(method string) bool {
+	switch method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace,
+		http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return false
+}
+
+// Classify decides whether the attempt described by in may be retried under
+// policy p, and labels it. now is used to turn an HTTP-date Retry-After into
+// a duration. See the package documentation for the allow-list. Classify is
+// pure, never panics (a zero Input yields ClassNotRetryable) and is safe for
+// concurrent use.
+func Classify(p Policy, in Input, now time.Time) Decision {
+	if in.Err != nil {
+		return classifyErr(in)
+	}
+	if in.Response != nil {
+		return classifyStatus(p, in, now)
+	}
+	return Decision{Class: ClassNotRetryable}
+}
+
+func classifyStatus(p Policy, in Input, now time.Time) Decision {
+	code := in.Response.StatusCode
+	d := Decision{Class: statusClass(code)}
+	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+		d.RetryAfter, d.HasRetryAfter = ParseRetryAfter(in.Response.Header.Get("Retry-After"), now)
+	}
+	switch code {
+	case http.StatusTooManyRequests:
+		d.Throttle = true
+		d.Retry = true
+	case http.StatusServiceUnavailable:
+		d.Throttle = d.HasRetryAfter
+		d.Retry = true
+	case http.StatusBadGateway, http.StatusGatewayTimeout:
+		d.Retry = true
+	case http.StatusInternalServerError:
+		d.Retry = p.Retry500
+	case http.StatusConflict:
+		switch in.ProblemCode {
+		case ProblemInProgress:
+			d.Class, d.Retry = ClassInProgress, true
+		case ProblemKeyReused:
+			d.Class = ClassKeyReused
+		}
+	default:
+		if in.ProblemCode == ProblemKeyReused {
+			d.Class = ClassKeyReused
+		}
+	}
+	// A status proves the request reached the server: never retry an unsafe one.
+	d.Retry = d.Retry && in.Idempotent
+	return d
+}
+
+func statusClass(code int) string {
+	switch {
+	case code >= 100 && code < 400:
+		return ClassOK
+	case code >= 400 && code <= 999:
+		return "status_" + strconv.Itoa(code)
+	}
+	return "status_invalid"
+}
+
+func classifyErr(in Input) Decision {
+	err := in.Err
+	neverSent := isDial(err)
+	switch {
+	case in.AttemptTimedOut:
+		// Our own per-attempt timer fired; the caller's context is alive.
+		return Decision{Class: ClassTimeout, NeverSent: neverSent, Retry: in.Idempotent || neverSent}
+	case isTLSVerification(err):
+		return Decision{Class: ClassTLS}
+	case errors.Is(err, context.Canceled):
+		return Decision{Class: ClassCanceled}
+	case neverSent:
+		class := ClassDial
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			class = ClassConnRefused
+		}
+		return Decision{Class: class, NeverSent: true, Retry: true}
+	case hasIdentity(err, context.DeadlineExceeded):
+		return Decision{Class: ClassDeadline}
+	}
+	// Text matches on net/http's bundled HTTP/2 errors, which are unexported.
+	// GOAWAY is checked first: its message carries server-chosen debug data,
+	// and the conservative class must win.
+	text := errText(err)
+	switch {
+	case strings.Contains(text, "GOAWAY"):
+		return Decision{Class: ClassH2GoAway, Retry: in.Idempotent}
+	case strings.Contains(text, "REFUSED_STREAM"):
+		return Decision{Class: ClassH2RefusedStream, NeverSent: true, Retry: true}
+	case errors.Is(err, syscall.ECONNRESET):
+		return Decision{Class: ClassConnReset, Retry: in.Idempotent}
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return Decision{Class: ClassEOF, Retry: in.Idempotent}
+	case isTransportTimeout(err):
+		return Decision{Class: ClassTimeout, Retry: in.Idempotent}
+	}
+	return Decision{Class: ClassNotRetryable}
+}
+
+// isDial reports whether err comes from establishing the connection, so the
+// request was never written: a *net.OpError with Op "dial", or ECONNREFUSED.
+func isDial(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// isTLSVerification reports whether err is a certificate verification failure.
+func isTLSVerification(err error) bool {
+	var (
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		verify   *tls.CertificateVerificationError
+	)
+	return errors.As(err, &unknown) || errors.As(err, &hostname) ||
+		errors.As(err, &invalid) || errors.As(err, &verify)
+}
+
+// isTransportTimeout reports a timeout raised inside the transport (for
+// example http.Transport's ResponseHeaderTimeout or a socket read deadline):
+// a net.Error whose Timeout is true. Callers rule out context deadlines first.
+func isTransportTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// hasIdentity reports whether target itself (compared with ==, not Is) is in
+// err's tree. It separates a context's DeadlineExceeded from net's socket
+// timeouts, which also answer errors.Is(err, context.DeadlineExceeded).
+func hasIdentity(err, target error) bool {
+	for err != nil {
+		if err == target {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if hasIdentity(e, target) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// errText returns the message of err without a *url.Error prefix, whose URL
+// could otherwise smuggle "GOAWAY" or "REFUSED_STREAM" into the text.
+func errText(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		return ue.Err.Error()
+	}
+	return err.Error()
+}

@@ -1,0 +1,194 @@
+package retry
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var now = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+
+func resp(code int, header ...string) *http.Response {
+	h := http.Header{}
+	for i := 0; i+1 < len(header); i += 2 {
+		h.Set(header[i], header[i+1])
+	}
+	return &http.Response{StatusCode: code, Header: h}
+}
+
+func TestClassifyStatuses(t *testing.T) {
+	date := now.Add(30 * time.Second).Format(http.TimeFormat)
+	tests := []struct {
+		name   string
+		p      Policy
+		resp   *http.Response
+		code   string // ProblemCode
+		idem   Decision
+		unsafe Decision // same input with Idempotent=false
+	}{
+		{"200", Policy{}, resp(200), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
+		{"204", Policy{}, resp(204), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
+		{"301", Policy{}, resp(301), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
+		{"400", Policy{}, resp(400), "", Decision{Class: "status_400"}, Decision{Class: "status_400"}},
+		{"401", Policy{}, resp(401), "", Decision{Class: "status_401"}, Decision{Class: "status_401"}},
+		{"403", Policy{}, resp(403), "", Decision{Class: "status_403"}, Decision{Class: "status_403"}},
+		{"408", Policy{}, resp(408), "", Decision{Class: "status_408"}, Decision{Class: "status_408"}},
+		{"422 key reused", Policy{}, resp(422), ProblemKeyReused, Decision{Class: ClassKeyReused}, Decision{Class: ClassKeyReused}},
+		{"409 plain", Policy{}, resp(409), "", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
+		{"409 other code", Policy{}, resp(409), "something_else", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
+		{"409 in progress", Policy{}, resp(409, "Retry-After", "1"), ProblemInProgress, Decision{Retry: true, Class: ClassInProgress}, Decision{Class: ClassInProgress}},
+		{"409 key reused", Policy{}, resp(409), ProblemKeyReused, Decision{Class: ClassKeyReused}, Decision{Class: ClassKeyReused}},
+		{"422 in progress code is not retried", Policy{}, resp(422), ProblemInProgress, Decision{Class: "status_422"}, Decision{Class: "status_422"}},
+		{"429 no header", Policy{}, resp(429), "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
+		{"429 delta", Policy{}, resp(429, "Retry-After", "3"), "", Decision{Retry: true, Class: "status_429", Throttle: true, RetryAfter: 3 * time.Second, HasRetryAfter: true}, Decision{Class: "status_429", Throttle: true, RetryAfter: 3 * time.Second, HasRetryAfter: true}},
+		{"429 garbage header", Policy{}, resp(429, "Retry-After", "soon"), "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
+		{"500 default", Policy{}, resp(500), "", Decision{Class: "status_500"}, Decision{Class: "status_500"}},
+		{"500 opted in", Policy{Retry500: true}, resp(500), "", Decision{Retry: true, Class: "status_500"}, Decision{Class: "status_500"}},
+		{"501", Policy{Retry500: true}, resp(501), "", Decision{Class: "status_501"}, Decision{Class: "status_501"}},
+		{"502", Policy{}, resp(502), "", Decision{Retry: true, Class: "status_502"}, Decision{Class: "status_502"}},
+		{"502 ignores Retry-After", Policy{}, resp(502, "Retry-After", "5"), "", Decision{Retry: true, Class: "status_502"}, Decision{Class: "status_502"}},
+		{"503 no header", Policy{}, resp(503), "", Decision{Retry: true, Class: "status_503"}, Decision{Class: "status_503"}},
+		{"503 date", Policy{}, resp(503, "Retry-After", date), "", Decision{Retry: true, Class: "status_503", Throttle: true, RetryAfter: 30 * time.Second, HasRetryAfter: true}, Decision{Class: "status_503", Throttle: true, RetryAfter: 30 * time.Second, HasRetryAfter: true}},
+		{"503 invalid header is transient", Policy{}, resp(503, "Retry-After", "-1"), "", Decision{Retry: true, Class: "status_503"}, Decision{Class: "status_503"}},
+		{"504", Policy{}, resp(504), "", Decision{Retry: true, Class: "status_504"}, Decision{Class: "status_504"}},
+		{"505", Policy{}, resp(505), "", Decision{Class: "status_505"}, Decision{Class: "status_505"}},
+		{"nonsense status", Policy{}, resp(0), "", Decision{Class: "status_invalid"}, Decision{Class: "status_invalid"}},
+		{"nil header", Policy{}, &http.Response{StatusCode: 429}, "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			in := Input{Method: http.MethodGet, Idempotent: true, Response: tc.resp, ProblemCode: tc.code}
+			require.Equal(t, tc.idem, Classify(tc.p, in, now))
+			in.Method, in.Idempotent = http.MethodPost, false
+			require.Equal(t, tc.unsafe, Classify(tc.p, in, now))
+		})
+	}
+}
+
+// fakeH2 mimics net/http's unexported HTTP/2 error types, which are only
+// recognisable by their text.
+type fakeH2 string
+
+func (e fakeH2) Error() string { return string(e) }
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "net/http: timeout awaiting response headers" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+func urlErr(err error) error { return &url.Error{Op: "Post", URL: "http://api.example/pay", Err: err} }
+
+func opErr(op string, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, Err: err}
+}
+
+func TestClassifyErrors(t *testing.T) {
+	refusedStream := fakeH2("stream error: stream ID 3; REFUSED_STREAM")
+	goAway := fakeH2(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=NO_ERROR, debug=""`)
+	tests := []struct {
+		name     string
+		err      error
+		timedOut bool
+		idem     Decision
+		unsafe   Decision
+	}{
+		{"refused via OpError", urlErr(opErr("dial", os.NewSyscallError("connect", syscall.ECONNREFUSED))), false,
+			Decision{Retry: true, Class: ClassConnRefused, NeverSent: true}, Decision{Retry: true, Class: ClassConnRefused, NeverSent: true}},
+		{"bare ECONNREFUSED", syscall.ECONNREFUSED, false,
+			Decision{Retry: true, Class: ClassConnRefused, NeverSent: true}, Decision{Retry: true, Class: ClassConnRefused, NeverSent: true}},
+		{"dial DNS failure", opErr("dial", &net.DNSError{Err: "no such host", Name: "x.invalid", IsNotFound: true}), false,
+			Decision{Retry: true, Class: ClassDial, NeverSent: true}, Decision{Retry: true, Class: ClassDial, NeverSent: true}},
+		{"dial timeout (Dialer.Timeout)", urlErr(opErr("dial", timeoutErr{})), false,
+			Decision{Retry: true, Class: ClassDial, NeverSent: true}, Decision{Retry: true, Class: ClassDial, NeverSent: true}},
+		{"dial error during attempt timeout", opErr("dial", os.NewSyscallError("connect", syscall.ECONNREFUSED)), true,
+			Decision{Retry: true, Class: ClassTimeout, NeverSent: true}, Decision{Retry: true, Class: ClassTimeout, NeverSent: true}},
+		{"reset on read", urlErr(opErr("read", os.NewSyscallError("read", syscall.ECONNRESET))), false,
+			Decision{Retry: true, Class: ClassConnReset}, Decision{Class: ClassConnReset}},
+		{"EOF", urlErr(io.EOF), false, Decision{Retry: true, Class: ClassEOF}, Decision{Class: ClassEOF}},
+		{"unexpected EOF wrapped", fmt.Errorf("reading: %w", io.ErrUnexpectedEOF), false, Decision{Retry: true, Class: ClassEOF}, Decision{Class: ClassEOF}},
+		{"attempt timeout", context.DeadlineExceeded, true, Decision{Retry: true, Class: ClassTimeout}, Decision{Class: ClassTimeout}},
+		{"attempt timeout as cancel", context.Canceled, true, Decision{Retry: true, Class: ClassTimeout}, Decision{Class: ClassTimeout}},
+		{"caller deadline", urlErr(context.DeadlineExceeded), false, Decision{Class: ClassDeadline}, Decision{Class: ClassDeadline}},
+		{"caller deadline wrapped", fmt.Errorf("x: %w", context.DeadlineExceeded), false, Decision{Class: ClassDeadline}, Decision{Class: ClassDeadline}},
+		{"caller cancel", urlErr(context.Canceled), false, Decision{Class: ClassCanceled}, Decision{Class: ClassCanceled}},
+		{"caller cancel during dial", opErr("dial", context.Canceled), false, Decision{Class: ClassCanceled}, Decision{Class: ClassCanceled}},
+		{"transport timeout", urlErr(timeoutErr{}), false, Decision{Retry: true, Class: ClassTimeout}, Decision{Class: ClassTimeout}},
+		{"socket read deadline", opErr("read", os.ErrDeadlineExceeded), false, Decision{Retry: true, Class: ClassTimeout}, Decision{Class: ClassTimeout}},
+		{"h2 refused stream", urlErr(refusedStream), false,
+			Decision{Retry: true, Class: ClassH2RefusedStream, NeverSent: true}, Decision{Retry: true, Class: ClassH2RefusedStream, NeverSent: true}},
+		{"h2 cannot retry refused stream", fmt.Errorf("http2: Transport: cannot retry err [%w] after Request.Body was written; define Request.GetBody to avoid this error", refusedStream), false,
+			Decision{Retry: true, Class: ClassH2RefusedStream, NeverSent: true}, Decision{Retry: true, Class: ClassH2RefusedStream, NeverSent: true}},
+		{"h2 goaway", urlErr(goAway), false, Decision{Retry: true, Class: ClassH2GoAway}, Decision{Class: ClassH2GoAway}},
+		{"goaway debug data cannot fake a refused stream", fakeH2(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=NO_ERROR, debug="REFUSED_STREAM"`), false,
+			Decision{Retry: true, Class: ClassH2GoAway}, Decision{Class: ClassH2GoAway}},
+		{"URL text cannot fake a refused stream", &url.Error{Op: "Post", URL: "http://x/REFUSED_STREAM/GOAWAY", Err: errors.New("boom")}, false,
+			Decision{Class: ClassNotRetryable}, Decision{Class: ClassNotRetryable}},
+		{"tls unknown authority", urlErr(&tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), false, Decision{Class: ClassTLS}, Decision{Class: ClassTLS}},
+		{"tls hostname", urlErr(x509.HostnameError{Host: "x"}), false, Decision{Class: ClassTLS}, Decision{Class: ClassTLS}},
+		{"tls invalid", x509.CertificateInvalidError{Reason: x509.Expired}, false, Decision{Class: ClassTLS}, Decision{Class: ClassTLS}},
+		{"tls verification wins over reset text", fmt.Errorf("%w; %w", &tls.CertificateVerificationError{Err: errors.New("bad")}, syscall.ECONNRESET), false,
+			Decision{Class: ClassTLS}, Decision{Class: ClassTLS}},
+		{"unknown error", errors.New("boom"), false, Decision{Class: ClassNotRetryable}, Decision{Class: ClassNotRetryable}},
+		{"EPIPE is not allow-listed", urlErr(opErr("write", os.NewSyscallError("write", syscall.EPIPE))), false,
+			Decision{Class: ClassNotRetryable}, Decision{Class: ClassNotRetryable}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			in := Input{Method: http.MethodPut, Idempotent: true, Err: tc.err, AttemptTimedOut: tc.timedOut}
+			require.Equal(t, tc.idem, Classify(Policy{}, in, now))
+			in.Method, in.Idempotent = http.MethodPost, false
+			require.Equal(t, tc.unsafe, Classify(Policy{Retry500: true}, in, now))
+		})
+	}
+}
+
+func TestClassifyErrTakesPrecedenceAndZeroInput(t *testing.T) {
+	require.Equal(t, Decision{Class: ClassNotRetryable}, Classify(Policy{}, Input{}, now))
+	d := Classify(Policy{}, Input{Idempotent: true, Err: io.EOF, Response: resp(200)}, now)
+	require.Equal(t, Decision{Retry: true, Class: ClassEOF}, d)
+}
+
+func TestIsIdempotentMethod(t *testing.T) {
+	for _, m := range []string{"", "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"} {
+		require.True(t, IsIdempotentMethod(m), m)
+	}
+	for _, m := range []string{"POST", "PATCH", "CONNECT", "get", "put", "PROPFIND", "FOO"} {
+		require.False(t, IsIdempotentMethod(m), m)
+	}
+}
+
+func TestExhaustedError(t *testing.T) {
+	cause := fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
+	e := &ExhaustedError{Attempts: 3, Reason: ReasonMaxAttempts, Err: cause}
+	require.Equal(t, "saferetry: gave up after 3 attempts (max attempts): dial: connection refused", e.Error())
+	require.ErrorIs(t, e, ErrExhausted)
+	require.ErrorIs(t, e, syscall.ECONNREFUSED)
+	wrapped := fmt.Errorf("pay: %w", e)
+	var got *ExhaustedError
+	require.ErrorAs(t, wrapped, &got)
+	require.Equal(t, ReasonMaxAttempts, got.Reason)
+	require.ErrorIs(t, wrapped, syscall.ECONNREFUSED)
+
+	one := &ExhaustedError{Attempts: 1, Reason: ReasonBodyNotRewindable}
+	require.Equal(t, "saferetry: gave up after 1 attempt (body not rewindable)", one.Error())
+	require.ErrorIs(t, one, ErrExhausted)
+	require.Equal(t, []error{ErrExhausted}, one.Unwrap())
+	require.Equal(t, "saferetry: gave up after 0 attempts", (&ExhaustedError{}).Error())
+
+	for _, r := range []string{ReasonMaxAttempts, ReasonNotRetryable, ReasonDeadline, ReasonBudget, ReasonCanceled, ReasonBodyNotRewindable} {
+		require.NotEmpty(t, r)
+	}
+}
