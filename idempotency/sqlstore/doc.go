@@ -1,0 +1,83 @@
+// Package sqlstore keeps idempotency records in a relational database through
+// database/sql: PostgreSQL for a fleet of servers sharing one store, SQLite
+// for an embedded store in one process. It implements idempotency.Store and
+// idempotency.Transactor.
+//
+// The package imports only database/sql; bring your own driver. It is tested
+// with github.com/jackc/pgx/v5/stdlib (driver "pgx") and modernc.org/sqlite
+// (driver "sqlite", pure Go):
+//
+//	db, err := sql.Open("pgx", "postgres://app@db/app")   // or sql.Open("sqlite", sqlstore.SQLiteDSN("idem.db"))
+//	store, err := sqlstore.Open(db, sqlstore.Postgres)     // or sqlstore.SQLite
+//	err = store.Migrate(ctx)                               // CREATE TABLE IF NOT EXISTS ...
+//	mw := idempotency.New(store, idempotency.WithPrincipal(accountID))
+//
+// # Schema
+//
+// Schema creation is explicit: Migrate runs the DDL that Store.Schema
+// returns, or you run it with your own migration tool. For PostgreSQL and
+// the default table it is:
+//
+//	CREATE TABLE IF NOT EXISTS idempotency_records (
+//		principal           TEXT     NOT NULL,
+//		method              TEXT     NOT NULL,
+//		route               TEXT     NOT NULL,
+//		idem_key            TEXT     NOT NULL,
+//		state               SMALLINT NOT NULL CHECK (state IN (1, 2)), -- 1 in progress, 2 completed
+//		fingerprint         TEXT     NOT NULL,
+//		fingerprint_version INTEGER  NOT NULL,
+//		owner               TEXT     NOT NULL,
+//		generation          BIGINT   NOT NULL,
+//		lease_until         BIGINT   NOT NULL, -- Unix nanoseconds, UTC
+//		recovery_point      TEXT     NOT NULL DEFAULT '',
+//		recovery_data       BYTEA,
+//		request             BYTEA,
+//		response_status     INTEGER,
+//		response_header     TEXT,              -- JSON object of header name to values
+//		response_body       BYTEA,
+//		created_at          BIGINT   NOT NULL,
+//		updated_at          BIGINT   NOT NULL,
+//		completed_at        BIGINT   NOT NULL DEFAULT 0, -- 0 until completed
+//		PRIMARY KEY (principal, method, route, idem_key)
+//	);
+//	CREATE INDEX IF NOT EXISTS idempotency_records_lease_idx ON idempotency_records (state, lease_until);
+//	CREATE INDEX IF NOT EXISTS idempotency_records_updated_idx ON idempotency_records (updated_at);
+//
+// SQLite's is the same with BLOB for BYTEA. Times are integer nanoseconds
+// since the Unix epoch in both dialects, so every comparison is exact and
+// never depends on a database clock or time zone: the store uses only the
+// times its callers pass.
+//
+// # Claims and fences
+//
+// A claim is one statement, never a read followed by a write:
+//
+//	INSERT ... VALUES (...)
+//	ON CONFLICT (principal, method, route, idem_key) DO UPDATE SET ...
+//	WHERE (completed AND completed_at < now - replay window)
+//	   OR (in progress AND lease_until < now AND fingerprint = excluded.fingerprint)
+//	RETURNING ...
+//
+// A returned row means the caller won: a new record (generation 1), a
+// replaced stale completed record, or a takeover of an expired lease
+// (generation + 1, recovery point kept). No row means someone else holds
+// the record; the store then reads it only to say what to answer. Every later
+// write (heartbeat, recovery point, completion, release) is an UPDATE or
+// DELETE conditional on owner, generation and the in-progress state, and
+// returns idempotency.ErrLeaseLost when it changed nothing.
+//
+// # Transactions
+//
+// Store.Begin starts a unit of work whose context carries the *sql.Tx; a
+// handler gets it with Tx(r.Context()) and writes its business rows in it, so
+// that they commit together with the stored response, or roll back together
+// when the handler fails or the lease was lost.
+//
+// # SQLite
+//
+// Open SQLite with SQLiteDSN (WAL, a busy timeout, BEGIN IMMEDIATE
+// transactions, foreign keys on) and keep more than one open connection. One
+// writer at a time holds SQLite's lock: a request inside a unit of work holds
+// it until it commits. Several processes may share the file on one host; use
+// PostgreSQL for servers on several hosts.
+package sqlstore

@@ -1,0 +1,435 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+// Errors returned by Open and by the Store's methods.
+var (
+	// ErrNilDB is returned by Open when db is nil.
+	ErrNilDB = errors.New("sqlstore: nil *sql.DB")
+	// ErrUnknownDialect is returned by Open for a Dialect other than
+	// Postgres or SQLite.
+	ErrUnknownDialect = errors.New("sqlstore: unknown dialect")
+	// ErrInvalidTable is returned by Open when the WithTable name is not a
+	// plain identifier of 1 to 48 ASCII letters, digits or underscores that
+	// does not start with a digit.
+	ErrInvalidTable = errors.New("sqlstore: invalid table name")
+)
+
+// OpError wraps a database error with the Store operation that met it
+// ("claim", "get", "heartbeat", "complete", "release", "set_recovery_point",
+// "abandoned", "delete_before", "migrate", "begin", "commit", "rollback").
+// The middleware treats such errors as "store unavailable". Use errors.As to
+// read Op, errors.Is/As on it to reach the driver's error.
+type OpError struct {
+	Op  string
+	Err error
+}
+
+// Error returns "sqlstore: <op>: <cause>".
+func (e *OpError) Error() string { return "sqlstore: " + e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns the underlying database error.
+func (e *OpError) Unwrap() error { return e.Err }
+
+func opErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &OpError{Op: op, Err: err}
+}
+
+// Option configures Open.
+type Option func(*config)
+
+type config struct {
+	table string
+}
+
+// WithTable sets the table name (default DefaultTable, "idempotency_records").
+// The name must be a plain unquoted identifier: 1 to 48 ASCII letters,
+// digits or underscores, not starting with a digit; Open returns
+// ErrInvalidTable otherwise. Two Stores with different tables in one database
+// are independent.
+func WithTable(name string) Option {
+	return func(c *config) { c.table = name }
+}
+
+// Store is an idempotency.Store and idempotency.Transactor over database/sql.
+// It is safe for concurrent use by many goroutines and, with PostgreSQL (or
+// SQLite on one host, through the file's locks), by many processes sharing
+// the same table. It never reads a clock: every time comes from its
+// arguments.
+type Store struct {
+	db      *sql.DB
+	dialect Dialect
+	table   string
+	q       queries
+}
+
+var (
+	_ idempotency.Store      = (*Store)(nil)
+	_ idempotency.Transactor = (*Store)(nil)
+)
+
+// Open returns a Store over db, which must be opened with a driver for d
+// (for example sql.Open("pgx", dsn) or sql.Open("sqlite", SQLiteDSN(path))).
+// Open does not touch the database; call Migrate (or run Schema's DDL
+// yourself) before use. Errors: ErrNilDB, ErrUnknownDialect,
+// ErrInvalidTable.
+func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
+	if db == nil {
+		return nil, ErrNilDB
+	}
+	if !d.valid() {
+		return nil, fmt.Errorf("%w: %v", ErrUnknownDialect, d)
+	}
+	c := config{table: DefaultTable}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if !validTable(c.table) {
+		return nil, fmt.Errorf("%w: %q", ErrInvalidTable, c.table)
+	}
+	return &Store{db: db, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
+}
+
+// Schema returns the DDL that Migrate runs for this Store's dialect and
+// table: one CREATE TABLE IF NOT EXISTS with the primary key on (principal,
+// method, route, idem_key) and two CREATE INDEX IF NOT EXISTS (for the
+// completer's and the reaper's scans). Times are stored as integer Unix
+// nanoseconds (UTC) in both dialects.
+func (s *Store) Schema() string { return schema(s.dialect, s.table) }
+
+// Table returns the table name the Store uses.
+func (s *Store) Table() string { return s.table }
+
+// Dialect returns the Store's dialect.
+func (s *Store) Dialect() Dialect { return s.dialect }
+
+// Migrate creates the table and its indexes if they do not exist. It is
+// idempotent and safe to run from every process at start-up (on PostgreSQL,
+// concurrent first runs may race on the catalog; run it from one place or
+// retry). Errors are *OpError with Op "migrate".
+func (s *Store) Migrate(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return opErr("migrate", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	for _, stmt := range splitStatements(s.Schema()) {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return opErr("migrate", err)
+		}
+	}
+	return opErr("migrate", tx.Commit())
+}
+
+// splitStatements splits the DDL on the semicolons that end its lines (the
+// schema text has no semicolon inside a statement).
+func splitStatements(ddl string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(ddl); i++ {
+		if ddl[i] == ';' {
+			if stmt := trimSpace(ddl[start:i]); stmt != "" {
+				out = append(out, stmt)
+			}
+			start = i + 1
+		}
+	}
+	return out
+}
+
+func trimSpace(s string) string {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\n' || s[0] == '\t') {
+		s = s[1:]
+	}
+	return s
+}
+
+// Claim implements idempotency.Store.Claim with one INSERT ... ON CONFLICT
+// DO UPDATE ... WHERE ... RETURNING statement: no record inserts one
+// (generation 1); a completed record that completed before Now-ReplayWindow
+// starts over (generation+1, recovery point, response cleared, the new
+// request stored); an in-progress record whose lease ended before Now with
+// the same fingerprint is taken over (generation+1, recovery point, data and
+// request kept). Otherwise the existing record is read and returned with
+// acquired false. Errors are *OpError with Op "claim".
+func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
+	now := nanos(c.Now)
+	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
+	cutoff := subSat(now, c.ReplayWindow)
+	// The loop only repeats when the row that beat our insert vanished
+	// (released or reaped) before we could read it: then we claim again.
+	for range 3 {
+		row := s.db.QueryRowContext(ctx, s.q.claim,
+			c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
+			c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
+			cutoff, now)
+		rec, err := scanRecord(row)
+		if err == nil {
+			return rec, rec.Owner == c.Owner, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return idempotency.Record{}, false, opErr("claim", err)
+		}
+		// Someone else holds the record. This read decides nothing: it only
+		// fetches what to answer.
+		rec, err = s.Get(ctx, c.Scope)
+		if err == nil {
+			return rec, false, nil
+		}
+		if !errors.Is(err, idempotency.ErrNotFound) {
+			return idempotency.Record{}, false, err
+		}
+	}
+	return idempotency.Record{}, false, opErr("claim", errors.New("record kept vanishing between claim and read"))
+}
+
+// Get implements idempotency.Store.Get. It returns idempotency.ErrNotFound
+// when no record exists, *OpError with Op "get" on database errors.
+func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Record, error) {
+	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.q.get, sc.Principal, sc.Method, sc.Route, sc.Key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return idempotency.Record{}, idempotency.ErrNotFound
+	}
+	if err != nil {
+		return idempotency.Record{}, opErr("get", err)
+	}
+	return rec, nil
+}
+
+// Heartbeat implements idempotency.Store.Heartbeat: it sets the lease end to
+// until. idempotency.ErrLeaseLost when l does not own an in-progress record.
+func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
+	return s.heartbeat(ctx, s.db, l, until)
+}
+
+// Complete implements idempotency.Store.Complete outside any transaction.
+// idempotency.ErrLeaseLost when l does not own an in-progress record.
+func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
+	return s.complete(ctx, s.db, l, resp, now)
+}
+
+// Release implements idempotency.Store.Release: it deletes the in-progress
+// record l owns. idempotency.ErrLeaseLost when l does not own it.
+func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
+	sc := l.Scope
+	res, err := s.db.ExecContext(ctx, s.q.release, sc.Principal, sc.Method, sc.Route, sc.Key, l.Owner, l.Generation)
+	return changed("release", res, err)
+}
+
+// SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint outside any
+// transaction. idempotency.ErrLeaseLost when l does not own an in-progress
+// record.
+func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string, data []byte, now time.Time) error {
+	return s.setPoint(ctx, s.db, l, point, data, now)
+}
+
+// Abandoned implements idempotency.Store.Abandoned: up to limit in-progress
+// records whose lease ended before now, the longest-expired first. A limit
+// of 0 or less returns nothing.
+func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	rows, err := s.db.QueryContext(ctx, s.q.abandoned, nanos(now), int64(limit))
+	if err != nil {
+		return nil, opErr("abandoned", err)
+	}
+	defer func() { _ = rows.Close() }()
+	var out []idempotency.Record
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, opErr("abandoned", err)
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, opErr("abandoned", err)
+	}
+	return out, nil
+}
+
+// DeleteBefore implements idempotency.Store.DeleteBefore with one bounded
+// DELETE: up to limit records last updated before horizon that are completed
+// or whose lease also ended before horizon, oldest first. A limit of 0 or
+// less deletes nothing.
+func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	res, err := s.db.ExecContext(ctx, s.q.deleteBefore, nanos(horizon), int64(limit))
+	if err != nil {
+		return 0, opErr("delete_before", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, opErr("delete_before", err)
+	}
+	return int(n), nil
+}
+
+// execer is what the conditional writes need: *sql.DB or *sql.Tx.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease, until time.Time) error {
+	sc := l.Scope
+	res, err := ex.ExecContext(ctx, s.q.heartbeat, sc.Principal, sc.Method, sc.Route, sc.Key, nanos(until), l.Owner, l.Generation)
+	return changed("heartbeat", res, err)
+}
+
+func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
+	header, err := encodeHeader(resp.Header)
+	if err != nil {
+		return opErr("complete", err)
+	}
+	sc := l.Scope
+	res, err := ex.ExecContext(ctx, s.q.complete, sc.Principal, sc.Method, sc.Route, sc.Key,
+		int64(resp.Status), header, nullBytes(resp.Body), nanos(now), l.Owner, l.Generation)
+	return changed("complete", res, err)
+}
+
+func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string, data []byte, now time.Time) error {
+	sc := l.Scope
+	res, err := ex.ExecContext(ctx, s.q.setPoint, sc.Principal, sc.Method, sc.Route, sc.Key,
+		point, nullBytes(data), nanos(now), l.Owner, l.Generation)
+	return changed("set_recovery_point", res, err)
+}
+
+// changed turns the result of a conditional write into nil, ErrLeaseLost (no
+// row matched the fence) or an *OpError.
+func changed(op string, res sql.Result, err error) error {
+	if err != nil {
+		return opErr(op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return opErr(op, err)
+	}
+	if n == 0 {
+		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRecord(sc scanner) (idempotency.Record, error) {
+	var (
+		r                                     idempotency.Record
+		state, fpVersion                      int64
+		leaseUntil, created, updated, complAt int64
+		status                                sql.NullInt64
+		header                                sql.NullString
+		recoveryData, request, body           []byte
+	)
+	err := sc.Scan(&r.Scope.Principal, &r.Scope.Method, &r.Scope.Route, &r.Scope.Key, &state,
+		&r.Fingerprint, &fpVersion, &r.Owner, &r.Generation, &leaseUntil, &r.RecoveryPoint,
+		&recoveryData, &request, &status, &header, &body, &created, &updated, &complAt)
+	if err != nil {
+		return idempotency.Record{}, err
+	}
+	r.State = idempotency.State(state)
+	r.FingerprintVersion = int(fpVersion)
+	r.LeaseUntil = fromNanos(leaseUntil)
+	r.RecoveryData = recoveryData
+	r.Request = request
+	r.CreatedAt = fromNanos(created)
+	r.UpdatedAt = fromNanos(updated)
+	r.CompletedAt = fromNanos(complAt)
+	if status.Valid {
+		h, err := decodeHeader(header)
+		if err != nil {
+			return idempotency.Record{}, err
+		}
+		r.Response = &idempotency.Response{Status: int(status.Int64), Header: h, Body: body}
+	}
+	return r, nil
+}
+
+// encodeHeader stores a nil header as NULL and any other (even empty) as a
+// JSON object, so that nil-ness survives the round trip.
+func encodeHeader(h http.Header) (any, error) {
+	if h == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	return string(b), nil
+}
+
+func decodeHeader(s sql.NullString) (http.Header, error) {
+	if !s.Valid {
+		return nil, nil
+	}
+	h := http.Header{}
+	if err := json.Unmarshal([]byte(s.String), &h); err != nil {
+		return nil, fmt.Errorf("decoding stored response header: %w", err)
+	}
+	return h, nil
+}
+
+// nullBytes passes nil as SQL NULL and anything else as a blob.
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+var (
+	minTime = time.Unix(0, math.MinInt64+1)
+	maxTime = time.Unix(0, math.MaxInt64)
+)
+
+// nanos converts t to Unix nanoseconds, 0 for the zero time, saturating
+// outside the years 1678-2262 that int64 nanoseconds can hold.
+func nanos(t time.Time) int64 {
+	switch {
+	case t.IsZero():
+		return 0
+	case t.Before(minTime):
+		return math.MinInt64 + 1
+	case t.After(maxTime):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+// subSat returns n - d, saturating at the int64 bounds.
+func subSat(n int64, d time.Duration) int64 {
+	r := n - int64(d)
+	if d > 0 && r > n {
+		return math.MinInt64 + 1
+	}
+	if d < 0 && r < n {
+		return math.MaxInt64
+	}
+	return r
+}

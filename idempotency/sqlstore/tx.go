@@ -1,0 +1,75 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+type txKey struct{}
+
+// Tx returns the transaction of the unit of work that the middleware started
+// for the current request (see Store.Begin), and whether there is one. A
+// handler that writes its business rows through this *sql.Tx commits them
+// together with the stored response: both land, or neither does. The handler
+// must not call Commit or Rollback on it; the middleware does. Tx is safe for
+// concurrent use (it only reads ctx), but the *sql.Tx itself belongs to the
+// request's goroutine.
+func Tx(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
+	return tx, ok && tx != nil
+}
+
+// WithTx returns a copy of ctx that carries tx for Tx. Begin does this
+// itself; WithTx exists for code that drives its own transactions (tests,
+// a completer reusing a handler).
+func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// Begin implements idempotency.Transactor: it starts a database transaction
+// (bound to ctx as database/sql does: cancelling ctx rolls it back) and
+// returns a Unit whose record writes are conditional on l, plus a context
+// derived from ctx from which Tx returns the transaction. Nothing is locked
+// at Begin on PostgreSQL: the fence is checked by the Unit's conditional
+// writes, and a lost lease makes them return idempotency.ErrLeaseLost so the
+// caller rolls the whole unit back. On SQLite open the database with
+// SQLiteDSN (BEGIN IMMEDIATE): the unit then holds the database's single
+// write lock until Commit or Rollback. Errors are *OpError with Op "begin".
+func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, ctx, opErr("begin", err)
+	}
+	return &unit{s: s, tx: tx, lease: l}, WithTx(ctx, tx), nil
+}
+
+// unit is one transaction bound to a lease.
+type unit struct {
+	s     *Store
+	tx    *sql.Tx
+	lease idempotency.Lease
+}
+
+func (u *unit) SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error {
+	return u.s.setPoint(ctx, u.tx, u.lease, point, data, now)
+}
+
+func (u *unit) Complete(ctx context.Context, resp idempotency.Response, now time.Time) error {
+	return u.s.complete(ctx, u.tx, u.lease, resp, now)
+}
+
+func (u *unit) Commit() error {
+	return opErr("commit", u.tx.Commit())
+}
+
+func (u *unit) Rollback() error {
+	err := u.tx.Rollback()
+	if errors.Is(err, sql.ErrTxDone) {
+		return nil
+	}
+	return opErr("rollback", err)
+}
