@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // ErrInvalidKey is the sentinel matched (with errors.Is) by every error
@@ -19,6 +20,9 @@ const (
 	// ReasonInvalidChar: the key has a byte outside printable ASCII
 	// 0x21..0x7E (a space, a control character, DEL or a non-ASCII byte).
 	ReasonInvalidChar = "invalid character"
+	// ReasonRepeated: the key header was sent more than once (see
+	// ValidateHeader); which value wins would be ambiguous.
+	ReasonRepeated = "sent more than once"
 )
 
 // displayLen is the number of key bytes kept in InvalidKeyError.Key.
@@ -32,7 +36,8 @@ type InvalidKeyError struct {
 	// Go-quoted with non-ASCII and control bytes escaped, followed by "..."
 	// when it was truncated.
 	Key string
-	// Reason is one of ReasonEmpty, ReasonTooLong, ReasonInvalidChar.
+	// Reason is one of ReasonEmpty, ReasonTooLong, ReasonInvalidChar,
+	// ReasonRepeated.
 	Reason string
 	// Pos is the byte offset of the first invalid byte for
 	// ReasonInvalidChar, and -1 otherwise.
@@ -92,4 +97,19 @@ func display(key string) string {
 		return strconv.QuoteToASCII(key)
 	}
 	return strconv.QuoteToASCII(key[:displayLen]) + "..."
+}
+
+// ValidateValues checks the values of an idempotency key header as received
+// (http.Header.Values): exactly one value that passes [Validate]. It returns
+// the key, or an *[InvalidKeyError] that matches [ErrInvalidKey] with
+// ReasonEmpty for no value and ReasonRepeated for more than one. Safe for
+// concurrent use.
+func ValidateValues(vals []string) (string, error) {
+	switch len(vals) {
+	case 0:
+		return "", newInvalid("", ReasonEmpty, -1)
+	case 1:
+		return vals[0], Validate(vals[0])
+	}
+	return "", newInvalid(strings.Join(vals, ", "), ReasonRepeated, -1)
 }

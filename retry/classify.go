@@ -88,7 +88,7 @@ type Decision struct {
 	// Throttle is true for 429, and for 503 carrying a valid Retry-After:
 	// the caller uses the throttling backoff base and budget cost.
 	Throttle bool
-	// RetryAfter is the server's Retry-After hint (429 and 503 only), valid
+	// RetryAfter is the server's Retry-After hint (429, 503 and the in-progress 409 only), valid
 	// when HasRetryAfter is true; it may be huge, the caller caps it.
 	RetryAfter time.Duration
 	// HasRetryAfter reports whether a valid Retry-After was present.
@@ -131,7 +131,8 @@ func Classify(p Policy, in Input, now time.Time) Decision {
 func classifyStatus(p Policy, in Input, now time.Time) Decision {
 	code := in.Response.StatusCode
 	d := Decision{Class: statusClass(code)}
-	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable ||
+		(code == http.StatusConflict && in.ProblemCode == ProblemInProgress) {
 		d.RetryAfter, d.HasRetryAfter = ParseRetryAfter(in.Response.Header.Get("Retry-After"), now)
 	}
 	switch code {
