@@ -1,0 +1,7 @@
+// Package idempotencytest is the conformance suite for implementations of
+// idempotency.Store, in the style of testing/fstest: a store's own tests call
+// TestStore with a constructor, and the suite checks the contract the
+// middleware relies on (atomic claims, the replay window, lease takeover,
+// fencing, release, recovery points, the completer and reaper queries and,
+// for a Transactor, unit atomicity).
+package idempotencytest

@@ -1,0 +1,689 @@
+package idempotencytest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+// Base is the fixed "now" the suite starts from. Times the suite passes are
+// whole seconds after Base, so stores that keep millisecond or microsecond
+// precision compare equal.
+var Base = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+const (
+	lease  = 10 * time.Second
+	window = time.Hour
+)
+
+// TestStore runs the conformance suite against stores made by newStore,
+// which is called once per subtest and must return an empty store (register
+// any cleanup with t.Cleanup). The suite uses only the Store contract: it
+// passes every time explicitly and never sleeps. When the store also
+// implements idempotency.Transactor, the Unit subtests run too.
+func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
+	t.Helper()
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, s idempotency.Store)
+	}{
+		{"ClaimNew", testClaimNew},
+		{"ClaimRace", testClaimRace},
+		{"Get", testGet},
+		{"ScopeIsolation", testScopeIsolation},
+		{"InProgressAlive", testInProgressAlive},
+		{"CompleteAndReplay", testCompleteAndReplay},
+		{"ReplayWindowExpiry", testReplayWindowExpiry},
+		{"TakeoverSameFingerprintOnly", testTakeover},
+		{"Fencing", testFencing},
+		{"Release", testRelease},
+		{"Heartbeat", testHeartbeat},
+		{"RecoveryPointKeptAcrossTakeover", testRecoveryPoint},
+		{"Abandoned", testAbandoned},
+		{"DeleteBefore", testDeleteBefore},
+		{"RequestBytes", testRequestBytes},
+		{"UnitCommitVisibility", testUnitCommit},
+		{"UnitRollback", testUnitRollback},
+		{"UnitLeaseLostAtCommit", testUnitLeaseLost},
+		{"UnitRaceWithTakeover", testUnitRace},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			if s == nil {
+				t.Fatal("newStore returned nil")
+			}
+			if strings.HasPrefix(tc.name, "Unit") {
+				if _, ok := s.(idempotency.Transactor); !ok {
+					t.Skip("store does not implement idempotency.Transactor")
+				}
+			}
+			tc.fn(t, s)
+		})
+	}
+}
+
+func at(sec int) time.Time { return Base.Add(time.Duration(sec) * time.Second) }
+
+func scope(key string) idempotency.Scope {
+	return idempotency.Scope{Principal: "acct-1", Method: http.MethodPost, Route: "POST /payments", Key: key}
+}
+
+func claimOf(s idempotency.Scope, owner, fp string, now time.Time) idempotency.Claim {
+	return idempotency.Claim{
+		Scope: s, Fingerprint: fp, FingerprintVersion: 1, Owner: owner,
+		Request: []byte(`{"req":"` + s.Key + `"}`), Now: now, LeaseFor: lease, ReplayWindow: window,
+	}
+}
+
+func ctx(t *testing.T) context.Context { return t.Context() }
+
+// mustClaim claims and requires the outcome acquired.
+func mustClaim(t *testing.T, s idempotency.Store, c idempotency.Claim, acquired bool) idempotency.Record {
+	t.Helper()
+	rec, got, err := s.Claim(ctx(t), c)
+	if err != nil {
+		t.Fatalf("Claim(%q, owner %q, now %s): %v", c.Scope.Key, c.Owner, c.Now.Sub(Base), err)
+	}
+	if got != acquired {
+		t.Fatalf("Claim(%q, owner %q, now %s): acquired = %v, want %v (record: state %v owner %q gen %d)",
+			c.Scope.Key, c.Owner, c.Now.Sub(Base), got, acquired, rec.State, rec.Owner, rec.Generation)
+	}
+	return rec
+}
+
+func mustGet(t *testing.T, s idempotency.Store, sc idempotency.Scope) idempotency.Record {
+	t.Helper()
+	rec, err := s.Get(ctx(t), sc)
+	if err != nil {
+		t.Fatalf("Get(%q): %v", sc.Key, err)
+	}
+	return rec
+}
+
+func wantLeaseLost(t *testing.T, what string, err error) {
+	t.Helper()
+	if !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("%s: err = %v, want ErrLeaseLost", what, err)
+	}
+}
+
+func noErr(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func wantTime(t *testing.T, what string, got, want time.Time) {
+	t.Helper()
+	if !got.Equal(want) {
+		t.Fatalf("%s = %v, want %v", what, got, want)
+	}
+}
+
+func response(body string) idempotency.Response {
+	return idempotency.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/" + body}},
+		Body:   []byte(`{"id":"` + body + `"}`),
+	}
+}
+
+func wantResponse(t *testing.T, rec idempotency.Record, want idempotency.Response) {
+	t.Helper()
+	if rec.Response == nil {
+		t.Fatalf("record %q has no response", rec.Scope.Key)
+	}
+	got := *rec.Response
+	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) {
+		t.Fatalf("response = %d %q, want %d %q", got.Status, got.Body, want.Status, want.Body)
+	}
+	for k := range want.Header {
+		if fmt.Sprint(got.Header.Values(k)) != fmt.Sprint(want.Header.Values(k)) {
+			t.Fatalf("response header %s = %q, want %q", k, got.Header.Values(k), want.Header.Values(k))
+		}
+	}
+	if len(got.Header) != len(want.Header) {
+		t.Fatalf("response headers = %v, want %v", got.Header, want.Header)
+	}
+}
+
+func testClaimNew(t *testing.T, s idempotency.Store) {
+	sc := scope("new")
+	rec := mustClaim(t, s, claimOf(sc, "owner-a", "fp1", at(0)), true)
+	if rec.Scope != sc || rec.State != idempotency.InProgress || rec.Owner != "owner-a" || rec.Generation != 1 {
+		t.Fatalf("new record = scope %+v state %v owner %q gen %d; want %+v in_progress owner-a 1",
+			rec.Scope, rec.State, rec.Owner, rec.Generation, sc)
+	}
+	if rec.Fingerprint != "fp1" || rec.FingerprintVersion != 1 {
+		t.Fatalf("fingerprint = %q v%d, want fp1 v1", rec.Fingerprint, rec.FingerprintVersion)
+	}
+	wantTime(t, "LeaseUntil", rec.LeaseUntil, at(10))
+	if rec.RecoveryPoint != "" || rec.Response != nil {
+		t.Fatalf("new record has recovery point %q / response %v", rec.RecoveryPoint, rec.Response)
+	}
+	if l := rec.Lease(); l.Owner != "owner-a" || l.Generation != 1 || l.Scope != sc {
+		t.Fatalf("Lease() = %+v", l)
+	}
+	got := mustGet(t, s, sc)
+	if got.State != idempotency.InProgress || got.Owner != "owner-a" || got.Generation != 1 {
+		t.Fatalf("Get after claim: state %v owner %q gen %d", got.State, got.Owner, got.Generation)
+	}
+	wantTime(t, "CreatedAt", got.CreatedAt, at(0))
+}
+
+func testClaimRace(t *testing.T, s idempotency.Store) {
+	const n = 64
+	sc := scope("race")
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		mu      sync.Mutex
+		winners []string
+		owners  = map[string]int{}
+		errs    []error
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			owner := fmt.Sprintf("owner-%02d", i)
+			rec, ok, err := s.Claim(context.Background(), claimOf(sc, owner, "fp", at(0)))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case ok:
+				winners = append(winners, owner)
+				owners[rec.Owner]++
+			default:
+				owners[rec.Owner]++
+				if rec.State != idempotency.InProgress || rec.Generation != 1 {
+					errs = append(errs, fmt.Errorf("loser saw state %v gen %d", rec.State, rec.Generation))
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d claims failed, first: %v", len(errs), n, errs[0])
+	}
+	if len(winners) != 1 {
+		t.Fatalf("%d claims acquired (%v), want exactly 1", len(winners), winners)
+	}
+	if len(owners) != 1 || owners[winners[0]] != n {
+		t.Fatalf("claims saw owners %v, want all %d to see the winner %s", owners, n, winners[0])
+	}
+	if rec := mustGet(t, s, sc); rec.Owner != winners[0] {
+		t.Fatalf("stored owner %q, winner %q", rec.Owner, winners[0])
+	}
+}
+
+func testGet(t *testing.T, s idempotency.Store) {
+	_, err := s.Get(ctx(t), scope("missing"))
+	if !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Get of a missing scope: err = %v, want ErrNotFound", err)
+	}
+	mustClaim(t, s, claimOf(scope("present"), "o", "fp", at(0)), true)
+	if got := mustGet(t, s, scope("present")); got.Scope != scope("present") {
+		t.Fatalf("Get returned scope %+v", got.Scope)
+	}
+	if _, err := s.Get(ctx(t), scope("missing")); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Get of a missing scope after another claim: err = %v, want ErrNotFound", err)
+	}
+}
+
+func testScopeIsolation(t *testing.T, s idempotency.Store) {
+	base := scope("k")
+	variants := []idempotency.Scope{base}
+	v := base
+	v.Principal = "acct-2"
+	variants = append(variants, v)
+	v = base
+	v.Method = http.MethodPatch
+	variants = append(variants, v)
+	v = base
+	v.Route = "POST /refunds"
+	variants = append(variants, v)
+	v = base
+	v.Key = "k2"
+	variants = append(variants, v)
+	for i, sc := range variants {
+		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)), true)
+		if rec.Generation != 1 {
+			t.Fatalf("variant %d: generation %d", i, rec.Generation)
+		}
+	}
+	noErr(t, "Complete variant 0", s.Complete(ctx(t), idempotency.Lease{Scope: base, Owner: "o0", Generation: 1}, response("a"), at(1)))
+	for i, sc := range variants[1:] {
+		if rec := mustGet(t, s, sc); rec.State != idempotency.InProgress || rec.Response != nil {
+			t.Fatalf("variant %d sees another scope's completion: %v", i+1, rec.State)
+		}
+	}
+}
+
+func testInProgressAlive(t *testing.T, s idempotency.Store) {
+	sc := scope("alive")
+	mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	for _, fp := range []string{"fp", "other"} {
+		rec := mustClaim(t, s, claimOf(sc, "b", fp, at(9)), false)
+		if rec.Owner != "a" || rec.Generation != 1 || rec.State != idempotency.InProgress || rec.Fingerprint != "fp" {
+			t.Fatalf("claim with fp %q during a live lease changed the record: owner %q gen %d state %v fp %q",
+				fp, rec.Owner, rec.Generation, rec.State, rec.Fingerprint)
+		}
+	}
+	// An expired lease with another fingerprint is not taken over either.
+	rec := mustClaim(t, s, claimOf(sc, "c", "other", at(20)), false)
+	if rec.Owner != "a" || rec.Generation != 1 {
+		t.Fatalf("claim with another fingerprint took an expired lease: owner %q gen %d", rec.Owner, rec.Generation)
+	}
+}
+
+func testCompleteAndReplay(t *testing.T, s idempotency.Store) {
+	sc := scope("complete")
+	rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	resp := response("p1")
+	noErr(t, "Complete", s.Complete(ctx(t), rec.Lease(), resp, at(2)))
+	got := mustGet(t, s, sc)
+	if got.State != idempotency.Completed {
+		t.Fatalf("state after Complete = %v", got.State)
+	}
+	wantTime(t, "CompletedAt", got.CompletedAt, at(2))
+	wantResponse(t, got, resp)
+	// Within the window, even after the lease's end, a claim gets the record.
+	for _, fp := range []string{"fp", "other"} {
+		again := mustClaim(t, s, claimOf(sc, "b", fp, at(60)), false)
+		if again.State != idempotency.Completed || again.Owner != "a" || again.Generation != 1 {
+			t.Fatalf("claim (fp %q) of a completed record: state %v owner %q gen %d", fp, again.State, again.Owner, again.Generation)
+		}
+		wantResponse(t, again, resp)
+	}
+	wantLeaseLost(t, "second Complete", s.Complete(ctx(t), rec.Lease(), response("p2"), at(3)))
+	wantLeaseLost(t, "Heartbeat of a completed record", s.Heartbeat(ctx(t), rec.Lease(), at(100)))
+	wantLeaseLost(t, "Release of a completed record", s.Release(ctx(t), rec.Lease()))
+	wantLeaseLost(t, "SetRecoveryPoint of a completed record", s.SetRecoveryPoint(ctx(t), rec.Lease(), "p", nil, at(3)))
+	wantResponse(t, mustGet(t, s, sc), resp)
+}
+
+func testReplayWindowExpiry(t *testing.T, s idempotency.Store) {
+	sc := scope("window")
+	rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	noErr(t, "Complete", s.Complete(ctx(t), rec.Lease(), response("old"), at(1)))
+	inside := at(1).Add(window - time.Second)
+	mustClaim(t, s, claimOf(sc, "b", "fp", inside), false)
+	after := at(1).Add(window + time.Second)
+	fresh := mustClaim(t, s, claimOf(sc, "c", "other-fp", after), true)
+	if fresh.State != idempotency.InProgress || fresh.Owner != "c" || fresh.Generation != 2 || fresh.Fingerprint != "other-fp" {
+		t.Fatalf("claim after the window: state %v owner %q gen %d fp %q; want in_progress c 2 other-fp",
+			fresh.State, fresh.Owner, fresh.Generation, fresh.Fingerprint)
+	}
+	if fresh.Response != nil || fresh.RecoveryPoint != "" {
+		t.Fatalf("claim after the window kept the old response or recovery point")
+	}
+	wantLeaseLost(t, "old owner's Complete after the window", s.Complete(ctx(t), rec.Lease(), response("x"), after))
+	noErr(t, "new owner's Complete", s.Complete(ctx(t), fresh.Lease(), response("new"), after))
+	wantResponse(t, mustGet(t, s, sc), response("new"))
+}
+
+func testTakeover(t *testing.T, s idempotency.Store) {
+	sc := scope("takeover")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	mustClaim(t, s, claimOf(sc, "x", "other", at(11)), false)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), true)
+	if b.Owner != "b" || b.Generation != a.Generation+1 || b.State != idempotency.InProgress {
+		t.Fatalf("takeover: owner %q gen %d state %v; want b %d in_progress", b.Owner, b.Generation, b.State, a.Generation+1)
+	}
+	wantTime(t, "LeaseUntil after takeover", b.LeaseUntil, at(21))
+	got := mustGet(t, s, sc)
+	if got.Owner != "b" || got.Generation != 2 {
+		t.Fatalf("Get after takeover: owner %q gen %d", got.Owner, got.Generation)
+	}
+	// B's lease is alive: nobody takes it over.
+	mustClaim(t, s, claimOf(sc, "c", "fp", at(20)), false)
+	// Once it expires, the next takeover bumps again.
+	c := mustClaim(t, s, claimOf(sc, "c", "fp", at(22)), true)
+	if c.Generation != 3 {
+		t.Fatalf("second takeover generation %d, want 3", c.Generation)
+	}
+}
+
+func testFencing(t *testing.T, s idempotency.Store) {
+	sc := scope("fencing")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), true)
+	old := a.Lease()
+	wantLeaseLost(t, "old Heartbeat", s.Heartbeat(ctx(t), old, at(100)))
+	wantLeaseLost(t, "old SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), old, "late", []byte("x"), at(12)))
+	wantLeaseLost(t, "old Complete", s.Complete(ctx(t), old, response("A"), at(12)))
+	wantLeaseLost(t, "old Release", s.Release(ctx(t), old))
+	// Same owner token with a stale generation is fenced too.
+	stale := b.Lease()
+	stale.Generation = 1
+	wantLeaseLost(t, "stale generation Complete", s.Complete(ctx(t), stale, response("A"), at(12)))
+	got := mustGet(t, s, sc)
+	if got.Owner != "b" || got.State != idempotency.InProgress || got.RecoveryPoint != "" {
+		t.Fatalf("fenced writes changed the record: owner %q state %v rp %q", got.Owner, got.State, got.RecoveryPoint)
+	}
+	wantTime(t, "LeaseUntil (old heartbeat must not extend it)", got.LeaseUntil, at(21))
+	noErr(t, "successor Complete", s.Complete(ctx(t), b.Lease(), response("B"), at(13)))
+	wantLeaseLost(t, "old Complete after successor", s.Complete(ctx(t), old, response("A"), at(14)))
+	got = mustGet(t, s, sc)
+	if got.State != idempotency.Completed || got.Generation != 2 {
+		t.Fatalf("final record: state %v gen %d", got.State, got.Generation)
+	}
+	wantResponse(t, got, response("B"))
+}
+
+func testRelease(t *testing.T, s idempotency.Store) {
+	sc := scope("release")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	wantLeaseLost(t, "Release by a stranger", s.Release(ctx(t), idempotency.Lease{Scope: sc, Owner: "z", Generation: 1}))
+	noErr(t, "Release", s.Release(ctx(t), a.Lease()))
+	if _, err := s.Get(ctx(t), sc); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Get after Release: err = %v, want ErrNotFound", err)
+	}
+	wantLeaseLost(t, "second Release", s.Release(ctx(t), a.Lease()))
+	wantLeaseLost(t, "Complete after Release", s.Complete(ctx(t), a.Lease(), response("A"), at(1)))
+	// The key is free again, for any fingerprint, before the old lease's end.
+	b := mustClaim(t, s, claimOf(sc, "b", "other", at(1)), true)
+	if b.Owner != "b" || b.Fingerprint != "other" {
+		t.Fatalf("claim after Release: owner %q fp %q", b.Owner, b.Fingerprint)
+	}
+	wantLeaseLost(t, "old lease after re-claim", s.Heartbeat(ctx(t), a.Lease(), at(50)))
+	noErr(t, "new owner Complete", s.Complete(ctx(t), b.Lease(), response("B"), at(2)))
+	wantResponse(t, mustGet(t, s, sc), response("B"))
+}
+
+func testHeartbeat(t *testing.T, s idempotency.Store) {
+	sc := scope("heartbeat")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	noErr(t, "Heartbeat", s.Heartbeat(ctx(t), a.Lease(), at(40)))
+	wantTime(t, "LeaseUntil", mustGet(t, s, sc).LeaseUntil, at(40))
+	mustClaim(t, s, claimOf(sc, "b", "fp", at(30)), false) // the extended lease holds
+	// Ending the lease (heartbeat to now) lets a retry take over at once.
+	noErr(t, "Heartbeat to now", s.Heartbeat(ctx(t), a.Lease(), at(31)))
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(32)), true)
+	if b.Generation != 2 {
+		t.Fatalf("takeover after ended lease: gen %d", b.Generation)
+	}
+}
+
+func testRecoveryPoint(t *testing.T, s idempotency.Store) {
+	sc := scope("recovery")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), a.Lease(), "order-created", []byte(`{"order":7}`), at(1)))
+	got := mustGet(t, s, sc)
+	if got.RecoveryPoint != "order-created" || string(got.RecoveryData) != `{"order":7}` {
+		t.Fatalf("recovery point = %q %q", got.RecoveryPoint, got.RecoveryData)
+	}
+	wantTime(t, "UpdatedAt after SetRecoveryPoint", got.UpdatedAt, at(1))
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(20)), true)
+	if b.RecoveryPoint != "order-created" || string(b.RecoveryData) != `{"order":7}` {
+		t.Fatalf("takeover lost the recovery point: %q %q", b.RecoveryPoint, b.RecoveryData)
+	}
+	noErr(t, "successor SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), b.Lease(), "charged", []byte("ch_1"), at(21)))
+	noErr(t, "successor Complete", s.Complete(ctx(t), b.Lease(), response("done"), at(22)))
+	got = mustGet(t, s, sc)
+	if got.RecoveryPoint != "charged" || string(got.RecoveryData) != "ch_1" || got.State != idempotency.Completed {
+		t.Fatalf("final: rp %q data %q state %v", got.RecoveryPoint, got.RecoveryData, got.State)
+	}
+}
+
+func testAbandoned(t *testing.T, s idempotency.Store) {
+	// Three abandoned records with staggered leases, one live, one completed.
+	for i, key := range []string{"ab-1", "ab-2", "ab-3"} {
+		mustClaim(t, s, claimOf(scope(key), "o", "fp", at(i)), true)
+	}
+	mustClaim(t, s, claimOf(scope("live"), "o", "fp", at(50)), true)
+	done := mustClaim(t, s, claimOf(scope("done"), "o", "fp", at(0)), true)
+	noErr(t, "Complete", s.Complete(ctx(t), done.Lease(), response("d"), at(1)))
+
+	now := at(30)
+	all, err := s.Abandoned(ctx(t), now, 10)
+	noErr(t, "Abandoned", err)
+	var keys []string
+	for _, r := range all {
+		keys = append(keys, r.Scope.Key)
+		if r.State != idempotency.InProgress || r.Owner != "o" {
+			t.Fatalf("Abandoned returned %q in state %v", r.Scope.Key, r.State)
+		}
+	}
+	if fmt.Sprint(keys) != "[ab-1 ab-2 ab-3]" {
+		t.Fatalf("Abandoned keys = %v, want [ab-1 ab-2 ab-3] (oldest first)", keys)
+	}
+	two, err := s.Abandoned(ctx(t), now, 2)
+	noErr(t, "Abandoned limit 2", err)
+	if len(two) != 2 || two[0].Scope.Key != "ab-1" || two[1].Scope.Key != "ab-2" {
+		t.Fatalf("Abandoned limit 2 = %d records", len(two))
+	}
+	early, err := s.Abandoned(ctx(t), at(5), 10)
+	noErr(t, "Abandoned early", err)
+	if len(early) != 0 {
+		t.Fatalf("Abandoned before any lease expired = %d records", len(early))
+	}
+}
+
+func testDeleteBefore(t *testing.T, s idempotency.Store) {
+	// Completed long ago (x3), completed recently, in progress with an old
+	// expired lease, in progress but still leased past the horizon.
+	for i, key := range []string{"old-1", "old-2", "old-3"} {
+		r := mustClaim(t, s, claimOf(scope(key), "o", "fp", at(i)), true)
+		noErr(t, "Complete", s.Complete(ctx(t), r.Lease(), response(key), at(i+1)))
+	}
+	r := mustClaim(t, s, claimOf(scope("recent"), "o", "fp", at(500)), true)
+	noErr(t, "Complete", s.Complete(ctx(t), r.Lease(), response("recent"), at(501)))
+	mustClaim(t, s, claimOf(scope("stuck"), "o", "fp", at(5)), true) // lease until at(15)
+	leased := mustClaim(t, s, claimOf(scope("leased"), "o", "fp", at(5)), true)
+	noErr(t, "Heartbeat", s.Heartbeat(ctx(t), leased.Lease(), at(1000)))
+
+	horizon := at(100)
+	n, err := s.DeleteBefore(ctx(t), horizon, 2)
+	noErr(t, "DeleteBefore batch 1", err)
+	if n != 2 {
+		t.Fatalf("DeleteBefore limit 2 deleted %d", n)
+	}
+	total := n
+	for range 5 {
+		n, err = s.DeleteBefore(ctx(t), horizon, 2)
+		noErr(t, "DeleteBefore", err)
+		if n > 2 {
+			t.Fatalf("DeleteBefore limit 2 deleted %d", n)
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	if total != 4 {
+		t.Fatalf("DeleteBefore deleted %d records in all, want 4 (old-1..3, stuck)", total)
+	}
+	for _, key := range []string{"old-1", "old-2", "old-3", "stuck"} {
+		if _, err := s.Get(ctx(t), scope(key)); !errors.Is(err, idempotency.ErrNotFound) {
+			t.Fatalf("%s survived DeleteBefore: err = %v", key, err)
+		}
+	}
+	for _, key := range []string{"recent", "leased"} {
+		mustGet(t, s, scope(key))
+	}
+}
+
+func testRequestBytes(t *testing.T, s idempotency.Store) {
+	c := claimOf(scope("request"), "a", "fp", at(0))
+	c.Request = []byte("POST /payments\x00\xff binary \"ok\"")
+	rec := mustClaim(t, s, c, true)
+	if !bytes.Equal(rec.Request, c.Request) {
+		t.Fatalf("Claim returned Request %q, want %q", rec.Request, c.Request)
+	}
+	if got := mustGet(t, s, c.Scope); !bytes.Equal(got.Request, c.Request) {
+		t.Fatalf("Get returned Request %q, want %q", got.Request, c.Request)
+	}
+	b := mustClaim(t, s, claimOf(c.Scope, "b", "fp", at(20)), true)
+	if !bytes.Equal(b.Request, c.Request) {
+		t.Fatalf("takeover returned Request %q, want %q", b.Request, c.Request)
+	}
+	c2 := claimOf(scope("request-nil"), "a", "fp", at(0))
+	c2.Request = nil
+	if rec := mustClaim(t, s, c2, true); len(rec.Request) != 0 {
+		t.Fatalf("nil Request stored as %q", rec.Request)
+	}
+}
+
+func begin(t *testing.T, s idempotency.Store, l idempotency.Lease) (idempotency.Unit, error) {
+	t.Helper()
+	u, uctx, err := s.(idempotency.Transactor).Begin(ctx(t), l)
+	if err == nil && uctx == nil {
+		t.Fatal("Begin returned a nil context")
+	}
+	if err == nil {
+		t.Cleanup(func() { _ = u.Rollback() })
+	}
+	return u, err
+}
+
+func testUnitCommit(t *testing.T, s idempotency.Store) {
+	sc := scope("unit-commit")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	u, err := begin(t, s, a.Lease())
+	noErr(t, "Begin", err)
+	noErr(t, "Unit.SetRecoveryPoint", u.SetRecoveryPoint(ctx(t), "phase-1", []byte("d1"), at(1)))
+	noErr(t, "Unit.Complete", u.Complete(ctx(t), response("u"), at(2)))
+	// Get from outside the unit (it may block until the commit in a store
+	// with row locks, so it runs concurrently and is checked after).
+	type getResult struct {
+		rec idempotency.Record
+		err error
+	}
+	before := make(chan getResult, 1)
+	go func() {
+		r, err := s.Get(context.Background(), sc)
+		before <- getResult{r, err}
+	}()
+	var seen *getResult
+	select {
+	case g := <-before:
+		seen = &g
+	case <-time.After(100 * time.Millisecond):
+		// blocked by the unit: fine, checked below
+	}
+	noErr(t, "Unit.Commit", u.Commit())
+	if seen == nil {
+		g := <-before
+		seen = &g
+	}
+	noErr(t, "Get during the unit", seen.err)
+	if seen.rec.State == idempotency.Completed && seen.rec.RecoveryPoint == "" {
+		t.Fatalf("a reader saw a partial unit: completed without its recovery point")
+	}
+	if seen.rec.State != idempotency.InProgress && seen.rec.State != idempotency.Completed {
+		t.Fatalf("reader saw state %v", seen.rec.State)
+	}
+	got := mustGet(t, s, sc)
+	if got.State != idempotency.Completed || got.RecoveryPoint != "phase-1" || string(got.RecoveryData) != "d1" {
+		t.Fatalf("after Commit: state %v rp %q data %q", got.State, got.RecoveryPoint, got.RecoveryData)
+	}
+	wantResponse(t, got, response("u"))
+	_ = u.Rollback() // safe after Commit; must not undo it
+	if got := mustGet(t, s, sc); got.State != idempotency.Completed {
+		t.Fatalf("Rollback after Commit undid it: state %v", got.State)
+	}
+}
+
+func testUnitRollback(t *testing.T, s idempotency.Store) {
+	sc := scope("unit-rollback")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	u, err := begin(t, s, a.Lease())
+	noErr(t, "Begin", err)
+	noErr(t, "Unit.SetRecoveryPoint", u.SetRecoveryPoint(ctx(t), "phase-1", []byte("d1"), at(1)))
+	noErr(t, "Unit.Complete", u.Complete(ctx(t), response("u"), at(2)))
+	noErr(t, "Unit.Rollback", u.Rollback())
+	got := mustGet(t, s, sc)
+	if got.State != idempotency.InProgress || got.RecoveryPoint != "" || got.Response != nil || got.Owner != "a" {
+		t.Fatalf("after Rollback: state %v rp %q response %v owner %q", got.State, got.RecoveryPoint, got.Response, got.Owner)
+	}
+	// The lease still holds: the owner can complete outside the unit.
+	noErr(t, "Complete after Rollback", s.Complete(ctx(t), a.Lease(), response("direct"), at(3)))
+	wantResponse(t, mustGet(t, s, sc), response("direct"))
+}
+
+func testUnitLeaseLost(t *testing.T, s idempotency.Store) {
+	sc := scope("unit-lost")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), true) // a's lease moved
+	// The stale unit must fail at Begin, at a write or at Commit.
+	u, err := begin(t, s, a.Lease())
+	if err == nil {
+		err = u.SetRecoveryPoint(ctx(t), "late", []byte("x"), at(12))
+	}
+	if err == nil {
+		err = u.Complete(ctx(t), response("A"), at(12))
+	}
+	if err == nil {
+		err = u.Commit()
+	}
+	wantLeaseLost(t, "stale unit", err)
+	got := mustGet(t, s, sc)
+	if got.Owner != "b" || got.Generation != b.Generation || got.State != idempotency.InProgress || got.RecoveryPoint != "" {
+		t.Fatalf("stale unit changed the record: owner %q gen %d state %v rp %q", got.Owner, got.Generation, got.State, got.RecoveryPoint)
+	}
+	noErr(t, "successor Complete", s.Complete(ctx(t), b.Lease(), response("B"), at(13)))
+	wantResponse(t, mustGet(t, s, sc), response("B"))
+}
+
+// testUnitRace runs a takeover concurrently with an open unit of the expired
+// owner. Either serialisation is allowed, but never both: if the unit
+// commits, the takeover must not acquire; if the takeover acquires, the
+// unit must fail with ErrLeaseLost and the successor owns the record.
+func testUnitRace(t *testing.T, s idempotency.Store) {
+	sc := scope("unit-race")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	u, err := begin(t, s, a.Lease())
+	noErr(t, "Begin", err)
+	type claimResult struct {
+		rec      idempotency.Record
+		acquired bool
+		err      error
+	}
+	done := make(chan claimResult, 1)
+	go func() {
+		rec, ok, err := s.Claim(context.Background(), claimOf(sc, "b", "fp", at(11)))
+		done <- claimResult{rec, ok, err}
+	}()
+	err = u.Complete(ctx(t), response("A"), at(11))
+	if err == nil {
+		err = u.Commit()
+	}
+	if err != nil {
+		_ = u.Rollback()
+	}
+	cr := <-done
+	noErr(t, "concurrent Claim", cr.err)
+	got := mustGet(t, s, sc)
+	switch {
+	case err == nil && cr.acquired:
+		t.Fatal("both the stale unit committed and the takeover acquired the record")
+	case err == nil:
+		if got.State != idempotency.Completed || got.Owner != "a" {
+			t.Fatalf("unit committed but record is state %v owner %q", got.State, got.Owner)
+		}
+		wantResponse(t, got, response("A"))
+	case cr.acquired:
+		wantLeaseLost(t, "unit after takeover", err)
+		if got.State != idempotency.InProgress || got.Owner != "b" || got.Generation != 2 {
+			t.Fatalf("after takeover: state %v owner %q gen %d", got.State, got.Owner, got.Generation)
+		}
+	default:
+		t.Fatalf("neither the unit (%v) nor the takeover succeeded", err)
+	}
+}

@@ -1,0 +1,141 @@
+package idempotency
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/saferetry/saferetry/keygen"
+)
+
+// DefaultKeyHeader is the request header that carries the idempotency key
+// unless WithKeyHeader names another one.
+const DefaultKeyHeader = "Idempotency-Key"
+
+// Reasons reported in KeyError.Reason for syntax errors; validation errors
+// from keygen.Validate report keygen's reasons ("empty", "too long",
+// "invalid character").
+const (
+	// ReasonList: the header appears on more than one field line, or its
+	// value is a comma-separated list.
+	ReasonList = "list"
+	// ReasonMalformedString: a quoted value is not a valid RFC 9651
+	// sf-string (unterminated, a bad escape, a byte outside 0x20..0x7E, or
+	// anything after the closing quote).
+	ReasonMalformedString = "malformed string"
+	// ReasonQuote: a bare value contains a double quote.
+	ReasonQuote = "quote in bare value"
+)
+
+// KeyError reports an idempotency key header that ParseKey rejected. It
+// matches keygen.ErrInvalidKey with errors.Is, and Unwrap returns the
+// *keygen.InvalidKeyError when the syntax was fine but keygen.Validate
+// rejected the key. Its message never echoes a raw key longer than 40 bytes.
+type KeyError struct {
+	Header string // the header name
+	Reason string // ReasonList, ReasonMalformedString, ReasonQuote or a keygen reason
+	Err    error  // keygen.ErrInvalidKey or the *keygen.InvalidKeyError
+}
+
+// Error describes the rejection.
+func (e *KeyError) Error() string {
+	if e.Err != nil && e.Err != keygen.ErrInvalidKey {
+		return "idempotency: " + e.Header + ": " + e.Err.Error()
+	}
+	return "idempotency: " + e.Header + ": invalid idempotency key: " + e.Reason
+}
+
+// Unwrap returns the underlying keygen error.
+func (e *KeyError) Unwrap() error { return e.Err }
+
+// Is reports whether target is keygen.ErrInvalidKey.
+func (e *KeyError) Is(target error) bool { return target == keygen.ErrInvalidKey }
+
+// ParseKey reads the idempotency key from h under name (canonicalised like
+// http.Header.Get; "" means DefaultKeyHeader). present is false when the
+// header is absent, and then err is nil. A present header must be a single
+// field line holding either a bare value (every byte printable ASCII except
+// '"' and ',') or an RFC 9651 sf-string ("..." with only \" and \\ escapes),
+// optionally surrounded by spaces or tabs; the unquoted key must then pass
+// keygen.Validate (1..255 bytes of printable ASCII, no spaces). Anything else
+// (two field lines, a list, an empty value, a malformed string, non-ASCII
+// bytes, more than 255 bytes) returns present = true and a *KeyError that
+// matches keygen.ErrInvalidKey. Safe for concurrent use; never panics.
+func ParseKey(h http.Header, name string) (key string, present bool, err error) {
+	if name == "" {
+		name = DefaultKeyHeader
+	}
+	vals := h.Values(name)
+	if len(vals) == 0 {
+		return "", false, nil
+	}
+	fail := func(reason string, cause error) (string, bool, error) {
+		if cause == nil {
+			cause = keygen.ErrInvalidKey
+		}
+		return "", true, &KeyError{Header: http.CanonicalHeaderKey(name), Reason: reason, Err: cause}
+	}
+	if len(vals) > 1 {
+		return fail(ReasonList, nil)
+	}
+	v := strings.Trim(vals[0], " \t")
+	if strings.HasPrefix(v, `"`) {
+		s, ok := parseSFString(v)
+		if !ok {
+			if strings.Contains(v, ",") {
+				return fail(ReasonList, nil)
+			}
+			return fail(ReasonMalformedString, nil)
+		}
+		v = s
+	} else {
+		if strings.Contains(v, ",") {
+			return fail(ReasonList, nil)
+		}
+		if strings.Contains(v, `"`) {
+			return fail(ReasonQuote, nil)
+		}
+	}
+	if verr := keygen.Validate(v); verr != nil {
+		reason := "invalid"
+		if ike, ok := verr.(*keygen.InvalidKeyError); ok {
+			reason = ike.Reason
+		}
+		return fail(reason, verr)
+	}
+	return v, true, nil
+}
+
+// parseSFString parses v, which starts with '"', as a complete RFC 9651
+// sf-string: the closing quote must be the last byte.
+func parseSFString(v string) (string, bool) {
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c == '\\':
+			i++
+			if i >= len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", false
+			}
+			b.WriteByte(v[i])
+		case c == '"':
+			return b.String(), i == len(v)-1
+		case c < 0x20 || c > 0x7E:
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", false
+}
+
+// FormatKey returns key as a header value that ParseKey reads back: the key
+// itself when it contains no '"', ',' or '\', and otherwise an RFC 9651
+// sf-string with '"' and '\' escaped. It does not validate key.
+func FormatKey(key string) string {
+	if !strings.ContainsAny(key, `",\`) {
+		return key
+	}
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+	return `"` + r.Replace(key) + `"`
+}

@@ -1,0 +1,319 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+)
+
+// ErrUnitDone is returned by a MemoryStore Unit used after Commit or
+// Rollback.
+var ErrUnitDone = errors.New("idempotency: unit already committed or rolled back")
+
+// MemoryStore is a Store and Transactor that keeps records in process
+// memory, for tests and single-process servers: records do not survive a
+// restart and are not shared between processes. The zero value is not
+// usable; call NewMemoryStore. Safe for concurrent use; every operation
+// takes one mutex, so claims are atomic. Returned records are deep copies.
+type MemoryStore struct {
+	mu      sync.Mutex
+	records map[Scope]*Record
+}
+
+// NewMemoryStore returns an empty MemoryStore.
+//
+// Its Units (Begin) buffer SetRecoveryPoint and Complete and apply them
+// atomically under the store's lock at Commit, which fails with ErrLeaseLost
+// (applying nothing) if the lease's owner or generation no longer match an
+// in-progress record. A Unit also has a method OnCommit(f func()) (reach it
+// with a type assertion to interface{ OnCommit(func()) }) that registers f to
+// run under the store's lock at a successful Commit: a handler can apply its
+// own in-memory writes there, so that they commit together with the record.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{records: make(map[Scope]*Record)}
+}
+
+var (
+	_ Store      = (*MemoryStore)(nil)
+	_ Transactor = (*MemoryStore)(nil)
+)
+
+func cloneRecord(r *Record) Record {
+	c := *r
+	c.RecoveryData = bytes.Clone(r.RecoveryData)
+	c.Request = bytes.Clone(r.Request)
+	if r.Response != nil {
+		c.Response = cloneResponse(*r.Response)
+	}
+	return c
+}
+
+func cloneResponse(r Response) *Response {
+	return &Response{Status: r.Status, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
+}
+
+// Claim implements Store.Claim. It honours ctx only before taking the lock.
+func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return Record{}, false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.records[c.Scope]
+	gen := int64(1)
+	if ok {
+		switch {
+		case rec.State == Completed && c.ReplayWindow > 0 && c.Now.Sub(rec.CompletedAt) > c.ReplayWindow:
+			gen = rec.Generation + 1 // out of the replay window: a new request
+		case rec.State == InProgress && !rec.LeaseUntil.After(c.Now) && rec.Fingerprint == c.Fingerprint &&
+			rec.FingerprintVersion == c.FingerprintVersion:
+			rec.Owner = c.Owner
+			rec.Generation++
+			rec.LeaseUntil = c.Now.Add(c.LeaseFor)
+			rec.UpdatedAt = c.Now
+			return cloneRecord(rec), true, nil
+		default:
+			return cloneRecord(rec), false, nil
+		}
+	}
+	rec = &Record{
+		Scope:              c.Scope,
+		State:              InProgress,
+		Fingerprint:        c.Fingerprint,
+		FingerprintVersion: c.FingerprintVersion,
+		Owner:              c.Owner,
+		Generation:         gen,
+		LeaseUntil:         c.Now.Add(c.LeaseFor),
+		Request:            bytes.Clone(c.Request),
+		CreatedAt:          c.Now,
+		UpdatedAt:          c.Now,
+	}
+	m.records[c.Scope] = rec
+	return cloneRecord(rec), true, nil
+}
+
+// Get implements Store.Get.
+func (m *MemoryStore) Get(ctx context.Context, s Scope) (Record, error) {
+	if err := ctx.Err(); err != nil {
+		return Record{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.records[s]
+	if !ok {
+		return Record{}, ErrNotFound
+	}
+	return cloneRecord(rec), nil
+}
+
+// owned returns the in-progress record that l owns; m.mu must be held.
+func (m *MemoryStore) owned(l Lease) (*Record, error) {
+	rec, ok := m.records[l.Scope]
+	if !ok || rec.State != InProgress || rec.Owner != l.Owner || rec.Generation != l.Generation {
+		return nil, ErrLeaseLost
+	}
+	return rec, nil
+}
+
+// Heartbeat implements Store.Heartbeat.
+func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, err := m.owned(l)
+	if err != nil {
+		return err
+	}
+	rec.LeaseUntil = until
+	return nil
+}
+
+// Complete implements Store.Complete.
+func (m *MemoryStore) Complete(ctx context.Context, l Lease, resp Response, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, err := m.owned(l)
+	if err != nil {
+		return err
+	}
+	complete(rec, resp, now)
+	return nil
+}
+
+func complete(rec *Record, resp Response, now time.Time) {
+	rec.State = Completed
+	rec.Response = cloneResponse(resp)
+	rec.CompletedAt = now
+	rec.UpdatedAt = now
+}
+
+// Release implements Store.Release.
+func (m *MemoryStore) Release(ctx context.Context, l Lease) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, err := m.owned(l); err != nil {
+		return err
+	}
+	delete(m.records, l.Scope)
+	return nil
+}
+
+// SetRecoveryPoint implements Store.SetRecoveryPoint.
+func (m *MemoryStore) SetRecoveryPoint(ctx context.Context, l Lease, point string, data []byte, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, err := m.owned(l)
+	if err != nil {
+		return err
+	}
+	rec.RecoveryPoint, rec.RecoveryData, rec.UpdatedAt = point, bytes.Clone(data), now
+	return nil
+}
+
+// Abandoned implements Store.Abandoned: in-progress records whose lease
+// ended at or before now, ordered by LeaseUntil, then CreatedAt. A limit <= 0
+// returns nothing.
+func (m *MemoryStore) Abandoned(ctx context.Context, now time.Time, limit int) ([]Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*Record
+	for _, rec := range m.records {
+		if rec.State == InProgress && !rec.LeaseUntil.After(now) {
+			out = append(out, rec)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Record) int {
+		if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
+			return c
+		}
+		return a.CreatedAt.Compare(b.CreatedAt)
+	})
+	res := make([]Record, 0, min(max(limit, 0), len(out)))
+	for i := 0; i < len(out) && i < limit; i++ {
+		res = append(res, cloneRecord(out[i]))
+	}
+	return res, nil
+}
+
+// DeleteBefore implements Store.DeleteBefore, oldest UpdatedAt first. A
+// limit <= 0 deletes nothing.
+func (m *MemoryStore) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var victims []*Record
+	for _, rec := range m.records {
+		if !rec.UpdatedAt.Before(horizon) {
+			continue
+		}
+		if rec.State == Completed || (rec.State == InProgress && rec.LeaseUntil.Before(horizon)) {
+			victims = append(victims, rec)
+		}
+	}
+	slices.SortFunc(victims, func(a, b *Record) int { return a.UpdatedAt.Compare(b.UpdatedAt) })
+	n := 0
+	for _, rec := range victims {
+		if n >= limit {
+			break
+		}
+		delete(m.records, rec.Scope)
+		n++
+	}
+	return n, nil
+}
+
+// Begin implements Transactor.Begin. The returned context is ctx: the memory
+// store has no transaction handle of its own to carry.
+func (m *MemoryStore) Begin(ctx context.Context, l Lease) (Unit, context.Context, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, ctx, err
+	}
+	return &memoryUnit{m: m, lease: l}, ctx, nil
+}
+
+type memoryUnit struct {
+	m     *MemoryStore
+	lease Lease
+	done  bool
+	ops   []func(*Record)
+	hooks []func()
+}
+
+func (u *memoryUnit) SetRecoveryPoint(_ context.Context, point string, data []byte, now time.Time) error {
+	if u.done {
+		return ErrUnitDone
+	}
+	data = bytes.Clone(data)
+	u.ops = append(u.ops, func(r *Record) {
+		r.RecoveryPoint, r.RecoveryData, r.UpdatedAt = point, data, now
+	})
+	return nil
+}
+
+func (u *memoryUnit) Complete(_ context.Context, resp Response, now time.Time) error {
+	if u.done {
+		return ErrUnitDone
+	}
+	c := cloneResponse(resp)
+	u.ops = append(u.ops, func(r *Record) { complete(r, *c, now) })
+	return nil
+}
+
+// OnCommit registers f to run under the store's lock at a successful Commit.
+func (u *memoryUnit) OnCommit(f func()) {
+	if !u.done && f != nil {
+		u.hooks = append(u.hooks, f)
+	}
+}
+
+func (u *memoryUnit) Commit() error {
+	if u.done {
+		return ErrUnitDone
+	}
+	u.done = true
+	u.m.mu.Lock()
+	defer u.m.mu.Unlock()
+	rec, err := u.m.owned(u.lease)
+	if err != nil {
+		return err
+	}
+	for _, op := range u.ops {
+		op(rec)
+	}
+	for _, f := range u.hooks {
+		f()
+	}
+	return nil
+}
+
+func (u *memoryUnit) Rollback() error {
+	u.done = true
+	u.ops, u.hooks = nil, nil
+	return nil
+}
+
+// Len returns the number of records held (for tests and metrics).
+func (m *MemoryStore) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.records)
+}

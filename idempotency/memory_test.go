@@ -1,0 +1,66 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/idempotencytest"
+)
+
+func TestMemoryStoreConformance(t *testing.T) {
+	idempotencytest.TestStore(t, func(*testing.T) idempotency.Store { return idempotency.NewMemoryStore() })
+}
+
+func TestMemoryUnitOnCommit(t *testing.T) {
+	s := idempotency.NewMemoryStore()
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	sc := idempotency.Scope{Principal: "p", Method: "POST", Route: "/r", Key: "k"}
+	rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	var applied int
+	u, _, err := s.Begin(t.Context(), rec.Lease())
+	require.NoError(t, err)
+	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
+	require.NoError(t, u.Rollback())
+	require.ErrorIs(t, u.Commit(), idempotency.ErrUnitDone)
+	require.Zero(t, applied, "a rolled-back unit ran its hook")
+
+	u, _, err = s.Begin(t.Context(), rec.Lease())
+	require.NoError(t, err)
+	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
+	require.NoError(t, u.Complete(t.Context(), idempotency.Response{Status: 201}, now))
+	require.NoError(t, u.Commit())
+	require.Equal(t, 1, applied)
+	require.ErrorIs(t, u.Complete(t.Context(), idempotency.Response{}, now), idempotency.ErrUnitDone)
+
+	// A hook of a unit whose lease moved never runs.
+	sc2 := sc
+	sc2.Key = "k2"
+	rec2, _, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+	require.NoError(t, err)
+	u, _, err = s.Begin(t.Context(), rec2.Lease())
+	require.NoError(t, err)
+	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
+	_, took, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "b", Now: now.Add(2 * time.Second), LeaseFor: time.Second})
+	require.NoError(t, err)
+	require.True(t, took)
+	require.ErrorIs(t, u.Commit(), idempotency.ErrLeaseLost)
+	require.Equal(t, 1, applied)
+}
+
+func TestMemoryStoreCanceledContext(t *testing.T) {
+	s := idempotency.NewMemoryStore()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, _, err := s.Claim(ctx, idempotency.Claim{})
+	require.True(t, errors.Is(err, context.Canceled))
+	_, err = s.Get(ctx, idempotency.Scope{})
+	require.ErrorIs(t, err, context.Canceled)
+}

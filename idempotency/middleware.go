@@ -1,0 +1,516 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// notReplayableHeader marks a stored Response whose body exceeded the
+// stored-body cap: the record is completed but replays answer
+// CodeResponseNotReplayable. It lives in Response.Header so that every store
+// keeps it without a schema change; it is never sent to a client.
+const notReplayableHeader = "Saferetry-Not-Replayable"
+
+// ReplayedHeader is the response header set to "true" on every replayed
+// response.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// storeTimeout bounds each store call the middleware makes after the handler
+// returned (complete, release, end lease), when the client may be gone.
+const storeTimeout = 10 * time.Second
+
+// New returns middleware that makes the guarded requests of the handlers it
+// wraps effectively once within the key scope and the replay window.
+//
+// A request is guarded when its method is guarded (WithMethods; default POST
+// and PATCH) and it carries a key (WithKeyHeader; default Idempotency-Key,
+// parsed by ParseKey). Other requests pass through untouched, except that a
+// guarded method without a key gets 400 CodeKeyMissing under
+// WithKeyRequired. The scope of a key is (principal, method, route, key)
+// (WithPrincipal, WithRoute); its fingerprint is Fingerprint of the request.
+// The answers:
+//
+//   - Key absent (or its completed record older than the replay window): the
+//     store claims it atomically, the handler runs, and its response is
+//     buffered, stored and only then sent.
+//   - In progress, lease alive, same fingerprint: 409 CodeInProgress with
+//     Retry-After: 1, after waiting up to WithInProgressWait for it to finish.
+//   - In progress, lease expired, same fingerprint: the store hands the record
+//     over with a bumped generation (fencing); the handler runs again, with
+//     the previous owner's recovery point in its Run (FromContext).
+//   - Completed, same fingerprint: status, allow-listed headers
+//     (WithReplayHeaders) and body replayed verbatim plus Idempotent-Replayed:
+//     true; 409 CodeResponseNotReplayable if the body was over the cap.
+//   - Any state, different fingerprint: CodeKeyReused, 422 by default
+//     (WithMismatchStatus).
+//   - Malformed key: 400 CodeKeyInvalid. Body over WithMaxRequestBody: 413
+//     CodeRequestTooLarge. Principal error: 401 CodePrincipalUnavailable.
+//   - Store error: 503 CodeStoreUnavailable; the handler never runs
+//     unprotected (a nil store answers this way to every guarded request).
+//
+// Every answer of the middleware's own is RFC 9457 problem+json (Problem)
+// with Cache-Control: no-store.
+//
+// Which outcomes are stored: 2xx, 3xx and 4xx responses except 408, 409, 425
+// and 429; 5xx only under WithStore5xx. The others, a handler panic and a
+// failure before the handler ran release the key (Store.Release), so a retry
+// runs again; but when the record holds a recovery point (a phase committed),
+// it is kept in progress and its lease is ended at once, so that a retry takes
+// it over and resumes. A handler panic is re-raised after the release, for
+// net/http to handle (it logs and drops the connection).
+//
+// While the handler runs the middleware heartbeats every lease/3
+// (WithLease); if the store reports the lease lost, the handler's context is
+// canceled with cause ErrLeaseLost. If the completion then fails with
+// ErrLeaseLost (a successor took over), the late owner's response is
+// discarded and its client gets the successor's stored response or 409
+// CodeInProgress.
+//
+// With a store that implements Transactor, a Unit is begun before the
+// handler runs (Run.Unit, and the store's transaction on the request
+// context), and the stored response commits in it: the handler's writes and
+// the record commit or fail together. A failed commit answers 503 and sends
+// nothing of the handler's response. With a store that is not a Transactor,
+// a completion that fails for another reason than a lost lease is logged and
+// the handler's response is still sent (the work was done); the record then
+// stays in progress until its lease expires.
+//
+// The handler's context keeps the request's values and deadline and is
+// canceled when the client goes away, but the store calls after the handler
+// (complete, release) run even then. The handler sees the full request
+// body. Its response writer buffers everything: Flush is deferred until the
+// record is committed, 1xx responses are dropped, and hijacking is not
+// supported.
+//
+// The returned middleware is safe for concurrent use. New never fails; bad
+// option values keep their defaults (see each option).
+func New(store Store, opts ...Option) func(http.Handler) http.Handler {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if cfg.newOwner == nil {
+		cfg.newOwner = uuid.NewString
+	}
+	tx, _ := store.(Transactor)
+	return func(next http.Handler) http.Handler {
+		return &handler{cfg: cfg, store: store, tx: tx, next: next}
+	}
+}
+
+type handler struct {
+	cfg   config
+	store Store
+	tx    Transactor
+	next  http.Handler
+}
+
+// request is one guarded request after parsing.
+type request struct {
+	scope Scope
+	fp    string
+	body  []byte
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.cfg.methods[r.Method] {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	key, present, err := ParseKey(r.Header, h.cfg.header)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, err.Error(), nil)
+		return
+	}
+	if !present {
+		if h.cfg.required {
+			writeProblem(w, http.StatusBadRequest, CodeKeyMissing,
+				"this endpoint requires the "+h.cfg.header+" header", nil)
+			return
+		}
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	principal, err := h.cfg.principal(r)
+	if err != nil {
+		writeProblem(w, http.StatusUnauthorized, CodePrincipalUnavailable, "", nil)
+		return
+	}
+	body, err := readBody(r, h.cfg.maxRequestBody)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.Is(err, errTooLarge) || errors.As(err, &mbe) {
+			writeProblem(w, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
+				"the body of a request with an idempotency key may not exceed "+
+					strconv.FormatInt(h.cfg.maxRequestBody, 10)+" bytes", nil)
+			return
+		}
+		writeProblem(w, http.StatusBadRequest, CodeRequestUnreadable, "", nil)
+		return
+	}
+	route := h.cfg.route(r)
+	req := request{
+		scope: Scope{Principal: principal, Method: r.Method, Route: route, Key: key},
+		fp:    Fingerprint(r.Method, route, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body),
+		body:  body,
+	}
+	h.serve(w, r, req)
+}
+
+var errTooLarge = errors.New("idempotency: request body too large")
+
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, errTooLarge
+	}
+	return b, nil
+}
+
+func (h *handler) log(ctx context.Context, level slog.Level, msg string, s Scope, attrs ...any) {
+	attrs = append(attrs, "method", s.Method, "route", s.Route, "key", s.Key)
+	h.cfg.logger.Log(ctx, level, msg, attrs...)
+}
+
+func (h *handler) storeUnavailable(w http.ResponseWriter, r *http.Request, s Scope, err error) {
+	h.log(r.Context(), slog.LevelError, "idempotency: store unavailable", s, "err", err)
+	writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "", nil)
+}
+
+// serve claims the key and answers according to the record's state.
+func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
+	if h.store == nil {
+		h.storeUnavailable(w, r, req.scope, errors.New("idempotency: nil store"))
+		return
+	}
+	ctx := r.Context()
+	claim := Claim{
+		Scope:              req.scope,
+		Fingerprint:        req.fp,
+		FingerprintVersion: FingerprintVersion,
+		Owner:              h.cfg.newOwner(),
+		Request: StoredRequest{
+			Method: r.Method, URL: r.URL.RequestURI(), Host: r.Host,
+			ContentType: r.Header.Get("Content-Type"), Body: req.body,
+		}.Encode(),
+		Now:          h.cfg.now(),
+		LeaseFor:     h.cfg.lease,
+		ReplayWindow: h.cfg.replayWindow,
+	}
+	waitUntil := claim.Now.Add(h.cfg.wait)
+	for claims := 0; ; claims++ {
+		rec, acquired, err := h.store.Claim(ctx, claim)
+		if err != nil {
+			h.storeUnavailable(w, r, req.scope, err)
+			return
+		}
+		if acquired {
+			h.run(w, r, req, rec)
+			return
+		}
+		// Someone else holds or completed the key: answer from the record,
+		// polling while it is in progress and the wait allows.
+		for {
+			if h.answerSettled(w, req, rec) {
+				return
+			}
+			now := h.cfg.now()
+			if !rec.LeaseUntil.After(now) && claims < 3 {
+				break // the lease expired: claim again to take it over
+			}
+			left := waitUntil.Sub(now)
+			if left <= 0 || h.cfg.sleep(ctx, min(left, h.cfg.pollInterval)) != nil {
+				writeProblem(w, http.StatusConflict, CodeInProgress,
+					"a request with this idempotency key is being processed; retry later with the same key", nil)
+				return
+			}
+			rec, err = h.store.Get(ctx, req.scope)
+			if errors.Is(err, ErrNotFound) && claims < 3 {
+				break // released: claim again
+			}
+			if err != nil {
+				h.storeUnavailable(w, r, req.scope, err)
+				return
+			}
+		}
+		claim.Now = h.cfg.now()
+	}
+}
+
+// answerSettled answers a record that the caller does not own when it is
+// completed or belongs to a different request, and reports whether it did.
+func (h *handler) answerSettled(w http.ResponseWriter, req request, rec Record) bool {
+	same := rec.Fingerprint == req.fp && rec.FingerprintVersion == FingerprintVersion
+	switch {
+	case !same && rec.State != Absent:
+		writeProblem(w, h.cfg.mismatchStatus, CodeKeyReused,
+			"this idempotency key was already used for a different request; use a new key for a new request", nil)
+		return true
+	case rec.State == Completed:
+		h.replay(w, rec)
+		return true
+	}
+	return false
+}
+
+func (h *handler) replay(w http.ResponseWriter, rec Record) {
+	resp := rec.Response
+	if resp == nil {
+		h.log(context.Background(), slog.LevelError, "idempotency: completed record without a response", rec.Scope)
+		writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the stored record has no response", nil)
+		return
+	}
+	if resp.Header.Get(notReplayableHeader) != "" {
+		writeProblem(w, http.StatusConflict, CodeResponseNotReplayable,
+			"the request with this idempotency key completed, but its response was too large to store; it is not executed again",
+			func(p *Problem) { p.OriginalStatus = resp.Status })
+		return
+	}
+	dst := w.Header()
+	for k, v := range resp.Header {
+		if k = http.CanonicalHeaderKey(k); h.cfg.replayHeaders[k] {
+			dst[k] = append([]string(nil), v...)
+		}
+	}
+	dst.Set(ReplayedHeader, "true")
+	dst.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	status := resp.Status
+	if status < 100 || status > 999 {
+		status = http.StatusInternalServerError
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(resp.Body)
+}
+
+// run executes the handler as the owner of rec.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, rec Record) {
+	lease := rec.Lease()
+	run := &Run{
+		Scope: req.scope, Lease: lease,
+		RecoveryPoint: rec.RecoveryPoint, RecoveryData: rec.RecoveryData,
+		store: h.store,
+	}
+	// Store calls keep going when the client disconnects.
+	bg := context.WithoutCancel(r.Context())
+	hctx := bg
+	var unit Unit
+	if h.tx != nil {
+		u, uctx, err := h.tx.Begin(bg, lease)
+		if err != nil {
+			h.abort(bg, lease, rec.RecoveryPoint)
+			h.storeUnavailable(w, r, req.scope, err)
+			return
+		}
+		unit, hctx, run.Unit = u, uctx, u
+	}
+	// The handler's context: the unit's values, the request's deadline and
+	// cancellation, and cancellation with cause ErrLeaseLost.
+	hctx, cancel := context.WithCancelCause(withRun(hctx, run))
+	defer cancel(nil)
+	if d, ok := r.Context().Deadline(); ok {
+		var cancelDeadline context.CancelFunc
+		hctx, cancelDeadline = context.WithDeadline(hctx, d)
+		defer cancelDeadline()
+	}
+	stopAfter := context.AfterFunc(r.Context(), func() { cancel(context.Cause(r.Context())) })
+	defer stopAfter()
+
+	hb := h.heartbeat(bg, lease, cancel)
+	cw := newCapture(w)
+	r2 := r.WithContext(hctx)
+	r2.Body = io.NopCloser(bytes.NewReader(req.body))
+	r2.ContentLength = int64(len(req.body))
+
+	normal := false
+	defer func() {
+		if normal {
+			return
+		}
+		// The handler panicked (or called runtime.Goexit): release and let
+		// the panic continue to net/http.
+		hb.stop()
+		if unit != nil {
+			_ = unit.Rollback()
+		}
+		h.log(bg, slog.LevelWarn, "idempotency: handler panicked; releasing the key", req.scope)
+		h.abort(bg, lease, rec.RecoveryPoint)
+	}()
+	h.next.ServeHTTP(cw, r2)
+	normal = true
+	hb.stop()
+	h.finish(bg, w, r, req, lease, rec.RecoveryPoint, unit, cw)
+}
+
+// stores reports whether a response with this status is stored.
+func (h *handler) stores(status int) bool {
+	switch {
+	case status == http.StatusRequestTimeout, status == http.StatusConflict,
+		status == http.StatusTooEarly, status == http.StatusTooManyRequests:
+		return false
+	case status >= 500:
+		return h.cfg.store5xx
+	}
+	return true
+}
+
+func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Request, req request,
+	lease Lease, recoveryPoint string, unit Unit, cw *capture) {
+	status := cw.statusCode()
+	if !h.stores(status) {
+		if unit != nil {
+			_ = unit.Rollback()
+		}
+		h.abort(bg, lease, recoveryPoint)
+		cw.release()
+		return
+	}
+	resp := Response{Status: status, Header: make(http.Header)}
+	for k, v := range cw.header {
+		if k = http.CanonicalHeaderKey(k); h.cfg.replayHeaders[k] {
+			resp.Header[k] = append([]string(nil), v...)
+		}
+	}
+	if cw.body.Len() > h.cfg.maxStoredBody {
+		resp.Header.Set(notReplayableHeader, "body-too-large")
+		h.log(bg, slog.LevelWarn, "idempotency: response body over the stored-body cap; replays will answer "+CodeResponseNotReplayable,
+			req.scope, "bytes", cw.body.Len(), "cap", h.cfg.maxStoredBody)
+	} else {
+		resp.Body = cw.body.Bytes()
+	}
+
+	ctx, cancel := context.WithTimeout(bg, storeTimeout)
+	defer cancel()
+	now := h.cfg.now()
+	var err error
+	if unit != nil {
+		err = unit.Complete(ctx, resp, now)
+		if err == nil {
+			err = unit.Commit()
+		}
+		if err != nil {
+			_ = unit.Rollback()
+		}
+	} else {
+		err = h.store.Complete(ctx, lease, resp, now)
+	}
+	switch {
+	case err == nil:
+		cw.release()
+	case errors.Is(err, ErrLeaseLost):
+		h.log(bg, slog.LevelWarn, "idempotency: lease lost before completion; the response is discarded", req.scope,
+			"generation", lease.Generation)
+		h.answerLost(ctx, w, req)
+	case unit != nil:
+		// Nothing of the handler's work committed.
+		h.abort(bg, lease, recoveryPoint)
+		h.storeUnavailable(w, r, req.scope, err)
+	default:
+		h.log(bg, slog.LevelError, "idempotency: storing the response failed; sending it unstored", req.scope, "err", err)
+		cw.release()
+	}
+}
+
+// answerLost answers the client of an execution that lost its lease: the
+// successor's stored response if it completed, else 409 in progress.
+func (h *handler) answerLost(ctx context.Context, w http.ResponseWriter, req request) {
+	rec, err := h.store.Get(ctx, req.scope)
+	if err == nil && rec.State == Completed && h.answerSettled(w, req, rec) {
+		return
+	}
+	writeProblem(w, http.StatusConflict, CodeInProgress,
+		"another execution took over this idempotency key; retry later with the same key", nil)
+}
+
+// abort gives the key up after an unstored outcome: Release, unless the
+// record holds a recovery point, in which case the lease is ended at once
+// so that a retry takes the record over and resumes.
+func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) {
+	ctx, cancel := context.WithTimeout(bg, storeTimeout)
+	defer cancel()
+	keep := recoveryPoint != ""
+	if !keep {
+		rec, err := h.store.Get(ctx, lease.Scope)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return
+		case err != nil:
+			keep = true // cannot tell: ending the lease is safe either way
+		case rec.State != InProgress || rec.Owner != lease.Owner || rec.Generation != lease.Generation:
+			return // no longer ours
+		default:
+			keep = rec.RecoveryPoint != ""
+		}
+	}
+	var err error
+	if keep {
+		err = h.store.Heartbeat(ctx, lease, h.cfg.now())
+	} else {
+		err = h.store.Release(ctx, lease)
+	}
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		h.log(bg, slog.LevelError, "idempotency: giving up the key failed; it stays claimed until its lease expires",
+			lease.Scope, "err", err, "release", !keep)
+	}
+}
+
+type heartbeat struct {
+	stopc chan struct{}
+	done  chan struct{}
+}
+
+func (hb *heartbeat) stop() {
+	select {
+	case <-hb.stopc:
+	default:
+		close(hb.stopc)
+	}
+	<-hb.done
+}
+
+// heartbeat extends the lease every lease/3 until stopped; a lost lease
+// cancels the handler's context with cause ErrLeaseLost.
+func (h *handler) heartbeat(bg context.Context, lease Lease, cancel context.CancelCauseFunc) *heartbeat {
+	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{})}
+	interval := h.cfg.lease / 3
+	go func() {
+		defer close(hb.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-hb.stopc:
+				return
+			case <-t.C:
+			}
+			ctx, c := context.WithTimeout(bg, interval)
+			err := h.store.Heartbeat(ctx, lease, h.cfg.now().Add(h.cfg.lease))
+			c()
+			if errors.Is(err, ErrLeaseLost) {
+				h.log(bg, slog.LevelWarn, "idempotency: lease lost while the handler ran; canceling it", lease.Scope,
+					"generation", lease.Generation)
+				cancel(ErrLeaseLost)
+				return
+			}
+			if err != nil {
+				h.log(bg, slog.LevelWarn, "idempotency: heartbeat failed", lease.Scope, "err", err)
+			}
+		}
+	}()
+	return hb
+}
