@@ -124,7 +124,7 @@ func buildQueries(d Dialect, table string) queries {
 		// admits exactly two ways to win an existing row: a completed record
 		// that fell out of the replay window ($11) starts over, and an
 		// in-progress record whose lease expired before now ($12) with the
-		// same fingerprint is taken over (recovery point, request and
+		// same fingerprint (and fingerprint version) is taken over (recovery point, request and
 		// creation time kept). Either way the generation is bumped. When the
 		// WHERE is false nothing is returned and the caller reads the row.
 		claim: fmt.Sprintf(`INSERT INTO %[1]s AS t (principal, method, route, idem_key, state, fingerprint,
@@ -148,7 +148,8 @@ ON CONFLICT (principal, method, route, idem_key) DO UPDATE SET
 	response_body = NULL,
 	completed_at = 0
 WHERE (t.state = 2 AND t.completed_at < $11)
-   OR (t.state = 1 AND t.lease_until < $12 AND t.fingerprint = excluded.fingerprint)
+   OR (t.state = 1 AND t.lease_until < $12 AND t.fingerprint = excluded.fingerprint
+       AND t.fingerprint_version = excluded.fingerprint_version)
 RETURNING %[2]s`, table, columns),
 
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s

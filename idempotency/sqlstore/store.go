@@ -164,14 +164,18 @@ func trimSpace(s string) string {
 // DO UPDATE ... WHERE ... RETURNING statement: no record inserts one
 // (generation 1); a completed record that completed before Now-ReplayWindow
 // starts over (generation+1, recovery point, response cleared, the new
-// request stored); an in-progress record whose lease ended before Now with
-// the same fingerprint is taken over (generation+1, recovery point, data and
+// request stored; a ReplayWindow of 0 or less never expires a record); an
+// in-progress record whose lease ended before Now with the same fingerprint
+// and fingerprint version is taken over (generation+1, recovery point, data and
 // request kept). Otherwise the existing record is read and returned with
 // acquired false. Errors are *OpError with Op "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
 	now := nanos(c.Now)
 	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
-	cutoff := subSat(now, c.ReplayWindow)
+	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
+	if c.ReplayWindow > 0 {
+		cutoff = subSat(now, c.ReplayWindow)
+	}
 	// The loop only repeats when the row that beat our insert vanished
 	// (released or reaped) before we could read it: then we claim again.
 	for range 3 {

@@ -35,8 +35,9 @@ func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
 // returns a Unit whose record writes are conditional on l, plus a context
 // derived from ctx from which Tx returns the transaction. Nothing is locked
 // at Begin on PostgreSQL: the fence is checked by the Unit's conditional
-// writes, and a lost lease makes them return idempotency.ErrLeaseLost so the
-// caller rolls the whole unit back. On SQLite open the database with
+// writes: a lost lease makes them return idempotency.ErrLeaseLost and rolls
+// the whole unit back at once (the handler's writes included; Commit then
+// returns idempotency.ErrLeaseLost as well). On SQLite open the database with
 // SQLiteDSN (BEGIN IMMEDIATE): the unit then holds the database's single
 // write lock until Commit or Rollback. Errors are *OpError with Op "begin".
 func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
@@ -47,22 +48,44 @@ func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Uni
 	return &unit{s: s, tx: tx, lease: l}, WithTx(ctx, tx), nil
 }
 
-// unit is one transaction bound to a lease.
+// unit is one transaction bound to a lease. When a conditional write finds
+// the lease lost, the unit rolls itself back at once (it can never commit
+// anything useful, and on SQLite it would otherwise keep the write lock that
+// the lease's successor needs); later writes and Commit then return
+// idempotency.ErrLeaseLost too.
 type unit struct {
 	s     *Store
 	tx    *sql.Tx
 	lease idempotency.Lease
+	lost  bool
+}
+
+func (u *unit) fenced(err error) error {
+	if errors.Is(err, idempotency.ErrLeaseLost) && !u.lost {
+		u.lost = true
+		_ = u.tx.Rollback()
+	}
+	return err
 }
 
 func (u *unit) SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error {
-	return u.s.setPoint(ctx, u.tx, u.lease, point, data, now)
+	if u.lost {
+		return idempotency.ErrLeaseLost
+	}
+	return u.fenced(u.s.setPoint(ctx, u.tx, u.lease, point, data, now))
 }
 
 func (u *unit) Complete(ctx context.Context, resp idempotency.Response, now time.Time) error {
-	return u.s.complete(ctx, u.tx, u.lease, resp, now)
+	if u.lost {
+		return idempotency.ErrLeaseLost
+	}
+	return u.fenced(u.s.complete(ctx, u.tx, u.lease, resp, now))
 }
 
 func (u *unit) Commit() error {
+	if u.lost {
+		return idempotency.ErrLeaseLost
+	}
 	return opErr("commit", u.tx.Commit())
 }
 

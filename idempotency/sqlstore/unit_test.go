@@ -145,8 +145,12 @@ func TestUnitOfALostLeaseCannotCommitItsWrites(t *testing.T) {
 		require.NoError(t, insertOrder(uctx, "ord_A", "cus_1"))
 		require.ErrorIs(t, u.SetRecoveryPoint(uctx, "x", nil, t0), idempotency.ErrLeaseLost)
 		require.ErrorIs(t, u.Complete(uctx, idempotency.Response{Status: 201}, t0), idempotency.ErrLeaseLost)
+		require.ErrorIs(t, u.Commit(), idempotency.ErrLeaseLost, "a fenced unit never commits")
 		require.NoError(t, u.Rollback())
 		require.Zero(t, countOrders(t, db))
+		// The fenced unit rolled back at once: on SQLite it no longer holds
+		// the write lock, so the successor's writes go through.
+		require.NoError(t, s.Heartbeat(ctx, cur.Lease(), t0.Add(2*time.Minute)))
 
 		// The successor's unit works.
 		u, uctx, err = s.Begin(ctx, cur.Lease())
