@@ -1,0 +1,598 @@
+package saferetry
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"mime"
+	"net/http"
+	"time"
+
+	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/deadline"
+	"github.com/saferetry/saferetry/keygen"
+	"github.com/saferetry/saferetry/retry"
+)
+
+// ErrAttemptTimeout is wrapped by the error of an attempt that ran out of its
+// per-attempt time (WithAttemptTimeout) or hit the overall deadline
+// (WithMaxElapsed) before its response headers arrived.
+var ErrAttemptTimeout = errors.New("saferetry: attempt timed out")
+
+// ErrInvalidKey is matched (errors.Is) by the error RoundTrip returns, before
+// any network I/O, when the caller's idempotency key header is invalid: not
+// 1 to 255 printable ASCII characters without spaces, or sent more than once.
+// errors.As with *keygen.InvalidKeyError gives the reason. It is the same
+// sentinel as keygen.ErrInvalidKey.
+var ErrInvalidKey = keygen.ErrInvalidKey
+
+// Transport is an http.RoundTripper that retries what is safe to retry:
+// only an allow-list of statuses (429, 502, 503, 504, the idempotency
+// middleware's in-progress 409, and 500 when opted in) and errors
+// (connection refused or reset, EOF before a response, per-attempt timeouts,
+// refused HTTP/2 streams), with full-jitter backoff, under one overall
+// deadline and a retry budget shared per host, logging every attempt. A POST
+// or PATCH gets one Idempotency-Key before its first attempt, reused by every
+// retry, so the server can de-duplicate them.
+//
+// Transport honours the http.RoundTripper contract: it never modifies the
+// caller's request, always closes the request body, and returns the last
+// response with a nil error whenever an attempt produced one (a 503 after the
+// last attempt is returned as a response, not an error). When no attempt
+// produced a response the error is a *retry.ExhaustedError that matches
+// retry.ErrExhausted and wraps the last cause.
+//
+// A Transport is safe for concurrent use by many goroutines; build it with
+// NewTransport. The zero value is not usable.
+type Transport struct {
+	base http.RoundTripper
+	cfg  config
+
+	// Injected for tests; defaults are the wall clock, a timer-based sleep
+	// that honours cancellation, and math/rand/v2.
+	now   func() time.Time
+	sleep func(ctx context.Context, d time.Duration) error
+	rand  func() float64
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// NewTransport returns a Transport that sends each attempt through base (nil
+// means http.DefaultTransport) with the defaults described on the Option
+// functions: 3 attempts, full jitter (base 50 ms, 1 s for throttling, cap
+// 20 s), 30 s overall, no per-attempt timeout, Retry-After honoured up to
+// 30 s, automatic keys for POST and PATCH, the process-wide per-host token
+// bucket budget, slog.Default() for logs.
+func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	t := &Transport{
+		base:  base,
+		cfg:   defaultConfig(),
+		now:   time.Now,
+		sleep: sleepCtx,
+		rand:  rand.Float64,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&t.cfg)
+		}
+	}
+	if t.cfg.budget == nil && t.cfg.registry == nil {
+		t.cfg.registry = budget.Default()
+	}
+	return t
+}
+
+// NewClient returns an *http.Client whose Transport is
+// NewTransport(http.DefaultTransport, opts...). It sets no Client.Timeout:
+// the overall deadline (WithMaxElapsed, default 30 s) and the request
+// context bound the retry loop.
+func NewClient(opts ...Option) *http.Client {
+	return &http.Client{Transport: NewTransport(nil, opts...)}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (t *Transport) logger() *slog.Logger {
+	if t.cfg.logger != nil {
+		return t.cfg.logger
+	}
+	return slog.Default()
+}
+
+func (t *Transport) budgetFor(host string) budget.Budget {
+	if t.cfg.budget != nil {
+		return t.cfg.budget
+	}
+	return t.cfg.registry.For(host)
+}
+
+// call is the state of one logical request across its attempts.
+type call struct {
+	t          *Transport
+	req        *http.Request // the caller's, never modified
+	header     http.Header   // the caller's headers plus the key, shared by attempts
+	key        string
+	idempotent bool
+	maxTries   int
+	start      time.Time
+	overall    time.Time
+	bud        budget.Budget
+
+	body        io.ReadCloser // the caller's body, for attempt 1 (nil once used)
+	getBody     func() (io.ReadCloser, error)
+	notRetrying string // why retries are off for the body, "" if they are not
+}
+
+// RoundTrip sends req, retrying as described on Transport. See the type's
+// documentation for the contract.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	c, err := t.newCall(req)
+	if err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
+	return c.run()
+}
+
+func (t *Transport) newCall(req *http.Request) (*call, error) {
+	if req.URL == nil {
+		return nil, errors.New("saferetry: request has no URL")
+	}
+	ctx := req.Context()
+	c := &call{t: t, req: req, maxTries: t.cfg.maxAttempts, start: t.now()}
+	c.overall = deadline.Overall(ctx, c.start, t.cfg.maxElapsed)
+
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	ov := overrideFrom(ctx)
+	c.idempotent = retry.IsIdempotentMethod(method)
+	switch ov {
+	case overrideIdempotent:
+		c.idempotent = true
+	case overrideNotIdempotent:
+		c.idempotent = false
+	case overrideNoRetry:
+		c.maxTries = 1
+	}
+
+	name := t.cfg.keyHeader
+	switch vals := req.Header.Values(name); len(vals) {
+	case 0:
+		if t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch) {
+			key, ok := keygen.FromContext(ctx)
+			if !ok {
+				key = keygen.Random()
+			}
+			if err := keygen.Validate(key); err != nil {
+				return nil, fmt.Errorf("saferetry: key from context: %w", err)
+			}
+			c.key = key
+		}
+	default:
+		key, err := keygen.ValidateValues(vals)
+		if err != nil {
+			return nil, fmt.Errorf("saferetry: %s header: %w", name, err)
+		}
+		c.key = key
+	}
+	if c.key != "" {
+		c.idempotent = true // the server de-duplicates: every outcome may be retried
+	}
+
+	needHeader := t.cfg.deadlineHeader || (c.key != "" && req.Header.Get(name) == "")
+	if needHeader {
+		c.header = req.Header.Clone()
+		if c.header == nil {
+			c.header = make(http.Header, 2)
+		}
+		if c.key != "" {
+			c.header.Set(name, c.key)
+		}
+	} else {
+		c.header = req.Header
+	}
+
+	if err := c.prepareBody(); err != nil {
+		return nil, err
+	}
+	c.bud = t.budgetFor(req.URL.Host)
+	return c, nil
+}
+
+// prepareBody makes the request body replayable: GetBody when the caller gave
+// one, otherwise a buffer of up to the configured limit.
+func (c *call) prepareBody() error {
+	req := c.req
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil
+	}
+	c.body = req.Body
+	if req.GetBody != nil {
+		c.getBody = req.GetBody
+		return nil
+	}
+	if c.maxTries == 1 {
+		return nil // nothing to replay: send the body as it is
+	}
+	limit := c.t.cfg.bodyBufferLimit
+	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
+	if err != nil {
+		return fmt.Errorf("saferetry: reading request body: %w", err)
+	}
+	if int64(len(buf)) > limit {
+		// Too large to buffer: send it once, as a stream, and never retry.
+		c.body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(buf), req.Body), req.Body}
+		c.notRetrying = retry.ReasonBodyNotRewindable
+		c.t.logger().LogAttrs(req.Context(), slog.LevelInfo, "saferetry: request body too large to buffer; sent once without retries",
+			slog.String("method", req.Method), slog.String("host", req.URL.Host), slog.String("path", req.URL.Path),
+			slog.Int64("buffer_limit", limit))
+		return nil
+	}
+	req.Body.Close()
+	c.body = io.NopCloser(bytes.NewReader(buf))
+	c.getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+	return nil
+}
+
+// attemptBody returns the body for attempt n (1-based).
+func (c *call) attemptBody(n int) (io.ReadCloser, error) {
+	if c.body != nil {
+		b := c.body
+		c.body = nil
+		return b, nil
+	}
+	if c.getBody == nil {
+		return nil, nil
+	}
+	return c.getBody()
+}
+
+func (c *call) run() (*http.Response, error) {
+	t := c.t
+	ctx := c.req.Context()
+	c.bud.OnRequest(c.start)
+	var (
+		retryCost int
+		prevWait  time.Duration
+		lastErr   error
+	)
+	defer func() {
+		if c.body != nil { // never sent: still ours to close
+			c.body.Close()
+		}
+	}()
+	for n := 1; ; n++ {
+		attemptStart := t.now()
+		resp, err, stopTimer := c.attempt(ctx, n, attemptStart)
+		now := t.now()
+		timedOut := errors.Is(err, ErrAttemptTimeout)
+		in := retry.Input{
+			Method:          c.req.Method,
+			Idempotent:      c.idempotent,
+			Response:        resp,
+			Err:             err,
+			AttemptTimedOut: timedOut,
+		}
+		if resp != nil && resp.StatusCode == http.StatusConflict {
+			in.ProblemCode = peekProblemCode(resp)
+		}
+		d := retry.Classify(retry.Policy{Retry500: t.cfg.retry500}, in, now)
+		rec := attemptRecord{n: n, dec: d, resp: resp, err: err, elapsed: now.Sub(attemptStart), total: now.Sub(c.start)}
+
+		if !d.Retry {
+			if resp != nil {
+				if resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
+					c.bud.OnSuccess(now, retryCost)
+				}
+				rec.level = slog.LevelDebug
+				if n > 1 {
+					rec.level = slog.LevelInfo
+				}
+				c.log(ctx, rec, "final")
+				return c.deliver(resp, stopTimer), nil
+			}
+			reason := retry.ReasonNotRetryable
+			switch d.Class {
+			case retry.ClassCanceled, retry.ClassDeadline:
+				reason = retry.ReasonCanceled
+			}
+			rec.level = slog.LevelWarn
+			c.log(ctx, rec, reason)
+			return nil, &retry.ExhaustedError{Attempts: n, Reason: reason, Err: err}
+		}
+		if err != nil {
+			lastErr = err
+		}
+
+		// The outcome is retryable: find out whether a retry may happen.
+		stop := ""
+		var wait time.Duration
+		switch {
+		case ctx.Err() != nil:
+			stop = retry.ReasonCanceled
+		case n >= c.maxTries:
+			stop = retry.ReasonMaxAttempts
+		case c.notRetrying != "":
+			stop = c.notRetrying
+		case d.HasRetryAfter && d.RetryAfter > t.cfg.retryAfterCap:
+			stop = retry.ReasonDeadline
+		}
+		if stop == "" {
+			wait = t.cfg.backoff.Backoff(n-1, prevWait, d.Throttle, t.rand())
+			if d.HasRetryAfter && d.RetryAfter > wait {
+				wait = d.RetryAfter
+			}
+			if !deadline.SleepFits(now, c.overall, wait) {
+				stop = retry.ReasonDeadline
+			}
+		}
+		if stop == "" {
+			kind := budget.Transient
+			if d.Throttle {
+				kind = budget.Throttle
+			}
+			cost, ok := c.bud.AcquireRetry(now, kind)
+			if !ok {
+				stop = retry.ReasonBudget
+				rec.budgetLeft = c.bud.Available(now)
+				rec.budgetDenied = true
+			} else {
+				retryCost = cost
+			}
+		}
+		if stop != "" {
+			rec.level = slog.LevelWarn
+			c.log(ctx, rec, stop)
+			if resp != nil {
+				return c.deliver(resp, stopTimer), nil
+			}
+			return nil, &retry.ExhaustedError{Attempts: n, Reason: stop, Err: err}
+		}
+
+		rec.level = slog.LevelInfo
+		rec.wait = wait
+		c.log(ctx, rec, "retry")
+		if resp != nil {
+			discard(resp)
+		}
+		stopTimer(true)
+		prevWait = wait
+		if err := t.sleep(ctx, wait); err != nil {
+			cause := err
+			if lastErr != nil {
+				cause = errors.Join(err, lastErr)
+			}
+			return nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: cause}
+		}
+	}
+}
+
+// attempt runs attempt n. It returns the outcome and a function that ends
+// the attempt's own timer and context: stopTimer(true) also cancels the
+// attempt context (the response is discarded); stopTimer(false) keeps it alive
+// for the caller to read the body, and deliver arranges its release.
+func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Response, error, func(cancel bool)) {
+	t := c.t
+	r := c.req.WithContext(ctx)
+	stop := func(bool) {}
+	// The attempt is bounded by the per-attempt timeout and by the overall
+	// deadline, whichever is first, unless the caller's own context already
+	// ends first.
+	limit := deadline.AttemptTimeout(now, c.overall, t.cfg.attemptTimeout)
+	if ctxDeadline, ok := ctx.Deadline(); !ok || now.Add(limit).Before(ctxDeadline) {
+		actx, cancel := context.WithCancelCause(ctx)
+		timer := time.AfterFunc(limit, func() { cancel(ErrAttemptTimeout) })
+		r = c.req.WithContext(actx)
+		stop = func(cancelCtx bool) {
+			timer.Stop()
+			if cancelCtx {
+				cancel(context.Canceled)
+			}
+		}
+	}
+	if c.header != nil {
+		h := c.header
+		if t.cfg.deadlineHeader {
+			if n > 1 {
+				// An earlier attempt's request may still be referenced by
+				// the base transport: give this one its own map.
+				h = h.Clone()
+			}
+			deadline.Propagate(h, now, c.overall)
+		}
+		r.Header = h
+	}
+	body, err := c.attemptBody(n)
+	if err != nil {
+		stop(true)
+		return nil, fmt.Errorf("saferetry: rewinding request body: %w", err), stop
+	}
+	r.Body = body
+	if body == nil && c.req.Body != nil && c.req.Body != http.NoBody {
+		r.Body = http.NoBody
+	}
+	resp, err := t.base.RoundTrip(r)
+	if err != nil {
+		if resp != nil && resp.Body != nil {
+			resp.Body.Close()
+		}
+		if cause := context.Cause(r.Context()); errors.Is(cause, ErrAttemptTimeout) && ctx.Err() == nil {
+			err = fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, err)
+		}
+		stop(true)
+		return nil, err, stop
+	}
+	if resp == nil {
+		stop(true)
+		return nil, errors.New("saferetry: base RoundTripper returned neither a response nor an error"), stop
+	}
+	return resp, nil, stop
+}
+
+// deliver hands resp to the caller: the attempt's timer stops so that it
+// cannot cut the body read, and the attempt context is released when the
+// caller closes the body.
+func (c *call) deliver(resp *http.Response, stopTimer func(bool)) *http.Response {
+	stopTimer(false)
+	if resp.Body == nil {
+		stopTimer(true)
+		return resp
+	}
+	resp.Body = &releaseOnClose{ReadCloser: resp.Body, release: stopTimer}
+	return resp
+}
+
+type releaseOnClose struct {
+	io.ReadCloser
+	release func(bool)
+}
+
+func (b *releaseOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.release(true)
+	return err
+}
+
+// discard drains a bounded amount of a response that will not be returned,
+// so its connection can be reused, and closes it.
+func discard(resp *http.Response) {
+	if resp.Body == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, drainLimit)
+	resp.Body.Close()
+}
+
+// maxProblemPeek bounds how much of a 409 body is read to find its code.
+const maxProblemPeek = 4 << 10
+
+// peekProblemCode reads the "code" member of an application/problem+json 409
+// without consuming the body for the caller: the bytes read are put back.
+func peekProblemCode(resp *http.Response) string {
+	if resp.Body == nil {
+		return ""
+	}
+	mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if err != nil || mt != "application/problem+json" {
+		return ""
+	}
+	buf, err := io.ReadAll(io.LimitReader(resp.Body, maxProblemPeek))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(buf), errReader{err}, resp.Body), resp.Body}
+	if err != nil {
+		return ""
+	}
+	return problemCode(buf)
+}
+
+// errReader replays a read error met while peeking, in its place.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	return 0, io.EOF
+}
+
+// problemCode extracts the "code" member of a problem+json document.
+func problemCode(body []byte) string {
+	var p struct {
+		Code string `json:"code"`
+	}
+	if json.Unmarshal(body, &p) != nil {
+		return ""
+	}
+	return p.Code
+}
+
+// attemptRecord is what one log record says about one attempt.
+type attemptRecord struct {
+	n            int
+	dec          retry.Decision
+	resp         *http.Response
+	err          error
+	elapsed      time.Duration
+	total        time.Duration
+	wait         time.Duration
+	level        slog.Level
+	budgetDenied bool
+	budgetLeft   int
+}
+
+// log writes the one record of an attempt. outcome is "final", "retry" or
+// the reason the loop stopped. The raw key never appears: only its digest.
+func (c *call) log(ctx context.Context, a attemptRecord, outcome string) {
+	l := c.t.logger()
+	if !l.Enabled(ctx, a.level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 14)
+	attrs = append(attrs,
+		slog.Int("attempt", a.n),
+		slog.String("method", c.req.Method),
+		slog.String("host", c.req.URL.Host),
+		slog.String("path", c.req.URL.Path),
+		slog.String("class", a.dec.Class),
+	)
+	if a.resp != nil {
+		attrs = append(attrs, slog.Int("status", a.resp.StatusCode))
+	}
+	if a.err != nil {
+		attrs = append(attrs, slog.String("error", a.err.Error()))
+	}
+	attrs = append(attrs,
+		slog.Duration("elapsed", a.elapsed),
+		slog.Duration("total", a.total),
+		slog.String("outcome", outcome),
+	)
+	if outcome == "retry" {
+		attrs = append(attrs, slog.Duration("wait", a.wait))
+	}
+	if a.dec.HasRetryAfter {
+		attrs = append(attrs, slog.Duration("retry_after", a.dec.RetryAfter))
+	}
+	if a.budgetDenied {
+		attrs = append(attrs, slog.Int("budget_left", a.budgetLeft))
+	}
+	if c.key != "" {
+		attrs = append(attrs, slog.String("key_digest", keyDigest(c.key)))
+	}
+	msg := "saferetry: attempt"
+	switch {
+	case outcome == "retry":
+		msg = "saferetry: attempt failed, retrying"
+	case a.level == slog.LevelWarn:
+		msg = "saferetry: giving up"
+	}
+	l.LogAttrs(ctx, a.level, msg, attrs...)
+}

@@ -1,0 +1,860 @@
+package saferetry
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/deadline"
+	"github.com/saferetry/saferetry/jitter"
+	"github.com/saferetry/saferetry/keygen"
+	"github.com/saferetry/saferetry/retry"
+)
+
+// hit is what the test server saw of one attempt.
+type hit struct {
+	method string
+	key    string
+	keys   int
+	body   []byte
+	header http.Header
+}
+
+// script is a test server answering with the given statuses in order (the
+// last one repeats), recording every hit.
+type script struct {
+	mu       sync.Mutex
+	hits     []hit
+	statuses []int
+	header   func(n int, h http.Header)
+}
+
+func (s *script) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	s.mu.Lock()
+	n := len(s.hits)
+	s.hits = append(s.hits, hit{method: r.Method, key: r.Header.Get("Idempotency-Key"),
+		keys: len(r.Header.Values("Idempotency-Key")), body: body, header: r.Header.Clone()})
+	status := s.statuses[min(n, len(s.statuses)-1)]
+	s.mu.Unlock()
+	if s.header != nil {
+		s.header(n, w.Header())
+	}
+	w.WriteHeader(status)
+	io.WriteString(w, "answer "+http.StatusText(status))
+}
+
+func (s *script) Hits() []hit {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]hit(nil), s.hits...)
+}
+
+// fakeClock records the sleeps a Transport asks for and never sleeps:
+// virtual time advances by each sleep.
+type fakeClock struct {
+	mu     sync.Mutex
+	t      time.Time
+	sleeps []time.Duration
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.mu.Lock()
+	c.sleeps = append(c.sleeps, d)
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+	return ctx.Err()
+}
+
+func (c *fakeClock) Sleeps() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.sleeps...)
+}
+
+// newTestTransport builds a Transport with a fake clock, an unlimited budget
+// and a discarding logger unless opts say otherwise.
+func newTestTransport(base http.RoundTripper, opts ...Option) (*Transport, *fakeClock) {
+	all := append([]Option{WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	tr := NewTransport(base, all...)
+	clk := newFakeClock()
+	tr.now, tr.sleep = clk.Now, clk.Sleep
+	tr.rand = func() float64 { return 0.5 }
+	return tr, clk
+}
+
+// closeTracker wraps a base transport and records whether each response
+// body it handed out was closed.
+type closeTracker struct {
+	base   http.RoundTripper
+	mu     sync.Mutex
+	bodies []*trackedBody
+}
+
+type trackedBody struct {
+	io.ReadCloser
+	closed atomic.Bool
+}
+
+func (b *trackedBody) Close() error { b.closed.Store(true); return b.ReadCloser.Close() }
+
+func (c *closeTracker) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	tb := &trackedBody{ReadCloser: resp.Body}
+	resp.Body = tb
+	c.mu.Lock()
+	c.bodies = append(c.bodies, tb)
+	c.mu.Unlock()
+	return resp, nil
+}
+
+func get(t *testing.T, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	return req
+}
+
+func TestRetriesTransientStatusesAndClosesDiscardedBodies(t *testing.T) {
+	srv := &script{statuses: []int{503, 503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tracker := &closeTracker{base: http.DefaultTransport}
+	tr, clk := newTestTransport(tracker)
+
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "answer OK", string(body))
+	assert.Len(t, srv.Hits(), 3)
+	require.Len(t, tracker.bodies, 3)
+	assert.True(t, tracker.bodies[0].closed.Load(), "first discarded body closed")
+	assert.True(t, tracker.bodies[1].closed.Load(), "second discarded body closed")
+	// Full jitter with r = 0.5: 25 ms then 50 ms.
+	assert.Equal(t, []time.Duration{25 * time.Millisecond, 50 * time.Millisecond}, clk.Sleeps())
+}
+
+func TestStatusesOutsideTheAllowListAreNotRetried(t *testing.T) {
+	for _, status := range []int{400, 401, 403, 404, 409, 422, 501, 500} {
+		srv := &script{statuses: []int{status, 200}}
+		ts := httptest.NewServer(srv)
+		tr, clk := newTestTransport(nil)
+		resp, err := tr.RoundTrip(get(t, ts.URL))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, status, resp.StatusCode)
+		assert.Len(t, srv.Hits(), 1, "status %d", status)
+		assert.Empty(t, clk.Sleeps(), "status %d", status)
+		ts.Close()
+	}
+}
+
+func TestRetry500IsOptIn(t *testing.T) {
+	srv := &script{statuses: []int{500}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil, WithRetry500())
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err, "a response is returned with a nil error")
+	resp.Body.Close()
+	assert.Equal(t, 500, resp.StatusCode)
+	assert.Len(t, srv.Hits(), 3)
+}
+
+func TestRetryAfterIsHonoured(t *testing.T) {
+	cases := map[string]func(now time.Time) string{
+		"delta-seconds": func(time.Time) string { return "2" },
+		"http-date":     func(now time.Time) string { return now.Add(2 * time.Second).UTC().Format(http.TimeFormat) },
+	}
+	for name, value := range cases {
+		t.Run(name, func(t *testing.T) {
+			srv := &script{statuses: []int{429, 200}}
+			tr, clk := newTestTransport(nil)
+			srv.header = func(n int, h http.Header) {
+				if n == 0 {
+					h.Set("Retry-After", value(clk.Now()))
+				}
+			}
+			ts := httptest.NewServer(srv)
+			defer ts.Close()
+			resp, err := tr.RoundTrip(get(t, ts.URL))
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, 200, resp.StatusCode)
+			require.Len(t, clk.Sleeps(), 1)
+			// An HTTP-date has whole-second resolution: at least 1 s after
+			// truncation, and never less than what the server asked.
+			min := 2 * time.Second
+			if name == "http-date" {
+				min = time.Second
+			}
+			assert.GreaterOrEqual(t, clk.Sleeps()[0], min)
+		})
+	}
+}
+
+func TestRetryAfterAboveTheCapReturnsAtOnce(t *testing.T) {
+	srv := &script{statuses: []int{429, 200}, header: func(_ int, h http.Header) { h.Set("Retry-After", "3600") }}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, clk := newTestTransport(nil)
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 429, resp.StatusCode)
+	assert.Len(t, srv.Hits(), 1)
+	assert.Empty(t, clk.Sleeps(), "no sleep at all")
+}
+
+func TestContextDeadlineBoundsTheWholeLoop(t *testing.T) {
+	release := make(chan struct{})
+	var hits atomic.Int32
+	var lastStart atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		lastStart.Store(time.Now().UnixNano())
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer ts.Close()
+	defer close(release)
+	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
+		WithAttemptTimeout(100*time.Millisecond))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	start := time.Now()
+	resp, err := tr.RoundTrip(get(t, ts.URL).WithContext(ctx))
+	elapsed := time.Since(start)
+	require.Error(t, err)
+	assert.Nil(t, resp)
+	assert.ErrorIs(t, err, retry.ErrExhausted)
+	assert.Less(t, elapsed, 300*time.Millisecond+150*time.Millisecond, "returned within the deadline plus a margin")
+	assert.GreaterOrEqual(t, int(hits.Load()), 1)
+	assert.False(t, time.Unix(0, lastStart.Load()).After(dl), "no attempt started after the deadline")
+}
+
+func TestCallerDeadlineErrorIsAContextError(t *testing.T) {
+	release := make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer ts.Close()
+	defer close(release)
+	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := tr.RoundTrip(get(t, ts.URL).WithContext(ctx))
+	assert.Less(t, time.Since(start), 450*time.Millisecond)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	var ex *retry.ExhaustedError
+	require.ErrorAs(t, err, &ex)
+	assert.Equal(t, 1, ex.Attempts)
+}
+
+// hangingServer accepts requests and never answers until the test ends.
+func hangingServer(t *testing.T) (*httptest.Server, *atomic.Int32) {
+	release := make(chan struct{})
+	var hits atomic.Int32
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		hits.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release); ts.Close() })
+	return ts, &hits
+}
+
+func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	return req
+}
+
+func TestUnsafePostWithoutKeyIsNotRetriedOnReadTimeout(t *testing.T) {
+	ts, hits := hangingServer(t)
+	tr, _ := newTestTransport(nil, WithAutoKeys(false), WithAttemptTimeout(50*time.Millisecond))
+	_, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "pay 10"))
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrAttemptTimeout)
+	assert.Equal(t, int32(1), hits.Load(), "a POST without a key is never retried after it may have arrived")
+}
+
+// closedPort returns an address nothing listens on.
+func closedPort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
+}
+
+func TestUnsafePostWithoutKeyIsRetriedWhenConnectionRefused(t *testing.T) {
+	url := closedPort(t)
+	tr, clk := newTestTransport(nil, WithAutoKeys(false))
+	_, err := tr.RoundTrip(post(t, context.Background(), url, "pay 10"))
+	require.Error(t, err)
+	var ex *retry.ExhaustedError
+	require.ErrorAs(t, err, &ex)
+	assert.Equal(t, 3, ex.Attempts, "a refused connection never carried the request: retried")
+	assert.Equal(t, retry.ReasonMaxAttempts, ex.Reason)
+	assert.Len(t, clk.Sleeps(), 2)
+}
+
+func TestExhaustedErrorWrapsTheRootCause(t *testing.T) {
+	url := closedPort(t)
+	tr, _ := newTestTransport(nil)
+	_, err := tr.RoundTrip(get(t, url))
+	require.Error(t, err)
+	assert.ErrorIs(t, err, retry.ErrExhausted)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
+	var ex *retry.ExhaustedError
+	require.ErrorAs(t, err, &ex)
+	assert.Equal(t, 3, ex.Attempts)
+	assert.Contains(t, err.Error(), "3 attempts")
+}
+
+func TestEveryAttemptCarriesIdenticalBodyBytes(t *testing.T) {
+	payload := strings.Repeat(`{"amount":1000,"currency":"EUR"}`, 100)
+	bodies := map[string]func(url string) *http.Request{
+		"GetBody": func(url string) *http.Request { // strings.Reader: net/http sets GetBody
+			return post(t, context.Background(), url, payload)
+		},
+		"buffered": func(url string) *http.Request { // a plain reader: no GetBody
+			req, err := http.NewRequest(http.MethodPost, url, io.NopCloser(io.MultiReader(strings.NewReader(payload))))
+			require.NoError(t, err)
+			require.Nil(t, req.GetBody)
+			return req
+		},
+	}
+	for name, mk := range bodies {
+		t.Run(name, func(t *testing.T) {
+			srv := &script{statuses: []int{503, 502, 201}}
+			ts := httptest.NewServer(srv)
+			defer ts.Close()
+			tr, _ := newTestTransport(nil)
+			resp, err := tr.RoundTrip(mk(ts.URL))
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, 201, resp.StatusCode)
+			hits := srv.Hits()
+			require.Len(t, hits, 3)
+			for i, h := range hits {
+				assert.Equal(t, payload, string(h.body), "attempt %d body", i+1)
+			}
+		})
+	}
+}
+
+func TestBodyAboveBufferLimitIsSentOnceWithoutRetry(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil, WithBodyBufferLimit(10))
+	req, err := http.NewRequest(http.MethodPost, ts.URL, io.NopCloser(strings.NewReader("0123456789ABCDEF")))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 503, resp.StatusCode, "the 503 is returned: the body cannot be replayed")
+	hits := srv.Hits()
+	require.Len(t, hits, 1)
+	assert.Equal(t, "0123456789ABCDEF", string(hits[0].body), "streamed whole")
+}
+
+// spyBody records whether the caller's body was closed.
+type spyBody struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *spyBody) Close() error { b.closed.Store(true); return nil }
+
+func TestCallersRequestIsNeverModified(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+
+	type ctxKey struct{}
+	ctx := context.WithValue(context.Background(), ctxKey{}, "mine")
+	body := &spyBody{Reader: strings.NewReader("hello")}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/pay?x=1", body)
+	require.NoError(t, err)
+	req.Header.Set("X-Trace", "t1")
+	before := req.Header.Clone()
+	urlBefore := *req.URL
+
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	assert.Equal(t, before, req.Header, "headers unchanged: no key, no deadline header added")
+	assert.Empty(t, req.Header.Get("Idempotency-Key"))
+	assert.Equal(t, urlBefore, *req.URL)
+	assert.Same(t, ctx, req.Context())
+	assert.Same(t, body, req.Body, "body field unchanged")
+	assert.True(t, body.closed.Load(), "the caller's body is closed, as the RoundTripper contract says")
+	// The key the server saw is visible on resp.Request.
+	hits := srv.Hits()
+	require.Len(t, hits, 2)
+	assert.Equal(t, hits[0].key, resp.Request.Header.Get("Idempotency-Key"))
+}
+
+func TestRequestBodyClosedOnEarlyError(t *testing.T) {
+	tr, _ := newTestTransport(nil)
+	body := &spyBody{Reader: strings.NewReader("x")}
+	req, err := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/", body)
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", "has space")
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.True(t, body.closed.Load())
+}
+
+func TestSharedTransportUnderConcurrency(t *testing.T) {
+	// The first attempt of every other logical request (told apart by its
+	// key) fails with 503; the retry succeeds.
+	var mu sync.Mutex
+	seen := map[string]int{}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		seen[key]++
+		first := seen[key] == 1 && len(seen)%2 == 0
+		mu.Unlock()
+		if first {
+			w.WriteHeader(503)
+			return
+		}
+		w.WriteHeader(200)
+	}))
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	client := &http.Client{Transport: tr}
+	var wg sync.WaitGroup
+	var ok atomic.Int32
+	for g := 0; g < 64; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 10; i++ {
+				resp, err := client.Post(ts.URL, "text/plain", strings.NewReader("x"))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					ok.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, int32(640), ok.Load(), "every logical request succeeds after at most one retry")
+	assert.Len(t, seen, 640, "one key per logical request, reused by its retry")
+}
+
+// recordingHandler keeps every log record.
+type recordingHandler struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.records = append(h.records, r.Clone())
+	h.mu.Unlock()
+	return nil
+}
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler      { return h }
+
+func attrs(r slog.Record) map[string]slog.Value {
+	m := map[string]slog.Value{}
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value; return true })
+	return m
+}
+
+func TestOneLogRecordPerAttempt(t *testing.T) {
+	srv := &script{statuses: []int{503, 503, 503}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	h := &recordingHandler{}
+	tr, _ := newTestTransport(nil, WithLogger(slog.New(h)))
+	const key = "order-confirm-42-secret"
+	req := post(t, context.Background(), ts.URL+"/pay?card=4242", "x")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	require.Len(t, h.records, 3)
+	wantLevels := []slog.Level{slog.LevelInfo, slog.LevelInfo, slog.LevelWarn}
+	for i, r := range h.records {
+		a := attrs(r)
+		assert.Equal(t, wantLevels[i], r.Level, "record %d", i)
+		assert.Equal(t, int64(i+1), a["attempt"].Int64())
+		assert.Equal(t, "POST", a["method"].String())
+		assert.Equal(t, strings.TrimPrefix(ts.URL, "http://"), a["host"].String())
+		assert.Equal(t, "/pay", a["path"].String(), "path without query")
+		assert.Equal(t, int64(503), a["status"].Int64())
+		assert.Equal(t, "status_503", a["class"].String())
+		assert.Contains(t, a, "elapsed")
+		assert.Equal(t, keyDigest(key), a["key_digest"].String())
+		if i < 2 {
+			assert.Contains(t, a, "wait")
+		}
+		for _, v := range a {
+			assert.NotContains(t, v.String(), key, "the raw key never appears")
+			assert.NotContains(t, v.String(), "4242", "the query never appears")
+		}
+		assert.NotContains(t, r.Message, key)
+	}
+}
+
+func TestFirstTrySuccessLogsAtDebug(t *testing.T) {
+	srv := &script{statuses: []int{200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	h := &recordingHandler{}
+	tr, _ := newTestTransport(nil, WithLogger(slog.New(h)))
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, h.records, 1)
+	assert.Equal(t, slog.LevelDebug, h.records[0].Level)
+}
+
+// --- keys (issue 3) ---
+
+func TestOneGeneratedKeyReusedAcrossRetries(t *testing.T) {
+	srv := &script{statuses: []int{503, 503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	req := post(t, context.Background(), ts.URL, "x")
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	hits := srv.Hits()
+	require.Len(t, hits, 3)
+	key := hits[0].key
+	u, err := uuid.Parse(key)
+	require.NoError(t, err, "a valid UUID")
+	assert.Equal(t, uuid.Version(4), u.Version())
+	for _, h := range hits {
+		assert.Equal(t, key, h.key)
+		assert.Equal(t, 1, h.keys)
+	}
+	assert.Empty(t, req.Header.Values("Idempotency-Key"), "the caller's request has no key added")
+	assert.Equal(t, key, resp.Request.Header.Get("Idempotency-Key"), "visible on resp.Request")
+}
+
+func TestCallerKeyArrivesByteIdentical(t *testing.T) {
+	srv := &script{statuses: []int{502, 504, 201}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	const key = `order-confirm-42~!"#$%&'()*+,./:;<=>?@[\]^_{|}`
+	req := post(t, context.Background(), ts.URL, "x")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	for _, h := range srv.Hits() {
+		assert.Equal(t, key, h.key)
+	}
+	assert.Len(t, srv.Hits(), 3)
+}
+
+func TestKeyFromContextIsUsed(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	ctx := keygen.NewContext(context.Background(), keygen.Event("order-confirm", "42"))
+	resp, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	for _, h := range srv.Hits() {
+		assert.Equal(t, "order-confirm-42", h.key)
+	}
+}
+
+func TestConcurrentLogicalPostsGetDistinctKeys(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+	}))
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	client := &http.Client{Transport: tr}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	for i := 0; i < 1000; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			resp, err := client.Post(ts.URL, "text/plain", strings.NewReader("x"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+		}()
+	}
+	wg.Wait()
+	assert.Len(t, seen, 1000)
+	assert.NotContains(t, seen, "")
+}
+
+func TestInvalidCallerKeysFailBeforeAnyIO(t *testing.T) {
+	var hits atomic.Int32
+	ts := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	for name, set := range map[string]func(h http.Header){
+		"256 chars": func(h http.Header) { h.Set("Idempotency-Key", strings.Repeat("k", 256)) },
+		"empty":     func(h http.Header) { h.Set("Idempotency-Key", "") },
+		"space":     func(h http.Header) { h.Set("Idempotency-Key", "a b") },
+		"control":   func(h http.Header) { h.Set("Idempotency-Key", "a\x01b") },
+		"twice":     func(h http.Header) { h.Add("Idempotency-Key", "a"); h.Add("Idempotency-Key", "b") },
+	} {
+		req := post(t, context.Background(), ts.URL, "x")
+		set(req.Header)
+		_, err := tr.RoundTrip(req)
+		require.Error(t, err, name)
+		assert.ErrorIs(t, err, ErrInvalidKey, name)
+		var ke *keygen.InvalidKeyError
+		assert.ErrorAs(t, err, &ke, name)
+	}
+	assert.Equal(t, int32(0), hits.Load(), "the server saw nothing")
+}
+
+func TestIdempotentOverrideRetriesPostOnReadTimeout(t *testing.T) {
+	ts, hits := hangingServer(t)
+	tr, _ := newTestTransport(nil, WithAutoKeys(false), WithAttemptTimeout(50*time.Millisecond))
+	ctx := Idempotent(context.Background())
+	_, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
+	require.Error(t, err)
+	assert.Equal(t, int32(3), hits.Load())
+}
+
+func TestNotIdempotentOverrideStopsPutRetries(t *testing.T) {
+	ts, hits := hangingServer(t)
+	tr, _ := newTestTransport(nil, WithAttemptTimeout(50*time.Millisecond))
+	req, err := http.NewRequestWithContext(NotIdempotent(context.Background()), http.MethodPut, ts.URL, strings.NewReader("append"))
+	require.NoError(t, err)
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.Equal(t, int32(1), hits.Load())
+	// Without the override the same PUT is retried.
+	req, err = http.NewRequest(http.MethodPut, ts.URL, strings.NewReader("set"))
+	require.NoError(t, err)
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.Equal(t, int32(4), hits.Load())
+}
+
+func TestNoRetryOverride(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	resp, err := tr.RoundTrip(get(t, ts.URL).WithContext(NoRetry(context.Background())))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Len(t, srv.Hits(), 1)
+}
+
+func TestAutoKeysOffSendsNoKey(t *testing.T) {
+	srv := &script{statuses: []int{200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil, WithAutoKeys(false))
+	resp, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Empty(t, srv.Hits()[0].key)
+}
+
+func TestCustomKeyHeader(t *testing.T) {
+	var got atomic.Value
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("X-Request-Key"))
+	}))
+	defer ts.Close()
+	tr, _ := newTestTransport(nil, WithKeyHeader("X-Request-Key"))
+	resp, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.NoError(t, keygen.Validate(got.Load().(string)))
+}
+
+func TestDeadlineHeaderCarriesTheRemainingTime(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil, WithMaxElapsed(10*time.Second))
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+	hits := srv.Hits()
+	require.Len(t, hits, 2)
+	first, err := deadline.Parse(hits[0].header.Get(deadline.Header))
+	require.NoError(t, err)
+	second, err := deadline.Parse(hits[1].header.Get(deadline.Header))
+	require.NoError(t, err)
+	assert.Equal(t, 10*time.Second, first)
+	assert.Equal(t, 10*time.Second-25*time.Millisecond, second, "virtual time moved by the 25 ms sleep")
+}
+
+func TestBudgetDenialReturnsTheLastResponse(t *testing.T) {
+	srv := &script{statuses: []int{503}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 14})
+	h := &recordingHandler{}
+	tr, _ := newTestTransport(nil, WithBudget(bucket), WithLogger(slog.New(h)))
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Len(t, srv.Hits(), 2, "one retry bought with the only 14 tokens, then denied")
+	last := h.records[len(h.records)-1]
+	assert.Equal(t, slog.LevelWarn, last.Level)
+	assert.Equal(t, int64(0), attrs(last)["budget_left"].Int64())
+	assert.Equal(t, retry.ReasonBudget, attrs(last)["outcome"].String())
+}
+
+func TestCancellationDuringSleepStops(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
+		WithBackoff(jitterConfigForCancel))
+	ctx, cancel := context.WithCancel(context.Background())
+	tr.sleep = func(ctx context.Context, d time.Duration) error {
+		cancel()
+		return sleepCtx(ctx, d)
+	}
+	_, err := tr.RoundTrip(get(t, ts.URL).WithContext(ctx))
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorIs(t, err, retry.ErrExhausted)
+	assert.Len(t, srv.Hits(), 1)
+}
+
+func TestInProgressConflictIsRetriedAndKeyReusedIsNot(t *testing.T) {
+	problem := func(code string) func(http.ResponseWriter) {
+		return func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(409)
+			io.WriteString(w, `{"type":"x","title":"t","status":409,"code":"`+code+`"}`)
+		}
+	}
+	for _, tc := range []struct {
+		code string
+		hits int
+	}{{retry.ProblemInProgress, 2}, {retry.ProblemKeyReused, 1}} {
+		var n atomic.Int32
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if n.Add(1) == 1 {
+				problem(tc.code)(w)
+				return
+			}
+			w.WriteHeader(201)
+		}))
+		tr, clk := newTestTransport(nil)
+		resp, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "x"))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, int32(tc.hits), n.Load(), tc.code)
+		if tc.hits == 1 {
+			assert.Equal(t, 409, resp.StatusCode)
+			assert.Contains(t, string(body), tc.code, "the peeked body is returned whole")
+		} else {
+			assert.Equal(t, []time.Duration{time.Second}, clk.Sleeps(), "Retry-After of the in-progress conflict honoured")
+		}
+		ts.Close()
+	}
+}
+
+func TestNilBaseMeansDefaultTransport(t *testing.T) {
+	tr := NewTransport(nil)
+	assert.Same(t, http.DefaultTransport, tr.base)
+	c := NewClient(WithMaxAttempts(2))
+	require.IsType(t, &Transport{}, c.Transport)
+	assert.Equal(t, 2, c.Transport.(*Transport).cfg.maxAttempts)
+}
+
+var errBoom = errors.New("boom")
+
+type failingBody struct{}
+
+func (failingBody) Read([]byte) (int, error) { return 0, errBoom }
+func (failingBody) Close() error             { return nil }
+
+func TestUnreadableBodyIsATypedErrorNotAPanic(t *testing.T) {
+	tr, _ := newTestTransport(nil)
+	req, err := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/", failingBody{})
+	require.NoError(t, err)
+	_, err = tr.RoundTrip(req)
+	assert.ErrorIs(t, err, errBoom)
+}
+
+var jitterConfigForCancel = jitter.Config{Base: time.Second}

@@ -1,0 +1,209 @@
+package saferetry
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"time"
+
+	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/jitter"
+)
+
+// Defaults of a Transport built with no options. Each has an Option.
+const (
+	// DefaultMaxAttempts is the number of attempts in total, first one
+	// included (the AWS SDKs' standard mode).
+	DefaultMaxAttempts = 3
+	// DefaultMaxElapsed bounds the whole retry loop: attempts and sleeps.
+	DefaultMaxElapsed = 30 * time.Second
+	// DefaultRetryAfterCap is the longest Retry-After the Transport sleeps;
+	// a longer one ends the loop and the response is returned at once.
+	DefaultRetryAfterCap = 30 * time.Second
+	// DefaultBodyBufferLimit is the largest request body without GetBody
+	// that is buffered to make it retryable.
+	DefaultBodyBufferLimit = 1 << 20
+	// DefaultKeyHeader is the idempotency key header.
+	DefaultKeyHeader = "Idempotency-Key"
+	// drainLimit bounds how much of a discarded response body is read so
+	// that its connection can be reused.
+	drainLimit = 64 << 10
+)
+
+// Option configures a Transport. Options are applied in order; a later one
+// wins. Invalid values (a negative duration, zero attempts) are ignored and
+// the default stays, so an Option never makes a Transport unusable.
+type Option func(*config)
+
+type config struct {
+	maxAttempts     int
+	backoff         jitter.Config
+	maxElapsed      time.Duration
+	attemptTimeout  time.Duration
+	retryAfterCap   time.Duration
+	logger          *slog.Logger
+	retry500        bool
+	bodyBufferLimit int64
+	budget          budget.Budget
+	registry        *budget.Registry
+	autoKeys        bool
+	keyHeader       string
+	deadlineHeader  bool
+}
+
+func defaultConfig() config {
+	return config{
+		maxAttempts:     DefaultMaxAttempts,
+		maxElapsed:      DefaultMaxElapsed,
+		retryAfterCap:   DefaultRetryAfterCap,
+		bodyBufferLimit: DefaultBodyBufferLimit,
+		autoKeys:        true,
+		keyHeader:       DefaultKeyHeader,
+		deadlineHeader:  true,
+	}
+}
+
+// WithMaxAttempts sets the number of attempts in total, the first included
+// (default 3). 1 disables retries. Values below 1 are ignored.
+func WithMaxAttempts(n int) Option {
+	return func(c *config) {
+		if n >= 1 {
+			c.maxAttempts = n
+		}
+	}
+}
+
+// WithBackoff sets the backoff formula and its bases and cap. Zero fields of
+// cfg mean the jitter package's defaults: full jitter, base 50 ms for
+// transient failures, 1 s for throttling (429, or 503 with Retry-After),
+// cap 20 s.
+func WithBackoff(cfg jitter.Config) Option {
+	return func(c *config) { c.backoff = cfg }
+}
+
+// WithMaxElapsed bounds the whole retry loop (default 30 s): the overall
+// deadline is the earlier of the request context's deadline and the start
+// plus d. No attempt starts and no sleep begins that would end after it.
+// Values of 0 or less are ignored.
+func WithMaxElapsed(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.maxElapsed = d
+		}
+	}
+}
+
+// WithAttemptTimeout bounds each attempt until its response headers arrive
+// (default off: only the overall deadline applies). An attempt that times out
+// is retried when the request is idempotent or carries a key. A good value is
+// 2 to 3 times the measured p99 latency of the endpoint. The timeout never
+// extends past the overall deadline; it does not cut the reading of the
+// returned response's body, which the caller's context governs. 0 turns it
+// off; negative values are ignored.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d >= 0 {
+			c.attemptTimeout = d
+		}
+	}
+}
+
+// WithRetryAfterCap sets the longest server-sent Retry-After the Transport
+// honours by sleeping (default 30 s). A longer one, or one that would end
+// after the overall deadline, ends the loop and returns that response at once.
+// Values of 0 or less are ignored.
+func WithRetryAfterCap(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.retryAfterCap = d
+		}
+	}
+}
+
+// WithLogger sets the logger that receives one record per attempt (default
+// slog.Default()). Debug: a first-try final outcome; Info: an attempt that
+// will be retried, or a final outcome after retries; Warn: giving up while
+// the outcome was still a retryable failure. A nil logger is ignored.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	}
+}
+
+// WithRetry500 opts in to retrying 500 Internal Server Error (default off:
+// a 500 usually means a bug, and a bug does not go away on retry). It only
+// applies to requests that are idempotent or carry a key.
+func WithRetry500() Option {
+	return func(c *config) { c.retry500 = true }
+}
+
+// WithBodyBufferLimit sets how many bytes of a request body without GetBody
+// are buffered to make it retryable (default 1 MiB). A larger body is sent
+// once and not retried, and that is logged. Negative values are ignored; 0
+// means such bodies are never buffered.
+func WithBodyBufferLimit(n int64) Option {
+	return func(c *config) {
+		if n >= 0 {
+			c.bodyBufferLimit = n
+		}
+	}
+}
+
+// WithBudget makes every request of this Transport draw its retries from b,
+// instead of the process-wide per-host registry (budget.Default()). Use
+// budget.Unlimited() for tests and batch jobs. A nil b is ignored.
+func WithBudget(b budget.Budget) Option {
+	return func(c *config) {
+		if b != nil {
+			c.budget, c.registry = b, nil
+		}
+	}
+}
+
+// WithBudgetRegistry makes this Transport draw retries from r.For(host) for
+// each request's host (default budget.Default(), shared by every Transport in
+// the process). A nil r is ignored.
+func WithBudgetRegistry(r *budget.Registry) Option {
+	return func(c *config) {
+		if r != nil {
+			c.registry, c.budget = r, nil
+		}
+	}
+}
+
+// WithAutoKeys turns the automatic idempotency key on or off (default on).
+// When on, a POST or PATCH request without a key gets one before its first
+// attempt: the key of keygen.FromContext(ctx) when the context carries one,
+// otherwise keygen.Random(). Every attempt of that request reuses it.
+func WithAutoKeys(on bool) Option {
+	return func(c *config) { c.autoKeys = on }
+}
+
+// WithKeyHeader sets the name of the idempotency key header (default
+// "Idempotency-Key"). An empty name is ignored.
+func WithKeyHeader(name string) Option {
+	return func(c *config) {
+		if name != "" {
+			c.keyHeader = name
+		}
+	}
+}
+
+// WithDeadlineHeader turns on or off sending the time left before the
+// overall deadline to the server in the deadline.Header header (default on),
+// which deadline.Middleware turns back into a context deadline.
+func WithDeadlineHeader(on bool) Option {
+	return func(c *config) { c.deadlineHeader = on }
+}
+
+// keyDigest is a short, non-reversible digest of an idempotency key for
+// logs: the raw key never appears in a log record.
+func keyDigest(key string) string {
+	if key == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:6])
+}
