@@ -1,0 +1,231 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Defaults of ReaperConfig.
+const (
+	// DefaultCleanupHorizon is how long after its last update a record is
+	// kept: 72 hours, well past the 24-hour default replay window.
+	DefaultCleanupHorizon = 72 * time.Hour
+	// DefaultReapBatch is the most records one DeleteBefore call removes.
+	DefaultReapBatch = 500
+	// DefaultReapMaxBatches is the most DeleteBefore calls one ReapOnce
+	// makes; what is left waits for the next run.
+	DefaultReapMaxBatches = 20
+	// DefaultReapInterval is the time between two runs of Start's loop.
+	DefaultReapInterval = 10 * time.Minute
+	// DefaultReapMaxUnfinished is the most unfinished records one ReapOnce
+	// lists and logs.
+	DefaultReapMaxUnfinished = 100
+)
+
+// ReaperConfig configures NewReaper. Zero fields take the defaults above;
+// negative ones are treated as zero.
+type ReaperConfig struct {
+	Horizon       time.Duration // records last updated before now-Horizon go (DefaultCleanupHorizon)
+	BatchSize     int           // records per DeleteBefore call (DefaultReapBatch)
+	MaxBatches    int           // DeleteBefore calls per run (DefaultReapMaxBatches)
+	Interval      time.Duration // time between runs of Start's loop (DefaultReapInterval)
+	MaxUnfinished int           // unfinished records listed per run (DefaultReapMaxUnfinished)
+	Logger        *slog.Logger  // nil: slog.Default()
+}
+
+// Report is what one ReapOnce did.
+type Report struct {
+	// Horizon is the cut-off: records last updated before it were eligible.
+	Horizon time.Time
+	// Deleted counts the records deleted, in Batches DeleteBefore calls.
+	Deleted int
+	Batches int
+	// Unfinished lists in-progress records whose lease ended before the
+	// horizon, seen before deleting (at most MaxUnfinished, the
+	// longest-abandoned first). The requests they stand for started and never
+	// completed, and no completer finished them: their side effects may be
+	// half done. Each is logged at Warn for a person to act on.
+	Unfinished []Record
+	// Skipped counts the Unfinished records still present after the run:
+	// a new owner took them over in between, or the run stopped at
+	// MaxBatches before reaching them.
+	Skipped int
+	// More is true when the run stopped at MaxBatches with a full last
+	// batch: more records past the horizon are probably left for the next
+	// run.
+	More bool
+}
+
+// Reaper deletes records past the cleanup horizon in bounded batches, over
+// any Store (it uses only Abandoned, DeleteBefore and Get). It is safe for
+// concurrent use; running several reapers against one shared store is
+// harmless (each deletes what the others have not).
+type Reaper struct {
+	store Store
+	cfg   ReaperConfig
+
+	now       func() time.Time
+	newTicker func(d time.Duration) (<-chan time.Time, func())
+	afterRun  func(Report, error) // test hook, called after each loop run
+}
+
+// NewReaper returns a Reaper over s with cfg (zero fields take the
+// defaults). It starts nothing: call ReapOnce, or Start for a background
+// loop.
+func NewReaper(s Store, cfg ReaperConfig) *Reaper {
+	if cfg.Horizon <= 0 {
+		cfg.Horizon = DefaultCleanupHorizon
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultReapBatch
+	}
+	if cfg.MaxBatches <= 0 {
+		cfg.MaxBatches = DefaultReapMaxBatches
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultReapInterval
+	}
+	if cfg.MaxUnfinished <= 0 {
+		cfg.MaxUnfinished = DefaultReapMaxUnfinished
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Reaper{
+		store: s,
+		cfg:   cfg,
+		now:   time.Now,
+		newTicker: func(d time.Duration) (<-chan time.Time, func()) {
+			t := time.NewTicker(d)
+			return t.C, t.Stop
+		},
+	}
+}
+
+// ReapOnce runs one bounded pass at now: it lists the unfinished in-progress
+// records past the horizon (now - Horizon) and logs each at Warn, then calls
+// DeleteBefore(horizon, BatchSize) until a batch comes back short or
+// MaxBatches calls ran, and finally counts which unfinished records are
+// still there. On a store error it stops and returns the report so far with
+// the error (wrapped, matching errors.Is against the store's error);
+// ctx cancellation stops it between batches with ctx's error.
+func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (Report, error) {
+	rep := Report{Horizon: now.Add(-r.cfg.Horizon)}
+	log := r.cfg.Logger
+
+	unfinished, err := r.store.Abandoned(ctx, rep.Horizon, r.cfg.MaxUnfinished)
+	if err != nil {
+		return rep, &ReapError{Op: "abandoned", Err: err}
+	}
+	rep.Unfinished = unfinished
+	for _, rec := range unfinished {
+		log.LogAttrs(ctx, slog.LevelWarn,
+			"idempotency reaper: unfinished request past the cleanup horizon is being deleted; check its side effects",
+			slog.String("principal", rec.Scope.Principal),
+			slog.String("method", rec.Scope.Method),
+			slog.String("route", rec.Scope.Route),
+			slog.String("key", rec.Scope.Key),
+			slog.String("owner", rec.Owner),
+			slog.Int64("generation", rec.Generation),
+			slog.String("recovery_point", rec.RecoveryPoint),
+			slog.Int("recovery_data_bytes", len(rec.RecoveryData)),
+			slog.Time("created_at", rec.CreatedAt),
+			slog.Time("lease_until", rec.LeaseUntil),
+		)
+	}
+
+	for rep.Batches < r.cfg.MaxBatches {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		n, err := r.store.DeleteBefore(ctx, rep.Horizon, r.cfg.BatchSize)
+		if err != nil {
+			return rep, &ReapError{Op: "delete_before", Err: err}
+		}
+		rep.Batches++
+		rep.Deleted += n
+		if n < r.cfg.BatchSize {
+			break
+		}
+		rep.More = rep.Batches == r.cfg.MaxBatches
+	}
+
+	for _, rec := range unfinished {
+		_, err := r.store.Get(ctx, rec.Scope)
+		switch {
+		case err == nil:
+			rep.Skipped++
+		case !errors.Is(err, ErrNotFound):
+			return rep, &ReapError{Op: "get", Err: err}
+		}
+	}
+
+	level := slog.LevelInfo
+	if rep.Deleted == 0 && len(unfinished) == 0 {
+		level = slog.LevelDebug
+	}
+	log.LogAttrs(ctx, level, "idempotency reaper: run finished",
+		slog.Time("horizon", rep.Horizon),
+		slog.Int("deleted", rep.Deleted),
+		slog.Int("batches", rep.Batches),
+		slog.Int("unfinished", len(rep.Unfinished)),
+		slog.Int("skipped", rep.Skipped),
+		slog.Bool("more", rep.More),
+	)
+	return rep, nil
+}
+
+// Start runs ReapOnce in a background goroutine: once immediately, then every
+// Interval, until ctx is done or stop is called. Errors are logged at Error
+// and the loop goes on. stop cancels the loop and waits for the goroutine to
+// return (a run in progress sees its context cancelled); it is safe to call
+// more than once and from several goroutines.
+func (r *Reaper) Start(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	tick, stopTicker := r.newTicker(r.cfg.Interval)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer stopTicker()
+		for {
+			rep, err := r.ReapOnce(ctx, r.now())
+			if err != nil && ctx.Err() == nil {
+				r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idempotency reaper: run failed",
+					slog.String("error", err.Error()), slog.Int("deleted", rep.Deleted))
+			}
+			if r.afterRun != nil {
+				r.afterRun(rep, err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick:
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(cancel)
+		<-done
+	}
+}
+
+// ErrReap is matched (errors.Is) by every *ReapError.
+var ErrReap = errors.New("idempotency: reaper failed")
+
+// ReapError reports the store call that failed during ReapOnce ("abandoned",
+// "delete_before" or "get"). It matches ErrReap and, through Unwrap, the
+// store's own error.
+type ReapError struct {
+	Op  string
+	Err error
+}
+
+// Error returns "idempotency: reaper: <op>: <cause>".
+func (e *ReapError) Error() string { return "idempotency: reaper: " + e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns ErrReap and the store's error.
+func (e *ReapError) Unwrap() []error { return []error{ErrReap, e.Err} }
