@@ -1,0 +1,150 @@
+package idempotency_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// serve starts an httptest server with mw(h) on "POST /payments" and
+// "PATCH /payments/{id}" and a pass-through route "GET /payments".
+func serve(t *testing.T, store idempotency.Store, h http.Handler, opts ...idempotency.Option) *httptest.Server {
+	t.Helper()
+	opts = append([]idempotency.Option{idempotency.WithLogger(quiet)}, opts...)
+	mw := idempotency.New(store, opts...)
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", mw(h))
+	mux.Handle("PATCH /payments/{id}", mw(h))
+	mux.Handle("GET /payments", mw(h))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handler panics are expected in some tests
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+type answer struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+// do sends one request; key "" sends no key header; extra header lines are
+// "Name: value".
+func do(t *testing.T, method, url, key, body string, extra ...string) answer {
+	t.Helper()
+	a, err := tryDo(method, url, key, body, extra...)
+	require.NoError(t, err)
+	return a
+}
+
+func tryDo(method, url, key, body string, extra ...string) (answer, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for _, e := range extra {
+		name, value, _ := strings.Cut(e, ":")
+		req.Header.Add(name, strings.TrimSpace(value))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, err
+	}
+	return answer{resp.StatusCode, resp.Header, string(b)}, nil
+}
+
+func post(t *testing.T, srv *httptest.Server, key, body string, extra ...string) answer {
+	t.Helper()
+	return do(t, http.MethodPost, srv.URL+"/payments", key, body, extra...)
+}
+
+// requireProblem checks a problem+json answer and returns it.
+func requireProblem(t *testing.T, a answer, status int, code string) idempotency.Problem {
+	t.Helper()
+	require.Equal(t, status, a.Status, "body: %s", a.Body)
+	require.Equal(t, "application/problem+json", a.Header.Get("Content-Type"))
+	require.Equal(t, "no-store", a.Header.Get("Cache-Control"))
+	var p idempotency.Problem
+	require.NoError(t, json.Unmarshal([]byte(a.Body), &p), a.Body)
+	require.Equal(t, code, p.Code)
+	require.Equal(t, status, p.Status)
+	require.Equal(t, idempotency.ProblemTypeBase+code, p.Type)
+	require.NotEmpty(t, p.Title)
+	require.Empty(t, a.Header.Get(idempotency.ReplayedHeader))
+	return p
+}
+
+func requireReplay(t *testing.T, a, first answer) {
+	t.Helper()
+	require.Equal(t, first.Status, a.Status, "body: %s", a.Body)
+	require.Equal(t, first.Body, a.Body)
+	require.Equal(t, "true", a.Header.Get(idempotency.ReplayedHeader))
+}
+
+func requireFresh(t *testing.T, a answer) {
+	t.Helper()
+	require.Empty(t, a.Header.Get(idempotency.ReplayedHeader), "unexpected replay: %d %s", a.Status, a.Body)
+}
+
+// failingStore fails every call with errStore.
+type failingStore struct{}
+
+var errStore = errors.New("store down")
+
+func (failingStore) Claim(context.Context, idempotency.Claim) (idempotency.Record, bool, error) {
+	return idempotency.Record{}, false, errStore
+}
+func (failingStore) Get(context.Context, idempotency.Scope) (idempotency.Record, error) {
+	return idempotency.Record{}, errStore
+}
+func (failingStore) Heartbeat(context.Context, idempotency.Lease, time.Time) error { return errStore }
+func (failingStore) Complete(context.Context, idempotency.Lease, idempotency.Response, time.Time) error {
+	return errStore
+}
+func (failingStore) Release(context.Context, idempotency.Lease) error { return errStore }
+func (failingStore) SetRecoveryPoint(context.Context, idempotency.Lease, string, []byte, time.Time) error {
+	return errStore
+}
+func (failingStore) Abandoned(context.Context, time.Time, int) ([]idempotency.Record, error) {
+	return nil, errStore
+}
+func (failingStore) DeleteBefore(context.Context, time.Time, int) (int, error) { return 0, errStore }
+
+// plainStore hides the MemoryStore's Transactor methods.
+type plainStore struct{ idempotency.Store }
+
+// failingBegin is a MemoryStore whose Begin fails.
+type failingBegin struct{ *idempotency.MemoryStore }
+
+func (failingBegin) Begin(context.Context, idempotency.Lease) (idempotency.Unit, context.Context, error) {
+	return nil, nil, errStore
+}
+
+const (
+	timeout = 10 * time.Second
+	tick    = time.Millisecond
+)

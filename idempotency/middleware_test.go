@@ -1,0 +1,540 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+// payments is a handler whose side effect is a counter; it answers 201 with
+// the payment number and the body it read.
+type payments struct {
+	n    atomic.Int64
+	gate chan struct{} // when non-nil, the handler waits for it before answering
+}
+
+func (p *payments) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := p.n.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	if p.gate != nil {
+		<-p.gate
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/payments/%d", n))
+	w.Header().Set("Set-Cookie", "session=secret")
+	w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n))
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"payment":%d,"request":%s}`, n, body)
+}
+
+// Acceptance 1: 200 concurrent requests with one key and body: one
+// execution; every other answer is the in-progress 409 or a replay identical
+// to the first; the in-progress ones retried afterwards get the replay.
+func TestConcurrentRequestsOneExecution(t *testing.T) {
+	const n = 200
+	h := &payments{gate: make(chan struct{})}
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	var answered atomic.Int64
+	var once sync.Once
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":100}`))
+			req.Header.Set("Idempotency-Key", "pay-200")
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				answers[i] = answer{Body: err.Error()}
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			answers[i] = answer{resp.StatusCode, resp.Header, string(b)}
+			// Let the one execution finish once half the others have
+			// their answer; the rest race with the completion.
+			if answered.Add(1) >= n/2 {
+				once.Do(func() { close(h.gate) })
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	require.EqualValues(t, 1, h.n.Load(), "side effect ran more than once")
+
+	var first answer
+	var conflicts, replays []int
+	for i, a := range answers {
+		switch {
+		case a.Status == http.StatusCreated && a.Header.Get(idempotency.ReplayedHeader) == "":
+			require.Zero(t, first.Status, "two fresh 201s")
+			first = a
+		case a.Status == http.StatusConflict:
+			requireProblem(t, a, http.StatusConflict, idempotency.CodeInProgress)
+			require.Equal(t, "1", a.Header.Get("Retry-After"))
+			conflicts = append(conflicts, i)
+		default:
+			replays = append(replays, i)
+		}
+	}
+	require.Equal(t, http.StatusCreated, first.Status, "no fresh execution among the answers")
+	for _, i := range replays {
+		requireReplay(t, answers[i], first)
+	}
+	require.Equal(t, n-1, len(conflicts)+len(replays))
+	require.GreaterOrEqual(t, len(conflicts), n/2-1)
+	// The conflicts retry with the same key and get the replay.
+	for range conflicts[:10] {
+		requireReplay(t, post(t, srv, "pay-200", `{"amount":100}`), first)
+	}
+	require.EqualValues(t, 1, h.n.Load())
+}
+
+// Acceptance 2: same key, different body: 422 idempotency_key_reused.
+func TestKeyReusedWithDifferentBody(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	first := post(t, srv, "k-422", `{"amount":100,"currency":"EUR"}`)
+	require.Equal(t, http.StatusCreated, first.Status)
+
+	// Same JSON with keys reordered and other whitespace: the same request.
+	requireReplay(t, post(t, srv, "k-422", "{ \"currency\": \"EUR\",\n \"amount\": 100 }"), first)
+
+	a := post(t, srv, "k-422", `{"amount":200,"currency":"EUR"}`)
+	p := requireProblem(t, a, http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
+	require.NotEmpty(t, p.Detail)
+	// Another path under the same pattern is a different request too.
+	a = do(t, http.MethodPatch, srv.URL+"/payments/1", "k-patch", `{}`)
+	require.Equal(t, http.StatusCreated, a.Status)
+	a = do(t, http.MethodPatch, srv.URL+"/payments/2", "k-patch", `{}`)
+	requireProblem(t, a, http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
+	require.EqualValues(t, 2, h.n.Load())
+
+	srv409 := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithMismatchStatus(http.StatusConflict))
+	post(t, srv409, "k", `{"amount":1}`)
+	requireProblem(t, post(t, srv409, "k", `{"amount":2}`), http.StatusConflict, idempotency.CodeKeyReused)
+}
+
+// A different body while the first is still running is a reuse too, not
+// an in-progress conflict.
+func TestKeyReusedWhileInProgress(t *testing.T) {
+	h := &payments{gate: make(chan struct{})}
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	done := make(chan answer)
+	go func() {
+		a, _ := tryDo(http.MethodPost, srv.URL+"/payments", "k", `{"amount":1}`)
+		done <- a
+	}()
+	require.Eventually(t, func() bool { return h.n.Load() == 1 }, timeout, tick)
+	requireProblem(t, post(t, srv, "k", `{"amount":2}`), http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
+	requireProblem(t, post(t, srv, "k", `{"amount":1}`), http.StatusConflict, idempotency.CodeInProgress)
+	close(h.gate)
+	require.Equal(t, http.StatusCreated, (<-done).Status)
+}
+
+// Acceptance 3: principal B reusing principal A's key runs on its own.
+func TestPrincipalIsolation(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithPrincipal(func(r *http.Request) (string, error) {
+		return r.Header.Get("X-Account"), nil
+	}))
+	a1 := post(t, srv, "shared", `{"amount":5}`, "X-Account: alice")
+	b1 := post(t, srv, "shared", `{"amount":5}`, "X-Account: bob")
+	requireFresh(t, b1)
+	require.Equal(t, http.StatusCreated, b1.Status)
+	require.NotEqual(t, a1.Body, b1.Body)
+	require.EqualValues(t, 2, h.n.Load())
+	requireReplay(t, post(t, srv, "shared", `{"amount":5}`, "X-Account: alice"), a1)
+	requireReplay(t, post(t, srv, "shared", `{"amount":5}`, "X-Account: bob"), b1)
+	// Bob reusing the key with another body only conflicts with his own.
+	requireProblem(t, post(t, srv, "shared", `{"amount":6}`, "X-Account: bob"), http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
+}
+
+// The default principal is a digest of the Authorization header.
+func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	a := post(t, srv, "k", `{}`, "Authorization: Bearer alice")
+	requireFresh(t, post(t, srv, "k", `{}`, "Authorization: Bearer bob"))
+	requireFresh(t, post(t, srv, "k", `{}`))
+	requireReplay(t, post(t, srv, "k", `{}`, "Authorization: Bearer alice"), a)
+	require.EqualValues(t, 3, h.n.Load())
+
+	p, err := idempotency.AuthorizationPrincipal(&http.Request{Header: http.Header{}})
+	require.NoError(t, err)
+	require.Empty(t, p)
+	p, err = idempotency.AuthorizationPrincipal(&http.Request{Header: http.Header{"Authorization": {"Bearer x"}}})
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(p, "authz:"))
+	require.NotContains(t, p, "Bearer")
+}
+
+func TestPrincipalError(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithPrincipal(func(*http.Request) (string, error) {
+		return "", errStore
+	}))
+	requireProblem(t, post(t, srv, "k", `{}`), http.StatusUnauthorized, idempotency.CodePrincipalUnavailable)
+	require.Zero(t, h.n.Load())
+}
+
+// Acceptance 4: key formats.
+func TestKeyFormats(t *testing.T) {
+	var seen atomic.Value
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		run, ok := idempotency.FromContext(r.Context())
+		if ok {
+			seen.Store(run.Scope.Key)
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	for _, tc := range []struct{ header, key string }{
+		{"abc-123", "abc-123"},
+		{`"abc-456"`, "abc-456"},
+		{`"a\"b\\c"`, `a"b\c`},
+		{"  padded  ", "padded"},
+		{strings.Repeat("k", 255), strings.Repeat("k", 255)},
+	} {
+		t.Run(tc.header, func(t *testing.T) {
+			a := post(t, srv, tc.header, `{}`)
+			require.Equal(t, http.StatusCreated, a.Status, a.Body)
+			require.Equal(t, tc.key, seen.Load())
+		})
+	}
+	// The bare and the quoted spelling of one key are the same key.
+	requireReplay(t, post(t, srv, "abc-123", `{}`), answer{Status: http.StatusCreated})
+
+	for name, extra := range map[string][]string{
+		"256 characters": {"Idempotency-Key: " + strings.Repeat("k", 256)},
+		"empty":          {"Idempotency-Key: "},
+		"empty string":   {`Idempotency-Key: ""`},
+		"list":           {"Idempotency-Key: a, b"},
+		"list no space":  {"Idempotency-Key: a,b"},
+		"quoted list":    {`Idempotency-Key: "a", "b"`},
+		"two lines":      {"Idempotency-Key: a", "Idempotency-Key: b"},
+		"non-ASCII":      {"Idempotency-Key: caf\u00e9"},
+		"space inside":   {`Idempotency-Key: "a b"`},
+		"bad escape":     {`Idempotency-Key: "a\n"`},
+		"unterminated":   {`Idempotency-Key: "abc`},
+		"stray quote":    {`Idempotency-Key: ab"c`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			seen.Store("")
+			a := post(t, srv, "", `{}`, extra...)
+			p := requireProblem(t, a, http.StatusBadRequest, idempotency.CodeKeyInvalid)
+			require.NotEmpty(t, p.Detail)
+			require.Equal(t, "", seen.Load(), "the handler ran")
+		})
+	}
+}
+
+// Acceptance 5: which statuses are stored and replayed, and which release
+// the key so that a retry executes again. One subtest per status.
+func TestStoredAndReleasedStatuses(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		stored bool
+	}{
+		{200, true}, {201, true}, {202, true}, {204, true}, {303, true},
+		{400, true}, {404, true}, {422, true},
+		{408, false}, {409, false}, {425, false}, {429, false},
+		{500, false}, {502, false}, {503, false}, {504, false},
+	} {
+		t.Run(fmt.Sprint(tc.status), func(t *testing.T) {
+			var n atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				i := n.Add(1)
+				w.Header().Set("Content-Type", "text/plain")
+				if tc.status == 303 {
+					w.Header().Set("Location", "/payments/1")
+				}
+				w.WriteHeader(tc.status)
+				if tc.status != 204 {
+					fmt.Fprintf(w, "execution %d", i)
+				}
+			})
+			store := idempotency.NewMemoryStore()
+			srv := serve(t, store, h)
+			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			send := func() answer {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{}`))
+				req.Header.Set("Idempotency-Key", "k")
+				resp, err := client.Do(req)
+				require.NoError(t, err)
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return answer{resp.StatusCode, resp.Header, string(b)}
+			}
+			first := send()
+			require.Equal(t, tc.status, first.Status)
+			requireFresh(t, first)
+			second := send()
+			if tc.stored {
+				requireReplay(t, second, first)
+				require.EqualValues(t, 1, n.Load())
+				if tc.status == 303 {
+					require.Equal(t, "/payments/1", second.Header.Get("Location"))
+				}
+			} else {
+				requireFresh(t, second)
+				require.Equal(t, tc.status, second.Status)
+				require.Equal(t, "execution 2", second.Body)
+				require.EqualValues(t, 2, n.Load())
+				require.Equal(t, 0, store.Len(), "a released key left a record")
+			}
+		})
+	}
+	t.Run("panic", func(t *testing.T) {
+		var n atomic.Int64
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if n.Add(1) == 1 {
+				w.WriteHeader(http.StatusCreated) // buffered: never reaches the client
+				panic("boom")
+			}
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "second")
+		})
+		store := idempotency.NewMemoryStore()
+		srv := serve(t, store, h)
+		_, err := tryDo(http.MethodPost, srv.URL+"/payments", "k", `{}`)
+		require.Error(t, err, "net/http drops the connection of a panicking handler")
+		require.Equal(t, 0, store.Len())
+		a := post(t, srv, "k", `{}`)
+		require.Equal(t, http.StatusCreated, a.Status)
+		require.Equal(t, "second", a.Body)
+		requireReplay(t, post(t, srv, "k", `{}`), a)
+		require.EqualValues(t, 2, n.Load())
+	})
+	t.Run("5xx stored with WithStore5xx", func(t *testing.T) {
+		var n atomic.Int64
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n.Add(1)
+			http.Error(w, "down", http.StatusInternalServerError)
+		})
+		srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithStore5xx(true))
+		first := post(t, srv, "k", `{}`)
+		require.Equal(t, http.StatusInternalServerError, first.Status)
+		requireReplay(t, post(t, srv, "k", `{}`), first)
+		require.EqualValues(t, 1, n.Load())
+	})
+}
+
+// A 5xx after a committed recovery point keeps the record in progress with
+// its lease ended: the retry takes over at once and resumes from the point.
+func TestFailureAfterRecoveryPointResumes(t *testing.T) {
+	store := idempotency.NewMemoryStore()
+	var calls atomic.Int64
+	var resumedFrom, resumedData atomic.Value
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		run, ok := idempotency.FromContext(r.Context())
+		if !ok {
+			http.Error(w, "no run", http.StatusTeapot)
+			return
+		}
+		if calls.Add(1) == 1 {
+			if err := store.SetRecoveryPoint(r.Context(), run.Lease, "order-created", []byte("order-7"), time.Now()); err != nil {
+				http.Error(w, err.Error(), http.StatusTeapot)
+				return
+			}
+			http.Error(w, "card processor down", http.StatusBadGateway)
+			return
+		}
+		resumedFrom.Store(run.RecoveryPoint)
+		resumedData.Store(string(run.RecoveryData))
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := serve(t, store, h)
+	first := post(t, srv, "k", `{}`)
+	require.Equal(t, http.StatusBadGateway, first.Status)
+	require.Equal(t, 1, store.Len(), "the record must survive a failure after a recovery point")
+	// A different request cannot steal the key meanwhile.
+	requireProblem(t, post(t, srv, "k", `{"other":1}`), http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
+	second := post(t, srv, "k", `{}`)
+	require.Equal(t, http.StatusCreated, second.Status, second.Body)
+	require.Equal(t, "order-created", resumedFrom.Load())
+	require.Equal(t, "order-7", resumedData.Load())
+	requireReplay(t, post(t, srv, "k", `{}`), second)
+	require.EqualValues(t, 2, calls.Load())
+}
+
+// Acceptance 7: a failing store gives 503 and the handler never runs.
+func TestFailingStore(t *testing.T) {
+	for name, store := range map[string]idempotency.Store{
+		"claim fails": failingStore{},
+		"begin fails": failingBegin{idempotency.NewMemoryStore()},
+		"nil store":   nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := &payments{}
+			srv := serve(t, store, h)
+			requireProblem(t, post(t, srv, "k", `{}`), http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
+			require.Zero(t, h.n.Load(), "the handler ran unprotected")
+			if fb, ok := store.(failingBegin); ok {
+				require.Equal(t, 0, fb.Len(), "the claim was not released")
+			}
+		})
+	}
+}
+
+// A store that fails at completion: with a Transactor nothing commits and
+// the client gets 503 (and none of the handler's response).
+type failingCommit struct{ *idempotency.MemoryStore }
+
+type failingUnit struct{ idempotency.Unit }
+
+func (failingUnit) Commit() error { return errStore }
+
+func (f failingCommit) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
+	u, c, err := f.MemoryStore.Begin(ctx, l)
+	return failingUnit{u}, c, err
+}
+
+func TestCommitFailureAnswers503(t *testing.T) {
+	store := failingCommit{idempotency.NewMemoryStore()}
+	h := &payments{}
+	srv := serve(t, store, h)
+	a := post(t, srv, "k", `{}`)
+	requireProblem(t, a, http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
+	require.NotContains(t, a.Body, "payment")
+	require.Equal(t, 0, store.Len(), "the uncommitted claim was not released")
+}
+
+func TestPassThrough(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	// Unguarded method, even with a key: no record, no replay.
+	for range 2 {
+		requireFresh(t, do(t, http.MethodGet, srv.URL+"/payments", "k", ""))
+	}
+	// Guarded method without a key.
+	for range 2 {
+		requireFresh(t, post(t, srv, "", `{}`))
+	}
+	require.EqualValues(t, 4, h.n.Load())
+
+	srvReq := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithKeyRequired(true))
+	requireProblem(t, post(t, srvReq, "", `{}`), http.StatusBadRequest, idempotency.CodeKeyMissing)
+	require.EqualValues(t, 4, h.n.Load())
+
+	// WithMethods guards GET instead.
+	srvGet := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithMethods("get"))
+	first := do(t, http.MethodGet, srvGet.URL+"/payments", "k", "")
+	requireReplay(t, do(t, http.MethodGet, srvGet.URL+"/payments", "k", ""), first)
+	requireFresh(t, post(t, srvGet, "k", `{}`))
+}
+
+func TestReplayHeaders(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	first := post(t, srv, "k", `{"a":1}`)
+	require.Equal(t, "session=secret", first.Header.Get("Set-Cookie"), "the first client gets every header")
+	require.Equal(t, "req-1", first.Header.Get("X-Request-Id"))
+	r := post(t, srv, "k", `{"a":1}`)
+	requireReplay(t, r, first)
+	require.Equal(t, "/payments/1", r.Header.Get("Location"))
+	require.Equal(t, "application/json", r.Header.Get("Content-Type"))
+	require.Empty(t, r.Header.Get("Set-Cookie"))
+	require.Empty(t, r.Header.Get("X-Request-Id"))
+	require.NotEqual(t, first.Header.Get("Date"), "", "net/http sets Date")
+
+	// A custom allow-list cannot re-admit Set-Cookie.
+	srv2 := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithReplayHeaders("X-Request-Id", "Set-Cookie", "Location"))
+	post(t, srv2, "k", `{}`)
+	r = post(t, srv2, "k", `{}`)
+	require.Empty(t, r.Header.Get("Set-Cookie"))
+	require.Empty(t, r.Header.Get("X-Request-Id"))
+	require.NotEmpty(t, r.Header.Get("Location"))
+}
+
+func TestRequestBodyLimit(t *testing.T) {
+	var got atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.Store(int64(len(b)))
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithMaxRequestBody(100))
+	a := post(t, srv, "k1", strings.Repeat("x", 100))
+	require.Equal(t, http.StatusCreated, a.Status)
+	require.EqualValues(t, 100, got.Load(), "the handler must get the full body")
+	requireProblem(t, post(t, srv, "k2", strings.Repeat("x", 101)), http.StatusRequestEntityTooLarge, idempotency.CodeRequestTooLarge)
+	require.EqualValues(t, 100, got.Load())
+}
+
+func TestStoredBodyCap(t *testing.T) {
+	var n atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, strings.Repeat("y", 64))
+	})
+	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithMaxStoredBody(63))
+	first := post(t, srv, "k", `{}`)
+	require.Equal(t, http.StatusCreated, first.Status)
+	require.Len(t, first.Body, 64, "the first client gets the whole body")
+	p := requireProblem(t, post(t, srv, "k", `{}`), http.StatusConflict, idempotency.CodeResponseNotReplayable)
+	require.Equal(t, http.StatusCreated, p.OriginalStatus)
+	require.EqualValues(t, 1, n.Load(), "the work must not run again")
+}
+
+// The capture writer: Flush is deferred until after the commit, Unwrap
+// reaches the server's writer, and implicit 200s are stored.
+func TestCaptureWriter(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, isFlusher := w.(http.Flusher)
+		u, hasUnwrap := w.(interface{ Unwrap() http.ResponseWriter })
+		io.WriteString(w, fmt.Sprintf("flusher=%v unwrap=%v", isFlusher, hasUnwrap && u.Unwrap() != nil))
+		err := http.NewResponseController(w).Flush()
+		io.WriteString(w, fmt.Sprintf(" flush=%v", err))
+	})
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	first := post(t, srv, "k", `{}`)
+	require.Equal(t, http.StatusOK, first.Status)
+	require.Equal(t, "flusher=true unwrap=true flush=<nil>", first.Body)
+	requireReplay(t, post(t, srv, "k", `{}`), first)
+}
+
+// A plain (non-Transactor) store works the same.
+func TestPlainStore(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, plainStore{idempotency.NewMemoryStore()}, h)
+	first := post(t, srv, "k", `{}`)
+	require.Equal(t, http.StatusCreated, first.Status)
+	requireReplay(t, post(t, srv, "k", `{}`), first)
+	require.EqualValues(t, 1, h.n.Load())
+}
+
+// Handlers see their Run, and with a Transactor store the Unit.
+func TestFromContext(t *testing.T) {
+	var run *idempotency.Run
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		run, _ = idempotency.FromContext(r.Context())
+	})
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	post(t, srv, "k", `{}`)
+	require.NotNil(t, run)
+	require.Equal(t, idempotency.Scope{Principal: "", Method: "POST", Route: "POST /payments", Key: "k"}, run.Scope)
+	require.EqualValues(t, 1, run.Lease.Generation)
+	require.NotEmpty(t, run.Lease.Owner)
+	require.NotNil(t, run.Unit)
+	_, ok := idempotency.FromContext(t.Context())
+	require.False(t, ok)
+}
