@@ -1,0 +1,154 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"time"
+
+	retrygo "github.com/avast/retry-go/v4"
+	"github.com/failsafe-go/failsafe-go/failsafehttp"
+	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/saferetry/saferetry"
+)
+
+// Waits selects the backoff waits of the peers.
+type Waits int
+
+const (
+	// DefaultWaits keeps every contender's documented default backoff.
+	DefaultWaits Waits = iota
+	// ScaledWaits divides the peers' default waits by 1000 (their attempt
+	// counts and retry predicates stay the defaults), so that failure
+	// scenarios finish in seconds: go-retryablehttp waits 1 ms..30 ms
+	// instead of 1 s..30 s, retry-go 100 us + 100 us jitter instead of
+	// 100 ms + 100 ms. failsafe-go's default has no wait at all. saferetry
+	// keeps its own defaults (50 ms full jitter): its waits are already
+	// short and its budget does not depend on time.
+	ScaledWaits
+)
+
+// Contender is one client under test: Wrap returns the RoundTripper the
+// benchmark's http.Client uses, sending every attempt through base.
+type Contender struct {
+	Name string
+	Wrap func(base http.RoundTripper, w Waits) http.RoundTripper
+}
+
+// DiscardLogger is the logger given to saferetry in every benchmark: its
+// handler discards, so the per-attempt records cost only an Enabled check.
+var DiscardLogger = slog.New(slog.DiscardHandler)
+
+// Contenders lists the clients in the order they run in every round; bare
+// comes first because benchstat compares every column to the first one.
+//
+// Configurations (each is the documented default unless noted):
+//   - bare: base itself, no retries.
+//   - retryablehttp: retryablehttp.NewClient() (4 retries, 1 s..30 s
+//     exponential waits, DefaultRetryPolicy) used through
+//     retryablehttp.RoundTripper, with HTTPClient replaced by an
+//     http.Client over base, and Logger replaced by a log.Logger writing to
+//     io.Discard (the default writes a line per request to stderr).
+//   - failsafe: failsafehttp.NewRoundTripper(base,
+//     failsafehttp.NewRetryPolicyBuilder().Build()): 2 retries, no delay
+//     unless Retry-After.
+//   - retrygo: retry-go has no HTTP integration; RetryGoTransport is the
+//     small RoundTripper a user writes with retry.DoWithData and its
+//     defaults (10 attempts, 100 ms backoff + 100 ms random jitter), plus
+//     retry.Context(req.Context()).
+//   - saferetry: saferetry.NewTransport(base,
+//     saferetry.WithLogger(DiscardLogger)): every other setting is the
+//     default, the process-wide per-host token bucket included.
+var Contenders = []Contender{
+	{Name: "bare", Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper { return base }},
+	{Name: "retryablehttp", Wrap: newRetryableHTTP},
+	{Name: "failsafe", Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper {
+		return failsafehttp.NewRoundTripper(base, failsafehttp.NewRetryPolicyBuilder().Build())
+	}},
+	{Name: "retrygo", Wrap: func(base http.RoundTripper, w Waits) http.RoundTripper {
+		return NewRetryGoTransport(base, w)
+	}},
+	{Name: "saferetry", Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper {
+		return saferetry.NewTransport(base, saferetry.WithLogger(DiscardLogger))
+	}},
+}
+
+func newRetryableHTTP(base http.RoundTripper, w Waits) http.RoundTripper {
+	c := retryablehttp.NewClient()
+	c.HTTPClient = &http.Client{Transport: base}
+	c.Logger = log.New(io.Discard, "", 0)
+	if w == ScaledWaits {
+		c.RetryWaitMin = time.Millisecond
+		c.RetryWaitMax = 30 * time.Millisecond
+	}
+	return &retryablehttp.RoundTripper{Client: c}
+}
+
+// RetryGoTransport is the RoundTripper a retry-go user writes: each attempt
+// goes to base; an error, a 429 or a 5xx other than 501 (the predicate the
+// other two peers use) is retried; a retried response is drained and closed
+// so its connection can be reused; the body of a retry comes from GetBody
+// (a body without GetBody is not retried). It returns no response when the
+// last attempt failed, only retry-go's error.
+type RetryGoTransport struct {
+	base http.RoundTripper
+	opts []retrygo.Option
+}
+
+// NewRetryGoTransport returns a RetryGoTransport over base with retry-go's
+// defaults, or scaled waits (see ScaledWaits).
+func NewRetryGoTransport(base http.RoundTripper, w Waits) *RetryGoTransport {
+	t := &RetryGoTransport{base: base}
+	if w == ScaledWaits {
+		t.opts = []retrygo.Option{retrygo.Delay(100 * time.Microsecond), retrygo.MaxJitter(100 * time.Microsecond)}
+	}
+	return t
+}
+
+var errNotRewindable = errors.New("request body cannot be rewound")
+
+// StatusError is what RetryGoTransport returns to retry-go for a retryable
+// status.
+type StatusError struct{ Code int }
+
+func (e *StatusError) Error() string { return fmt.Sprintf("status %d", e.Code) }
+
+// RoundTrip implements http.RoundTripper.
+func (t *RetryGoTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	n := 0
+	opts := append([]retrygo.Option{retrygo.Context(req.Context())}, t.opts...)
+	return retrygo.DoWithData(func() (*http.Response, error) {
+		n++
+		r := req
+		if n > 1 && req.Body != nil && req.Body != http.NoBody {
+			if req.GetBody == nil {
+				return nil, retrygo.Unrecoverable(errNotRewindable)
+			}
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, retrygo.Unrecoverable(err)
+			}
+			c := *req
+			c.Body = body
+			r = &c
+		}
+		resp, err := t.base.RoundTrip(r)
+		if err != nil {
+			return nil, err
+		}
+		if retryableStatus(resp.StatusCode) {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return nil, &StatusError{Code: resp.StatusCode}
+		}
+		return resp, nil
+	}, opts...)
+}
+
+func retryableStatus(code int) bool {
+	return code == http.StatusTooManyRequests || (code >= 500 && code != http.StatusNotImplemented)
+}

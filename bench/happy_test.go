@@ -1,0 +1,151 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"testing"
+)
+
+// parallelism returns the b.SetParallelism argument that makes RunParallel
+// start at least clients goroutines (RunParallel starts p*GOMAXPROCS).
+func parallelism(clients int) int {
+	procs := runtime.GOMAXPROCS(0)
+	return (clients + procs - 1) / procs
+}
+
+// happyBase returns the base transport and URL of one happy-path
+// sub-benchmark: a fresh loopback server answering OK with a fresh
+// http.Transport, or the in-memory transport.
+func happyBase(b *testing.B, network string) (http.RoundTripper, string) {
+	if network == "memory" {
+		return MemTransport{}, "http://memory.invalid/resource"
+	}
+	srv := NewServer(OK)
+	base := NewBaseTransport()
+	b.Cleanup(func() {
+		base.CloseIdleConnections()
+		srv.Close()
+	})
+	return base, srv.URL + "/resource"
+}
+
+func get(b *testing.B, url string) *http.Request {
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return req
+}
+
+func do(client *http.Client, req *http.Request) error {
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return err
+}
+
+// BenchmarkHappy is scenario (a): a GET answered 200 with a 64-byte body,
+// at 1 and 16 concurrent clients, over loopback and over MemTransport.
+// Within each net/conc group every contender runs once, bare first.
+func BenchmarkHappy(b *testing.B) {
+	for _, network := range []string{"loopback", "memory"} {
+		for _, conc := range []int{1, 16} {
+			for _, c := range Contenders {
+				name := fmt.Sprintf("net=%s/conc=%d/client=%s", network, conc, c.Name)
+				b.Run(name, func(b *testing.B) {
+					base, url := happyBase(b, network)
+					client := &http.Client{Transport: c.Wrap(base, DefaultWaits)}
+					// One warm-up request opens the connection outside
+					// the timed loop.
+					if err := do(client, get(b, url)); err != nil {
+						b.Fatal(err)
+					}
+					b.ReportAllocs()
+					if conc == 1 {
+						req := get(b, url)
+						b.ResetTimer()
+						for range b.N {
+							if err := do(client, req); err != nil {
+								b.Fatal(err)
+							}
+						}
+						return
+					}
+					b.SetParallelism(parallelism(conc))
+					b.ResetTimer()
+					b.RunParallel(func(pb *testing.PB) {
+						req := get(b, url)
+						for pb.Next() {
+							if err := do(client, req); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// payload64K is the body of the POST benchmark.
+var payload64K = bytes.Repeat([]byte("0123456789abcdef"), 64<<10/16)
+
+// BenchmarkPost64K is the 64 KiB POST of scenario (a): the request has a
+// GetBody that returns fresh readers over the same slice, so a contender
+// never needs to copy it. copied-B/op counts bytes the base transport sent
+// that the layer had buffered beforehand (a copy); reread-B/op counts bytes
+// read from the caller's readers beyond one pass.
+func BenchmarkPost64K(b *testing.B) {
+	for _, network := range []string{"loopback", "memory"} {
+		for _, c := range Contenders {
+			b.Run(fmt.Sprintf("net=%s/client=%s", network, c.Name), func(b *testing.B) {
+				base, url := happyBase(b, network)
+				client := &http.Client{Transport: c.Wrap(ProbeTransport{Base: base}, DefaultWaits)}
+				tmpl, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var origin, sent, direct int64
+				post := func() error {
+					p := &Probe{}
+					req := tmpl.WithContext(WithProbe(context.Background(), p))
+					req.Header = http.Header{"Content-Type": {"application/octet-stream"}}
+					req.ContentLength = int64(len(payload64K))
+					req.Body = CountingBody(payload64K, p)
+					req.GetBody = func() (io.ReadCloser, error) { return CountingBody(payload64K, p), nil }
+					err := do(client, req)
+					origin += p.Origin.Load()
+					sent += p.Sent.Load()
+					direct += p.Direct.Load()
+					return err
+				}
+				if err := post(); err != nil { // warm-up: opens the connection
+					b.Fatal(err)
+				}
+				origin, sent, direct = 0, 0, 0
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					if err := post(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				n := float64(b.N)
+				b.ReportMetric(float64(sent-direct)/n, "copied-B/op")
+				b.ReportMetric(float64(origin-int64(b.N)*int64(len(payload64K)))/n, "reread-B/op")
+			})
+		}
+	}
+}
