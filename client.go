@@ -400,16 +400,16 @@ func (c *call) run() (*http.Response, error) {
 // for the caller to read the body, and deliver arranges its release.
 func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Response, error, func(cancel bool)) {
 	t := c.t
-	r := c.req.WithContext(ctx)
+	actx := ctx
 	stop := func(bool) {}
 	// The attempt is bounded by the per-attempt timeout and by the overall
 	// deadline, whichever is first, unless the caller's own context already
 	// ends first.
 	limit := deadline.AttemptTimeout(now, c.overall, t.cfg.attemptTimeout)
 	if ctxDeadline, ok := ctx.Deadline(); !ok || now.Add(limit).Before(ctxDeadline) {
-		actx, cancel := context.WithCancelCause(ctx)
+		var cancel context.CancelCauseFunc
+		actx, cancel = context.WithCancelCause(ctx)
 		timer := time.AfterFunc(limit, func() { cancel(ErrAttemptTimeout) })
-		r = c.req.WithContext(actx)
 		stop = func(cancelCtx bool) {
 			timer.Stop()
 			if cancelCtx {
@@ -417,6 +417,7 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 			}
 		}
 	}
+	r := c.req.WithContext(actx)
 	if c.header != nil {
 		h := c.header
 		if t.cfg.deadlineHeader {
