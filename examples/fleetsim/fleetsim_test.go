@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"encoding/csv"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Brooker's orderings at 100 clients, with 40 runs instead of 100 and only
+// the level under test, for two seeds (40 runs keeps the orderings for every
+// seed from 1 to 60; with 10 runs "decorrelated sooner than full" fails for
+// some seeds, the gap being about 8%).
+func TestContentionOrderingsAt100Clients(t *testing.T) {
+	for _, seed := range []uint64{1, 2} {
+		c := DefaultOCCConfig(seed)
+		c.Clients = []int{100}
+		c.Runs = 40
+		r := RunOCC(c)[0]
+		require.Equal(t, 100, r.Clients)
+		for s, st := range Strategies {
+			if s != stratFull {
+				assert.Greater(t, r.Calls[s], r.Calls[stratFull], "seed %d: full jitter must make fewer calls than %s", seed, st.Name)
+			}
+			if s != stratExpo {
+				assert.Less(t, r.Time[s], r.Time[stratExpo], "seed %d: exponential without jitter must take longer than %s", seed, st.Name)
+			}
+		}
+		assert.GreaterOrEqual(t, r.Calls[stratExpo], 2*r.Calls[stratFull], "seed %d: exponential without jitter vs full jitter calls", seed)
+		assert.Less(t, r.Time[stratDecorr], r.Time[stratFull], "seed %d: decorrelated must finish sooner than full", seed)
+		for _, ch := range CheckOCC(r) {
+			assert.True(t, ch.OK, "seed %d: %s", seed, ch.Claim)
+		}
+	}
+}
+
+// Every client writes once successfully, so the server sees at least n write
+// calls and the row ends at version n; one client alone succeeds at once,
+// after four network delays (read, reply, write, reply).
+func TestSimulateOCCInvariants(t *testing.T) {
+	c := DefaultOCCConfig(7)
+	rng := rand.New(rand.NewPCG(1, 2))
+	calls, end := simulateOCC(1, Strategies[stratFull].Func, c, rng)
+	assert.Equal(t, 1, calls)
+	assert.Greater(t, end, 20*time.Millisecond)
+	assert.Less(t, end, 80*time.Millisecond)
+
+	for _, st := range Strategies {
+		calls, end := simulateOCC(50, st.Func, c, rng)
+		assert.GreaterOrEqual(t, calls, 50, st.Name)
+		assert.Greater(t, end, 40*time.Millisecond, st.Name)
+	}
+	// Without backoff, every round lets exactly one client through at most,
+	// so the calls are at least 1+2+...+n minus overlaps: far more than n.
+	calls, _ = simulateOCC(50, nil, c, rng)
+	assert.Greater(t, calls, 50*5)
+}
+
+// Results depend on the seed only, not on how many workers run them.
+func TestContentionDeterministic(t *testing.T) {
+	c := DefaultOCCConfig(3)
+	c.Clients = []int{10, 40}
+	c.Runs = 5
+	c.Workers = 1
+	one := RunOCC(c)
+	c.Workers = 4
+	four := RunOCC(c)
+	assert.Equal(t, one, four)
+	c.Seed = 4
+	assert.NotEqual(t, one, RunOCC(c))
+}
+
+// The outage experiment with the parameters the README shows.
+func TestOutageAmplification(t *testing.T) {
+	c := DefaultOutageConfig(1)
+	rs := RunOutage(c)
+	require.Len(t, rs, len(Policies))
+	none, bucket, ratio := rs[0], rs[1], rs[2]
+	for _, r := range rs {
+		assert.Equal(t, none.Requests, r.Requests, "same arrivals for every policy")
+		assert.InDelta(t, c.RatePerClient*float64(c.Clients)*c.Duration.Seconds(), float64(r.Requests), 1000)
+		// Requests that met the outage on their first attempt: a third of them.
+		assert.InDelta(t, float64(r.Requests)/3, float64(r.OutageRequests), 600, r.Policy)
+	}
+	// Without a budget, every request of the outage is sent 3 times.
+	assert.InDelta(t, 3.0, none.OutageAmplification(), 0.01)
+	// The token bucket allows 35 transient retries per client, then none.
+	assert.LessOrEqual(t, bucket.OutageAmplification(), 1+float64(35*c.Clients)/float64(bucket.OutageRequests)+0.001)
+	assert.LessOrEqual(t, bucket.Amplification(), 1.05)
+	// The ratio budget (budget.Ratio's guarantee): per client, retries in
+	// [a, b] <= 20% of the requests in (a-10s, b] + a burst of 10 + 10/s,
+	// with [a, b] the outage plus a second for the last retries: 1.51.
+	outage := (c.OutageEnd - c.OutageStart).Seconds()
+	perClient := c.RatePerClient * outage
+	bound := 1 + (0.2*c.RatePerClient*(outage+1+10)+10+10*(outage+1))/perClient
+	assert.LessOrEqual(t, ratio.OutageAmplification(), bound)
+	assert.Greater(t, ratio.OutageAmplification(), 1.2)
+	assert.Less(t, ratio.OutageAmplification(), none.OutageAmplification())
+	// Before and after the outage, nothing fails and nothing is retried:
+	// the server sees the logical load, give or take the requests that a
+	// network delay carries over a second's boundary.
+	for _, r := range rs {
+		for _, s := range []int{2, 5, 8, 35, 45, 55} {
+			assert.InDelta(t, r.Logical[s], r.PerSecond[s], 15, "%s, second %d", r.Policy, s)
+		}
+	}
+	// Once the outage is under way: without a budget the server sees 3x the
+	// load; the drained bucket (no success refills it) lets no retry through.
+	for s := int(c.OutageStart/time.Second) + 2; s < int(c.OutageEnd/time.Second); s++ {
+		assert.InDelta(t, 3*none.Logical[s], none.PerSecond[s], 150, "no budget, second %d", s)
+		assert.InDelta(t, bucket.Logical[s], bucket.PerSecond[s], 15, "token bucket, second %d", s)
+	}
+	assert.Greater(t, none.PeakDuringOutage(c), 2*c.Clients*int(c.RatePerClient))
+}
+
+// The command end to end with 2 runs: tables on stdout, CSV files written.
+func TestRunWritesTablesAndCSV(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	require.NoError(t, run([]string{"-runs", "2", "-seed", "5", "-out", dir}, &out, io.Discard))
+	s := out.String()
+	for _, want := range []string{
+		"## Contention: write calls per run (mean of 2 runs)",
+		"| clients | No backoff | Exponential (no jitter) | Equal jitter | Full jitter | Decorrelated jitter |",
+		"| 190 |",
+		"## Contention at 100 clients",
+		"| token bucket (default) |",
+	} {
+		assert.Contains(t, s, want)
+	}
+	recs := readCSV(t, filepath.Join(dir, "occ.csv"))
+	assert.Len(t, recs, 1+19*len(Strategies))
+	recs = readCSV(t, filepath.Join(dir, "outage.csv"))
+	assert.Equal(t, []string{"second", "logical", "no budget", "token bucket (default)", "ratio 20% + floor"}, recs[0])
+	assert.Greater(t, len(recs), 60)
+
+	assert.Error(t, run([]string{"-runs", "0", "-out", dir}, &out, io.Discard))
+	assert.Error(t, run([]string{"-nope"}, &out, io.Discard))
+}
+
+func readCSV(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	require.NoError(t, err)
+	return recs
+}
