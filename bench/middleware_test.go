@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/sqlstore"
+)
+
+// discardWriter is a ResponseWriter that keeps nothing but its header map,
+// which the benchmark clears between requests.
+type discardWriter struct {
+	h    http.Header
+	code int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) WriteHeader(code int)        { w.code = code }
+
+// created is the guarded handler: it reads the request and answers 201 with
+// the 64-byte Body.
+func created(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(Body)
+}
+
+var mwPayload = []byte(`{"order":"42","amount_cents":1999,"currency":"EUR","note":"bench"}`)
+
+// openSQLStore opens a fresh SQL store for one sub-benchmark and drops it
+// afterwards.
+func openSQLStore(b *testing.B, dialect sqlstore.Dialect) idempotency.Store {
+	var (
+		db    *sql.DB
+		err   error
+		table = sqlstore.DefaultTable
+	)
+	switch dialect {
+	case sqlstore.SQLite:
+		db, err = sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(b.TempDir(), "idem.db")))
+	default:
+		dsn := os.Getenv("SAFERETRY_PG_DSN")
+		if dsn == "" {
+			b.Skip("SAFERETRY_PG_DSN not set: skipping PostgreSQL benchmarks")
+		}
+		// Other engineers' tests share the database: use a table of our own.
+		table = fmt.Sprintf("bench_idem_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+		db, err = sql.Open("pgx", dsn)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := sqlstore.Open(db, dialect, sqlstore.WithTable(table))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Migrate(ctx); err != nil {
+		db.Close()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if dialect == sqlstore.Postgres {
+			_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table)
+		}
+		db.Close()
+	})
+	return st
+}
+
+// BenchmarkMiddleware is scenario (e): the cost per request of the
+// idempotency middleware (default options, a discarding logger) in front of
+// a handler, for a POST with a new key each time (claim, run, store the
+// response), against the bare handler. No network: ServeHTTP is called
+// directly. store=postgres runs only when SAFERETRY_PG_DSN is set.
+func BenchmarkMiddleware(b *testing.B) {
+	for _, store := range []string{"bare", "memory", "sqlite", "postgres"} {
+		b.Run("store="+store, func(b *testing.B) {
+			var h http.Handler = http.HandlerFunc(created)
+			switch store {
+			case "memory":
+				h = idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(DiscardLogger))(h)
+			case "sqlite":
+				h = idempotency.New(openSQLStore(b, sqlstore.SQLite), idempotency.WithLogger(DiscardLogger))(h)
+			case "postgres":
+				h = idempotency.New(openSQLStore(b, sqlstore.Postgres), idempotency.WithLogger(DiscardLogger))(h)
+			}
+			u, _ := url.Parse("http://bench.invalid/orders")
+			tmpl := http.Request{
+				Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Host: u.Host, RequestURI: u.Path, RemoteAddr: "127.0.0.1:1234", ContentLength: int64(len(mwPayload)),
+			}
+			tmpl = *tmpl.WithContext(context.Background())
+			prefix := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+			w := &discardWriter{h: make(http.Header)}
+			serve := func(i int) error {
+				r := tmpl
+				r.Header = http.Header{
+					"Content-Type":    {"application/json"},
+					"Idempotency-Key": {prefix + strconv.Itoa(i)},
+				}
+				r.Body = io.NopCloser(bytes.NewReader(mwPayload))
+				clear(w.h)
+				w.code = 0
+				h.ServeHTTP(w, &r)
+				if w.code != http.StatusCreated {
+					return fmt.Errorf("request %d: status %d", i, w.code)
+				}
+				return nil
+			}
+			if err := serve(-1); err != nil { // warm-up (connections, statements)
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := serve(i); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
