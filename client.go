@@ -308,7 +308,9 @@ func (c *call) run() (*http.Response, error) {
 
 		if !d.Retry {
 			if resp != nil {
-				if resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
+				if resp.StatusCode < 400 {
+					// Only a success feeds the budget (as in the AWS SDKs):
+					// a 404 or a 422 is an answer, not a sign of health.
 					c.bud.OnSuccess(now, retryCost)
 				}
 				rec.level = slog.LevelDebug

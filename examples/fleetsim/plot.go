@@ -1,5 +1,3 @@
-//go:build plot
-
 package main
 
 import (
