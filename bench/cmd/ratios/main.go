@@ -1,0 +1,303 @@
+// Command ratios reads `go test -bench` output (several rounds of the same
+// benchmarks, in any order) and prints markdown: per benchmark group the
+// median of every unit for every contender, its ratio to the bare column of
+// the same run, and the issue's targets with the measured value and whether
+// it is met.
+//
+//	go run ./cmd/ratios results/raw.txt > medians.md
+//
+// A benchmark's last name element is its column (client=X or store=X); the
+// column whose value is "bare" is the base of its group.
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+type key struct{ group, col, unit string }
+
+type data struct {
+	samples   map[key][]float64
+	groups    []string            // in order of first appearance
+	cols      map[string][]string // group -> columns in order of first appearance
+	units     map[string][]string // group -> units in order of first appearance
+	seenGroup map[string]bool
+}
+
+var procSuffix = regexp.MustCompile(`-\d+$`)
+
+func parse(r io.Reader, d *data) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") || len(f)%2 != 0 {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err != nil {
+			continue
+		}
+		name := procSuffix.ReplaceAllString(strings.TrimPrefix(f[0], "Benchmark"), "")
+		i := strings.LastIndex(name, "/")
+		if i < 0 {
+			continue
+		}
+		group, col := name[:i], name[i+1:]
+		if !d.seenGroup[group] {
+			d.seenGroup[group] = true
+			d.groups = append(d.groups, group)
+		}
+		if !slices.Contains(d.cols[group], col) {
+			d.cols[group] = append(d.cols[group], col)
+		}
+		for j := 2; j+1 < len(f); j += 2 {
+			v, err := strconv.ParseFloat(f[j], 64)
+			if err != nil {
+				continue
+			}
+			unit := f[j+1]
+			if !slices.Contains(d.units[group], unit) {
+				d.units[group] = append(d.units[group], unit)
+			}
+			k := key{group, col, unit}
+			d.samples[k] = append(d.samples[k], v)
+		}
+	}
+	return sc.Err()
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func (d *data) med(group, col, unit string) float64 {
+	return median(d.samples[key{group, col, unit}])
+}
+
+// baseCol returns the column of group whose value is "bare".
+func (d *data) baseCol(group string) string {
+	for _, c := range d.cols[group] {
+		if strings.HasSuffix(c, "=bare") {
+			return c
+		}
+	}
+	return ""
+}
+
+func colName(c string) string {
+	if i := strings.IndexByte(c, '='); i >= 0 {
+		return c[i+1:]
+	}
+	return c
+}
+
+func num(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "-"
+	case v == math.Trunc(v) && math.Abs(v) < 1e15:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case math.Abs(v) >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	default:
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	}
+}
+
+// unit order in tables: time, memory, allocations, then the custom metrics.
+func orderUnits(units []string) []string {
+	rank := func(u string) int {
+		switch u {
+		case "ns/op":
+			return 0
+		case "B/op":
+			return 1
+		case "allocs/op":
+			return 2
+		}
+		return 3
+	}
+	out := slices.Clone(units)
+	slices.SortStableFunc(out, func(a, b string) int { return rank(a) - rank(b) })
+	return out
+}
+
+func (d *data) tables(w io.Writer) {
+	for _, g := range d.groups {
+		base := d.baseCol(g)
+		units := orderUnits(d.units[g])
+		fmt.Fprintf(w, "#### %s\n\n", g)
+		hdr := []string{"contender", "n"}
+		for _, u := range units {
+			hdr = append(hdr, u)
+			if base != "" && (u == "ns/op" || u == "B/op") {
+				hdr = append(hdr, "x bare")
+			}
+			if base != "" && u == "allocs/op" {
+				hdr = append(hdr, "+ bare")
+			}
+		}
+		fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(hdr, " | "), strings.Repeat(" --- |", len(hdr)))
+		for _, c := range d.cols[g] {
+			row := []string{colName(c), strconv.Itoa(len(d.samples[key{g, c, units[0]}]))}
+			for _, u := range units {
+				v := d.med(g, c, u)
+				row = append(row, num(v))
+				if base == "" {
+					continue
+				}
+				b := d.med(g, base, u)
+				switch u {
+				case "ns/op", "B/op":
+					row = append(row, strconv.FormatFloat(v/b, 'f', 2, 64))
+				case "allocs/op":
+					row = append(row, fmt.Sprintf("%+.0f", v-b))
+				}
+			}
+			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+type check struct {
+	target, measured string
+	met              bool
+	skipped          bool
+}
+
+func mark(c check) string {
+	switch {
+	case c.skipped:
+		return "not measured"
+	case c.met:
+		return "met"
+	default:
+		return "**missed**"
+	}
+}
+
+// targets evaluates the issue's targets on the medians.
+func (d *data) targets() []check {
+	var out []check
+	has := func(g, c, u string) bool { return len(d.samples[key{g, c, u}]) > 0 }
+	const sr = "client=saferetry"
+	peers := []string{"client=retryablehttp", "client=failsafe", "client=retrygo"}
+	for _, conc := range []string{"1", "16"} {
+		g := "Happy/net=loopback/conc=" + conc
+		if has(g, sr, "ns/op") {
+			r := d.med(g, sr, "ns/op") / d.med(g, "client=bare", "ns/op")
+			out = append(out, check{"loopback, conc " + conc + ": ns/op within 1.05x of bare", fmt.Sprintf("%.2fx", r), r <= 1.05, false})
+		}
+	}
+	for _, conc := range []string{"1", "16"} {
+		g := "Happy/net=memory/conc=" + conc
+		if !has(g, sr, "ns/op") {
+			continue
+		}
+		r := d.med(g, sr, "ns/op") / d.med(g, "client=bare", "ns/op")
+		out = append(out, check{"in-memory, conc " + conc + ": ns/op at most 1.20x of bare", fmt.Sprintf("%.2fx", r), r <= 1.20, false})
+		da := d.med(g, sr, "allocs/op") - d.med(g, "client=bare", "allocs/op")
+		out = append(out, check{"in-memory, conc " + conc + ": at most 3 allocs/op more than bare", fmt.Sprintf("%+.0f", da), da <= 3, false})
+		for _, u := range []string{"ns/op", "allocs/op"} {
+			var worse []string
+			for _, p := range peers {
+				if has(g, p, u) && d.med(g, sr, u) >= d.med(g, p, u) {
+					worse = append(worse, fmt.Sprintf("%s %s", colName(p), num(d.med(g, p, u))))
+				}
+			}
+			m := fmt.Sprintf("saferetry %s", num(d.med(g, sr, u)))
+			if len(worse) > 0 {
+				m += "; not fewer than " + strings.Join(worse, ", ")
+			}
+			out = append(out, check{"in-memory, conc " + conc + ": fewer " + u + " than each peer", m, len(worse) == 0, false})
+		}
+	}
+	for _, net := range []string{"loopback", "memory"} {
+		g := "Post64K/net=" + net
+		if has(g, sr, "copied-B/op") {
+			v := d.med(g, sr, "copied-B/op") + d.med(g, sr, "reread-B/op")
+			out = append(out, check{"64 KiB POST with GetBody (" + net + "): copies nothing", fmt.Sprintf("copied %s B/op, re-read %s B/op", num(d.med(g, sr, "copied-B/op")), num(d.med(g, sr, "reread-B/op"))), v == 0, false})
+		}
+	}
+	for _, fails := range []string{"1", "2"} {
+		g := "Transient/fail=" + fails
+		if has(g, sr, "conns") {
+			v := d.med(g, sr, "conns")
+			out = append(out, check{"first " + fails + " attempt(s) 503: new connections <= 16 (client concurrency)", fmt.Sprintf("%s (bare %s)", num(v), num(d.med(g, "client=bare", "conns"))), v <= 16, false})
+		}
+	}
+	if g := "Outage/outage=full"; has(g, sr, "hits/op") {
+		v := d.med(g, sr, "tail-hits/op")
+		var ps []string
+		for _, p := range peers {
+			ps = append(ps, fmt.Sprintf("%s %s", colName(p), num(d.med(g, p, "hits/op"))))
+		}
+		out = append(out, check{"full outage: amplification at most 1.10 after the bucket drains",
+			fmt.Sprintf("%s tail-hits/op (%s hits/op overall); peers %s", num(v), num(d.med(g, sr, "hits/op")), strings.Join(ps, ", ")), v <= 1.10, false})
+	}
+	g := "Middleware"
+	if has(g, "store=memory", "ns/op") {
+		dn := d.med(g, "store=memory", "ns/op") - d.med(g, "store=bare", "ns/op")
+		da := d.med(g, "store=memory", "allocs/op") - d.med(g, "store=bare", "allocs/op")
+		out = append(out, check{"memory-store middleware: under 3 us over the bare handler", fmt.Sprintf("+%.2f us", dn/1000), dn < 3000, false})
+		out = append(out, check{"memory-store middleware: under 30 allocs over the bare handler", fmt.Sprintf("%+.0f", da), da < 30, false})
+	} else {
+		out = append(out, check{"memory-store middleware: under 3 us and 30 allocs over the bare handler", "", false, true})
+	}
+	return out
+}
+
+func main() {
+	d := &data{samples: map[key][]float64{}, cols: map[string][]string{}, units: map[string][]string{}, seenGroup: map[string]bool{}}
+	if len(os.Args) < 2 {
+		if err := parse(os.Stdin, d); err != nil {
+			fmt.Fprintln(os.Stderr, "ratios:", err)
+			os.Exit(1)
+		}
+	}
+	for _, name := range os.Args[1:] {
+		f, err := os.Open(name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ratios:", err)
+			os.Exit(1)
+		}
+		err = parse(f, d)
+		f.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ratios:", err)
+			os.Exit(1)
+		}
+	}
+	w := bufio.NewWriter(os.Stdout)
+	defer w.Flush()
+	fmt.Fprintln(w, "### Targets of the issue (saferetry, medians)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | measured | verdict |\n| --- | --- | --- |")
+	for _, c := range d.targets() {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", c.target, c.measured, mark(c))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "### Medians and ratios to bare (same run)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "n is the number of rounds; \"x bare\" divides by the bare column's median of the same group, \"+ bare\" subtracts it.")
+	fmt.Fprintln(w)
+	d.tables(w)
+}
