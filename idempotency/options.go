@@ -12,11 +12,19 @@ import (
 
 // Defaults of the middleware options.
 const (
-	DefaultLease          = 30 * time.Second
-	DefaultReplayWindow   = 24 * time.Hour
-	DefaultMaxRequestBody = 1 << 20 // 1 MiB
-	DefaultMaxStoredBody  = 1 << 20 // 1 MiB
-	// DefaultMismatchStatus is the status of a CodeKeyReused answer.
+	// DefaultLease is the lease a claim holds (WithLease).
+	DefaultLease = 30 * time.Second
+	// DefaultReplayWindow is how long a completed response is replayed
+	// (WithReplayWindow).
+	DefaultReplayWindow = 24 * time.Hour
+	// DefaultMaxRequestBody is the largest request body read (1 MiB,
+	// WithMaxRequestBody).
+	DefaultMaxRequestBody = 1 << 20
+	// DefaultMaxStoredBody is the largest response body stored (1 MiB,
+	// WithMaxStoredBody).
+	DefaultMaxStoredBody = 1 << 20
+	// DefaultMismatchStatus is the status of a CodeKeyReused answer
+	// (WithMismatchStatus).
 	DefaultMismatchStatus = http.StatusUnprocessableEntity
 )
 
