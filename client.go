@@ -180,37 +180,37 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	}
 
 	name := t.cfg.keyHeader
-	switch vals := req.Header.Values(name); len(vals) {
-	case 0:
-		if t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch) {
-			key, ok := keygen.FromContext(ctx)
-			if !ok {
-				key = keygen.Random()
-			}
-			if err := keygen.Validate(key); err != nil {
-				return nil, fmt.Errorf("saferetry: key from context: %w", err)
-			}
-			c.key = key
-		}
-	default:
-		key, err := keygen.ValidateValues(vals)
+	addKey := false
+	if vals := req.Header.Values(name); len(vals) > 0 {
+		// The caller's key: checked with the same wire rule as the server
+		// (one field line, a bare token or an sf-string, 1..255 printable
+		// ASCII), then sent exactly as the caller wrote it.
+		key, err := keygen.ParseHeader(vals)
 		if err != nil {
 			return nil, fmt.Errorf("saferetry: %s header: %w", name, err)
 		}
 		c.key = key
+	} else if t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch) {
+		key, ok := keygen.FromContext(ctx)
+		if !ok {
+			key = keygen.Random()
+		}
+		if err := keygen.Validate(key); err != nil {
+			return nil, fmt.Errorf("saferetry: key from context: %w", err)
+		}
+		c.key, addKey = key, true
 	}
 	if c.key != "" {
 		c.idempotent = true // the server de-duplicates: every outcome may be retried
 	}
 
-	needHeader := t.cfg.deadlineHeader || (c.key != "" && req.Header.Get(name) == "")
-	if needHeader {
+	if t.cfg.deadlineHeader || addKey {
 		c.header = req.Header.Clone()
 		if c.header == nil {
 			c.header = make(http.Header, 2)
 		}
-		if c.key != "" {
-			c.header.Set(name, c.key)
+		if addKey {
+			c.header.Set(name, keygen.FormatHeader(c.key))
 		}
 	} else {
 		c.header = req.Header

@@ -601,7 +601,9 @@ func TestCallerKeyArrivesByteIdentical(t *testing.T) {
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
 	tr, _ := newTestTransport(nil)
-	const key = `order-confirm-42~!"#$%&'()*+,./:;<=>?@[\]^_{|}`
+	// A quoted sf-string (it needs quoting: it holds '"', ',' and '\\') is
+	// sent exactly as the caller wrote it.
+	const key = `"order-confirm-42~!\"#$%&'()*+,./:;<=>?@[\\]^_{|}"`
 	req := post(t, context.Background(), ts.URL, "x")
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := tr.RoundTrip(req)
@@ -625,6 +627,22 @@ func TestKeyFromContextIsUsed(t *testing.T) {
 	for _, h := range srv.Hits() {
 		assert.Equal(t, "order-confirm-42", h.key)
 	}
+}
+
+func TestContextKeyNeedingQuotesIsSentAsAString(t *testing.T) {
+	srv := &script{statuses: []int{200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	ctx := keygen.NewContext(context.Background(), `tenant,7`)
+	resp, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	raw := srv.Hits()[0].key
+	assert.Equal(t, `"tenant,7"`, raw)
+	got, err := keygen.ParseHeader([]string{raw})
+	require.NoError(t, err)
+	assert.Equal(t, "tenant,7", got)
 }
 
 func TestConcurrentLogicalPostsGetDistinctKeys(t *testing.T) {
@@ -670,6 +688,8 @@ func TestInvalidCallerKeysFailBeforeAnyIO(t *testing.T) {
 		"space":     func(h http.Header) { h.Set("Idempotency-Key", "a b") },
 		"control":   func(h http.Header) { h.Set("Idempotency-Key", "a\x01b") },
 		"twice":     func(h http.Header) { h.Add("Idempotency-Key", "a"); h.Add("Idempotency-Key", "b") },
+		"list":      func(h http.Header) { h.Set("Idempotency-Key", "a,b") },
+		"bad quote": func(h http.Header) { h.Set("Idempotency-Key", `"a`) },
 	} {
 		req := post(t, context.Background(), ts.URL, "x")
 		set(req.Header)

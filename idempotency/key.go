@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"net/http"
-	"strings"
 
 	"github.com/saferetry/saferetry/keygen"
 )
@@ -11,19 +10,19 @@ import (
 // unless WithKeyHeader names another one.
 const DefaultKeyHeader = "Idempotency-Key"
 
-// Reasons reported in KeyError.Reason for syntax errors; validation errors
-// from keygen.Validate report keygen's reasons ("empty", "too long",
-// "invalid character").
+// Reasons reported in KeyError.Reason for syntax errors (the same values
+// as keygen's); validation errors from keygen.Validate report keygen's
+// reasons ("empty", "too long", "invalid character").
 const (
 	// ReasonList: the header appears on more than one field line, or its
 	// value is a comma-separated list.
-	ReasonList = "list"
+	ReasonList = keygen.ReasonList
 	// ReasonMalformedString: a quoted value is not a valid RFC 9651
 	// sf-string (unterminated, a bad escape, a byte outside 0x20..0x7E, or
 	// anything after the closing quote).
-	ReasonMalformedString = "malformed string"
+	ReasonMalformedString = keygen.ReasonMalformedString
 	// ReasonQuote: a bare value contains a double quote.
-	ReasonQuote = "quote in bare value"
+	ReasonQuote = keygen.ReasonQuote
 )
 
 // KeyError reports an idempotency key header that ParseKey rejected. It
@@ -59,7 +58,9 @@ func (e *KeyError) Is(target error) bool { return target == keygen.ErrInvalidKey
 // keygen.Validate (1..255 bytes of printable ASCII, no spaces). Anything else
 // (two field lines, a list, an empty value, a malformed string, non-ASCII
 // bytes, more than 255 bytes) returns present = true and a *KeyError that
-// matches keygen.ErrInvalidKey. Safe for concurrent use; never panics.
+// matches keygen.ErrInvalidKey. The rule is keygen.ParseHeader's, which the
+// client Transport applies before sending. Safe for concurrent use; never
+// panics.
 func ParseKey(h http.Header, name string) (key string, present bool, err error) {
 	if name == "" {
 		name = DefaultKeyHeader
@@ -68,74 +69,22 @@ func ParseKey(h http.Header, name string) (key string, present bool, err error) 
 	if len(vals) == 0 {
 		return "", false, nil
 	}
-	fail := func(reason string, cause error) (string, bool, error) {
-		if cause == nil {
-			cause = keygen.ErrInvalidKey
-		}
-		return "", true, &KeyError{Header: http.CanonicalHeaderKey(name), Reason: reason, Err: cause}
+	key, perr := keygen.ParseHeader(vals)
+	if perr == nil {
+		return key, true, nil
 	}
-	if len(vals) > 1 {
-		return fail(ReasonList, nil)
-	}
-	v := strings.Trim(vals[0], " \t")
-	if strings.HasPrefix(v, `"`) {
-		s, ok := parseSFString(v)
-		if !ok {
-			if strings.Contains(v, ",") {
-				return fail(ReasonList, nil)
-			}
-			return fail(ReasonMalformedString, nil)
-		}
-		v = s
-	} else {
-		if strings.Contains(v, ",") {
-			return fail(ReasonList, nil)
-		}
-		if strings.Contains(v, `"`) {
-			return fail(ReasonQuote, nil)
+	reason := "invalid"
+	var cause error = keygen.ErrInvalidKey
+	if ike, ok := perr.(*keygen.InvalidKeyError); ok {
+		reason = ike.Reason
+		switch reason {
+		case keygen.ReasonEmpty, keygen.ReasonTooLong, keygen.ReasonInvalidChar:
+			cause = ike
 		}
 	}
-	if verr := keygen.Validate(v); verr != nil {
-		reason := "invalid"
-		if ike, ok := verr.(*keygen.InvalidKeyError); ok {
-			reason = ike.Reason
-		}
-		return fail(reason, verr)
-	}
-	return v, true, nil
+	return "", true, &KeyError{Header: http.CanonicalHeaderKey(name), Reason: reason, Err: cause}
 }
 
-// parseSFString parses v, which starts with '"', as a complete RFC 9651
-// sf-string: the closing quote must be the last byte.
-func parseSFString(v string) (string, bool) {
-	var b strings.Builder
-	for i := 1; i < len(v); i++ {
-		c := v[i]
-		switch {
-		case c == '\\':
-			i++
-			if i >= len(v) || (v[i] != '"' && v[i] != '\\') {
-				return "", false
-			}
-			b.WriteByte(v[i])
-		case c == '"':
-			return b.String(), i == len(v)-1
-		case c < 0x20 || c > 0x7E:
-			return "", false
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return "", false
-}
-
-// FormatKey returns key as a header value that ParseKey reads back: the key
-// itself when it contains no '"', ',' or '\', and otherwise an RFC 9651
-// sf-string with '"' and '\' escaped. It does not validate key.
-func FormatKey(key string) string {
-	if !strings.ContainsAny(key, `",\`) {
-		return key
-	}
-	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
-	return `"` + r.Replace(key) + `"`
-}
+// FormatKey returns key as a header value that ParseKey reads back; it is
+// keygen.FormatHeader. It does not validate key.
+func FormatKey(key string) string { return keygen.FormatHeader(key) }

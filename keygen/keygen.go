@@ -32,10 +32,12 @@ const hashedPrefixLen = MaxLen - len(hashMarker) - sha256.Size*2
 //
 //   - Each part is escaped separately, then the escaped parts are joined with
 //     "-".
-//   - In every part, '%' and every byte outside printable ASCII 0x21..0x7E
-//     (space, control characters, DEL, each byte of a non-ASCII UTF-8
-//     sequence) is replaced by '%' and two upper-case hex digits: "%25" for
-//     '%', "%20" for a space, "%C3%A9" for "é".
+//   - In every part, '%', the three bytes that would need quoting in a
+//     header value (',', '"', '\\') and every byte outside printable ASCII
+//     0x21..0x7E (space, control characters, DEL, each byte of a non-ASCII
+//     UTF-8 sequence) are replaced by '%' and two upper-case hex digits:
+//     "%25" for '%', "%2C" for ',', "%20" for a space, "%C3%A9" for "é". So
+//     an event key is always a bare header value (see [FormatHeader]).
 //   - In the first part (the event name), '-' is kept verbatim, so
 //     Event("order-confirm", "42") == "order-confirm-42".
 //   - In every later part, '-' is escaped as "%2D", so
@@ -94,7 +96,7 @@ const upperHex = "0123456789ABCDEF"
 func escapePart(b *strings.Builder, p string, escapeDash bool) {
 	for i := 0; i < len(p); i++ {
 		c := p[i]
-		if c < 0x21 || c > 0x7E || c == '%' || (escapeDash && c == '-') {
+		if c < 0x21 || c > 0x7E || c == '%' || c == ',' || c == '"' || c == '\\' || (escapeDash && c == '-') {
 			b.WriteByte('%')
 			b.WriteByte(upperHex[c>>4])
 			b.WriteByte(upperHex[c&0x0F])

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 )
 
 // ErrInvalidKey is the sentinel matched (with errors.Is) by every error
@@ -20,9 +19,15 @@ const (
 	// ReasonInvalidChar: the key has a byte outside printable ASCII
 	// 0x21..0x7E (a space, a control character, DEL or a non-ASCII byte).
 	ReasonInvalidChar = "invalid character"
-	// ReasonRepeated: the key header was sent more than once (see
-	// ValidateHeader); which value wins would be ambiguous.
-	ReasonRepeated = "sent more than once"
+	// ReasonList: the key header was sent on more than one field line, or
+	// its value is a comma-separated list (see ParseHeader).
+	ReasonList = "list"
+	// ReasonMalformedString: a quoted header value is not a valid RFC 9651
+	// sf-string (unterminated, a bad escape, a byte outside 0x20..0x7E, or
+	// anything after the closing quote).
+	ReasonMalformedString = "malformed string"
+	// ReasonQuote: a bare header value contains a double quote.
+	ReasonQuote = "quote in bare value"
 )
 
 // displayLen is the number of key bytes kept in InvalidKeyError.Key.
@@ -36,8 +41,8 @@ type InvalidKeyError struct {
 	// Go-quoted with non-ASCII and control bytes escaped, followed by "..."
 	// when it was truncated.
 	Key string
-	// Reason is one of ReasonEmpty, ReasonTooLong, ReasonInvalidChar,
-	// ReasonRepeated.
+	// Reason is one of ReasonEmpty, ReasonTooLong, ReasonInvalidChar, or
+	// for header values ReasonList, ReasonMalformedString, ReasonQuote.
 	Reason string
 	// Pos is the byte offset of the first invalid byte for
 	// ReasonInvalidChar, and -1 otherwise.
@@ -97,19 +102,4 @@ func display(key string) string {
 		return strconv.QuoteToASCII(key)
 	}
 	return strconv.QuoteToASCII(key[:displayLen]) + "..."
-}
-
-// ValidateValues checks the values of an idempotency key header as received
-// (http.Header.Values): exactly one value that passes [Validate]. It returns
-// the key, or an *[InvalidKeyError] that matches [ErrInvalidKey] with
-// ReasonEmpty for no value and ReasonRepeated for more than one. Safe for
-// concurrent use.
-func ValidateValues(vals []string) (string, error) {
-	switch len(vals) {
-	case 0:
-		return "", newInvalid("", ReasonEmpty, -1)
-	case 1:
-		return vals[0], Validate(vals[0])
-	}
-	return "", newInvalid(strings.Join(vals, ", "), ReasonRepeated, -1)
 }
