@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh: the side-by-side benchmarks of saferetry and its peers, in
 # interleaved rounds, summarised with benchstat and cmd/ratios into
-# RESULTS.md. About 5 minutes on a 2-core machine with the defaults.
+# RESULTS.md. About 6 minutes on a 2-core machine with the defaults.
 #
 # Each round runs every scenario once, every contender in turn (bare first),
 # in fresh processes: -count=N in one process would run all N samples of one
@@ -9,8 +9,8 @@
 # scenarios would carry its file descriptors into the next samples.
 #
 # Knobs (environment):
-#   ROUNDS=6          rounds (samples per benchmark)
-#   BENCHTIME=300ms   -benchtime of the happy-path, POST and middleware runs
+#   ROUNDS=8          rounds (samples per benchmark)
+#   BENCHTIME=400ms   -benchtime of the happy-path, POST and middleware runs
 #   FAILN=600         logical requests per failure benchmark (-benchtime=${FAILN}x)
 #   SAFERETRY_PG_DSN  enables store=postgres in the middleware benchmark
 #   BENCHSTAT         path of benchstat (default: $(go env GOPATH)/bin/benchstat,
@@ -20,8 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-ROUNDS=${ROUNDS:-6}
-BENCHTIME=${BENCHTIME:-300ms}
+ROUNDS=${ROUNDS:-8}
+BENCHTIME=${BENCHTIME:-400ms}
 FAILN=${FAILN:-600}
 OUT=${OUT:-RESULTS.md}
 RAW=results/raw.txt
