@@ -28,7 +28,7 @@ func main() {
 }
 
 // hiddenFlags are left out of -help: they exist for tests.
-var hiddenFlags = map[string]bool{"unsafe-no-idempotency": true, "think": true}
+var hiddenFlags = map[string]bool{"unsafe-no-idempotency": true}
 
 // parseFlags reads the command line into a config. flag.ErrHelp is
 // returned for -help.
