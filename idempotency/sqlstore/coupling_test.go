@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -161,4 +162,72 @@ func TestCouplingFailureAtCommitLeavesNeither(t *testing.T) {
 		require.True(t, hasOrder(t, db, "ord_bad"))
 		require.Equal(t, 1, countRecords(t, db, "k-commit"))
 	})
+}
+
+// TestMiddlewareOneKeyManyGoroutines sends 64 concurrent requests with one
+// key through the middleware over each dialect: the handler runs once, one
+// order exists, and every other answer is the in-progress conflict or a
+// replay of the same response. (On SQLite the claims queue behind the
+// winner's write lock, so they mostly get the replay.)
+func TestMiddlewareOneKeyManyGoroutines(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		s, db := newStore(t, b)
+		createOrders(t, db, b.dialect)
+		srv, runs := orderServer(t, s)
+		const n = 64
+		answers := make([]answer, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				answers[i] = postNoFail(srv, "k-many", "ord_many cus_1")
+			}()
+		}
+		close(start)
+		wg.Wait()
+		require.EqualValues(t, 1, runs.Load(), "the handler ran once")
+		require.True(t, hasOrder(t, db, "ord_many"))
+		var original string
+		for _, a := range answers {
+			if a.status == http.StatusCreated && !a.replayed {
+				require.Empty(t, original, "two originals")
+				original = a.body
+			}
+		}
+		require.NotEmpty(t, original)
+		for i, a := range answers {
+			switch {
+			case a.status == http.StatusCreated:
+				require.Equal(t, original, a.body, "answer %d", i)
+			case a.status == http.StatusConflict:
+				require.Contains(t, a.body, idempotency.CodeInProgress)
+			default:
+				t.Fatalf("answer %d: %d %s", i, a.status, a.body)
+			}
+		}
+	})
+}
+
+// postNoFail is post for goroutines other than the test's: errors become a
+// status 0 answer that the caller's checks reject.
+func postNoFail(srv *httptest.Server, key, body string) answer {
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
+	if err != nil {
+		return answer{body: err.Error()}
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "text/plain")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		return answer{body: err.Error()}
+	}
+	defer resp.Body.Close()
+	bb, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{body: err.Error()}
+	}
+	return answer{status: resp.StatusCode, body: string(bb), replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}
 }

@@ -77,7 +77,23 @@
 //
 // Open SQLite with SQLiteDSN (WAL, a busy timeout, BEGIN IMMEDIATE
 // transactions, foreign keys on) and keep more than one open connection. One
-// writer at a time holds SQLite's lock: a request inside a unit of work holds
-// it until it commits. Several processes may share the file on one host; use
-// PostgreSQL for servers on several hosts.
+// writer at a time holds SQLite's lock, and a request inside a unit of work
+// holds it from Begin until it commits: meanwhile other requests' claims and
+// heartbeats wait for it (up to the busy timeout, SQLiteBusyTimeoutMillis),
+// so a duplicate that arrives while the first request runs usually gets the
+// replay rather than the in-progress conflict, and a handler that runs longer
+// than the busy timeout makes the waiting requests fail with 503. Keep
+// guarded handlers short on SQLite, or use PostgreSQL, which locks only the
+// record's row and only from the completion to the commit. Several processes
+// may share the file on one host; use PostgreSQL for servers on several
+// hosts.
+//
+// # Cleanup
+//
+// Records are never deleted by the claim path. Run idempotency.Reaper over
+// the store to delete those past the cleanup horizon (72 hours by default)
+// in bounded batches:
+//
+//	stop := idempotency.NewReaper(store, idempotency.ReaperConfig{}).Start(ctx)
+//	defer stop()
 package sqlstore
