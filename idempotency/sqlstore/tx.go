@@ -15,7 +15,10 @@ type txKey struct{}
 // for the current request (see Store.Begin), and whether there is one. A
 // handler that writes its business rows through this *sql.Tx commits them
 // together with the stored response: both land, or neither does. The handler
-// must not call Commit or Rollback on it; the middleware does. Tx is safe for
+// must not call Commit or Rollback on it; the middleware does. On SQLite,
+// write only through this transaction while it is open, never through the
+// *sql.DB: the unit holds the database's write lock, so a write on another
+// connection waits for the busy timeout and then fails. Tx is safe for
 // concurrent use (it only reads ctx), but the *sql.Tx itself belongs to the
 // request's goroutine.
 func Tx(ctx context.Context) (*sql.Tx, bool) {
