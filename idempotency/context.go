@@ -1,10 +1,19 @@
 package idempotency
 
-import "context"
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"time"
+)
 
 // Run describes the execution of a guarded request that owns its record.
-// The middleware puts it on the handler's request context; FromContext
-// returns it. The handler must not retain it after returning.
+// The middleware (and the Completer) puts it on the handler's request
+// context; FromContext returns it. Its methods are safe for concurrent use,
+// but phases run one at a time (see Phase). The handler must not use it after
+// returning: Unit, Phase and External then fail with ErrRunDone.
 type Run struct {
 	// Scope is the record's scope (principal, method, route, key).
 	Scope Scope
@@ -13,16 +22,127 @@ type Run struct {
 	// RecoveryPoint and RecoveryData are the record's recovery point at the
 	// claim: "" and nil for a new request, the last committed phase when this
 	// execution took over a record whose previous owner's lease expired.
+	// They do not change while the handler runs; Phase and External read
+	// and extend them (DecodeRecovery reads the data they write).
 	RecoveryPoint string
 	RecoveryData  []byte
-	// Unit is the transaction in which the middleware completes the record,
-	// or nil when the store is not a Transactor. The handler's own writes
-	// made through it (for the SQL store, sqlstore.Tx on the request
-	// context) commit together with the stored response, or not at all.
-	// The handler must not Commit or Rollback it.
-	Unit Unit
 
-	store Store
+	store    Store
+	tx       Transactor
+	bg       context.Context // not canceled with the client: the request unit lives in it
+	now      func() time.Time
+	leaseFor time.Duration
+	execID   string                  // StoredRequest.ID: the base of downstream keys
+	cancel   context.CancelCauseFunc // cancels the handler's context
+
+	mu         sync.Mutex
+	leaseUntil time.Time
+	unit       Unit            // the request's unit, once begun
+	unitCtx    context.Context // Begin's context for unit
+	unitErr    error           // Begin's error, kept for the completion
+	done       bool            // the handler returned
+	inPhase    bool
+	rec        *Recovery // decoded lazily from RecoveryData
+	point      string    // the current recovery point
+	seen       map[string]bool
+}
+
+// ErrNoTransactor is returned by Run.Unit when the store does not implement
+// Transactor.
+var ErrNoTransactor = errors.New("idempotency: the store has no units of work (not a Transactor)")
+
+// ErrRunDone is returned by Run.Unit, Run.Phase and Run.External called after
+// the handler returned.
+var ErrRunDone = errors.New("idempotency: the handler of this run has returned")
+
+// Unit returns the unit of work in which the handler's own writes at ctx
+// belong, and a context with ctx's deadline and cancellation that also
+// carries the store's transaction (for the SQL store, sqlstore.Tx reads it;
+// sqlstore.Tx(ctx) calls Unit itself, so handlers of the SQL store rarely
+// need this method):
+//
+//   - inside a phase (ctx is, or derives from, the context Phase gave its
+//     function): the phase's unit, which commits with the phase's recovery
+//     point;
+//   - elsewhere: the request's unit, which commits together with the stored
+//     response, or not at all. It is begun on the first call, not before the
+//     handler runs, so that a handler that never asks holds no transaction
+//     (on SQLite, no write lock) while it works or calls other services.
+//     Begin it after the last phase: once it is open, Phase and External
+//     fail with ErrPhaseMisuse (on SQLite a phase's own unit would wait for
+//     the lock the request's unit holds).
+//
+// The handler must not Commit or Roll back either unit. Errors:
+// ErrNoTransactor, ErrRunDone, or the store's Begin error; after a failed
+// Begin the request answers 503 CodeStoreUnavailable whatever the handler
+// writes (phases already committed stay, and a retry resumes after them).
+func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
+	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r && p.unit != nil {
+		return p.unit, mergeValues(ctx, p.ctx), nil
+	}
+	if r.tx == nil {
+		return nil, ctx, ErrNoTransactor
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.done:
+		return nil, ctx, ErrRunDone
+	case r.unitErr != nil:
+		return nil, ctx, r.unitErr
+	case r.unit == nil:
+		u, uctx, err := r.tx.Begin(r.bg, r.Lease)
+		if err != nil {
+			r.unitErr = err
+			return nil, ctx, err
+		}
+		r.unit, r.unitCtx = u, uctx
+	}
+	return r.unit, mergeValues(ctx, r.unitCtx), nil
+}
+
+// close marks the run done and hands the request's unit (nil if never
+// begun) and Begin's error to the completion.
+func (r *Run) close() (Unit, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done = true
+	return r.unit, r.unitErr
+}
+
+// currentPoint returns the recovery point as of the last committed phase.
+func (r *Run) currentPoint() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.point
+}
+
+// extend records a successful heartbeat.
+func (r *Run) extend(until time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if until.After(r.leaseUntil) {
+		r.leaseUntil = until
+	}
+}
+
+// DownstreamKey returns the idempotency key that this request's phase uses
+// towards another service: keygen.Event(key, phase, id), where id is a
+// random identifier minted when the record was claimed (StoredRequest.ID).
+// It is the same in every execution of the request (a takeover keeps it)
+// and differs between principals, routes and methods that reuse a key, and
+// for a key reused after the replay window (a new request). External passes
+// it to its call; use it yourself for any other downstream call that can
+// de-duplicate. The result is always a valid bare key (keygen.Validate).
+func (r *Run) DownstreamKey(phase string) string {
+	id := r.execID
+	if id == "" {
+		// A record claimed without an ID (another writer of Record.Request):
+		// fall back to a digest of the whole scope.
+		sum := sha256.Sum256([]byte(r.Scope.Principal + "\x00" + r.Scope.Method + "\x00" + r.Scope.Route + "\x00" + r.Scope.Key))
+		id = hex.EncodeToString(sum[:8])
+	}
+	return downstreamKey(r.Scope.Key, phase, id)
 }
 
 type runKey struct{}
@@ -37,4 +157,26 @@ func FromContext(ctx context.Context) (*Run, bool) {
 
 func withRun(ctx context.Context, r *Run) context.Context {
 	return context.WithValue(ctx, runKey{}, r)
+}
+
+// valuesCtx has the deadline and cancellation of its Context and looks values
+// up in vals first: a unit's context (begun in a context that is not
+// canceled with the request) merged with the caller's.
+type valuesCtx struct {
+	context.Context
+	vals context.Context
+}
+
+func (c valuesCtx) Value(key any) any {
+	if v := c.vals.Value(key); v != nil {
+		return v
+	}
+	return c.Context.Value(key)
+}
+
+func mergeValues(ctx, vals context.Context) context.Context {
+	if vals == nil || vals == ctx {
+		return ctx
+	}
+	return valuesCtx{Context: ctx, vals: vals}
 }

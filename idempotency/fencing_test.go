@@ -83,9 +83,10 @@ func TestFencingStalledOwner(t *testing.T) {
 				}
 				run, _ := FromContext(r.Context())
 				write := func() { mu.Lock(); committed = append(committed, who); mu.Unlock() }
-				if u, ok := run.Unit.(interface{ OnCommit(func()) }); ok {
-					u.OnCommit(write)
+				if u, _, err := run.Unit(r.Context()); err == nil {
+					u.(interface{ OnCommit(func()) }).OnCommit(write)
 				} else {
+					require.ErrorIs(t, err, ErrNoTransactor)
 					write() // no transaction: the write happens regardless
 				}
 				w.WriteHeader(http.StatusCreated)

@@ -206,6 +206,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		FingerprintVersion: FingerprintVersion,
 		Owner:              h.cfg.newOwner(),
 		Request: StoredRequest{
+			ID:     newExecID(),
 			Method: r.Method, URL: r.URL.RequestURI(), Host: r.Host,
 			ContentType: r.Header.Get("Content-Type"), Body: req.body,
 		}.Encode(),
@@ -298,31 +299,44 @@ func (h *handler) replay(w http.ResponseWriter, rec Record) {
 	_, _ = w.Write(resp.Body)
 }
 
-// run executes the handler as the owner of rec.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, rec Record) {
-	lease := rec.Lease()
+// outcome is how an execution ended, for the Completer's report.
+type outcome int
+
+const (
+	outcomeCompleted outcome = iota // the response is stored
+	outcomeReleased                 // an unstored outcome released the key
+	outcomeKept                     // an unstored outcome after a recovery point: in progress, lease ended
+	outcomeLost                     // the lease was lost: a successor owns the record
+	outcomeFailed                   // a store failure; the record stays as it was
+)
+
+// newRun returns the Run of an execution that owns rec.
+func (h *handler) newRun(bg context.Context, scope Scope, rec Record) *Run {
 	run := &Run{
-		Scope: req.scope, Lease: lease,
+		Scope: scope, Lease: rec.Lease(),
 		RecoveryPoint: rec.RecoveryPoint, RecoveryData: rec.RecoveryData,
-		store: h.store,
+		store: h.store, tx: h.tx, bg: bg, now: h.cfg.now, leaseFor: h.cfg.lease,
+		leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
 	}
+	if sr, err := DecodeRequest(rec.Request); err == nil {
+		run.execID = sr.ID
+	}
+	return run
+}
+
+// run executes the handler as the owner of rec and answers through w.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, rec Record) outcome {
+	lease := rec.Lease()
 	// Store calls keep going when the client disconnects.
 	bg := context.WithoutCancel(r.Context())
-	hctx := bg
-	var unit Unit
-	if h.tx != nil {
-		u, uctx, err := h.tx.Begin(bg, lease)
-		if err != nil {
-			h.abort(bg, lease, rec.RecoveryPoint)
-			h.storeUnavailable(w, r, req.scope, err)
-			return
-		}
-		unit, hctx, run.Unit = u, uctx, u
-	}
-	// The handler's context: the unit's values, the request's deadline and
-	// cancellation, and cancellation with cause ErrLeaseLost.
-	hctx, cancel := context.WithCancelCause(withRun(hctx, run))
+	run := h.newRun(bg, req.scope, rec)
+	// The handler's context: the request's values, deadline and
+	// cancellation, and cancellation with cause ErrLeaseLost. No unit of
+	// work is open yet: Run.Unit (or sqlstore.Tx) begins the request's unit
+	// when the handler first asks for it, else the completion begins one.
+	hctx, cancel := context.WithCancelCause(withRun(bg, run))
 	defer cancel(nil)
+	run.cancel = cancel
 	if d, ok := r.Context().Deadline(); ok {
 		var cancelDeadline context.CancelFunc
 		hctx, cancelDeadline = context.WithDeadline(hctx, d)
@@ -331,7 +345,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, rec R
 	stopAfter := context.AfterFunc(r.Context(), func() { cancel(context.Cause(r.Context())) })
 	defer stopAfter()
 
-	hb := h.heartbeat(bg, lease, cancel)
+	hb := h.heartbeat(bg, run, cancel)
 	cw := newCapture(w)
 	r2 := r.WithContext(hctx)
 	r2.Body = io.NopCloser(bytes.NewReader(req.body))
@@ -342,19 +356,21 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, rec R
 		if normal {
 			return
 		}
-		// The handler panicked (or called runtime.Goexit): release and let
-		// the panic continue to net/http.
+		// The handler panicked (or called runtime.Goexit): give the key up
+		// (or keep it for a resume after a committed phase) and let the
+		// panic continue to net/http.
 		hb.stop()
-		if unit != nil {
+		if unit, _ := run.close(); unit != nil {
 			_ = unit.Rollback()
 		}
-		h.log(bg, slog.LevelWarn, "idempotency: handler panicked; releasing the key", req.scope)
-		h.abort(bg, lease, rec.RecoveryPoint)
+		h.log(bg, slog.LevelWarn, "idempotency: handler panicked; giving up the key", req.scope,
+			"recovery_point", run.currentPoint())
+		h.abort(bg, lease, run.currentPoint())
 	}()
 	h.next.ServeHTTP(cw, r2)
 	normal = true
 	hb.stop()
-	h.finish(bg, w, r, req, lease, rec.RecoveryPoint, unit, cw)
+	return h.finish(bg, w, r, req, run, cw)
 }
 
 // stores reports whether a response with this status is stored.
@@ -370,15 +386,24 @@ func (h *handler) stores(status int) bool {
 }
 
 func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Request, req request,
-	lease Lease, recoveryPoint string, unit Unit, cw *capture) {
+	run *Run, cw *capture) outcome {
+	lease := run.Lease
+	unit, unitErr := run.close()
+	if unitErr != nil {
+		// The handler asked for its unit and the store could not begin it:
+		// whatever the handler answered, nothing of its unit committed.
+		return h.unavailable(bg, w, r, req, run, unitErr)
+	}
 	status := cw.statusCode()
 	if !h.stores(status) {
 		if unit != nil {
 			_ = unit.Rollback()
 		}
-		h.abort(bg, lease, recoveryPoint)
 		cw.release()
-		return
+		if h.abort(bg, lease, run.currentPoint()) {
+			return outcomeKept
+		}
+		return outcomeReleased
 	}
 	resp := Response{Status: status, Header: make(http.Header)}
 	for k, v := range cw.header {
@@ -396,6 +421,14 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 
 	ctx, cancel := context.WithTimeout(bg, storeTimeout)
 	defer cancel()
+	if unit == nil && h.tx != nil {
+		// The handler never asked for its unit: complete in one now.
+		u, _, err := h.tx.Begin(bg, lease)
+		if err != nil {
+			return h.unavailable(bg, w, r, req, run, err)
+		}
+		unit = u
+	}
 	now := h.cfg.now()
 	var err error
 	if unit != nil {
@@ -412,18 +445,28 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 	switch {
 	case err == nil:
 		cw.release()
+		return outcomeCompleted
 	case errors.Is(err, ErrLeaseLost):
 		h.log(bg, slog.LevelWarn, "idempotency: lease lost before completion; the response is discarded", req.scope,
 			"generation", lease.Generation)
 		h.answerLost(ctx, w, req)
+		return outcomeLost
 	case unit != nil:
-		// Nothing of the handler's work committed.
-		h.abort(bg, lease, recoveryPoint)
-		h.storeUnavailable(w, r, req.scope, err)
+		// Nothing of the handler's unit committed.
+		return h.unavailable(bg, w, r, req, run, err)
 	default:
 		h.log(bg, slog.LevelError, "idempotency: storing the response failed; sending it unstored", req.scope, "err", err)
 		cw.release()
+		return outcomeFailed
 	}
+}
+
+// unavailable answers 503 after the store failed to begin or commit the
+// request's unit, and gives the key up (or keeps it for a resume).
+func (h *handler) unavailable(bg context.Context, w http.ResponseWriter, r *http.Request, req request, run *Run, err error) outcome {
+	h.abort(bg, run.Lease, run.currentPoint())
+	h.storeUnavailable(w, r, req.scope, err)
+	return outcomeFailed
 }
 
 // answerLost answers the client of an execution that lost its lease: the
@@ -440,7 +483,9 @@ func (h *handler) answerLost(ctx context.Context, w http.ResponseWriter, req req
 // abort gives the key up after an unstored outcome: Release, unless the
 // record holds a recovery point, in which case the lease is ended at once
 // so that a retry takes the record over and resumes.
-func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) {
+//
+// It reports whether the record was kept.
+func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) bool {
 	ctx, cancel := context.WithTimeout(bg, storeTimeout)
 	defer cancel()
 	keep := recoveryPoint != ""
@@ -448,11 +493,11 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) {
 		rec, err := h.store.Get(ctx, lease.Scope)
 		switch {
 		case errors.Is(err, ErrNotFound):
-			return
+			return false
 		case err != nil:
 			keep = true // cannot tell: ending the lease is safe either way
 		case rec.State != InProgress || rec.Owner != lease.Owner || rec.Generation != lease.Generation:
-			return // no longer ours
+			return false // no longer ours
 		default:
 			keep = rec.RecoveryPoint != ""
 		}
@@ -467,6 +512,7 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) {
 		h.log(bg, slog.LevelError, "idempotency: giving up the key failed; it stays claimed until its lease expires",
 			lease.Scope, "err", err, "release", !keep)
 	}
+	return keep
 }
 
 type heartbeat struct {
@@ -485,7 +531,8 @@ func (hb *heartbeat) stop() {
 
 // heartbeat extends the lease every lease/3 until stopped; a lost lease
 // cancels the handler's context with cause ErrLeaseLost.
-func (h *handler) heartbeat(bg context.Context, lease Lease, cancel context.CancelCauseFunc) *heartbeat {
+func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
+	lease := run.Lease
 	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{})}
 	interval := h.cfg.lease / 3
 	go func() {
@@ -499,8 +546,12 @@ func (h *handler) heartbeat(bg context.Context, lease Lease, cancel context.Canc
 			case <-t.C:
 			}
 			ctx, c := context.WithTimeout(bg, interval)
-			err := h.store.Heartbeat(ctx, lease, h.cfg.now().Add(h.cfg.lease))
+			until := h.cfg.now().Add(h.cfg.lease)
+			err := h.store.Heartbeat(ctx, lease, until)
 			c()
+			if err == nil {
+				run.extend(until)
+			}
 			if errors.Is(err, ErrLeaseLost) {
 				h.log(bg, slog.LevelWarn, "idempotency: lease lost while the handler ran; canceling it", lease.Scope,
 					"generation", lease.Generation)

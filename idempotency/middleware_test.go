@@ -379,7 +379,6 @@ func TestFailureAfterRecoveryPointResumes(t *testing.T) {
 func TestFailingStore(t *testing.T) {
 	for name, store := range map[string]idempotency.Store{
 		"claim fails": failingStore{},
-		"begin fails": failingBegin{idempotency.NewMemoryStore()},
 		"nil store":   nil,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -387,8 +386,43 @@ func TestFailingStore(t *testing.T) {
 			srv := serve(t, store, h)
 			requireProblem(t, post(t, srv, "k", `{}`), http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
 			require.Zero(t, h.n.Load(), "the handler ran unprotected")
-			if fb, ok := store.(failingBegin); ok {
-				require.Equal(t, 0, fb.Len(), "the claim was not released")
+		})
+	}
+}
+
+// The request's unit is begun lazily: a store whose Begin fails lets the
+// handler run under its claim, but the answer is 503 and the key is
+// released, whether the handler asked for its unit (and got the error) or
+// the completion began it; nothing of the handler's response is sent.
+func TestBeginFailure(t *testing.T) {
+	for _, asks := range []bool{false, true} {
+		t.Run(fmt.Sprintf("handler asks=%v", asks), func(t *testing.T) {
+			store := failingBegin{idempotency.NewMemoryStore()}
+			var unitErr, phaseErr atomic.Value
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				run, _ := idempotency.FromContext(r.Context())
+				if asks {
+					_, err := run.Phase(r.Context(), "order", func(context.Context) ([]byte, error) { return nil, nil })
+					phaseErr.Store(err)
+					_, _, err = run.Unit(r.Context())
+					unitErr.Store(err)
+					_, _, err = run.Unit(r.Context()) // the error is kept
+					require.ErrorIs(t, err, errStore)
+				}
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, "secret result")
+			})
+			srv := serve(t, store, h)
+			a := post(t, srv, "k", `{}`)
+			requireProblem(t, a, http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
+			require.NotContains(t, a.Body, "secret result")
+			require.Equal(t, 0, store.Len(), "the claim was not released")
+			if asks {
+				require.ErrorIs(t, unitErr.Load().(error), errStore)
+				var pe *idempotency.PhaseError
+				require.ErrorAs(t, phaseErr.Load().(error), &pe)
+				require.Equal(t, "begin", pe.Op)
+				require.ErrorIs(t, pe, errStore)
 			}
 		})
 	}
@@ -524,9 +558,14 @@ func TestPlainStore(t *testing.T) {
 
 // Handlers see their Run, and with a Transactor store the Unit.
 func TestFromContext(t *testing.T) {
-	var run *idempotency.Run
+	var (
+		run     *idempotency.Run
+		unit    idempotency.Unit
+		unitErr error
+	)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run, _ = idempotency.FromContext(r.Context())
+		unit, _, unitErr = run.Unit(r.Context())
 	})
 	store := idempotency.NewMemoryStore()
 	srv := serve(t, store, h)
@@ -535,14 +574,18 @@ func TestFromContext(t *testing.T) {
 	require.NoError(t, err)
 	sr, err := idempotency.DecodeRequest(rec.Request)
 	require.NoError(t, err)
-	require.Equal(t, idempotency.StoredRequest{Method: "POST", URL: "/payments", Host: strings.TrimPrefix(srv.URL, "http://"),
+	require.Regexp(t, `^[0-9a-f]{16}$`, sr.ID, "a random request ID for downstream keys")
+	require.Equal(t, idempotency.StoredRequest{ID: sr.ID, Method: "POST", URL: "/payments", Host: strings.TrimPrefix(srv.URL, "http://"),
 		ContentType: "application/json", Body: []byte(`{"a":1}`)}, sr)
+	require.NoError(t, unitErr)
+	require.NotNil(t, unit, "a Transactor store gives the handler its unit")
+	_, _, err = run.Unit(t.Context())
+	require.ErrorIs(t, err, idempotency.ErrRunDone, "the run ends with its handler")
 	require.NotContains(t, string(rec.Request), "secret", "credentials must not reach the store")
 	require.NotNil(t, run)
 	require.Equal(t, idempotency.Scope{Principal: run.Scope.Principal, Method: "POST", Route: "POST /payments", Key: "k"}, run.Scope)
 	require.EqualValues(t, 1, run.Lease.Generation)
 	require.NotEmpty(t, run.Lease.Owner)
-	require.NotNil(t, run.Unit)
 	require.True(t, strings.HasPrefix(run.Scope.Principal, "authz:"))
 	_, ok := idempotency.FromContext(t.Context())
 	require.False(t, ok)

@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 )
@@ -10,6 +12,10 @@ import (
 // execution without the client. It holds no headers except the content type:
 // credentials never reach the store.
 type StoredRequest struct {
+	// ID identifies the logical request: random, minted by the middleware
+	// at the claim, kept by every takeover of the record, new when the key
+	// is reused after the replay window. Run.DownstreamKey derives from it.
+	ID          string `json:"id,omitempty"`
 	Method      string `json:"method"`
 	URL         string `json:"url"` // the request URI: escaped path and query
 	Host        string `json:"host,omitempty"`
@@ -35,4 +41,11 @@ func DecodeRequest(b []byte) (StoredRequest, error) {
 		return StoredRequest{}, errors.Join(ErrBadRequestRecord, err)
 	}
 	return s, nil
+}
+
+// newExecID returns a StoredRequest.ID: 64 random bits in hex.
+func newExecID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics instead, on a broken system)
+	return hex.EncodeToString(b[:])
 }

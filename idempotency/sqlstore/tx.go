@@ -11,18 +11,38 @@ import (
 
 type txKey struct{}
 
-// Tx returns the transaction of the unit of work that the middleware started
-// for the current request (see Store.Begin), and whether there is one. A
-// handler that writes its business rows through this *sql.Tx commits them
-// together with the stored response: both land, or neither does. The handler
-// must not call Commit or Rollback on it; the middleware does. On SQLite,
-// write only through this transaction while it is open, never through the
-// *sql.DB: the unit holds the database's write lock, so a write on another
-// connection waits for the busy timeout and then fails. Tx is safe for
-// concurrent use (it only reads ctx), but the *sql.Tx itself belongs to the
-// request's goroutine.
+// Tx returns the transaction in which the handler's writes at ctx belong,
+// and whether there is one:
+//
+//   - inside an atomic phase (idempotency.Run.Phase), the phase's
+//     transaction, which commits with the phase's recovery point;
+//   - elsewhere in a guarded handler, the request's transaction, which
+//     commits together with the stored response: both land, or neither does.
+//     The middleware begins it on the first call (Run.Unit), not before the
+//     handler runs, so that a handler holds no transaction (on SQLite, no
+//     write lock) until it writes; call Tx after the handler's last phase.
+//
+// It returns false outside a guarded handler, with a store other than this
+// package's, or when the transaction could not be begun (the request then
+// answers 503 CodeStoreUnavailable whatever the handler writes). The handler
+// must not call Commit or Rollback on it. On SQLite, write only through this
+// transaction while it is open, never through the *sql.DB: the unit holds
+// the database's write lock, so a write on another connection waits for the
+// busy timeout and then fails. Tx is safe for concurrent use, but the
+// *sql.Tx itself belongs to the request's goroutine.
 func Tx(ctx context.Context) (*sql.Tx, bool) {
-	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
+	if tx, ok := ctx.Value(txKey{}).(*sql.Tx); ok {
+		return tx, tx != nil
+	}
+	run, ok := idempotency.FromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	_, uctx, err := run.Unit(ctx)
+	if err != nil {
+		return nil, false
+	}
+	tx, ok := uctx.Value(txKey{}).(*sql.Tx)
 	return tx, ok && tx != nil
 }
 
