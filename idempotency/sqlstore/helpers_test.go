@@ -49,9 +49,14 @@ func openSQLite(t testing.TB) *sql.DB {
 	return db
 }
 
+// pgDSN returns SAFERETRY_PG_DSN or skips the test; with
+// SAFERETRY_REQUIRE_PG set (CI), a missing DSN fails the test instead.
 func pgDSN(t testing.TB) string {
 	dsn := os.Getenv("SAFERETRY_PG_DSN")
 	if dsn == "" {
+		if os.Getenv("SAFERETRY_REQUIRE_PG") != "" {
+			t.Fatal("SAFERETRY_PG_DSN not set but SAFERETRY_REQUIRE_PG is")
+		}
 		t.Skip(pgSkip)
 	}
 	return dsn
