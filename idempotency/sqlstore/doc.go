@@ -77,8 +77,10 @@
 //
 // Open SQLite with SQLiteDSN (WAL, a busy timeout, BEGIN IMMEDIATE
 // transactions, foreign keys on) and keep more than one open connection. One
-// writer at a time holds SQLite's lock, and a request inside a unit of work
-// holds it from Begin until it commits: meanwhile other requests' claims and
+// writer at a time holds SQLite's lock, and a request's unit of work holds it
+// from the handler's first write in it (the middleware begins the unit when
+// the handler first asks for Tx) until it commits: meanwhile other requests'
+// claims and
 // heartbeats wait for it (up to the busy timeout, SQLiteBusyTimeoutMillis),
 // so a duplicate that arrives while the first request runs usually gets the
 // replay rather than the in-progress conflict, and a handler that runs longer
