@@ -77,18 +77,17 @@
 //
 // Open SQLite with SQLiteDSN (WAL, a busy timeout, BEGIN IMMEDIATE
 // transactions, foreign keys on) and keep more than one open connection. One
-// writer at a time holds SQLite's lock, and a request's unit of work holds it
-// from the handler's first write in it (the middleware begins the unit when
-// the handler first asks for Tx) until it commits: meanwhile other requests'
-// claims and
-// heartbeats wait for it (up to the busy timeout, SQLiteBusyTimeoutMillis),
-// so a duplicate that arrives while the first request runs usually gets the
-// replay rather than the in-progress conflict, and a handler that runs longer
-// than the busy timeout makes the waiting requests fail with 503. Keep
-// guarded handlers short on SQLite, or use PostgreSQL, which locks only the
-// record's row and only from the completion to the commit. Several processes
-// may share the file on one host; use PostgreSQL for servers on several
-// hosts.
+// writer at a time holds SQLite's lock. A request's unit of work takes it when
+// it begins (the middleware begins the unit when the handler first asks for
+// Tx) and keeps it until it commits; meanwhile other requests' claims and
+// heartbeats wait for it (up to the busy timeout, SQLiteBusyTimeoutMillis).
+// So a duplicate that arrives while the first request runs usually gets the
+// replay rather than the in-progress conflict, and a handler that holds its
+// transaction longer than the busy timeout makes the waiting requests fail
+// with 503. Keep transactional handlers short on SQLite, or use PostgreSQL,
+// which locks only the record's row and only from the completion to the
+// commit. Several processes may share the file on one host; use PostgreSQL
+// for servers on several hosts.
 //
 // # Cleanup
 //
