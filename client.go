@@ -138,6 +138,15 @@ type call struct {
 	overall    time.Time
 	bud        budget.Budget
 
+	// The current attempt's timer and context cancellation, and the body of
+	// the response delivered to the caller (call implements io.ReadCloser
+	// to wrap it).
+	timer    *time.Timer
+	cancel   context.CancelCauseFunc
+	respBody io.ReadCloser
+	hdrKey   [1]string // backing for the key header value
+	hdrVal   [1]string // backing for the deadline header value
+
 	body        io.ReadCloser // the caller's body, for attempt 1 (nil once used)
 	getBody     func() (io.ReadCloser, error)
 	notRetrying string // why retries are off for the body, "" if they are not
@@ -205,12 +214,12 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	}
 
 	if t.cfg.deadlineHeader || addKey {
-		c.header = req.Header.Clone()
-		if c.header == nil {
-			c.header = make(http.Header, 2)
-		}
+		// Our own map for the headers we add; the caller's value slices are
+		// shared, never modified.
+		c.header = shallowCopy(req.Header, 2)
 		if addKey {
-			c.header.Set(name, keygen.FormatHeader(c.key))
+			c.hdrKey[0] = keygen.FormatHeader(c.key)
+			c.header[http.CanonicalHeaderKey(name)] = c.hdrKey[:]
 		}
 	} else {
 		c.header = req.Header
@@ -288,9 +297,12 @@ func (c *call) run() (*http.Response, error) {
 			c.body.Close()
 		}
 	}()
+	attemptStart := c.start
 	for n := 1; ; n++ {
-		attemptStart := t.now()
-		resp, err, stopTimer := c.attempt(ctx, n, attemptStart)
+		if n > 1 {
+			attemptStart = t.now()
+		}
+		resp, err := c.attempt(ctx, n, attemptStart)
 		now := t.now()
 		timedOut := errors.Is(err, ErrAttemptTimeout)
 		in := retry.Input{
@@ -318,7 +330,7 @@ func (c *call) run() (*http.Response, error) {
 					rec.level = slog.LevelInfo
 				}
 				c.log(ctx, rec, "final")
-				return c.deliver(resp, stopTimer), nil
+				return c.deliver(resp), nil
 			}
 			reason := retry.ReasonNotRetryable
 			switch d.Class {
@@ -373,7 +385,7 @@ func (c *call) run() (*http.Response, error) {
 			rec.level = slog.LevelWarn
 			c.log(ctx, rec, stop)
 			if resp != nil {
-				return c.deliver(resp, stopTimer), nil
+				return c.deliver(resp), nil
 			}
 			return nil, &retry.ExhaustedError{Attempts: n, Reason: stop, Err: err}
 		}
@@ -384,7 +396,7 @@ func (c *call) run() (*http.Response, error) {
 		if resp != nil {
 			discard(resp)
 		}
-		stopTimer(true)
+		c.endAttempt()
 		prevWait = wait
 		if err := t.sleep(ctx, wait); err != nil {
 			cause := err
@@ -396,46 +408,39 @@ func (c *call) run() (*http.Response, error) {
 	}
 }
 
-// attempt runs attempt n. It returns the outcome and a function that ends
-// the attempt's own timer and context: stopTimer(true) also cancels the
-// attempt context (the response is discarded); stopTimer(false) keeps it alive
-// for the caller to read the body, and deliver arranges its release.
-func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Response, error, func(cancel bool)) {
+// attempt runs attempt n. The attempt's own timer and context live on c
+// until endAttempt (the response is discarded or an error returned) or until
+// deliver hands the response to the caller.
+func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Response, error) {
 	t := c.t
 	actx := ctx
-	stop := func(bool) {}
 	// The attempt is bounded by the per-attempt timeout and by the overall
 	// deadline, whichever is first, unless the caller's own context already
 	// ends first.
 	limit := deadline.AttemptTimeout(now, c.overall, t.cfg.attemptTimeout)
 	if ctxDeadline, ok := ctx.Deadline(); !ok || now.Add(limit).Before(ctxDeadline) {
-		var cancel context.CancelCauseFunc
-		actx, cancel = context.WithCancelCause(ctx)
-		timer := time.AfterFunc(limit, func() { cancel(ErrAttemptTimeout) })
-		stop = func(cancelCtx bool) {
-			timer.Stop()
-			if cancelCtx {
-				cancel(context.Canceled)
-			}
-		}
+		actx, c.cancel = context.WithCancelCause(ctx)
+		c.timer = time.AfterFunc(limit, c.expire)
 	}
 	r := c.req.WithContext(actx)
 	if c.header != nil {
 		h := c.header
-		if t.cfg.deadlineHeader {
+		if t.cfg.deadlineHeader && !c.overall.IsZero() {
 			if n > 1 {
 				// An earlier attempt's request may still be referenced by
 				// the base transport: give this one its own map.
-				h = h.Clone()
+				h = shallowCopy(h, 0)
+				c.hdrVal = [1]string{}
 			}
-			deadline.Propagate(h, now, c.overall)
+			c.hdrVal[0] = deadline.Format(deadline.Remaining(now, c.overall))
+			h[deadline.Header] = c.hdrVal[:]
 		}
 		r.Header = h
 	}
 	body, err := c.attemptBody(n)
 	if err != nil {
-		stop(true)
-		return nil, fmt.Errorf("saferetry: rewinding request body: %w", err), stop
+		c.endAttempt()
+		return nil, fmt.Errorf("saferetry: rewinding request body: %w", err)
 	}
 	r.Body = body
 	if body == nil && c.req.Body != nil && c.req.Body != http.NoBody {
@@ -446,41 +451,74 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close()
 		}
-		if cause := context.Cause(r.Context()); errors.Is(cause, ErrAttemptTimeout) && ctx.Err() == nil {
+		if cause := context.Cause(actx); errors.Is(cause, ErrAttemptTimeout) && ctx.Err() == nil {
 			err = fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, err)
 		}
-		stop(true)
-		return nil, err, stop
+		c.endAttempt()
+		return nil, err
 	}
 	if resp == nil {
-		stop(true)
-		return nil, errors.New("saferetry: base RoundTripper returned neither a response nor an error"), stop
+		c.endAttempt()
+		return nil, errors.New("saferetry: base RoundTripper returned neither a response nor an error")
 	}
-	return resp, nil, stop
+	return resp, nil
 }
 
-// deliver hands resp to the caller: the attempt's timer stops so that it
-// cannot cut the body read, and the attempt context is released when the
-// caller closes the body.
-func (c *call) deliver(resp *http.Response, stopTimer func(bool)) *http.Response {
-	stopTimer(false)
-	if resp.Body == nil {
-		stopTimer(true)
+// expire fires when the attempt's time is up.
+func (c *call) expire() { c.cancel(ErrAttemptTimeout) }
+
+// endAttempt stops the attempt's timer and cancels its context.
+func (c *call) endAttempt() {
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if c.cancel != nil {
+		c.cancel(context.Canceled)
+		c.cancel = nil
+	}
+}
+
+// deliver hands resp to the caller. The attempt's timer stops so that it
+// cannot cut the body read; the attempt context is released when the caller
+// closes the body, which c wraps (c is the body: no extra allocation).
+func (c *call) deliver(resp *http.Response) *http.Response {
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if c.cancel == nil {
 		return resp
 	}
-	resp.Body = &releaseOnClose{ReadCloser: resp.Body, release: stopTimer}
+	if resp.Body == nil {
+		c.endAttempt()
+		return resp
+	}
+	c.respBody = resp.Body
+	resp.Body = c
 	return resp
 }
 
-type releaseOnClose struct {
-	io.ReadCloser
-	release func(bool)
+// Read reads the delivered response body.
+func (c *call) Read(p []byte) (int, error) { return c.respBody.Read(p) }
+
+// Close closes the delivered response body and releases the attempt context.
+func (c *call) Close() error {
+	err := c.respBody.Close()
+	if c.cancel != nil {
+		c.cancel(context.Canceled)
+	}
+	return err
 }
 
-func (b *releaseOnClose) Close() error {
-	err := b.ReadCloser.Close()
-	b.release(true)
-	return err
+// shallowCopy copies h's map, sharing its value slices (never appended to),
+// with room for extra more keys.
+func shallowCopy(h http.Header, extra int) http.Header {
+	c := make(http.Header, len(h)+extra)
+	for k, v := range h {
+		c[k] = v
+	}
+	return c
 }
 
 // discard drains a bounded amount of a response that will not be returned,
