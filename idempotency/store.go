@@ -121,7 +121,9 @@ type Store interface {
 	// record over with a conditional update that sets Owner, bumps Generation
 	// and keeps RecoveryPoint/RecoveryData, and returns acquired = true.
 	// Otherwise it returns the existing record unchanged with acquired =
-	// false. Never select-then-insert: one atomic step.
+	// false. A ReplayWindow of 0 or less never expires a completed record
+	// (the Completer claims that way, to take over and never restart).
+	// Never select-then-insert: one atomic step.
 	Claim(ctx context.Context, c Claim) (rec Record, acquired bool, err error)
 
 	// Get returns the record for the scope, or ErrNotFound.
