@@ -50,6 +50,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"Abandoned", testAbandoned},
 		{"DeleteBefore", testDeleteBefore},
 		{"RequestBytes", testRequestBytes},
+		{"CompleterClaim", testCompleterClaim},
 		{"UnitCommitVisibility", testUnitCommit},
 		{"UnitRollback", testUnitRollback},
 		{"UnitLeaseLostAtCommit", testUnitLeaseLost},
@@ -538,6 +539,32 @@ func testRequestBytes(t *testing.T, s idempotency.Store) {
 	if rec := mustClaim(t, s, c2, true); len(rec.Request) != 0 {
 		t.Fatalf("nil Request stored as %q", rec.Request)
 	}
+}
+
+// testCompleterClaim checks the claim the Completer makes: ReplayWindow 0
+// and no Request. It never restarts a completed record, however old, and a
+// takeover keeps the stored request and recovery point.
+func testCompleterClaim(t *testing.T, s idempotency.Store) {
+	done := mustClaim(t, s, claimOf(scope("completer-done"), "a", "fp", at(0)), true)
+	noErr(t, "Complete", s.Complete(ctx(t), done.Lease(), response("old"), at(1)))
+	c := claimOf(done.Scope, "completer", "fp", at(1).Add(100*window))
+	c.ReplayWindow, c.Request = 0, nil
+	if got := mustClaim(t, s, c, false); got.State != idempotency.Completed || got.Owner != "a" {
+		t.Fatalf("a claim with ReplayWindow 0 changed a completed record: state %v owner %q", got.State, got.Owner)
+	}
+
+	orig := claimOf(scope("completer-takeover"), "a", "fp", at(0))
+	rec := mustClaim(t, s, orig, true)
+	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), rec.Lease(), "order", []byte("data"), at(1)))
+	c = claimOf(orig.Scope, "completer", "fp", at(11))
+	c.ReplayWindow, c.Request = 0, nil
+	got := mustClaim(t, s, c, true)
+	if got.Generation != rec.Generation+1 || got.RecoveryPoint != "order" || !bytes.Equal(got.RecoveryData, []byte("data")) ||
+		!bytes.Equal(got.Request, orig.Request) {
+		t.Fatalf("completer takeover: gen %d point %q data %q request %q; want %d order data %q",
+			got.Generation, got.RecoveryPoint, got.RecoveryData, got.Request, rec.Generation+1, orig.Request)
+	}
+	wantTime(t, "CreatedAt after takeover", got.CreatedAt, at(0))
 }
 
 func begin(t *testing.T, s idempotency.Store, l idempotency.Lease) (idempotency.Unit, error) {
