@@ -74,14 +74,18 @@ const storeTimeout = 10 * time.Second
 // discarded and its client gets the successor's stored response or 409
 // CodeInProgress.
 //
-// With a store that implements Transactor, a Unit is begun before the
-// handler runs (Run.Unit, and the store's transaction on the request
-// context), and the stored response commits in it: the handler's writes and
-// the record commit or fail together. A failed commit answers 503 and sends
-// nothing of the handler's response. With a store that is not a Transactor,
-// a completion that fails for another reason than a lost lease is logged and
-// the handler's response is still sent (the work was done); the record then
-// stays in progress until its lease expires.
+// With a store that implements Transactor, the stored response commits in
+// a Unit: the request's unit, begun when the handler first asks for it
+// (Run.Unit, or sqlstore.Tx for the SQL store), so that the handler's
+// writes made through it and the record commit or fail together; or one
+// begun at completion when the handler never asked. The unit is not begun
+// before the handler runs: a handler holds no transaction (on SQLite, no
+// write lock) while it works, runs atomic phases (Run.Phase, Run.External)
+// or calls other services. A failed Begin or commit answers 503 and sends
+// nothing of the handler's response. With a store that is not a
+// Transactor, a completion that fails for another reason than a lost lease
+// is logged and the handler's response is still sent (the work was done);
+// the record then stays in progress until its lease expires.
 //
 // The handler's context keeps the request's values and deadline and is
 // canceled when the client goes away, but the store calls after the handler

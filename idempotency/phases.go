@@ -9,43 +9,6 @@ import (
 	"github.com/saferetry/saferetry/keygen"
 )
 
-// A multi-step handler (create an order, charge a card, write a receipt)
-// splits its work into named atomic phases, so that a crash between two
-// steps neither repeats the first nor loses it:
-//
-//	func pay(w http.ResponseWriter, r *http.Request) {
-//		ctx := r.Context()
-//		run, _ := idempotency.FromContext(ctx)
-//		order, err := run.Phase(ctx, "order", func(ctx context.Context) ([]byte, error) {
-//			tx, _ := sqlstore.Tx(ctx) // the phase's own transaction
-//			id := newOrderID()
-//			_, err := tx.ExecContext(ctx, `INSERT INTO orders (id, amount) VALUES ($1, $2)`, id, 4200)
-//			return []byte(id), err // commits with the recovery point "order"
-//		})
-//		if err != nil { ... 500 ... }
-//		charge, err := run.External(ctx, "charge",
-//			func(ctx context.Context, key string) ([]byte, error) {
-//				return cards.Charge(ctx, key, order, 4200) // Idempotency-Key: key
-//			},
-//			func(ctx context.Context, key string) ([]byte, bool, error) {
-//				return cards.Find(ctx, key) // the outcome of an earlier call, if any
-//			})
-//		if err != nil { ... 502 ... }
-//		tx, _ := sqlstore.Tx(ctx) // the request's transaction: commits with the response
-//		_, err = tx.ExecContext(ctx, `INSERT INTO receipts (order_id, charge) VALUES ($1, $2)`, order, charge)
-//		...
-//		w.WriteHeader(http.StatusCreated)
-//	}
-//
-// A crash after "order" committed: the next execution (a client retry after
-// the lease expired, or the Completer) skips "order" (Phase returns the
-// saved id) and goes on with the charge. A crash after the card processor
-// answered but before "charge" committed: the next execution finds the
-// recorded intent, asks the processor for the outcome under the same
-// downstream key (lookup) and calls again only if there is none, still
-// under the same key, so that the processor de-duplicates too. The receipt
-// and the stored response commit together.
-
 // RecoveryVersion is the version of the RecoveryData format that Phase and
 // External write (Recovery.Encode).
 const RecoveryVersion = 1

@@ -47,7 +47,9 @@ type Report struct {
 	// horizon, seen before deleting (at most MaxUnfinished, the
 	// longest-abandoned first). The requests they stand for started and never
 	// completed, and no completer finished them: their side effects may be
-	// half done. Each is logged at Warn for a person to act on.
+	// half done. Each is logged at Warn for a person to act on, with the
+	// phase and downstream key of an external call whose outcome is unknown
+	// (Run.External) when there is one.
 	Unfinished []Record
 	// Skipped counts the Unfinished records still present after the run:
 	// a new owner took them over in between, or the run stopped at
@@ -122,8 +124,7 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (Report, error) {
 	}
 	rep.Unfinished = unfinished
 	for _, rec := range unfinished {
-		log.LogAttrs(ctx, slog.LevelWarn,
-			"idempotency reaper: unfinished request past the cleanup horizon is being deleted; check its side effects",
+		attrs := []slog.Attr{
 			slog.String("principal", rec.Scope.Principal),
 			slog.String("method", rec.Scope.Method),
 			slog.String("route", rec.Scope.Route),
@@ -134,7 +135,16 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (Report, error) {
 			slog.Int("recovery_data_bytes", len(rec.RecoveryData)),
 			slog.Time("created_at", rec.CreatedAt),
 			slog.Time("lease_until", rec.LeaseUntil),
-		)
+		}
+		// An External phase whose outcome was never recorded is the side
+		// effect to check first: name its downstream key.
+		if data, err := DecodeRecovery(rec.RecoveryData); err == nil && data.Pending != nil {
+			attrs = append(attrs, slog.String("pending_phase", data.Pending.Phase),
+				slog.String("downstream_key", data.Pending.DownstreamKey))
+		}
+		log.LogAttrs(ctx, slog.LevelWarn,
+			"idempotency reaper: unfinished request past the cleanup horizon is being deleted; check its side effects",
+			attrs...)
 	}
 
 	for rep.Batches < r.cfg.MaxBatches {

@@ -129,7 +129,9 @@ func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
 	s := NewMemoryStore()
 	stuck := seed(t, s, "stuck", reapT0, false) // lease ended at t0+10s
 	require.NoError(t, s.SetRecoveryPoint(t.Context(), stuck.Lease(), "charged", []byte("ch_1"), reapT0.Add(time.Second)))
-	seed(t, s, "stuck-2", reapT0.Add(time.Minute), false)
+	stuck2 := seed(t, s, "stuck-2", reapT0.Add(time.Minute), false)
+	pending := Recovery{Phases: []CommittedPhase{{Name: "order"}}, Pending: &PendingCall{Phase: "charge", DownstreamKey: "stuck-2-charge-0a1b"}}
+	require.NoError(t, s.SetRecoveryPoint(t.Context(), stuck2.Lease(), "intent:charge", pending.Encode(), reapT0.Add(time.Minute)))
 	seed(t, s, "done", reapT0, true)
 
 	log, buf := bufLogger()
@@ -155,6 +157,9 @@ func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
 	require.Contains(t, out, "key=stuck ")
 	require.Contains(t, out, "recovery_point=charged")
 	require.Contains(t, out, "unfinished=2")
+	require.Contains(t, out, "key=stuck-2 ")
+	require.Contains(t, out, "recovery_point=intent:charge")
+	require.Contains(t, out, "pending_phase=charge downstream_key=stuck-2-charge-0a1b")
 }
 
 func TestReapOnceCountsUnfinishedItLeftAsSkipped(t *testing.T) {
