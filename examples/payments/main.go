@@ -1,0 +1,398 @@
+// Command payments shows both halves of saferetry on a multi-step write: a
+// payments API that creates an order, charges a card at an external
+// processor and writes a receipt, as atomic phases behind the idempotency
+// middleware on embedded SQLite, and a saferetry client that pays an order
+// with an event-derived key. Everything runs on loopback in one process and
+// a temporary directory:
+//
+//	go run ./examples/payments
+//
+// Two faults hit the one logical request: the card processor is down for the
+// first charge (the server answers 503 after the order committed), and the
+// answer to the second attempt is lost on the way back after the server
+// committed. The client retries with the same key; the second attempt
+// resumes after the committed order, finds no charge under the downstream
+// key and charges once; the third gets the stored response replayed. The
+// program prints what happened and checks the database: one order, one
+// charge, one receipt.
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/saferetry/saferetry"
+	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/sqlstore"
+	"github.com/saferetry/saferetry/jitter"
+	"github.com/saferetry/saferetry/keygen"
+)
+
+func main() {
+	res, err := run(context.Background(), os.Stdout)
+	if err == nil && !res.ok() {
+		err = fmt.Errorf("unexpected result: %+v", res)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "payments:", err)
+		os.Exit(1)
+	}
+}
+
+// result is what happened, for the test and the final check.
+type result struct {
+	status           int
+	replayed         bool
+	body             string
+	serverRequests   int // requests that reached the payments API
+	orders, receipts int // rows in the business tables
+	charges          int // distinct charges at the processor
+	chargeCalls      int // charge calls the processor received (one failed)
+	lookups          int
+	keys             []string // downstream keys the processor saw
+}
+
+func (r result) ok() bool {
+	return r.status == http.StatusCreated && r.replayed && r.serverRequests == 3 &&
+		r.orders == 1 && r.receipts == 1 && r.charges == 1 && r.chargeCalls == 2 && r.lookups == 1 && len(r.keys) == 1
+}
+
+// printer serialises the narrative of the server, processor and client.
+type printer struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (p *printer) say(format string, a ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, format+"\n", a...)
+}
+
+// processor is the fake card processor: it de-duplicates charges by
+// Idempotency-Key, answers lookups by key, and is down for its first call.
+type processor struct {
+	out     *printer
+	mu      sync.Mutex
+	charges map[string]string
+	calls   int
+	lookups int
+}
+
+func (p *processor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/charges":
+		key := r.Header.Get("Idempotency-Key")
+		p.calls++
+		if p.calls == 1 {
+			p.out.say("  processor: down (503), nothing charged")
+			http.Error(w, "maintenance", http.StatusServiceUnavailable)
+			return
+		}
+		c, ok := p.charges[key]
+		if !ok {
+			c = fmt.Sprintf("ch_%d", len(p.charges)+1)
+			p.charges[key] = c
+			p.out.say("  processor: charged 42.00 EUR as %s (key %s)", c, key)
+		} else {
+			p.out.say("  processor: duplicate of %s under key %s, not charged again", c, key)
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, c)
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/charges/"):
+		p.lookups++
+		key, _ := url.PathUnescape(strings.TrimPrefix(r.URL.Path, "/charges/"))
+		c, ok := p.charges[key]
+		if !ok {
+			p.out.say("  processor: lookup %s: no such charge", key)
+			http.NotFound(w, r)
+			return
+		}
+		p.out.say("  processor: lookup %s: %s", key, c)
+		io.WriteString(w, c)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// api is the payments API: POST /payments with {"order":"42","amount":4200}.
+type api struct {
+	db        *sql.DB
+	processor string
+	client    *http.Client
+	out       *printer
+}
+
+func (a *api) pay(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	run, _ := idempotency.FromContext(ctx)
+	var in struct {
+		Order  string `json:"order"`
+		Amount int64  `json:"amount"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Order == "" || in.Amount <= 0 {
+		http.Error(w, `body must be {"order":"...","amount":N}`, http.StatusBadRequest)
+		return
+	}
+	orderRef, amount := in.Order, in.Amount
+
+	// Phase 1: the order, in the phase's own transaction.
+	ran := false
+	order, err := run.Phase(ctx, "order", func(ctx context.Context) ([]byte, error) {
+		ran = true
+		tx, _ := sqlstore.Tx(ctx)
+		id := "ord_" + orderRef
+		_, err := tx.ExecContext(ctx, `INSERT INTO orders (id, amount) VALUES ($1, $2)`, id, amount)
+		a.out.say("  server: phase order: created %s (commits with recovery point \"order\")", id)
+		return []byte(id), err
+	})
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	if !ran {
+		a.out.say("  server: phase order: committed by an earlier attempt, skipped (%s)", order)
+	}
+
+	// Phase 2: the charge, an external call with a recorded intent.
+	charge, err := run.External(ctx, "charge",
+		func(ctx context.Context, key string) ([]byte, error) {
+			a.out.say("  server: phase charge: calling the processor with key %s (the intent is recorded)", key)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.processor+"/charges",
+				strings.NewReader(fmt.Sprintf(`{"order":%q,"amount":%d}`, string(order), amount)))
+			req.Header.Set("Idempotency-Key", key)
+			b, status, err := a.do(req)
+			if err == nil && status != http.StatusCreated {
+				err = fmt.Errorf("processor answered %d", status)
+			}
+			return b, err
+		},
+		func(ctx context.Context, key string) ([]byte, bool, error) {
+			a.out.say("  server: phase charge: an intent without an outcome; asking the processor first")
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.processor+"/charges/"+url.PathEscape(key), nil)
+			b, status, err := a.do(req)
+			switch {
+			case err != nil:
+				return nil, false, err
+			case status == http.StatusNotFound:
+				return nil, false, nil
+			case status != http.StatusOK:
+				return nil, false, fmt.Errorf("processor lookup answered %d", status)
+			}
+			return b, true, nil
+		})
+	if err != nil {
+		a.out.say("  server: phase charge failed (%v); answering 503, the order stays committed", errors.Unwrap(err))
+		http.Error(w, "card processor unavailable", http.StatusServiceUnavailable)
+		return
+	}
+
+	// The receipt, in the request's transaction: it commits with the stored
+	// response.
+	tx, ok := sqlstore.Tx(ctx)
+	if !ok {
+		http.Error(w, "no transaction", http.StatusServiceUnavailable)
+		return
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO receipts (order_id, charge) VALUES ($1, $2)`, string(order), string(charge)); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	a.out.say("  server: receipt for %s/%s written; it commits with the stored response", order, charge)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order":%q,"charge":%q,"status":"paid"}`, order, charge)
+}
+
+func (a *api) do(req *http.Request) ([]byte, int, error) {
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return b, resp.StatusCode, err
+}
+
+// faults sits in front of the API: it counts requests and loses the answer
+// to the second one after the server committed it (a proxy or the network
+// dropping the connection), by closing the connection without a response.
+type faults struct {
+	next http.Handler
+	out  *printer
+	n    atomic.Int64
+}
+
+func (f *faults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := f.n.Add(1)
+	f.out.say("server: request %d, Idempotency-Key %s", n, r.Header.Get("Idempotency-Key"))
+	if n != 2 {
+		rec := &recorder{header: http.Header{}}
+		f.next.ServeHTTP(rec, r)
+		if rec.header.Get(idempotency.ReplayedHeader) == "true" {
+			f.out.say("server: answered %d, a replay of the stored response", rec.status)
+		} else {
+			f.out.say("server: answered %d", rec.status)
+		}
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.status)
+		_, _ = w.Write(rec.body.Bytes())
+		return
+	}
+	rec := &recorder{header: http.Header{}}
+	f.next.ServeHTTP(rec, r)
+	f.out.say("server: answered %d, but the connection drops before the client reads it", rec.status)
+	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		_ = conn.Close()
+	}
+}
+
+// recorder buffers a response.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+}
+func (r *recorder) Write(p []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(p)
+}
+
+// run sets everything up, pays order 42 once through the retrying client,
+// prints what happened and returns it.
+func run(ctx context.Context, w io.Writer) (result, error) {
+	var res result
+	out := &printer{w: w}
+	dir, err := os.MkdirTemp("", "saferetry-payments")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+
+	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "payments.db")))
+	if err != nil {
+		return res, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(4)
+	store, err := sqlstore.Open(db, sqlstore.SQLite)
+	if err != nil {
+		return res, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return res, err
+	}
+	for _, ddl := range []string{
+		`CREATE TABLE orders (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)`,
+		`CREATE TABLE receipts (order_id TEXT PRIMARY KEY REFERENCES orders (id), charge TEXT NOT NULL)`,
+	} {
+		if _, err := db.ExecContext(ctx, ddl); err != nil {
+			return res, err
+		}
+	}
+
+	proc := &processor{out: out, charges: map[string]string{}}
+	procSrv := httptest.NewServer(proc)
+	defer procSrv.Close()
+
+	transport := &http.Transport{}
+	defer transport.CloseIdleConnections()
+	a := &api{db: db, processor: procSrv.URL, client: &http.Client{Transport: transport, Timeout: 5 * time.Second}, out: out}
+	mw := idempotency.New(store,
+		idempotency.WithPrincipal(func(r *http.Request) (string, error) {
+			return r.Header.Get("X-Account"), nil // the authenticated account, in a real server
+		}),
+		idempotency.WithKeyRequired(true),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", mw(http.HandlerFunc(a.pay)))
+	flt := &faults{next: mux, out: out}
+	apiSrv := httptest.NewServer(flt)
+	defer apiSrv.Close()
+
+	// The client: a saferetry Transport with an event-derived key, so that
+	// even a client that crashed and restarted would send the same key for
+	// paying order 42.
+	// One connection per attempt: on a reused keep-alive connection,
+	// net/http itself silently re-sends a request that carries an
+	// Idempotency-Key when the connection breaks; the key makes that safe
+	// too, but here every retry is the Transport's, and shown.
+	clientTransport := &http.Transport{DisableKeepAlives: true}
+	defer clientTransport.CloseIdleConnections()
+	client := &http.Client{Transport: saferetry.NewTransport(clientTransport,
+		saferetry.WithMaxAttempts(4),
+		saferetry.WithBackoff(jitter.Config{Base: 20 * time.Millisecond}),
+		saferetry.WithBudgetRegistry(budget.NewRegistry(nil)),
+		saferetry.WithLogger(slog.New(slog.DiscardHandler)))}
+	key := keygen.Event("order-pay", "42")
+	out.say("client: POST /payments for order 42 with Idempotency-Key %s", key)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiSrv.URL+"/payments",
+		strings.NewReader(`{"order":"42","amount":4200}`))
+	if err != nil {
+		return res, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Account", "acct_1")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		return res, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return res, err
+	}
+	res.status, res.body = resp.StatusCode, string(b)
+	res.replayed = resp.Header.Get(idempotency.ReplayedHeader) == "true"
+	res.serverRequests = int(flt.n.Load())
+	out.say("client: got %d %s (Idempotent-Replayed: %v) after %d requests", res.status, res.body, res.replayed, res.serverRequests)
+
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders`).Scan(&res.orders); err != nil {
+		return res, err
+	}
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM receipts`).Scan(&res.receipts); err != nil {
+		return res, err
+	}
+	proc.mu.Lock()
+	res.charges, res.chargeCalls, res.lookups = len(proc.charges), proc.calls, proc.lookups
+	for k := range proc.charges {
+		res.keys = append(res.keys, k)
+	}
+	proc.mu.Unlock()
+	out.say("")
+	out.say("database: %d order, %d receipt; processor: %d charge from %d charge calls (1 while it was down) and %d lookup",
+		res.orders, res.receipts, res.charges, res.chargeCalls, res.lookups)
+	out.say("one logical payment, effectively once: the retries reused one key, the order phase ran once,")
+	out.say("the charge was made once under its downstream key, and the lost answer was replayed.")
+	return res, nil
+}

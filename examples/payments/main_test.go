@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestRun(t *testing.T) {
+	var buf bytes.Buffer
+	res, err := run(context.Background(), &buf)
+	require.NoError(t, err)
+	out := buf.String()
+	t.Log("\n" + out)
+
+	require.Equal(t, http.StatusCreated, res.status)
+	require.True(t, res.replayed, "the client got the stored response after the lost answer")
+	require.JSONEq(t, `{"order":"ord_42","charge":"ch_1","status":"paid"}`, res.body)
+	require.Equal(t, 3, res.serverRequests, "503, lost answer, replay")
+	require.Equal(t, 1, res.orders)
+	require.Equal(t, 1, res.receipts)
+	require.Equal(t, 1, res.charges)
+	require.Equal(t, 2, res.chargeCalls, "one while the processor was down, one charge")
+	require.Equal(t, 1, res.lookups, "the resumed attempt asked before charging")
+	require.Len(t, res.keys, 1)
+	require.True(t, strings.HasPrefix(res.keys[0], "order-pay-42-charge-"), res.keys[0])
+	require.True(t, res.ok())
+
+	// The narrative, in order.
+	want := []string{
+		"client: POST /payments for order 42 with Idempotency-Key order-pay-42",
+		"server: request 1",
+		"phase order: created ord_42",
+		"processor: down (503)",
+		"server: answered 503",
+		"server: request 2",
+		"phase order: committed by an earlier attempt, skipped (ord_42)",
+		"an intent without an outcome; asking the processor first",
+		"no such charge",
+		"processor: charged 42.00 EUR as ch_1",
+		"receipt for ord_42/ch_1 written",
+		"the connection drops before the client reads it",
+		"server: request 3",
+		"server: answered 201, a replay of the stored response",
+		"client: got 201",
+		"database: 1 order, 1 receipt; processor: 1 charge from 2 charge calls",
+	}
+	at := 0
+	for _, w := range want {
+		i := strings.Index(out[at:], w)
+		require.GreaterOrEqual(t, i, 0, "missing (in order): %q", w)
+		at += i + len(w)
+	}
+	require.NotContains(t, strings.ToLower(out), "exactly once")
+}
