@@ -76,6 +76,11 @@ type CompleterReport struct {
 // from the request (which carries no Authorization header). A ServeMux
 // pattern route gets its path values (r.PathValue) and r.Pattern.
 //
+// A run whose handler fails again after a committed phase leaves the record
+// in progress with its lease ended (CompleterReport.Kept): the next run, or
+// a client retry, tries it again, until it completes or the Reaper deletes
+// it past the cleanup horizon (and logs it).
+//
 // A Completer is safe for concurrent use, and several completers (in
 // several processes) may share one store: each record goes to one of them,
 // the claim decides. Records of routes it has no handler for stay until the

@@ -72,8 +72,8 @@ type Record struct {
 	Owner              string // current lease owner (in progress)
 	Generation         int64  // fencing generation
 	LeaseUntil         time.Time
-	RecoveryPoint      string // name of the last committed phase, "" before any
-	RecoveryData       []byte // opaque phase state saved with RecoveryPoint
+	RecoveryPoint      string // name of the last committed phase ("intent:<name>" while an External call's outcome is unknown), "" before any
+	RecoveryData       []byte // phase state saved with RecoveryPoint (opaque to stores; DecodeRecovery reads what Run.Phase writes)
 	Request            []byte // opaque encoded request saved at claim, for the completer
 	Response           *Response
 	CreatedAt          time.Time
