@@ -120,29 +120,13 @@ func (p *cardProcessor) counts() (calls, lookups map[string]int) {
 	return calls, lookups
 }
 
-var (
-	buildOnce sync.Once
-	phaseBin  string
-	buildErr  error
-)
-
-// buildPhaseServer builds internal/phaseserver once per test binary.
+// buildPhaseServer builds internal/phaseserver into the test's temp dir.
 func buildPhaseServer(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "phaseserver")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		phaseBin = filepath.Join(dir, "phaseserver")
-		out, err := exec.Command("go", "build", "-o", phaseBin, "./internal/phaseserver").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v: %s", err, out)
-		}
-	})
-	require.NoError(t, buildErr)
-	return phaseBin
+	bin := filepath.Join(t.TempDir(), "phaseserver")
+	out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./internal/phaseserver").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
 }
 
 type proc struct {
@@ -152,9 +136,8 @@ type proc struct {
 }
 
 // startPhaseServer starts one process and waits for its "listening on" line.
-func startPhaseServer(t *testing.T, d crashDB, processor string, args ...string) *proc {
+func startPhaseServer(t *testing.T, bin string, d crashDB, processor string, args ...string) *proc {
 	t.Helper()
-	bin := buildPhaseServer(t)
 	args = append([]string{"-driver", d.driver, "-dsn", d.dsn, "-processor", processor, "-lease", "500ms"}, args...)
 	cmd := exec.Command(bin, args...)
 	stdout, err := cmd.StdoutPipe()
@@ -292,6 +275,7 @@ func TestCrashRecovery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills server processes")
 	}
+	bin := buildPhaseServer(t)
 	forEachCrashDB(t, func(t *testing.T, d crashDB) {
 		for _, tc := range []struct {
 			crash, point string
@@ -304,7 +288,7 @@ func TestCrashRecovery(t *testing.T) {
 				cards := newCardProcessor(t)
 				key := "order-42-" + tc.crash
 
-				a := startPhaseServer(t, d, cards.URL, "-crash", tc.crash)
+				a := startPhaseServer(t, bin, d, cards.URL, "-crash", tc.crash)
 				_, err := pay(a.url, key)
 				require.Error(t, err, "the process died without answering")
 				a.requireKilled(t)
@@ -325,7 +309,7 @@ func TestCrashRecovery(t *testing.T) {
 					require.Equal(t, 1, calls[recovery.Pending.DownstreamKey])
 				}
 
-				b := startPhaseServer(t, d, cards.URL)
+				b := startPhaseServer(t, bin, d, cards.URL)
 				first := payUntilSettled(t, b.url, key)
 				require.Equal(t, http.StatusCreated, first.status, first.body)
 				require.False(t, first.replayed)
@@ -361,17 +345,18 @@ func TestCrashCompleter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills server processes")
 	}
+	bin := buildPhaseServer(t)
 	forEachCrashDB(t, func(t *testing.T, d crashDB) {
 		for _, crash := range []string{"after-order", "after-charge"} {
 			t.Run(crash, func(t *testing.T) {
 				cards := newCardProcessor(t)
 				key := "order-7-" + crash
-				a := startPhaseServer(t, d, cards.URL, "-crash", crash)
+				a := startPhaseServer(t, bin, d, cards.URL, "-crash", crash)
 				_, err := pay(a.url, key)
 				require.Error(t, err)
 				a.requireKilled(t)
 
-				b := startPhaseServer(t, d, cards.URL, "-completer", "50ms")
+				b := startPhaseServer(t, bin, d, cards.URL, "-completer", "50ms")
 				deadline := time.Now().Add(30 * time.Second)
 				for readRecord(t, d.db, key).state != int(idempotency.Completed) {
 					require.True(t, time.Now().Before(deadline), "the completer did not complete the request")
