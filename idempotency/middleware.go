@@ -3,11 +3,14 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -188,7 +191,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 }
 
 func (h *handler) log(ctx context.Context, level slog.Level, msg string, s Scope, attrs ...any) {
-	attrs = append(attrs, "method", s.Method, "route", s.Route, "key", s.Key)
+	attrs = append(attrs, "method", s.Method, "route", s.Route, "key_digest", keyDigest(s.Key))
 	h.cfg.logger.Log(ctx, level, msg, attrs...)
 }
 
@@ -220,7 +223,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 	}
 	waitUntil := claim.Now.Add(h.cfg.wait)
 	for claims := 0; ; claims++ {
-		rec, acquired, err := h.store.Claim(ctx, claim)
+		// The claim runs to its end even if the client goes away: a claim
+		// that committed while its caller gave up would leave the key in
+		// progress, with nobody to finish or release it, until its lease
+		// expired.
+		cctx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+		rec, acquired, err := h.store.Claim(cctx, claim)
+		cancelClaim()
 		if err != nil {
 			h.storeUnavailable(w, r, req.scope, err)
 			return
@@ -519,53 +528,72 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 	return keep
 }
 
+// heartbeat extends a lease every lease/3 while the handler runs. It is a
+// timer, not a goroutine: nothing runs between beats, and stop does not wait
+// unless a beat is in flight.
 type heartbeat struct {
-	stopc chan struct{}
-	done  chan struct{}
+	mu       sync.Mutex
+	timer    *time.Timer
+	stopped  bool
+	inFlight sync.WaitGroup
 }
 
+// stop ends the heartbeat; when it returns no beat is running and none will.
 func (hb *heartbeat) stop() {
-	select {
-	case <-hb.stopc:
-	default:
-		close(hb.stopc)
-	}
-	<-hb.done
+	hb.mu.Lock()
+	hb.stopped = true
+	hb.timer.Stop()
+	hb.mu.Unlock()
+	hb.inFlight.Wait()
 }
 
 // heartbeat extends the lease every lease/3 until stopped; a lost lease
 // cancels the handler's context with cause ErrLeaseLost.
 func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
 	lease := run.Lease
-	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{})}
+	hb := &heartbeat{}
 	interval := h.cfg.lease / 3
-	go func() {
-		defer close(hb.done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-hb.stopc:
-				return
-			case <-t.C:
-			}
-			ctx, c := context.WithTimeout(bg, interval)
-			until := h.cfg.now().Add(h.cfg.lease)
-			err := h.store.Heartbeat(ctx, lease, until)
-			c()
-			if err == nil {
-				run.extend(until)
-			}
-			if errors.Is(err, ErrLeaseLost) {
-				h.log(bg, slog.LevelWarn, "idempotency: lease lost while the handler ran; canceling it", lease.Scope,
-					"generation", lease.Generation)
-				cancel(ErrLeaseLost)
-				return
-			}
-			if err != nil {
-				h.log(bg, slog.LevelWarn, "idempotency: heartbeat failed", lease.Scope, "err", err)
-			}
+	beat := func() {
+		hb.mu.Lock()
+		if hb.stopped {
+			hb.mu.Unlock()
+			return
 		}
-	}()
+		hb.inFlight.Add(1)
+		hb.mu.Unlock()
+		defer hb.inFlight.Done()
+
+		ctx, c := context.WithTimeout(bg, interval)
+		until := h.cfg.now().Add(h.cfg.lease)
+		err := h.store.Heartbeat(ctx, lease, until)
+		c()
+		if err == nil {
+			run.extend(until)
+		}
+		if errors.Is(err, ErrLeaseLost) {
+			h.log(bg, slog.LevelWarn, "idempotency: lease lost while the handler ran; canceling it", lease.Scope,
+				"generation", lease.Generation)
+			cancel(ErrLeaseLost)
+			return
+		}
+		if err != nil {
+			h.log(bg, slog.LevelWarn, "idempotency: heartbeat failed", lease.Scope, "err", err)
+		}
+		hb.mu.Lock()
+		if !hb.stopped {
+			hb.timer.Reset(interval)
+		}
+		hb.mu.Unlock()
+	}
+	hb.mu.Lock()
+	hb.timer = time.AfterFunc(interval, beat)
+	hb.mu.Unlock()
 	return hb
+}
+
+// keyDigest is a short, non-reversible digest of a key for per-request logs:
+// the raw key never appears there.
+func keyDigest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:6])
 }

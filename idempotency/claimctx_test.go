@@ -1,0 +1,68 @@
+package idempotency_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+// slowClaimStore commits a claim, then reports the caller's cancellation if
+// it happens within a short window, as a database driver does when the
+// context is canceled while the statement's result is on its way back.
+type slowClaimStore struct {
+	*idempotency.MemoryStore
+	claimed chan struct{}
+}
+
+func (s *slowClaimStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
+	rec, ok, err := s.MemoryStore.Claim(ctx, c)
+	close(s.claimed)
+	select {
+	case <-ctx.Done():
+		return idempotency.Record{}, false, ctx.Err()
+	case <-time.After(200 * time.Millisecond):
+	}
+	return rec, ok, err
+}
+
+// A client that goes away while its claim is being committed must not leave
+// the key in progress with no owner: the next request with the key gets an
+// answer (the replay of the run that went ahead), not a 409 for a lease
+// nobody renews.
+func TestClaimSurvivesClientDisconnect(t *testing.T) {
+	store := &slowClaimStore{MemoryStore: idempotency.NewMemoryStore(), claimed: make(chan struct{})}
+	ran := 0
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran++
+		w.WriteHeader(http.StatusCreated)
+	})
+	mw := idempotency.New(store, idempotency.WithLogger(quiet))(h)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`)).WithContext(ctx)
+	req.Header.Set("Idempotency-Key", "k-disconnect")
+	go func() { <-store.claimed; cancel() }()
+	mw.ServeHTTP(httptest.NewRecorder(), req)
+
+	rec, err := store.Get(context.Background(), idempotency.Scope{Method: "POST", Route: "/payments", Key: "k-disconnect"})
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.Completed, rec.State, "the claim was used, not orphaned in progress")
+	assert.Equal(t, 1, ran)
+
+	again := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`))
+	again.Header.Set("Idempotency-Key", "k-disconnect")
+	store.claimed = make(chan struct{})
+	w := httptest.NewRecorder()
+	mw.ServeHTTP(w, again)
+	assert.Equal(t, http.StatusCreated, w.Code)
+	assert.Equal(t, "true", w.Header().Get(idempotency.ReplayedHeader))
+	assert.Equal(t, 1, ran)
+}
