@@ -124,9 +124,11 @@ type handler struct {
 
 // request is one guarded request after parsing.
 type request struct {
-	scope Scope
-	fp    string
-	body  []byte
+	scope  Scope
+	fp     string
+	body   []byte
+	stored []byte // the encoded StoredRequest of this claim ("" for the completer's)
+	execID string // its ID
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -207,19 +209,21 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		return
 	}
 	ctx := r.Context()
+	req.execID = newExecID()
+	req.stored = StoredRequest{
+		ID:     req.execID,
+		Method: r.Method, URL: r.URL.RequestURI(), Host: r.Host,
+		ContentType: r.Header.Get("Content-Type"), Body: req.body,
+	}.Encode()
 	claim := Claim{
 		Scope:              req.scope,
 		Fingerprint:        req.fp,
 		FingerprintVersion: FingerprintVersion,
 		Owner:              h.cfg.newOwner(),
-		Request: StoredRequest{
-			ID:     newExecID(),
-			Method: r.Method, URL: r.URL.RequestURI(), Host: r.Host,
-			ContentType: r.Header.Get("Content-Type"), Body: req.body,
-		}.Encode(),
-		Now:          h.cfg.now(),
-		LeaseFor:     h.cfg.lease,
-		ReplayWindow: h.cfg.replayWindow,
+		Request:            req.stored,
+		Now:                h.cfg.now(),
+		LeaseFor:           h.cfg.lease,
+		ReplayWindow:       h.cfg.replayWindow,
 	}
 	waitUntil := claim.Now.Add(h.cfg.wait)
 	for claims := 0; ; claims++ {
@@ -324,15 +328,17 @@ const (
 )
 
 // newRun returns the Run of an execution that owns rec.
-func (h *handler) newRun(bg context.Context, scope Scope, rec Record) *Run {
+func (h *handler) newRun(bg context.Context, scope Scope, rec Record, stored []byte, execID string) *Run {
 	run := &Run{
 		Scope: scope, Lease: rec.Lease(),
 		RecoveryPoint: rec.RecoveryPoint, RecoveryData: rec.RecoveryData,
 		store: h.store, tx: h.tx, bg: bg, now: h.cfg.now, leaseFor: h.cfg.lease,
 		leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
 	}
-	if sr, err := DecodeRequest(rec.Request); err == nil {
-		run.execID = sr.ID
+	if execID != "" && bytes.Equal(rec.Request, stored) {
+		run.execID = execID // the record holds the request this claim stored
+	} else if sr, err := DecodeRequest(rec.Request); err == nil {
+		run.execID = sr.ID // a takeover: the first execution's identity
 	}
 	return run
 }
@@ -342,7 +348,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, rec R
 	lease := rec.Lease()
 	// Store calls keep going when the client disconnects.
 	bg := context.WithoutCancel(r.Context())
-	run := h.newRun(bg, req.scope, rec)
+	run := h.newRun(bg, req.scope, rec, req.stored, req.execID)
 	// The handler's context: the request's values, deadline and
 	// cancellation, and cancellation with cause ErrLeaseLost. No unit of
 	// work is open yet: Run.Unit (or sqlstore.Tx) begins the request's unit
