@@ -73,6 +73,15 @@
 // that they commit together with the stored response, or roll back together
 // when the handler fails or the lease was lost.
 //
+// Inside an atomic phase (idempotency.Run.Phase or Run.External), Tx(ctx)
+// returns the phase's own transaction instead: the phase's rows commit
+// together with its recovery point. Phases come before the request's own
+// transaction: once Tx has opened that one, a new phase is refused with
+// idempotency.ErrPhaseMisuse. A phase's output is []byte; convert it with
+// string(out) before binding it where a TEXT column is expected, or SQLite
+// stores a BLOB, which compares unequal to the same text (a foreign key to a
+// TEXT id then fails).
+//
 // # SQLite
 //
 // Open SQLite with SQLiteDSN (WAL, a busy timeout, BEGIN IMMEDIATE
