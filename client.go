@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"mime"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
@@ -46,6 +48,25 @@ var ErrInvalidKey = keygen.ErrInvalidKey
 // last attempt is returned as a response, not an error). When no attempt
 // produced a response the error is a *retry.ExhaustedError that matches
 // retry.ErrExhausted and wraps the last cause.
+//
+// Automatic keys make POST and PATCH retryable on every allow-listed
+// outcome, timeouts included: that is safe only against a server that
+// de-duplicates requests by Idempotency-Key (package idempotency, Stripe and
+// others). Against a server that ignores the header, turn them off with
+// WithAutoKeys(false), and unsafe requests are then retried only when they
+// provably never left.
+//
+// When an attempt may have reached the server and the loop ends without a
+// definitive answer (an error, a final 409 in progress, a 503), the outcome
+// is unknown: send the request again later with the same key (from
+// resp.Request.Header, or retry.ExhaustedError.Key), never with a new one.
+// Best, set your own event-derived key (keygen.Event) so that a re-send after
+// a restart carries it too.
+//
+// The overall deadline and the per-attempt timeout bound the retry loop
+// until a response's headers arrive; reading the returned body is bounded
+// only by the request's context (and http.Client.Timeout), as with any
+// RoundTripper.
 //
 // A Transport is safe for concurrent use by many goroutines; build it with
 // NewTransport. The zero value is not usable.
@@ -177,20 +198,33 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	if method == "" {
 		method = http.MethodGet
 	}
-	ov := overrideFrom(ctx)
+	ov := overridesFrom(ctx)
 	c.idempotent = retry.IsIdempotentMethod(method)
-	switch ov {
-	case overrideIdempotent:
+	switch ov.idempotency {
+	case +1:
 		c.idempotent = true
-	case overrideNotIdempotent:
+	case -1:
 		c.idempotent = false
-	case overrideNoRetry:
+	}
+	if ov.noRetry {
 		c.maxTries = 1
 	}
 
 	name := t.cfg.keyHeader
 	addKey := false
-	if vals := req.Header.Values(name); len(vals) > 0 {
+	vals := req.Header.Values(name)
+	if len(vals) == 0 && len(req.Header) > 0 {
+		// A header set directly in the map under a non-canonical name
+		// (req.Header["idempotency-key"]) is still the caller's key: never
+		// add a second one beside it.
+		for k, v := range req.Header {
+			if len(v) > 0 && strings.EqualFold(k, name) {
+				vals = v
+				break
+			}
+		}
+	}
+	if len(vals) > 0 {
 		// The caller's key: checked with the same wire rule as the server
 		// (one field line, a bare token or an sf-string, 1..255 printable
 		// ASCII), then sent exactly as the caller wrote it.
@@ -209,7 +243,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		}
 		c.key, addKey = key, true
 	}
-	if c.key != "" {
+	if c.key != "" && ov.idempotency >= 0 {
 		c.idempotent = true // the server de-duplicates: every outcome may be retried
 	}
 
@@ -247,7 +281,7 @@ func (c *call) prepareBody() error {
 	if c.maxTries == 1 {
 		return nil // nothing to replay: send the body as it is
 	}
-	limit := c.t.cfg.bodyBufferLimit
+	limit := min(c.t.cfg.bodyBufferLimit, math.MaxInt64-1) // limit+1 must not overflow
 	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 	if err != nil {
 		return fmt.Errorf("saferetry: reading request body: %w", err)
@@ -326,8 +360,8 @@ func (c *call) run() (*http.Response, error) {
 					c.bud.OnSuccess(now, retryCost)
 				}
 				rec.level = slog.LevelDebug
-				if n > 1 {
-					rec.level = slog.LevelInfo
+				if n > 1 || resp.StatusCode >= 500 {
+					rec.level = slog.LevelInfo // after retries, or a server error: visible
 				}
 				c.log(ctx, rec, "final")
 				return c.deliver(resp), nil
@@ -339,7 +373,7 @@ func (c *call) run() (*http.Response, error) {
 			}
 			rec.level = slog.LevelWarn
 			c.log(ctx, rec, reason)
-			return nil, &retry.ExhaustedError{Attempts: n, Reason: reason, Err: err}
+			return nil, &retry.ExhaustedError{Attempts: n, Reason: reason, Err: err, Key: c.key}
 		}
 		if err != nil {
 			lastErr = err
@@ -367,6 +401,17 @@ func (c *call) run() (*http.Response, error) {
 				stop = retry.ReasonDeadline
 			}
 		}
+		if stop == "" && c.body == nil && c.getBody != nil {
+			// Rewind the body now, before the outcome in hand is thrown
+			// away: if that fails, the caller still gets it.
+			nb, gerr := c.getBody()
+			if gerr != nil {
+				stop = retry.ReasonBodyNotRewindable
+				err = errors.Join(err, fmt.Errorf("saferetry: rewinding request body: %w", gerr))
+			} else {
+				c.body = nb
+			}
+		}
 		if stop == "" {
 			kind := budget.Transient
 			if d.Throttle {
@@ -387,7 +432,7 @@ func (c *call) run() (*http.Response, error) {
 			if resp != nil {
 				return c.deliver(resp), nil
 			}
-			return nil, &retry.ExhaustedError{Attempts: n, Reason: stop, Err: err}
+			return nil, &retry.ExhaustedError{Attempts: n, Reason: stop, Err: err, Key: c.key}
 		}
 
 		rec.level = slog.LevelInfo
@@ -403,7 +448,7 @@ func (c *call) run() (*http.Response, error) {
 			if lastErr != nil {
 				cause = errors.Join(err, lastErr)
 			}
-			return nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: cause}
+			return nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: cause, Key: c.key}
 		}
 	}
 }
@@ -419,21 +464,27 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 	// ends first.
 	limit := deadline.AttemptTimeout(now, c.overall, t.cfg.attemptTimeout)
 	if ctxDeadline, ok := ctx.Deadline(); !ok || now.Add(limit).Before(ctxDeadline) {
-		actx, c.cancel = context.WithCancelCause(ctx)
-		c.timer = time.AfterFunc(limit, c.expire)
+		var cancel context.CancelCauseFunc
+		actx, cancel = context.WithCancelCause(ctx)
+		c.cancel = cancel
+		// The timer's function captures this attempt's own cancel: it may
+		// fire concurrently with the loop moving on to the next attempt.
+		c.timer = time.AfterFunc(limit, func() { cancel(ErrAttemptTimeout) })
 	}
 	r := c.req.WithContext(actx)
 	if c.header != nil {
 		h := c.header
 		if t.cfg.deadlineHeader && !c.overall.IsZero() {
-			if n > 1 {
+			v := deadline.Format(deadline.Remaining(now, c.overall))
+			if n == 1 {
+				c.hdrVal[0] = v // no allocation for the common single attempt
+				h[deadline.Header] = c.hdrVal[:]
+			} else {
 				// An earlier attempt's request may still be referenced by
-				// the base transport: give this one its own map.
+				// the base transport: this one gets its own map and value.
 				h = shallowCopy(h, 0)
-				c.hdrVal = [1]string{}
+				h[deadline.Header] = []string{v}
 			}
-			c.hdrVal[0] = deadline.Format(deadline.Remaining(now, c.overall))
-			h[deadline.Header] = c.hdrVal[:]
 		}
 		r.Header = h
 	}
@@ -464,9 +515,6 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 	return resp, nil
 }
 
-// expire fires when the attempt's time is up.
-func (c *call) expire() { c.cancel(ErrAttemptTimeout) }
-
 // endAttempt stops the attempt's timer and cancels its context.
 func (c *call) endAttempt() {
 	if c.timer != nil {
@@ -492,6 +540,12 @@ func (c *call) deliver(resp *http.Response) *http.Response {
 	}
 	if resp.Body == nil {
 		c.endAttempt()
+		return resp
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The body is the connection (an io.ReadWriteCloser): hand it over
+		// unwrapped, and leave the attempt context alive with it.
+		c.cancel = nil
 		return resp
 	}
 	c.respBody = resp.Body

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -199,6 +200,9 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			srv := &script{statuses: []int{429, 200}}
 			tr, clk := newTestTransport(nil)
+			// Whole seconds, so that an HTTP-date (second resolution)
+			// 2 s ahead means exactly 2 s.
+			clk.t = clk.t.Truncate(time.Second)
 			srv.header = func(n int, h http.Header) {
 				if n == 0 {
 					h.Set("Retry-After", value(clk.Now()))
@@ -211,13 +215,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 			resp.Body.Close()
 			assert.Equal(t, 200, resp.StatusCode)
 			require.Len(t, clk.Sleeps(), 1)
-			// An HTTP-date has whole-second resolution: at least 1 s after
-			// truncation, and never less than what the server asked.
-			min := 2 * time.Second
-			if name == "http-date" {
-				min = time.Second
-			}
-			assert.GreaterOrEqual(t, clk.Sleeps()[0], min)
+			assert.GreaterOrEqual(t, clk.Sleeps()[0], 2*time.Second)
 		})
 	}
 }
@@ -878,3 +876,157 @@ func TestUnreadableBodyIsATypedErrorNotAPanic(t *testing.T) {
 }
 
 var jitterConfigForCancel = jitter.Config{Base: time.Second}
+
+func TestNoSleepThatWouldEndAfterTheDeadline(t *testing.T) {
+	srv := &script{statuses: []int{429, 200}, header: func(_ int, h http.Header) { h.Set("Retry-After", "2") }}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, clk := newTestTransport(nil, WithMaxElapsed(time.Second))
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err, "the 429 is returned as a response")
+	resp.Body.Close()
+	assert.Equal(t, 429, resp.StatusCode)
+	assert.Len(t, srv.Hits(), 1)
+	assert.Empty(t, clk.Sleeps(), "a 2 s wait cannot fit in a 1 s deadline: no sleep in vain")
+}
+
+// slowBodyServer sends its headers at once and its body 50 ms later.
+func slowBodyServer(t *testing.T) *httptest.Server {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		time.Sleep(50 * time.Millisecond)
+		io.WriteString(w, "the whole body")
+	}))
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+func TestAttemptTimeoutDoesNotCutTheDeliveredBody(t *testing.T) {
+	ts := slowBodyServer(t)
+	tr, _ := newTestTransport(nil, WithAttemptTimeout(20*time.Millisecond))
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, "the whole body", string(body))
+}
+
+func TestDeliveredBodyOutlivesTheLoop(t *testing.T) {
+	ts := slowBodyServer(t)
+	tr, _ := newTestTransport(nil) // the 30 s overall deadline's context stays alive for the body
+	resp, err := tr.RoundTrip(get(t, ts.URL))
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "the whole body", string(body))
+}
+
+// lateBase answers after about the attempt timeout and ignores the context,
+// so the attempt timer and the loop race.
+type lateBase struct{ d time.Duration }
+
+func (b lateBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	time.Sleep(b.d)
+	return &http.Response{StatusCode: 503, Body: io.NopCloser(strings.NewReader("x")), Header: http.Header{}, Request: r}, nil
+}
+
+func TestAttemptTimerRacingTheLoop(t *testing.T) {
+	tr := NewTransport(lateBase{d: time.Millisecond}, WithBudget(budget.Unlimited()),
+		WithLogger(slog.New(slog.DiscardHandler)), WithAttemptTimeout(time.Millisecond),
+		WithBackoff(jitter.Config{Base: time.Microsecond, ThrottleBase: time.Microsecond, Cap: time.Microsecond}))
+	var wg sync.WaitGroup
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				resp, err := tr.RoundTrip(get(t, "http://example.test/"))
+				if err == nil {
+					resp.Body.Close()
+				}
+			}
+		}()
+	}
+	wg.Wait() // a timer calling a cancel the loop already cleared would panic here
+}
+
+func TestHugeBodyBufferLimitStillSendsTheBody(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil, WithBodyBufferLimit(math.MaxInt64))
+	req, err := http.NewRequest(http.MethodPost, ts.URL, io.NopCloser(strings.NewReader("pay 10")))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	for _, h := range srv.Hits() {
+		assert.Equal(t, "pay 10", string(h.body))
+	}
+	assert.Len(t, srv.Hits(), 2)
+}
+
+func TestExhaustedErrorCarriesTheKeyForALaterResend(t *testing.T) {
+	tr, _ := newTestTransport(nil)
+	_, err := tr.RoundTrip(post(t, context.Background(), closedPort(t), "x"))
+	var ex *retry.ExhaustedError
+	require.ErrorAs(t, err, &ex)
+	_, perr := uuid.Parse(ex.Key)
+	assert.NoError(t, perr, "the automatic key is handed back")
+	assert.NotContains(t, err.Error(), ex.Key, "but never printed")
+}
+
+func TestNotIdempotentWinsOverAKeyOnPut(t *testing.T) {
+	ts, hits := hangingServer(t)
+	tr, _ := newTestTransport(nil, WithAttemptTimeout(50*time.Millisecond))
+	req, err := http.NewRequestWithContext(NotIdempotent(context.Background()), http.MethodPut, ts.URL, strings.NewReader("append"))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", "put-1")
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.Equal(t, int32(1), hits.Load(), "servers guard POST and PATCH: a key on a PUT proves nothing")
+}
+
+func TestOverridesCombine(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	ctx := Idempotent(NoRetry(context.Background()))
+	resp, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Len(t, srv.Hits(), 1, "NoRetry survives a later Idempotent")
+}
+
+func TestNonCanonicalKeyHeaderIsTheCallersKey(t *testing.T) {
+	srv := &script{statuses: []int{200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, _ := newTestTransport(nil)
+	req := post(t, context.Background(), ts.URL, "x")
+	req.Header["idempotency-key"] = []string{"mine-1"}
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	h := srv.Hits()[0]
+	assert.Equal(t, []string{"mine-1"}, h.header.Values("Idempotency-Key"), "no second, automatic key")
+}
+
+func TestFailingGetBodyKeepsTheResponseInHand(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr, clk := newTestTransport(nil)
+	req := post(t, context.Background(), ts.URL, "x")
+	req.GetBody = func() (io.ReadCloser, error) { return nil, errBoom }
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err, "the 503 is returned, not an error")
+	resp.Body.Close()
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Len(t, srv.Hits(), 1)
+	assert.Empty(t, clk.Sleeps())
+}

@@ -176,7 +176,11 @@ func WithBudgetRegistry(r *budget.Registry) Option {
 // WithAutoKeys turns the automatic idempotency key on or off (default on).
 // When on, a POST or PATCH request without a key gets one before its first
 // attempt: the key of keygen.FromContext(ctx) when the context carries one,
-// otherwise keygen.Random(). Every attempt of that request reuses it.
+// otherwise keygen.Random(). Every attempt of that request reuses it, and
+// because the key lets the server de-duplicate them, such requests are
+// retried on every allow-listed outcome. Keep it on only for servers that
+// honour Idempotency-Key; with it off, a POST or PATCH without a key is
+// retried only when it provably never left.
 func WithAutoKeys(on bool) Option {
 	return func(c *config) { c.autoKeys = on }
 }
@@ -198,8 +202,10 @@ func WithDeadlineHeader(on bool) Option {
 	return func(c *config) { c.deadlineHeader = on }
 }
 
-// keyDigest is a short, non-reversible digest of an idempotency key for
-// logs: the raw key never appears in a log record.
+// keyDigest is a short digest of an idempotency key for logs (48 bits of
+// SHA-256), enough to correlate attempts: the raw key never appears in a log
+// record. A key from a small, guessable space (an event key over sequential
+// order ids) can be found again from it by trying candidates.
 func keyDigest(key string) string {
 	if key == "" {
 		return ""

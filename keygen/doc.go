@@ -14,9 +14,10 @@
 //     re-run or a dead-letter replay computes the same key again: a retry
 //     cannot forget it.
 //  2. Request-scoped keys ([NewContext], [FromContext], [EnsureContext]):
-//     a key attached to the context of an incoming request or job and
-//     reused by every outgoing call made on its behalf, including retries
-//     of that whole unit of work within the process.
+//     a key attached to a context once per logical outgoing operation and
+//     reused by that operation's request and every re-run of it within the
+//     process. One key belongs to one operation: a unit of work that makes
+//     several writes derives one key per write (Event(key, "charge")).
 //  3. A random key kept across retries ([Random]): a fresh UUIDv4 generated
 //     once per logical request and reused by every attempt. This is what the
 //     saferetry Transport attaches to POST and PATCH requests that carry no

@@ -118,7 +118,9 @@ func Random() string {
 type ctxKey struct{}
 
 // NewContext returns a copy of ctx that carries key as the request-scoped
-// idempotency key. A nil ctx is treated as context.Background(). The key is
+// idempotency key: the saferetry Transport attaches it to every POST and PATCH
+// made with the returned context that has no key of its own, so use one such
+// context per logical outgoing operation (see [EnsureContext]). A nil ctx is treated as context.Background(). The key is
 // not validated here: the saferetry Transport validates it when it attaches
 // it to a request, and [Validate] is available for earlier checks. An empty
 // key is stored but reported as absent by [FromContext]. Safe for concurrent
@@ -143,9 +145,15 @@ func FromContext(ctx context.Context) (string, bool) {
 
 // EnsureContext returns ctx and its request-scoped key when it already
 // carries one; otherwise it attaches a new [Random] key with [NewContext] and
-// returns the new context and that key. Call it once at the start of a unit
-// of work (an incoming request, a job) and pass the returned context to every
-// call made on its behalf, so all of them and their retries share one key.
+// returns the new context and that key. Call it once per logical outgoing
+// operation (one charge, one order) and make that operation's request, and
+// any re-run of it, with the returned context, so that they share one key.
+// Do not make two different operations with one such context: the saferetry
+// Transport attaches the context's key to every POST and PATCH made with it,
+// and a server would take the second operation for a retry of the first (a
+// 422 for a different body, or the first one's stored answer for the same
+// body). When one incoming unit of work makes several writes, derive one key
+// per write, for example Event(key, "charge") and Event(key, "receipt").
 // A nil ctx is treated as context.Background(). Safe for concurrent use; it
 // does not fail.
 func EnsureContext(ctx context.Context) (context.Context, string) {

@@ -34,8 +34,8 @@ const (
 const displayLen = 40
 
 // InvalidKeyError describes why [Validate] rejected a key. It matches
-// [ErrInvalidKey] with errors.Is. Its fields are safe to log: the raw key
-// is never kept.
+// [ErrInvalidKey] with errors.Is. Key holds at most the first 40 bytes of
+// the rejected value, quoted and escaped: a short key appears whole.
 type InvalidKeyError struct {
 	// Key is the rejected key for display only: at most its first 40 bytes,
 	// Go-quoted with non-ASCII and control bytes escaped, followed by "..."

@@ -85,7 +85,8 @@ type Decision struct {
 	// Class is a short stable label for logs and metrics (the Class*
 	// constants, or "status_NNN").
 	Class string
-	// Throttle is true for 429, and for 503 carrying a valid Retry-After:
+	// Throttle is true for 429, for 503 carrying a valid Retry-After, and
+	// for the in-progress 409:
 	// the caller uses the throttling backoff base and budget cost.
 	Throttle bool
 	// RetryAfter is the server's Retry-After hint (429, 503 and the in-progress 409 only), valid
@@ -149,7 +150,9 @@ func classifyStatus(p Policy, in Input, now time.Time) Decision {
 	case http.StatusConflict:
 		switch in.ProblemCode {
 		case ProblemInProgress:
-			d.Class, d.Retry = ClassInProgress, true
+			// The server asks us to wait for the first request to finish:
+			// a throttle, not a failure (cheaper budget cost, throttle base).
+			d.Class, d.Retry, d.Throttle = ClassInProgress, true, true
 		case ProblemKeyReused:
 			d.Class = ClassKeyReused
 		}

@@ -48,7 +48,7 @@ func TestClassifyStatuses(t *testing.T) {
 		{"422 key reused", Policy{}, resp(422), ProblemKeyReused, Decision{Class: ClassKeyReused}, Decision{Class: ClassKeyReused}},
 		{"409 plain", Policy{}, resp(409), "", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
 		{"409 other code", Policy{}, resp(409), "something_else", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
-		{"409 in progress", Policy{}, resp(409, "Retry-After", "1"), ProblemInProgress, Decision{Retry: true, Class: ClassInProgress, RetryAfter: time.Second, HasRetryAfter: true}, Decision{Class: ClassInProgress, RetryAfter: time.Second, HasRetryAfter: true}},
+		{"409 in progress", Policy{}, resp(409, "Retry-After", "1"), ProblemInProgress, Decision{Retry: true, Class: ClassInProgress, Throttle: true, RetryAfter: time.Second, HasRetryAfter: true}, Decision{Class: ClassInProgress, Throttle: true, RetryAfter: time.Second, HasRetryAfter: true}},
 		{"409 plain ignores Retry-After", Policy{}, resp(409, "Retry-After", "1"), "", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
 		{"409 key reused", Policy{}, resp(409), ProblemKeyReused, Decision{Class: ClassKeyReused}, Decision{Class: ClassKeyReused}},
 		{"422 in progress code is not retried", Policy{}, resp(422), ProblemInProgress, Decision{Class: "status_422"}, Decision{Class: "status_422"}},

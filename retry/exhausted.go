@@ -28,6 +28,11 @@ type ExhaustedError struct {
 	Attempts int    // attempts that ran, including the first
 	Reason   string // why the loop stopped: one of the Reason* constants
 	Err      error  // the last attempt's error; may be nil
+	// Key is the idempotency key every attempt carried ("" for none). When
+	// an attempt may have reached the server, the outcome is unknown: send
+	// the request again later with this same key (never a new one) to learn
+	// it or finish it. Error never prints it.
+	Key string
 }
 
 // Error returns, for example,
