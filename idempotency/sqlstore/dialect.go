@@ -42,6 +42,16 @@ func (d Dialect) blobType() string {
 	return "BLOB"
 }
 
+// skipLocked is the locking clause of the reaper's subquery: PostgreSQL
+// locks the rows it picks and skips those another transaction holds; SQLite
+// has no row locks (and no FOR UPDATE).
+func (d Dialect) skipLocked() string {
+	if d == Postgres {
+		return "\n\tFOR UPDATE SKIP LOCKED"
+	}
+	return ""
+}
+
 // rebind turns the $N placeholders the queries are written with into the
 // dialect's own: PostgreSQL keeps $N, SQLite gets its numbered ?N form.
 func (d Dialect) rebind(q string) string {
@@ -177,12 +187,24 @@ WHERE state = 1 AND lease_until < $1
 ORDER BY lease_until, created_at, principal, method, route, idem_key
 LIMIT $2`, table, columns),
 
-		// Bounded: at most $2 rows per statement, chosen by primary key.
+		// Bounded: at most $2 rows per statement, chosen by primary key. The
+		// conditions are repeated on the DELETE itself: on PostgreSQL under
+		// READ COMMITTED, a row that a concurrent claim, heartbeat or
+		// completion changed after the subquery saw it is re-checked against
+		// the DELETE's own WHERE only, so without them the reaper would
+		// delete a record that was just taken over or completed. On
+		// PostgreSQL the subquery also locks its rows and skips the ones a
+		// running write holds (FOR UPDATE SKIP LOCKED): the reaper never
+		// waits for a claim, and a claim waiting for a row the reaper locked
+		// inserts afresh once it is gone. SQLite serialises writers, so no
+		// row changes under the statement there; the outer conditions are
+		// kept for the same meaning.
 		deleteBefore: fmt.Sprintf(`DELETE FROM %[1]s WHERE (principal, method, route, idem_key) IN (
 	SELECT principal, method, route, idem_key FROM %[1]s
 	WHERE updated_at < $1 AND (state = 2 OR lease_until < $1)
 	ORDER BY updated_at
-	LIMIT $2)`, table),
+	LIMIT $2%[2]s)
+  AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table, d.skipLocked()),
 	}
 	q.claim = d.rebind(q.claim)
 	q.get = d.rebind(q.get)

@@ -170,20 +170,10 @@ func trimSpace(s string) string {
 // request kept). Otherwise the existing record is read and returned with
 // acquired false. Errors are *OpError with Op "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
-	now := nanos(c.Now)
-	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
-	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
-	if c.ReplayWindow > 0 {
-		cutoff = subSat(now, c.ReplayWindow)
-	}
 	// The loop only repeats when the row that beat our insert vanished
 	// (released or reaped) before we could read it: then we claim again.
 	for range 3 {
-		row := s.db.QueryRowContext(ctx, s.q.claim,
-			c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
-			c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
-			cutoff, now)
-		rec, err := scanRecord(row)
+		rec, err := s.claimRow(ctx, s.db, c)
 		if err == nil {
 			return rec, rec.Owner == c.Owner, nil
 		}
@@ -201,6 +191,26 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 		}
 	}
 	return idempotency.Record{}, false, opErr("claim", errors.New("record kept vanishing between claim and read"))
+}
+
+// rowQueryer is what the claim statement needs: *sql.DB or *sql.Tx.
+type rowQueryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// claimRow runs the claim statement once on q and scans the row it returns:
+// sql.ErrNoRows when the claim did not win.
+func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim) (idempotency.Record, error) {
+	now := nanos(c.Now)
+	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
+	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
+	if c.ReplayWindow > 0 {
+		cutoff = subSat(now, c.ReplayWindow)
+	}
+	return scanRecord(q.QueryRowContext(ctx, s.q.claim,
+		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
+		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
+		cutoff, now))
 }
 
 // Get implements idempotency.Store.Get. It returns idempotency.ErrNotFound

@@ -1,0 +1,21 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+// ClaimIn runs the Store's claim statement once inside tx, so that a test can
+// hold a claim's row lock open while another connection works. It returns
+// sql.ErrNoRows when the claim did not win.
+func ClaimIn(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim) (idempotency.Record, error) {
+	return s.claimRow(ctx, tx, c)
+}
+
+// HeartbeatIn runs the Store's heartbeat statement inside tx.
+func HeartbeatIn(ctx context.Context, s *Store, tx *sql.Tx, l idempotency.Lease, until time.Time) error {
+	return s.heartbeat(ctx, tx, l, until)
+}
