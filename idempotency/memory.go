@@ -68,7 +68,7 @@ func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) 
 		switch {
 		case rec.State == Completed && c.ReplayWindow > 0 && c.Now.Sub(rec.CompletedAt) > c.ReplayWindow:
 			gen = rec.Generation + 1 // out of the replay window: a new request
-		case rec.State == InProgress && !rec.LeaseUntil.After(c.Now) && rec.Fingerprint == c.Fingerprint &&
+		case rec.State == InProgress && rec.LeaseUntil.Before(c.Now) && rec.Fingerprint == c.Fingerprint &&
 			rec.FingerprintVersion == c.FingerprintVersion:
 			rec.Owner = c.Owner
 			rec.Generation++
@@ -185,8 +185,8 @@ func (m *MemoryStore) SetRecoveryPoint(ctx context.Context, l Lease, point strin
 }
 
 // Abandoned implements Store.Abandoned: in-progress records whose lease
-// ended at or before now, ordered by LeaseUntil, then CreatedAt. A limit <= 0
-// returns nothing.
+// ended before now (LeaseUntil < now, strictly), ordered by LeaseUntil, then
+// CreatedAt. A limit <= 0 returns nothing.
 func (m *MemoryStore) Abandoned(ctx context.Context, now time.Time, limit int) ([]Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -195,7 +195,7 @@ func (m *MemoryStore) Abandoned(ctx context.Context, now time.Time, limit int) (
 	defer m.mu.Unlock()
 	var out []*Record
 	for _, rec := range m.records {
-		if rec.State == InProgress && !rec.LeaseUntil.After(now) {
+		if rec.State == InProgress && rec.LeaseUntil.Before(now) {
 			out = append(out, rec)
 		}
 	}

@@ -249,8 +249,8 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 				return
 			}
 			now := h.cfg.now()
-			if !rec.LeaseUntil.After(now) && claims < 3 {
-				break // the lease expired: claim again to take it over
+			if rec.LeaseUntil.Before(now) && claims < 3 {
+				break // the lease expired (LeaseUntil < now): claim again to take it over
 			}
 			left := waitUntil.Sub(now)
 			if left <= 0 || h.cfg.sleep(ctx, min(left, h.cfg.pollInterval)) != nil {

@@ -114,10 +114,12 @@ var (
 // never read a clock of their own.
 type Store interface {
 	// Claim atomically decides who runs a request. With no record (or a
-	// completed one older than ReplayWindow) it creates an in-progress record
+	// completed one out of the replay window: CompletedAt < Now -
+	// ReplayWindow, strictly) it creates an in-progress record
 	// owned by c.Owner with Generation 1 (or the old generation + 1) and
 	// returns it with acquired = true. With an in-progress record whose lease
-	// has expired and whose fingerprint equals c.Fingerprint, it takes the
+	// has expired (LeaseUntil < Now, strictly: a lease is alive up to and
+	// including LeaseUntil) and whose fingerprint equals c.Fingerprint, it takes the
 	// record over with a conditional update that sets Owner, bumps Generation
 	// and keeps RecoveryPoint/RecoveryData, and returns acquired = true.
 	// Otherwise it returns the existing record unchanged with acquired =
@@ -146,12 +148,14 @@ type Store interface {
 	SetRecoveryPoint(ctx context.Context, l Lease, point string, data []byte, now time.Time) error
 
 	// Abandoned lists up to limit in-progress records whose lease expired
-	// before now, oldest first (for the completer).
+	// before now (LeaseUntil < now, strictly), oldest LeaseUntil first (for
+	// the completer and the reaper).
 	Abandoned(ctx context.Context, now time.Time, limit int) ([]Record, error)
 
 	// DeleteBefore deletes up to limit records last updated before horizon
-	// (completed ones, and in-progress ones whose lease also expired before
-	// horizon) and reports how many it deleted.
+	// (UpdatedAt < horizon: completed ones, and in-progress ones whose lease
+	// also expired before it, LeaseUntil < horizon) and reports how many it
+	// deleted.
 	DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error)
 }
 

@@ -49,6 +49,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"RecoveryPointKeptAcrossTakeover", testRecoveryPoint},
 		{"Abandoned", testAbandoned},
 		{"DeleteBefore", testDeleteBefore},
+		{"Boundaries", testBoundaries},
 		{"RequestBytes", testRequestBytes},
 		{"CompleterClaim", testCompleterClaim},
 		{"UnitCommitVisibility", testUnitCommit},
@@ -712,5 +713,52 @@ func testUnitRace(t *testing.T, s idempotency.Store) {
 		}
 	default:
 		t.Fatalf("neither the unit (%v) nor the takeover succeeded", err)
+	}
+}
+
+// testBoundaries pins the edges every store must agree on (the SQL stores
+// compare with <): a lease is expired only when LeaseUntil < now, strictly,
+// for a takeover and for Abandoned; a completed record is out of the replay
+// window only when CompletedAt < now - ReplayWindow, strictly; DeleteBefore
+// removes only records last updated (and, in progress, leased) strictly
+// before the horizon.
+func testBoundaries(t *testing.T, s idempotency.Store) {
+	sc := scope("boundary-lease")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true) // lease until at(10)
+	wantTime(t, "LeaseUntil", a.LeaseUntil, at(10))
+	if got := mustClaim(t, s, claimOf(sc, "b", "fp", at(10)), false); got.Owner != "a" || got.Generation != 1 {
+		t.Fatalf("claim at LeaseUntil took the record over: owner %q gen %d; a lease is alive until LeaseUntil inclusive",
+			got.Owner, got.Generation)
+	}
+	recs, err := s.Abandoned(ctx(t), at(10), 10)
+	noErr(t, "Abandoned at LeaseUntil", err)
+	if len(recs) != 0 {
+		t.Fatalf("Abandoned(now = LeaseUntil) listed %d records, want 0 (expired means LeaseUntil < now)", len(recs))
+	}
+	recs, err = s.Abandoned(ctx(t), at(11), 10)
+	noErr(t, "Abandoned after LeaseUntil", err)
+	if len(recs) != 1 || recs[0].Scope != sc {
+		t.Fatalf("Abandoned(now > LeaseUntil) listed %d records, want the one", len(recs))
+	}
+	if n, err := s.DeleteBefore(ctx(t), at(10), 10); err != nil || n != 0 {
+		t.Fatalf("DeleteBefore(horizon = LeaseUntil) = %d, %v; want 0 (an in-progress record goes only when LeaseUntil < horizon)", n, err)
+	}
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), true)
+	if b.Generation != 2 {
+		t.Fatalf("takeover after LeaseUntil: gen %d, want 2", b.Generation)
+	}
+
+	sw := scope("boundary-window")
+	c := mustClaim(t, s, claimOf(sw, "a", "fp", at(0)), true)
+	noErr(t, "Complete", s.Complete(ctx(t), c.Lease(), response("w"), at(1)))
+	edge := at(1).Add(window) // CompletedAt == now - ReplayWindow: still inside
+	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge), false); got.State != idempotency.Completed || got.Owner != "a" {
+		t.Fatalf("claim at CompletedAt + ReplayWindow restarted the record: state %v owner %q", got.State, got.Owner)
+	}
+	if n, err := s.DeleteBefore(ctx(t), at(1), 10); err != nil || n != 0 {
+		t.Fatalf("DeleteBefore(horizon = UpdatedAt) = %d, %v; want 0 (a record goes only when updated strictly before the horizon)", n, err)
+	}
+	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge.Add(time.Second)), true); got.Generation != 2 {
+		t.Fatalf("claim after the window: gen %d, want 2", got.Generation)
 	}
 }
