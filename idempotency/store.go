@@ -173,9 +173,37 @@ type Transactor interface {
 // Unit is one transaction bound to a lease. Its conditional writes fail with
 // ErrLeaseLost when the lease no longer holds; nothing is visible to others
 // before Commit. A Unit is used by one goroutine.
+//
+// The fence: a Unit's writes are conditional on its lease (owner and
+// generation of an in-progress record). Once one of them has succeeded, no
+// takeover of the record (a Claim that bumps the generation), Release,
+// Complete or SetRecoveryPoint by another lease may succeed until this Unit
+// commits or rolls back: either the Unit commits and the takeover then sees
+// its result (a completed record is never taken over), or the takeover wins
+// and the Unit's Commit fails with ErrLeaseLost, applying nothing. A store
+// may enforce this with a row lock taken by the first conditional write (the
+// SQL stores) or by checking the lease again at Commit under one lock (the
+// memory store); the conformance suite's UnitRaceWithTakeover checks it.
 type Unit interface {
+	// SetRecoveryPoint records point and data (the last committed phase and
+	// its state) as of now, to apply at Commit. It fails with ErrLeaseLost
+	// (wrapped or bare) when the lease no longer owns an in-progress record
+	// (a store may report that at Commit instead), with an error after
+	// Commit or Rollback (the MemoryStore's is ErrUnitDone), and with the
+	// store's own error otherwise. After an ErrLeaseLost the Unit can never
+	// commit.
 	SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error
+	// Complete stores resp and marks the record completed at now, to apply
+	// at Commit. Its errors are SetRecoveryPoint's.
 	Complete(ctx context.Context, resp Response, now time.Time) error
+	// Commit makes every write of the Unit visible at once (the handler's
+	// own writes in the same transaction included), or none of them. It
+	// fails with ErrLeaseLost when the lease was lost (nothing applied), or
+	// with the store's error (then whether it applied is the store's to say:
+	// the SQL stores follow their database). A second Commit fails.
 	Commit() error
-	Rollback() error // safe to call after Commit (then a no-op)
+	// Rollback discards every write of the Unit. It is safe to call after
+	// Commit (then a no-op that does not undo it) and more than once; its
+	// error is the store's, for logging only.
+	Rollback() error
 }
