@@ -175,15 +175,17 @@ type Transactor interface {
 // before Commit. A Unit is used by one goroutine.
 //
 // The fence: a Unit's writes are conditional on its lease (owner and
-// generation of an in-progress record). Once one of them has succeeded, no
-// takeover of the record (a Claim that bumps the generation), Release,
-// Complete or SetRecoveryPoint by another lease may succeed until this Unit
-// commits or rolls back: either the Unit commits and the takeover then sees
-// its result (a completed record is never taken over), or the takeover wins
-// and the Unit's Commit fails with ErrLeaseLost, applying nothing. A store
-// may enforce this with a row lock taken by the first conditional write (the
-// SQL stores) or by checking the lease again at Commit under one lock (the
-// memory store); the conformance suite's UnitRaceWithTakeover checks it.
+// generation of an in-progress record), and a Unit and a takeover of its
+// record (a Claim that bumps the generation; or a Release, Complete or
+// SetRecoveryPoint of another lease) never both succeed. A store that checks
+// the lease at each write (the SQL stores) must hold the record from the
+// first conditional write that succeeded until Commit or Rollback (a row
+// lock), so that no takeover can succeed in between and the takeover, once
+// it runs, sees what the Unit committed (a completed record is never taken
+// over). A store that checks the lease at Commit (the memory store) applies
+// the Unit's writes under the same lock as that check, and Commit fails with
+// ErrLeaseLost, applying nothing, if a takeover came first. The conformance
+// suite's UnitRaceWithTakeover checks this.
 type Unit interface {
 	// SetRecoveryPoint records point and data (the last committed phase and
 	// its state) as of now, to apply at Commit. It fails with ErrLeaseLost
