@@ -324,11 +324,12 @@ func (c *Completer) complete(ctx context.Context, rec Record) (result, error) {
 		return resultSkipped, nil
 	}
 	h := &handler{cfg: c.mcfg, store: c.store, tx: c.tx, next: next}
-	// A takeover only: with ReplayWindow 0 a completed record is never
-	// restarted, and a record that vanished would come back as generation 1.
+	// A takeover only: a completed record is never restarted and a record
+	// that vanished is not recreated (ReplayWindow 0 as well, for stores
+	// that predate TakeoverOnly).
 	got, acquired, err := c.store.Claim(ctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
-		Owner: c.mcfg.newOwner(), Now: c.now(), LeaseFor: c.cfg.Lease,
+		Owner: c.mcfg.newOwner(), Now: c.now(), LeaseFor: c.cfg.Lease, TakeoverOnly: true,
 	})
 	if err != nil {
 		return resultSkipped, &CompleterError{Op: "claim", Scope: rec.Scope, Err: err}
@@ -337,8 +338,9 @@ func (c *Completer) complete(ctx context.Context, rec Record) (result, error) {
 		return resultSkipped, nil // resumed, completed or taken by someone else meanwhile
 	}
 	if got.Generation == 1 {
-		// The record went away between the listing and the claim, and the
-		// claim made a new one: give it up at once.
+		// The record went away between the listing and the claim, and a
+		// store that ignores TakeoverOnly made a new one (a takeover is
+		// always generation 2 or more): give it up at once.
 		if err := c.store.Release(context.WithoutCancel(ctx), got.Lease()); err != nil {
 			c.log(ctx, slog.LevelError, "idempotency completer: releasing a record claimed by mistake failed", got,
 				slog.String("error", err.Error()))

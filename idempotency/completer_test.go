@@ -205,6 +205,19 @@ func TestCompleterRaces(t *testing.T) {
 	rep, err := c.RunOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, CompleterReport{Found: 1, Skipped: 1}, rep)
+	require.Zero(t, mem.Len(), "no record was left behind")
+	require.Zero(t, gone.created, "the completer's claim never creates a record (Claim.TakeoverOnly)")
+	require.Zero(t, ran.Load())
+
+	// A store that ignores TakeoverOnly (a Store written before it): the
+	// record the claim created is released at once.
+	rec = crashed(t, mem, shopScope, "/payments", `{}`, clock.Now())
+	clock.Advance(time.Minute)
+	old := &listOnly{MemoryStore: mem, before: func() { require.NoError(t, mem.Release(t.Context(), rec.Lease())) }, ignoreTakeoverOnly: true}
+	rep, err = newTestCompleter(old, clock, routes, CompleterConfig{}).RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, CompleterReport{Found: 1, Skipped: 1}, rep)
+	require.Equal(t, 1, old.created)
 	require.Zero(t, mem.Len(), "the claim's accidental record was released")
 	require.Zero(t, ran.Load())
 
@@ -241,10 +254,24 @@ func TestCompleterRaces(t *testing.T) {
 	require.Zero(t, ran.Load())
 }
 
-// listOnly runs before after listing.
+// listOnly runs before after listing, and counts the claims that created a
+// record.
 type listOnly struct {
 	*MemoryStore
-	before func()
+	before             func()
+	ignoreTakeoverOnly bool
+	created            int
+}
+
+func (l *listOnly) Claim(ctx context.Context, c Claim) (Record, bool, error) {
+	if l.ignoreTakeoverOnly {
+		c.TakeoverOnly = false
+	}
+	rec, ok, err := l.MemoryStore.Claim(ctx, c)
+	if ok && rec.Generation == 1 {
+		l.created++
+	}
+	return rec, ok, err
 }
 
 func (l *listOnly) Abandoned(ctx context.Context, now time.Time, limit int) ([]Record, error) {

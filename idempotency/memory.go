@@ -63,10 +63,13 @@ func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[c.Scope]
+	if !ok && c.TakeoverOnly {
+		return Record{}, false, nil
+	}
 	gen := int64(1)
 	if ok {
 		switch {
-		case rec.State == Completed && c.ReplayWindow > 0 && c.Now.Sub(rec.CompletedAt) > c.ReplayWindow:
+		case rec.State == Completed && !c.TakeoverOnly && c.ReplayWindow > 0 && c.Now.Sub(rec.CompletedAt) > c.ReplayWindow:
 			gen = rec.Generation + 1 // out of the replay window: a new request
 		case rec.State == InProgress && rec.LeaseUntil.Before(c.Now) && rec.Fingerprint == c.Fingerprint &&
 			rec.FingerprintVersion == c.FingerprintVersion:

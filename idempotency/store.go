@@ -96,6 +96,13 @@ type Claim struct {
 	Now                time.Time     // the store uses this, never its own clock
 	LeaseFor           time.Duration // lease length: LeaseUntil = Now + LeaseFor
 	ReplayWindow       time.Duration // a completed record older than this is treated as absent
+	// TakeoverOnly makes the claim a takeover or nothing: it never creates
+	// a record and never restarts a completed one (whatever ReplayWindow).
+	// With no record it returns a zero Record (State Absent) and acquired =
+	// false; otherwise it behaves as a claim of an existing record. The
+	// Completer claims this way, so that a record that vanished between
+	// its listing and its claim is not recreated without its request.
+	TakeoverOnly bool
 }
 
 // Store errors. Stores return these (wrapped or bare) so that callers can
@@ -123,9 +130,9 @@ type Store interface {
 	// record over with a conditional update that sets Owner, bumps Generation
 	// and keeps RecoveryPoint/RecoveryData, and returns acquired = true.
 	// Otherwise it returns the existing record unchanged with acquired =
-	// false. A ReplayWindow of 0 or less never expires a completed record
-	// (the Completer claims that way, to take over and never restart).
-	// Never select-then-insert: one atomic step.
+	// false. A ReplayWindow of 0 or less never expires a completed record.
+	// With c.TakeoverOnly it never creates or restarts a record (see
+	// Claim.TakeoverOnly). Never select-then-insert: one atomic step.
 	Claim(ctx context.Context, c Claim) (rec Record, acquired bool, err error)
 
 	// Get returns the record for the scope, or ErrNotFound.

@@ -52,6 +52,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"Boundaries", testBoundaries},
 		{"RequestBytes", testRequestBytes},
 		{"CompleterClaim", testCompleterClaim},
+		{"ClaimTakeoverOnly", testTakeoverOnly},
 		{"UnitCommitVisibility", testUnitCommit},
 		{"UnitRollback", testUnitRollback},
 		{"UnitLeaseLostAtCommit", testUnitLeaseLost},
@@ -760,5 +761,48 @@ func testBoundaries(t *testing.T, s idempotency.Store) {
 	}
 	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge.Add(time.Second)), true); got.Generation != 2 {
 		t.Fatalf("claim after the window: gen %d, want 2", got.Generation)
+	}
+}
+
+// testTakeoverOnly checks Claim.TakeoverOnly: no record is created for an
+// absent scope, a completed record is never restarted (whatever the
+// ReplayWindow), an expired lease is taken over as usual.
+//
+// A store that does not honour TakeoverOnly yet is skipped with a message
+// (the Completer guards against it by releasing what such a claim creates).
+func testTakeoverOnly(t *testing.T, s idempotency.Store) {
+	absent := claimOf(scope("takeover-only-absent"), "completer", "fp", at(0))
+	absent.Request, absent.TakeoverOnly = nil, true
+	rec, acquired, err := s.Claim(ctx(t), absent)
+	noErr(t, "TakeoverOnly claim of an absent scope", err)
+	if acquired {
+		_ = s.Release(ctx(t), rec.Lease())
+		t.Skip("the store ignores Claim.TakeoverOnly: it created a record for an absent scope (required of every store; the Completer releases such a record meanwhile)")
+	}
+	if rec.State != idempotency.Absent || rec.Owner != "" {
+		t.Fatalf("TakeoverOnly claim of an absent scope returned state %v owner %q, want a zero record", rec.State, rec.Owner)
+	}
+	if _, err := s.Get(ctx(t), absent.Scope); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("TakeoverOnly claim of an absent scope left a record: Get err = %v", err)
+	}
+
+	done := mustClaim(t, s, claimOf(scope("takeover-only-done"), "a", "fp", at(0)), true)
+	noErr(t, "Complete", s.Complete(ctx(t), done.Lease(), response("d"), at(1)))
+	c := claimOf(done.Scope, "completer", "fp", at(1).Add(10*window))
+	c.Request, c.TakeoverOnly = nil, true // ReplayWindow stays set: TakeoverOnly wins
+	if got := mustClaim(t, s, c, false); got.State != idempotency.Completed || got.Owner != "a" || got.Generation != 1 {
+		t.Fatalf("TakeoverOnly claim restarted a completed record: state %v owner %q gen %d", got.State, got.Owner, got.Generation)
+	}
+	wantResponse(t, mustGet(t, s, done.Scope), response("d"))
+
+	orig := claimOf(scope("takeover-only-expired"), "a", "fp", at(0))
+	mustClaim(t, s, orig, true)
+	c = claimOf(orig.Scope, "completer", "fp", at(5))
+	c.Request, c.TakeoverOnly = nil, true
+	mustClaim(t, s, c, false) // the lease is alive
+	c.Now = at(11)
+	got := mustClaim(t, s, c, true)
+	if got.Owner != "completer" || got.Generation != 2 || !bytes.Equal(got.Request, orig.Request) {
+		t.Fatalf("TakeoverOnly takeover: owner %q gen %d request %q; want completer 2 %q", got.Owner, got.Generation, got.Request, orig.Request)
 	}
 }
