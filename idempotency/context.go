@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -42,6 +43,7 @@ type Run struct {
 	unitErr    error           // Begin's error, kept for the completion
 	done       bool            // the handler returned
 	inPhase    bool
+	phase      string    // the running phase's name, while inPhase
 	rec        *Recovery // decoded lazily from RecoveryData
 	point      string    // the current recovery point
 	seen       map[string]bool
@@ -72,8 +74,15 @@ var ErrRunDone = errors.New("idempotency: the handler of this run has returned")
 //     fail with ErrPhaseMisuse (on SQLite a phase's own unit would wait for
 //     the lock the request's unit holds).
 //
+// While a phase runs, asking with a context that is not the phase's (the
+// handler's own, say, captured outside the phase's function) is a
+// *PhaseError with Op "use" wrapping ErrPhaseMisuse: it would put the
+// phase's writes in the request's unit. It opens nothing, so the request's
+// unit can still be begun after the phase. (sqlstore.Tx then returns
+// false.)
+//
 // The handler must not Commit or Roll back either unit. Errors:
-// ErrNoTransactor, ErrRunDone, or the store's Begin error; after a failed
+// ErrNoTransactor, ErrRunDone, that *PhaseError, or the store's Begin error; after a failed
 // Begin the request answers 503 CodeStoreUnavailable whatever the handler
 // writes (phases already committed stay, and a retry resumes after them).
 func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
@@ -88,6 +97,12 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	switch {
 	case r.done:
 		return nil, ctx, ErrRunDone
+	case r.inPhase:
+		// ctx is not the phase's: the request's unit would take the
+		// phase's writes out of the phase (they would commit, or roll
+		// back, with the response instead of with the recovery point).
+		return nil, ctx, &PhaseError{Phase: r.phase, Op: "use", Err: fmt.Errorf(
+			"%w: the request's unit asked for while phase %q runs; use the context the phase gave its function", ErrPhaseMisuse, r.phase)}
 	case r.unitErr != nil:
 		return nil, ctx, r.unitErr
 	case r.unit == nil:

@@ -110,9 +110,10 @@ func downstreamKey(key, phase, id string) string { return keygen.Event(key, phas
 // ErrPhaseMisuse is matched by the errors of Phase and External called in a
 // way that cannot be made safe: an empty, too long (over 128 bytes) or
 // repeated phase name, a nil function, a phase inside a phase, two phases at
-// once, a phase after the request's unit was begun (Run.Unit), or a new
-// phase while the outcome of another External phase is unknown (call
-// External for that one first).
+// once, a phase after the request's unit was begun (Run.Unit), the
+// request's unit asked for (Run.Unit, sqlstore.Tx) with a context other than
+// the phase's while a phase runs, or a new phase while the outcome of
+// another External phase is unknown (call External for that one first).
 var ErrPhaseMisuse = errors.New("idempotency: phase misuse")
 
 // PhaseError reports a phase that did not commit. Op is where it stopped:
@@ -186,13 +187,13 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (Recovery, 
 		r.seen = make(map[string]bool)
 	}
 	r.seen[name] = true
-	r.inPhase = true
+	r.inPhase, r.phase = true, name
 	return rec, nil
 }
 
 func (r *Run) leave() {
 	r.mu.Lock()
-	r.inPhase = false
+	r.inPhase, r.phase = false, ""
 	r.mu.Unlock()
 }
 

@@ -439,6 +439,25 @@ func TestPhaseMisuse(t *testing.T) {
 			_, err := run.Phase(ctx, "a", noop)
 			return err
 		},
+		"the request's unit while a phase runs": func(ctx context.Context, run *Run) error {
+			var inner error
+			var pe *PhaseError
+			_, err := run.Phase(ctx, "order", func(context.Context) ([]byte, error) {
+				_, _, inner = run.Unit(ctx) // the handler's context, not the phase's
+				if errors.As(inner, &pe) && pe.Phase != "order" {
+					return nil, fmt.Errorf("PhaseError names phase %q", pe.Phase)
+				}
+				return nil, nil
+			})
+			if err != nil {
+				return err
+			}
+			// It opened nothing: the request's unit is still there to begin.
+			if _, _, err := run.Unit(ctx); err != nil {
+				return fmt.Errorf("the request's unit after the phase: %w", err)
+			}
+			return inner
+		},
 		"new phase while an intent is pending": func(ctx context.Context, run *Run) error {
 			_, err := run.External(ctx, "charge", func(context.Context, string) ([]byte, error) {
 				return nil, errors.New("timeout")
