@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -34,6 +35,7 @@ type Run struct {
 	now      func() time.Time
 	leaseFor time.Duration
 	execID   string                  // StoredRequest.ID: the base of downstream keys
+	created  time.Time               // the record's CreatedAt: the fallback base without an ID
 	cancel   context.CancelCauseFunc // cancels the handler's context
 
 	mu         sync.Mutex
@@ -149,12 +151,17 @@ func (r *Run) extend(until time.Time) {
 // for a key reused after the replay window (a new request). External passes
 // it to its call; use it yourself for any other downstream call that can
 // de-duplicate. The result is always a valid bare key (keygen.Validate).
+//
+// A record whose stored request has no ID (written by something other than
+// the middleware) falls back to a digest of the scope and the record's
+// CreatedAt (Unix nanoseconds), which a takeover keeps and a claim after
+// the replay window renews: still the same in every execution of one
+// request, and new for a key reused after the window.
 func (r *Run) DownstreamKey(phase string) string {
 	id := r.execID
 	if id == "" {
-		// A record claimed without an ID (another writer of Record.Request):
-		// fall back to a digest of the whole scope.
-		sum := sha256.Sum256([]byte(r.Scope.Principal + "\x00" + r.Scope.Method + "\x00" + r.Scope.Route + "\x00" + r.Scope.Key))
+		sum := sha256.Sum256([]byte(r.Scope.Principal + "\x00" + r.Scope.Method + "\x00" + r.Scope.Route + "\x00" + r.Scope.Key +
+			"\x00" + strconv.FormatInt(r.created.UnixNano(), 10)))
 		id = hex.EncodeToString(sum[:8])
 	}
 	return downstreamKey(r.Scope.Key, phase, id)

@@ -333,7 +333,7 @@ func (h *handler) newRun(bg context.Context, scope Scope, rec Record, stored []b
 		Scope: scope, Lease: rec.Lease(),
 		RecoveryPoint: rec.RecoveryPoint, RecoveryData: rec.RecoveryData,
 		store: h.store, tx: h.tx, bg: bg, now: h.cfg.now, leaseFor: h.cfg.lease,
-		leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
+		leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint, created: rec.CreatedAt,
 	}
 	if execID != "" && bytes.Equal(rec.Request, stored) {
 		run.execID = execID // the record holds the request this claim stored

@@ -606,6 +606,41 @@ func TestDownstreamKey(t *testing.T) {
 	r2 := &Run{Scope: Scope{Principal: "b", Method: "POST", Route: "/p", Key: "k"}}
 	require.NotEqual(t, r1.DownstreamKey("x"), r2.DownstreamKey("x"))
 	require.Equal(t, r1.DownstreamKey("x"), (&Run{Scope: r1.Scope}).DownstreamKey("x"))
+
+	// Without an ID, a key reused after the replay window gets a new
+	// downstream key; the executions of one request share theirs.
+	mem2 := NewMemoryStore()
+	var seen []string
+	h2 := New(mem2, withClock(clock), WithLogger(discard))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		run, _ := FromContext(r.Context())
+		seen = append(seen, run.DownstreamKey("charge"))
+		if len(seen)%2 == 1 {
+			_ = mem2.SetRecoveryPoint(r.Context(), run.Lease, "x", nil, clock.Now())
+			w.WriteHeader(http.StatusServiceUnavailable) // kept: the next execution takes over
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	sc := Scope{Method: "POST", Route: "/payments", Key: "k"}
+	fp := Fingerprint("POST", "/payments", "/payments", "", "application/json", []byte(`{}`))
+	for range 2 {
+		// Another writer's claim: no stored request, so no ID; its lease
+		// ends, and the middleware takes the record over twice.
+		rec, ok, err := mem2.Claim(t.Context(), Claim{Scope: sc, Fingerprint: fp, FingerprintVersion: FingerprintVersion,
+			Owner: "other", Now: clock.Now(), LeaseFor: time.Second, ReplayWindow: DefaultReplayWindow})
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Empty(t, rec.Request)
+		clock.Advance(2 * time.Second)
+		require.Equal(t, http.StatusServiceUnavailable, send(t, h2, "k", `{}`).Code)
+		clock.Advance(time.Millisecond)
+		require.Equal(t, http.StatusCreated, send(t, h2, "k", `{}`).Code)
+		clock.Advance(DefaultReplayWindow + time.Second)
+	}
+	require.Len(t, seen, 4)
+	require.Equal(t, seen[0], seen[1], "a takeover derives the same key")
+	require.Equal(t, seen[2], seen[3], "a takeover derives the same key")
+	require.NotEqual(t, seen[0], seen[2], "the key reused after the replay window is a new request")
 }
 
 func TestRecoveryEncoding(t *testing.T) {
