@@ -51,7 +51,9 @@
 //			})
 //		if err != nil { http.Error(w, "try again", 503); return }
 //		tx, _ := sqlstore.Tx(ctx) // the request's transaction: commits with the stored response
-//		_, err = tx.ExecContext(ctx, `INSERT INTO receipts (order_id, charge) VALUES ($1, $2)`, order, charge)
+//		// Phase outputs are []byte: bind them as text (a []byte is a BLOB on SQLite).
+//		_, err = tx.ExecContext(ctx, `INSERT INTO receipts (order_id, charge) VALUES ($1, $2)`,
+//			string(order), string(charge))
 //		...
 //		w.WriteHeader(http.StatusCreated)
 //	}
