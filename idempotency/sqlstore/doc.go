@@ -73,6 +73,26 @@
 // that they commit together with the stored response, or roll back together
 // when the handler fails or the lease was lost.
 //
+// Isolation. The fences assume READ COMMITTED on PostgreSQL: a conditional
+// write that waited for a row a concurrent takeover changed re-reads the new
+// row, matches nothing and reports idempotency.ErrLeaseLost. So a unit's
+// transaction is begun READ COMMITTED explicitly (sql.LevelReadCommitted),
+// whatever the server's or role's default_transaction_isolation; the
+// handler's own statements in it run READ COMMITTED as well. Under a default
+// of REPEATABLE READ or SERIALIZABLE, the Store's stand-alone statements
+// (claims, heartbeats, releases, completions outside a unit, the reaper's
+// deletes) can still fail with a serialization failure (SQLSTATE 40001) or,
+// under any level, a deadlock (40P01); the database then rolled the
+// statement back, so the Store runs it again on a fresh snapshot, up to
+// three times. A serialization failure or deadlock that still surfaces, and
+// any inside a unit (whose transaction is then gone), is an *OpError
+// matching ErrSerialization: a retryable store error, never
+// idempotency.ErrLeaseLost, because nothing committed and the lease is still
+// the caller's. The middleware answers it 503 CodeStoreUnavailable and gives
+// the key up, so the client's retry runs the request again. SQLite
+// transactions are serializable by construction (one writer at a time) and
+// keep the driver's default options.
+//
 // Inside an atomic phase (idempotency.Run.Phase or Run.External), Tx(ctx)
 // returns the phase's own transaction instead: the phase's rows commit
 // together with its recovery point. Phases come before the request's own
@@ -102,7 +122,10 @@
 //
 // Records are never deleted by the claim path. Run idempotency.Reaper over
 // the store to delete those past the cleanup horizon (72 hours by default)
-// in bounded batches:
+// in bounded batches. Its DELETE re-checks the horizon on every row it
+// deletes and, on PostgreSQL, skips rows that a running claim, heartbeat or
+// completion holds (FOR UPDATE SKIP LOCKED), so it never waits for a request
+// and never deletes a record that one just took over or completed:
 //
 //	stop := idempotency.NewReaper(store, idempotency.ReaperConfig{}).Start(ctx)
 //	defer stop()

@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"net/url"
 	"testing"
 	"time"
 
@@ -13,20 +14,20 @@ import (
 )
 
 // openPGAgain opens another pool on the schema of db (a pool from openPG),
-// with at most one connection, so that the test knows its backend, and with
+// with at most maxConns connections (1 lets backendPID name its backend) and
 // extra DSN parameters (key, value pairs) such as a session's
 // default_transaction_isolation.
-func openPGAgain(t *testing.T, db *sql.DB, params ...string) *sql.DB {
+func openPGAgain(t *testing.T, db *sql.DB, maxConns int, params ...string) *sql.DB {
 	t.Helper()
 	var schema string
 	require.NoError(t, db.QueryRow(`SELECT current_schema()`).Scan(&schema))
 	dsn := withParam(pgDSN(t), "search_path", schema)
 	for i := 0; i+1 < len(params); i += 2 {
-		dsn = withParam(dsn, params[i], params[i+1])
+		dsn = withParam(dsn, params[i], url.PathEscape(params[i+1]))
 	}
 	other, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
-	other.SetMaxOpenConns(1)
+	other.SetMaxOpenConns(maxConns)
 	t.Cleanup(func() { _ = other.Close() })
 	require.NoError(t, other.Ping())
 	return other
@@ -205,7 +206,7 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 
 			commit := tc.write(t, s, db, stale)
 
-			reaperDB := openPGAgain(t, db)
+			reaperDB := openPGAgain(t, db, 1)
 			reaper, err := sqlstore.Open(reaperDB, sqlstore.Postgres)
 			require.NoError(t, err)
 			pid := backendPID(t, reaperDB)

@@ -24,13 +24,25 @@ var (
 	// plain identifier of 1 to 48 ASCII letters, digits or underscores that
 	// does not start with a digit.
 	ErrInvalidTable = errors.New("sqlstore: invalid table name")
+	// ErrSerialization is matched (errors.Is) by an *OpError whose cause is
+	// a PostgreSQL serialization failure (SQLSTATE 40001) or deadlock
+	// (40P01), recognised through the driver error's SQLState method. It is a
+	// retryable store error, not a lost lease: the database rolled back the
+	// statement's transaction, so nothing of it committed, and the lease is
+	// still the caller's. The Store runs its stand-alone statements (every
+	// method but those of a Unit) again on a fresh snapshot, up to three
+	// times, before returning it; a Unit returns it at once, since its whole
+	// transaction is gone (the middleware then answers 503 and gives the key
+	// up, so the client's retry runs the request again).
+	ErrSerialization = errors.New("sqlstore: serialization failure or deadlock")
 )
 
 // OpError wraps a database error with the Store operation that met it
 // ("claim", "get", "heartbeat", "complete", "release", "set_recovery_point",
 // "abandoned", "delete_before", "migrate", "begin", "commit", "rollback").
 // The middleware treats such errors as "store unavailable". Use errors.As to
-// read Op, errors.Is/As on it to reach the driver's error.
+// read Op, errors.Is/As on it to reach the driver's error; errors.Is(err,
+// ErrSerialization) tells a retryable serialization failure or deadlock.
 type OpError struct {
 	Op  string
 	Err error
@@ -41,6 +53,57 @@ func (e *OpError) Error() string { return "sqlstore: " + e.Op + ": " + e.Err.Err
 
 // Unwrap returns the underlying database error.
 func (e *OpError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrSerialization and the cause is a
+// serialization failure or deadlock.
+func (e *OpError) Is(target error) bool {
+	return target == ErrSerialization && isSerialization(e.Err)
+}
+
+// isSerialization reports whether err is a database error with SQLSTATE
+// 40001 (serialization_failure) or 40P01 (deadlock_detected). Drivers expose
+// it through a SQLState method (pgx's *pgconn.PgError, lib/pq's *pq.Error);
+// the package imports no driver.
+func isSerialization(err error) bool {
+	var se interface{ SQLState() string }
+	if !errors.As(err, &se) {
+		return false
+	}
+	code := se.SQLState()
+	return code == "40001" || code == "40P01"
+}
+
+// statementTries bounds how often a stand-alone statement runs when
+// PostgreSQL rolls it back with a serialization failure or deadlock.
+const statementTries = 3
+
+// retried runs f, a statement in a transaction of its own, again while it
+// fails with a serialization failure or deadlock: under a server default of
+// REPEATABLE READ or SERIALIZABLE, a conditional write that waited for a row
+// a concurrent takeover changed fails with SQLSTATE 40001 instead of seeing
+// the new row, and running it again on a fresh snapshot gives the READ
+// COMMITTED answer (usually ErrLeaseLost). Nothing of a rolled-back
+// statement committed, so running it again is safe. Statements of a Unit are
+// never retried here.
+func retried[T any](f func() (T, error)) (T, error) {
+	var (
+		v   T
+		err error
+	)
+	for range statementTries {
+		v, err = f()
+		if !isSerialization(err) {
+			break
+		}
+	}
+	return v, err
+}
+
+// retriedErr is retried for statements that return only an error.
+func retriedErr(f func() error) error {
+	_, err := retried(func() (struct{}, error) { return struct{}{}, f() })
+	return err
+}
 
 func opErr(op string, err error) error {
 	if err == nil {
@@ -173,7 +236,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 	// The loop only repeats when the row that beat our insert vanished
 	// (released or reaped) before we could read it: then we claim again.
 	for range 3 {
-		rec, err := s.claimRow(ctx, s.db, c)
+		rec, err := retried(func() (idempotency.Record, error) { return s.claimRow(ctx, s.db, c) })
 		if err == nil {
 			return rec, rec.Owner == c.Owner, nil
 		}
@@ -216,7 +279,9 @@ func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim)
 // Get implements idempotency.Store.Get. It returns idempotency.ErrNotFound
 // when no record exists, *OpError with Op "get" on database errors.
 func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Record, error) {
-	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.q.get, sc.Principal, sc.Method, sc.Route, sc.Key))
+	rec, err := retried(func() (idempotency.Record, error) {
+		return scanRecord(s.db.QueryRowContext(ctx, s.q.get, sc.Principal, sc.Method, sc.Route, sc.Key))
+	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return idempotency.Record{}, idempotency.ErrNotFound
 	}
@@ -229,28 +294,30 @@ func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Reco
 // Heartbeat implements idempotency.Store.Heartbeat: it sets the lease end to
 // until. idempotency.ErrLeaseLost when l does not own an in-progress record.
 func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
-	return s.heartbeat(ctx, s.db, l, until)
+	return retriedErr(func() error { return s.heartbeat(ctx, s.db, l, until) })
 }
 
 // Complete implements idempotency.Store.Complete outside any transaction.
 // idempotency.ErrLeaseLost when l does not own an in-progress record.
 func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
-	return s.complete(ctx, s.db, l, resp, now)
+	return retriedErr(func() error { return s.complete(ctx, s.db, l, resp, now) })
 }
 
 // Release implements idempotency.Store.Release: it deletes the in-progress
 // record l owns. idempotency.ErrLeaseLost when l does not own it.
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 	sc := l.Scope
-	res, err := s.db.ExecContext(ctx, s.q.release, sc.Principal, sc.Method, sc.Route, sc.Key, l.Owner, l.Generation)
-	return changed("release", res, err)
+	return retriedErr(func() error {
+		res, err := s.db.ExecContext(ctx, s.q.release, sc.Principal, sc.Method, sc.Route, sc.Key, l.Owner, l.Generation)
+		return changed("release", res, err)
+	})
 }
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint outside any
 // transaction. idempotency.ErrLeaseLost when l does not own an in-progress
 // record.
 func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string, data []byte, now time.Time) error {
-	return s.setPoint(ctx, s.db, l, point, data, now)
+	return retriedErr(func() error { return s.setPoint(ctx, s.db, l, point, data, now) })
 }
 
 // Abandoned implements idempotency.Store.Abandoned: up to limit in-progress
@@ -260,6 +327,10 @@ func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) ([]idem
 	if limit <= 0 {
 		return nil, nil
 	}
+	return retried(func() ([]idempotency.Record, error) { return s.abandoned(ctx, now, limit) })
+}
+
+func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
 	rows, err := s.db.QueryContext(ctx, s.q.abandoned, nanos(now), int64(limit))
 	if err != nil {
 		return nil, opErr("abandoned", err)
@@ -281,21 +352,27 @@ func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) ([]idem
 
 // DeleteBefore implements idempotency.Store.DeleteBefore with one bounded
 // DELETE: up to limit records last updated before horizon that are completed
-// or whose lease also ended before horizon, oldest first. A limit of 0 or
-// less deletes nothing.
+// or whose lease also ended before horizon, oldest first. On PostgreSQL it
+// skips records that a concurrent write holds locked rather than wait for
+// them (a later run finds them if they are still stale), and re-checks the
+// conditions on each row it deletes, so a record taken over, heartbeated or
+// completed meanwhile survives. A limit of 0 or less deletes nothing.
+// Errors are *OpError with Op "delete_before".
 func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	res, err := s.db.ExecContext(ctx, s.q.deleteBefore, nanos(horizon), int64(limit))
-	if err != nil {
-		return 0, opErr("delete_before", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, opErr("delete_before", err)
-	}
-	return int(n), nil
+	return retried(func() (int, error) {
+		res, err := s.db.ExecContext(ctx, s.q.deleteBefore, nanos(horizon), int64(limit))
+		if err != nil {
+			return 0, opErr("delete_before", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, opErr("delete_before", err)
+		}
+		return int(n), nil
+	})
 }
 
 // execer is what the conditional writes need: *sql.DB or *sql.Tx.

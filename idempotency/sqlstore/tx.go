@@ -60,15 +60,34 @@ func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
 // at Begin on PostgreSQL: the fence is checked by the Unit's conditional
 // writes: a lost lease makes them return idempotency.ErrLeaseLost and rolls
 // the whole unit back at once (the handler's writes included; Commit then
-// returns idempotency.ErrLeaseLost as well). On SQLite open the database with
-// SQLiteDSN (BEGIN IMMEDIATE): the unit then holds the database's single
-// write lock until Commit or Rollback. Errors are *OpError with Op "begin".
+// returns idempotency.ErrLeaseLost as well). On PostgreSQL the transaction
+// is READ COMMITTED whatever the server's default (see the package
+// documentation); a serialization failure or deadlock in a unit's write or
+// commit is an *OpError matching ErrSerialization, after which only
+// Rollback is useful. On SQLite open the database with SQLiteDSN (BEGIN
+// IMMEDIATE): the unit then holds the database's single write lock until
+// Commit or Rollback. Errors are *OpError with Op "begin".
 func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.BeginTx(ctx, s.txOptions())
 	if err != nil {
 		return nil, ctx, opErr("begin", err)
 	}
 	return &unit{s: s, tx: tx, lease: l}, WithTx(ctx, tx), nil
+}
+
+// txOptions are the options of a unit's transaction. PostgreSQL units run
+// READ COMMITTED whatever the server's or session's default: the fence
+// relies on a conditional write that waited for a row changed by a
+// concurrent takeover re-reading the row and matching nothing (ErrLeaseLost),
+// where REPEATABLE READ or SERIALIZABLE fail it with SQLSTATE 40001. SQLite
+// transactions are serializable anyway (one writer at a time); the
+// modernc.org/sqlite driver ignores the isolation level, so SQLite keeps the
+// driver's default (nil).
+func (s *Store) txOptions() *sql.TxOptions {
+	if s.dialect == Postgres {
+		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	return nil
 }
 
 // unit is one transaction bound to a lease. When a conditional write finds
