@@ -102,6 +102,22 @@
 // stores a BLOB, which compares unequal to the same text (a foreign key to a
 // TEXT id then fails).
 //
+// # Clocks
+//
+// The Store never reads a clock: lease ends, completion and update times are
+// the times its callers pass, which come from each server's own clock. A
+// takeover compares the lease end written by one server with the time of
+// another, so in a fleet sharing PostgreSQL the servers' clocks must agree
+// to well below the lease (idempotency.DefaultLease, 30 s; keep them in sync
+// with NTP or similar, and lengthen the lease if they drift more). A server
+// whose clock runs ahead by more than the time left on a lease sees it
+// expired early and takes over a record whose owner is still working (the
+// fence then stops the old owner's writes, but two executions of the
+// handler overlapped); one whose clock runs behind takes over late, and
+// keeps a crashed owner's key blocked for longer. The replay window and the
+// cleanup horizon are compared across servers the same way, where skew
+// matters far less.
+//
 // # SQLite
 //
 // Open SQLite with SQLiteDSN (WAL, a busy timeout, BEGIN IMMEDIATE
