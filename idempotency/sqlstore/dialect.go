@@ -125,7 +125,7 @@ CREATE INDEX IF NOT EXISTS %[1]s_updated_idx ON %[1]s (updated_at);
 
 // queries holds the statements of one Store, built once at Open.
 type queries struct {
-	claim, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
+	claim, takeover, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
 }
 
 func buildQueries(d Dialect, table string) queries {
@@ -160,6 +160,17 @@ ON CONFLICT (principal, method, route, idem_key) DO UPDATE SET
 WHERE (t.state = 2 AND t.completed_at < $11)
    OR (t.state = 1 AND t.lease_until < $12 AND t.fingerprint = excluded.fingerprint
        AND t.fingerprint_version = excluded.fingerprint_version)
+RETURNING %[2]s`, table, columns),
+
+		// A takeover-only claim (idempotency.Claim.TakeoverOnly): one
+		// conditional UPDATE that wins only an in-progress record whose lease
+		// ended before now ($7) with the same fingerprint and version, exactly
+		// as the claim's takeover branch does (owner, generation + 1, lease,
+		// update time; the rest kept). It never inserts and never restarts a
+		// completed record.
+		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $5, generation = generation + 1, lease_until = $6, updated_at = $7
+WHERE principal = $1 AND method = $2 AND route = $3 AND idem_key = $4
+  AND state = 1 AND lease_until < $7 AND fingerprint = $8 AND fingerprint_version = $9
 RETURNING %[2]s`, table, columns),
 
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
@@ -207,6 +218,7 @@ LIMIT $2`, table, columns),
   AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table, d.skipLocked()),
 	}
 	q.claim = d.rebind(q.claim)
+	q.takeover = d.rebind(q.takeover)
 	q.get = d.rebind(q.get)
 	q.heartbeat = d.rebind(q.heartbeat)
 	q.complete = d.rebind(q.complete)

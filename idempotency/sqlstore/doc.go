@@ -61,7 +61,10 @@
 // A returned row means the caller won: a new record (generation 1), a
 // replaced stale completed record, or a takeover of an expired lease
 // (generation + 1, recovery point kept). No row means someone else holds
-// the record; the store then reads it only to say what to answer. Every later
+// the record; the store then reads it only to say what to answer. The
+// completer's takeover-only claim (idempotency.Claim.TakeoverOnly) is a
+// single conditional UPDATE ... RETURNING with the same takeover condition:
+// it never inserts a record and never restarts a completed one. Every later
 // write (heartbeat, recovery point, completion, release) is an UPDATE or
 // DELETE conditional on owner, generation and the in-progress state, and
 // returns idempotency.ErrLeaseLost when it changed nothing.

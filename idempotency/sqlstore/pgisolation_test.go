@@ -100,6 +100,16 @@ func TestPostgresStatementsRetrySerializationFailures(t *testing.T) {
 			}
 			return idempotency.ErrLeaseLost // C lost to B, as the writes of A do
 		}},
+		{"takeover-only claim", func(ctx context.Context, s *sqlstore.Store, old idempotency.Lease) error {
+			rec, ok, err := s.Claim(ctx, takeoverOnly(scope("k"), "C", "fp", later))
+			if err != nil {
+				return err
+			}
+			if ok || rec.Owner != "B" {
+				return errUnexpected{rec, ok}
+			}
+			return idempotency.ErrLeaseLost
+		}},
 	}
 	for _, level := range strictLevels {
 		for _, op := range ops {

@@ -231,6 +231,10 @@ func trimSpace(s string) string {
 // in-progress record whose lease ended before Now with the same fingerprint
 // and fingerprint version is taken over (generation+1, recovery point, data and
 // request kept). Otherwise the existing record is read and returned with
+// acquired false. With c.TakeoverOnly the statement is one conditional
+// UPDATE ... RETURNING instead, which only takes over such an expired
+// in-progress record: it never inserts and never restarts a completed record
+// (whatever ReplayWindow), and with no record it returns a zero Record and
 // acquired false. Errors are *OpError with Op "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
 	// The loop only repeats when the row that beat our insert vanished
@@ -252,6 +256,9 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 		if !errors.Is(err, idempotency.ErrNotFound) {
 			return idempotency.Record{}, false, err
 		}
+		if c.TakeoverOnly {
+			return idempotency.Record{}, false, nil // nothing to take over
+		}
 	}
 	return idempotency.Record{}, false, opErr("claim", errors.New("record kept vanishing between claim and read"))
 }
@@ -261,11 +268,17 @@ type rowQueryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// claimRow runs the claim statement once on q and scans the row it returns:
-// sql.ErrNoRows when the claim did not win.
+// claimRow runs the claim statement once on q (the takeover-only UPDATE
+// when c.TakeoverOnly) and scans the row it returns: sql.ErrNoRows when the
+// claim did not win.
 func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim) (idempotency.Record, error) {
 	now := nanos(c.Now)
 	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
+	if c.TakeoverOnly {
+		return scanRecord(q.QueryRowContext(ctx, s.q.takeover,
+			c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
+			c.Owner, leaseUntil, now, c.Fingerprint, int64(c.FingerprintVersion)))
+	}
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = subSat(now, c.ReplayWindow)
