@@ -44,6 +44,7 @@ type Run struct {
 	unitCtx    context.Context // Begin's context for unit
 	unitErr    error           // Begin's error, kept for the completion
 	done       bool            // the handler returned
+	expired    bool            // the lease ran out while heartbeats failed: nothing more may commit
 	inPhase    bool
 	phase      string    // the running phase's name, while inPhase
 	rec        *Recovery // decoded lazily from RecoveryData
@@ -58,6 +59,17 @@ var ErrNoTransactor = errors.New("idempotency: the store has no units of work (n
 // ErrRunDone is returned by Run.Unit, Run.Phase and Run.External called after
 // the handler returned.
 var ErrRunDone = errors.New("idempotency: the handler of this run has returned")
+
+// ErrLeaseExpired is the cause with which the middleware cancels a handler's
+// context when its heartbeats kept failing (the store unreachable) and the
+// lease it last extended is about to run out (less than a third of the
+// lease left): past that point a retry or the Completer may take the record
+// over and run the request a second time, so the first execution must stop.
+// The run's response is then never stored (its client gets 503
+// CodeStoreUnavailable), and Phase and External fail with it (Op "lease").
+// It matches ErrLeaseLost too (errors.Is): the execution can no longer
+// count on owning its record.
+var ErrLeaseExpired = fmt.Errorf("%w: it ran out while heartbeats failed", ErrLeaseLost)
 
 // Unit returns the unit of work in which the handler's own writes at ctx
 // belong, and a context with ctx's deadline and cancellation that also
@@ -132,6 +144,26 @@ func (r *Run) currentPoint() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.point
+}
+
+// expiring reports whether the lease the run last extended ends within
+// margin of now (now >= leaseUntil - margin), and if so marks the run
+// expired: its response is then never stored and no phase may start.
+func (r *Run) expiring(now time.Time, margin time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now.Before(r.leaseUntil.Add(-margin)) {
+		return false
+	}
+	r.expired = true
+	return true
+}
+
+// isExpired reports whether expiring marked the run expired.
+func (r *Run) isExpired() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.expired
 }
 
 // extend records a successful heartbeat.

@@ -251,3 +251,78 @@ func TestHeartbeat(t *testing.T) {
 		require.Equal(t, http.StatusServiceUnavailable, (<-done).Code)
 	})
 }
+
+// beatFails is a MemoryStore whose heartbeats fail (store unreachable)
+// while fail reports true for the beat's number (1, 2, ...).
+type beatFails struct {
+	*MemoryStore
+	beats atomic.Int64
+	fail  func(n int64) bool
+}
+
+func (b *beatFails) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+	if b.fail(b.beats.Add(1)) {
+		return errBoom
+	}
+	return b.MemoryStore.Heartbeat(ctx, l, until)
+}
+
+// Heartbeats that keep failing cancel the handler with cause
+// ErrLeaseExpired before its lease can run out (a successor could otherwise
+// run the request a second time alongside it); whatever the handler then
+// answers is not stored, and no phase may start. One failed beat alone
+// cancels nothing. testing/synctest provides the fake time.
+func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &beatFails{MemoryStore: NewMemoryStore(), fail: func(int64) bool { return true }}
+		start := time.Now()
+		var (
+			cause      error
+			canceledAt time.Duration
+			phaseErr   error
+		)
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-r.Context().Done():
+				cause, canceledAt = context.Cause(r.Context()), time.Since(start)
+			case <-time.After(2 * time.Minute):
+			}
+			run, _ := FromContext(r.Context())
+			_, phaseErr = run.Phase(r.Context(), "late", func(context.Context) ([]byte, error) { return []byte("x"), nil })
+			w.WriteHeader(http.StatusCreated) // a handler that ignores its cancellation
+			io.WriteString(w, "charged")
+		})
+		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		a := send(t, h, "k", `{}`)
+
+		require.ErrorIs(t, cause, ErrLeaseExpired)
+		require.ErrorIs(t, cause, ErrLeaseLost, "ErrLeaseExpired matches ErrLeaseLost")
+		require.Greater(t, canceledAt, 10*time.Second, "one failed heartbeat does not cancel")
+		require.Less(t, canceledAt, 30*time.Second, "canceled before the lease ran out")
+		require.Equal(t, http.StatusServiceUnavailable, a.Code, a.Body.String())
+		require.Contains(t, a.Body.String(), CodeStoreUnavailable)
+		require.ErrorIs(t, phaseErr, ErrLeaseExpired)
+		var pe *PhaseError
+		require.ErrorAs(t, phaseErr, &pe)
+		require.Equal(t, "lease", pe.Op)
+		_, err := store.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		require.ErrorIs(t, err, ErrNotFound, "the response was not stored; the key was released")
+	})
+
+	synctest.Test(t, func(t *testing.T) {
+		store := &beatFails{MemoryStore: NewMemoryStore(), fail: func(n int64) bool { return n == 1 || n == 3 }}
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(95 * time.Second) // beats 1 and 3 fail, 2 and 4 get through
+			if err := context.Cause(r.Context()); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		require.Equal(t, http.StatusCreated, send(t, h, "k", `{}`).Code)
+		rec, err := store.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		require.NoError(t, err)
+		require.Equal(t, Completed, rec.State)
+	})
+}

@@ -75,7 +75,12 @@ const storeTimeout = 10 * time.Second
 // canceled with cause ErrLeaseLost. If the completion then fails with
 // ErrLeaseLost (a successor took over), the late owner's response is
 // discarded and its client gets the successor's stored response or 409
-// CodeInProgress.
+// CodeInProgress. If heartbeats fail for another reason (the store is
+// unreachable) until less than lease/3 of the lease is left, the handler's
+// context is canceled with cause ErrLeaseExpired, before the lease can run
+// out under it: its response is then never stored (whatever it answers, the
+// client gets 503 CodeStoreUnavailable) and the key is given up (released,
+// or kept for a resume after a committed phase).
 //
 // With a store that implements Transactor, the stored response commits in
 // a Unit: the request's unit, begun when the handler first asks for it
@@ -413,6 +418,15 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 		// whatever the handler answered, nothing of its unit committed.
 		return h.unavailable(bg, w, r, req, run, unitErr)
 	}
+	if run.isExpired() {
+		// Heartbeats failed until the lease was about to end, and the
+		// handler was canceled: a successor may be running, and the store
+		// may owe us nothing. Store nothing.
+		if unit != nil {
+			_ = unit.Rollback()
+		}
+		return h.unavailable(bg, w, r, req, run, ErrLeaseExpired)
+	}
 	status := cw.statusCode()
 	if !h.stores(status) {
 		if unit != nil {
@@ -554,11 +568,14 @@ func (hb *heartbeat) stop() {
 }
 
 // heartbeat extends the lease every lease/3 until stopped; a lost lease
-// cancels the handler's context with cause ErrLeaseLost.
+// cancels the handler's context with cause ErrLeaseLost, and failures that
+// last until less than lease/3 of the lease is left cancel it with cause
+// ErrLeaseExpired (and mark the run expired).
 func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
 	lease := run.Lease
 	hb := &heartbeat{}
 	interval := h.cfg.lease / 3
+	margin := h.cfg.lease / 3
 	beat := func() {
 		hb.mu.Lock()
 		if hb.stopped {
@@ -580,6 +597,12 @@ func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelC
 			h.log(bg, slog.LevelWarn, "idempotency: lease lost while the handler ran; canceling it", lease.Scope,
 				"generation", lease.Generation)
 			cancel(ErrLeaseLost)
+			return
+		}
+		if err != nil && run.expiring(h.cfg.now(), margin) {
+			h.log(bg, slog.LevelError, "idempotency: heartbeats failed and the lease is about to run out; canceling the handler, its response will not be stored",
+				lease.Scope, "err", err, "generation", lease.Generation)
+			cancel(ErrLeaseExpired)
 			return
 		}
 		if err != nil {

@@ -202,8 +202,11 @@ func WithInProgressWait(d time.Duration) Option {
 // WithLease sets the lease a claim holds. The middleware heartbeats every
 // lease/3 while the handler runs; a lease that expires anyway (a stalled
 // process) lets a retry take the record over, and the old owner's writes are
-// then rejected (ErrLeaseLost). Default 30 s; values under 3 ms keep the
-// default.
+// then rejected (ErrLeaseLost). When heartbeats keep failing (the store
+// unreachable) until less than lease/3 is left, the handler's context is
+// canceled with cause ErrLeaseExpired and its response is not stored. Set
+// the lease well above the store's worst latency. Default 30 s; values under
+// 3 ms keep the default.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
 		if d >= 3*time.Millisecond {

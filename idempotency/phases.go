@@ -119,7 +119,8 @@ var ErrPhaseMisuse = errors.New("idempotency: phase misuse")
 // PhaseError reports a phase that did not commit. Op is where it stopped:
 // "use" (misuse, wraps ErrPhaseMisuse or ErrRunDone), "decode" (the record's
 // recovery data, wraps ErrBadRecoveryData), "lease" (the lease was lost
-// before the phase started, wraps ErrLeaseLost), "begin" (the store's
+// before the phase started, wraps ErrLeaseLost, or ErrLeaseExpired after
+// heartbeats failed), "begin" (the store's
 // Begin), "run" (the phase's function returned Err), "intent" (recording an
 // External phase's intent), "lookup" and "call" (an External phase's
 // functions returned Err; the intent stays recorded) or "commit". A lost
@@ -163,6 +164,8 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (Recovery, 
 	switch {
 	case r.done:
 		return Recovery{}, &PhaseError{Phase: name, Op: "use", Err: ErrRunDone}
+	case r.expired:
+		return Recovery{}, &PhaseError{Phase: name, Op: "lease", Err: ErrLeaseExpired}
 	case name == "" || len(name) > maxPhaseName:
 		return misuse("a phase name has 1 to %d bytes", maxPhaseName)
 	case r.inPhase:
