@@ -91,8 +91,11 @@
 // any inside a unit (whose transaction is then gone), is an *OpError
 // matching ErrSerialization: a retryable store error, never
 // idempotency.ErrLeaseLost, because nothing committed and the lease is still
-// the caller's. The middleware answers it 503 CodeStoreUnavailable and gives
-// the key up, so the client's retry runs the request again. SQLite
+// the caller's. When it ends the request's unit (the completion or its
+// commit), the middleware answers 503 CodeStoreUnavailable and gives the key
+// up, so the client's retry runs the request again; in an atomic phase it
+// reaches the handler wrapped in the *idempotency.PhaseError, and nothing of
+// the phase committed. SQLite
 // transactions are serializable by construction (one writer at a time) and
 // keep the driver's default options.
 //
