@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,6 +59,9 @@ const storeTimeout = 10 * time.Second
 //     CodeRequestTooLarge. Principal error: 401 CodePrincipalUnavailable.
 //   - Store error: 503 CodeStoreUnavailable; the handler never runs
 //     unprotected (a nil store answers this way to every guarded request).
+//   - The handler answered while an External call's outcome is unknown (its
+//     intent recorded, no result): 503 CodeRequestIncomplete, nothing
+//     stored, the record kept for a resume (see Run.External).
 //
 // Every answer of the middleware's own is RFC 9457 problem+json (Problem)
 // with Cache-Control: no-store.
@@ -437,6 +441,21 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 			return outcomeKept
 		}
 		return outcomeReleased
+	}
+	if point := run.currentPoint(); strings.HasPrefix(point, intentPrefix) {
+		// An External call's outcome is unknown: storing this answer would
+		// replay it for whatever the call did. Keep the record for a
+		// resume that asks lookup first.
+		if unit != nil {
+			_ = unit.Rollback()
+		}
+		h.log(bg, slog.LevelError, "idempotency: the handler answered while an external call's outcome is unknown; "+
+			"its response is not stored and the record is kept for a resume", req.scope,
+			"status", status, "recovery_point", point, "generation", lease.Generation)
+		h.abort(bg, lease, point)
+		writeProblem(w, http.StatusServiceUnavailable, CodeRequestIncomplete,
+			"a call to another service made for this request has an unknown outcome; retry with the same key to finish it", nil)
+		return outcomeKept
 	}
 	resp := Response{Status: status, Header: make(http.Header)}
 	for k, v := range cw.header {

@@ -102,8 +102,11 @@ func (rec Recovery) with(p CommittedPhase) Recovery {
 	return Recovery{Phases: append(phases, p)}
 }
 
+// intentPrefix starts the recovery point of a recorded intent.
+const intentPrefix = "intent:"
+
 // intentPoint is the recovery point of a recorded intent.
-func intentPoint(phase string) string { return "intent:" + phase }
+func intentPoint(phase string) string { return intentPrefix + phase }
 
 func downstreamKey(key, phase, id string) string { return keygen.Event(key, phase, id) }
 
@@ -360,6 +363,17 @@ func (r *Run) commit(ctx context.Context, unit Unit, point string, rec Recovery)
 // may start. Errors are *PhaseError: Op "intent", "lookup", "call" or
 // "commit", or one of Phase's; "call" and "lookup" wrap the functions' own
 // errors.
+//
+// While an intent is recorded without its outcome (External returned an
+// error at "lookup", "call" or "commit"), the request's response is never
+// stored, whatever its status: a 402 answered after a charge call that timed
+// out could otherwise be replayed for a charge that went through. The
+// middleware discards it, logs at Error, answers 503
+// CodeRequestIncomplete, and keeps the record in progress with the intent
+// and its lease ended at once, so that the client's retry (or the
+// Completer) resumes at once and asks lookup for the outcome. Answer with a
+// 5xx yourself to say what failed; the client sees the 503 either way.
+// The request's unit is rolled back.
 func (r *Run) External(ctx context.Context, name string,
 	call func(ctx context.Context, downstreamKey string) ([]byte, error),
 	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error)) ([]byte, error) {

@@ -697,3 +697,61 @@ func FuzzDecodeRecovery(f *testing.F) {
 		}
 	})
 }
+
+// A storable answer (a 402 after a charge call that timed out, or even a
+// 201) given while an External call's outcome is unknown is never stored:
+// the client gets 503 CodeRequestIncomplete, the record is kept with the
+// intent and its lease ended, the failure is logged at Error, and the retry
+// resumes with lookup and finds the charge that did go through.
+func TestNoResponseStoredWhileAnExternalOutcomeIsUnknown(t *testing.T) {
+	for _, status := range []int{http.StatusPaymentRequired, http.StatusCreated} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			mem := NewMemoryStore()
+			proc := newProcessor()
+			clock := &fakeClock{t: t0}
+			var timeouts atomic.Int64
+			timeouts.Store(1)
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				run, _ := FromContext(r.Context())
+				out, err := run.External(r.Context(), "charge", func(ctx context.Context, key string) ([]byte, error) {
+					out, err := proc.charge(ctx, key) // it goes through...
+					if timeouts.Add(-1) >= 0 {
+						return nil, context.DeadlineExceeded // ...but the answer times out
+					}
+					return out, err
+				}, proc.find)
+				if err != nil {
+					w.WriteHeader(status) // "payment required": a storable status
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				w.Write(out)
+			})
+			log, buf := bufLogger()
+			h := New(mem, withClock(clock), WithLogger(log))(next)
+
+			first := send(t, h, "order-42", `{}`)
+			require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
+			require.Contains(t, first.Body.String(), CodeRequestIncomplete)
+			rec, err := mem.Get(t.Context(), payScope)
+			require.NoError(t, err)
+			require.Equal(t, InProgress, rec.State, "not stored")
+			require.Equal(t, "intent:charge", rec.RecoveryPoint)
+			require.False(t, rec.LeaseUntil.After(clock.Now()), "the lease ended at once")
+			require.Contains(t, buf.String(), "level=ERROR")
+			require.Contains(t, buf.String(), "unknown")
+
+			clock.Advance(time.Millisecond)
+			second := send(t, h, "order-42", `{}`)
+			require.Equal(t, http.StatusCreated, second.Code, second.Body.String())
+			require.Equal(t, "ch_1", second.Body.String())
+			calls, lookups := proc.counts()
+			require.Len(t, calls, 1)
+			for k, n := range calls {
+				require.Equal(t, 1, n, "charged once")
+				require.Equal(t, 1, lookups[k], "the resume asked first")
+			}
+			requireReplayed(t, send(t, h, "order-42", `{}`), "ch_1")
+		})
+	}
+}

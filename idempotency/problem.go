@@ -33,6 +33,12 @@ const (
 	// CodePrincipalUnavailable (401): the principal function returned an
 	// error; the handler did not run.
 	CodePrincipalUnavailable = "idempotency_principal_unavailable"
+	// CodeRequestIncomplete (503): the handler answered while the outcome of
+	// a call it made to another service (Run.External) was unknown, so its
+	// answer was not stored; the record stays in progress, ready to resume.
+	// Retry with the same key: the retry asks the other service for the
+	// outcome under the same downstream key before calling again.
+	CodeRequestIncomplete = "idempotency_request_incomplete"
 	// CodeResponseNotReplayable (409): the request with this key completed,
 	// but its response body was larger than the stored-body cap
 	// (WithMaxStoredBody) and was not kept. The work is not done again; the
@@ -68,6 +74,7 @@ var problemTitles = map[string]string{
 	CodeRequestUnreadable:     "The request body could not be read",
 	CodePrincipalUnavailable:  "The caller could not be identified",
 	CodeResponseNotReplayable: "The stored response cannot be replayed",
+	CodeRequestIncomplete:     "The request could not be finished yet",
 }
 
 // writeProblem writes a problem+json answer with Cache-Control: no-store.
