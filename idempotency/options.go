@@ -219,6 +219,14 @@ func WithLease(d time.Duration) Option {
 // a reused key is a new request. Set it above the longest retry chain
 // (dead-letter replays, scheduled re-runs). Default 24 h; values <= 0 keep
 // the default.
+//
+// The Reaper must keep records at least that long: give its
+// ReaperConfig.ReplayWindow the same value. It never deletes a record
+// sooner than ReplayWindow + Lease after its last update (a shorter Horizon,
+// such as DefaultCleanupHorizon under a 7-day window, is raised to that and
+// logged at Warn); a Reaper that is not told the window assumes
+// DefaultReplayWindow and would delete records a longer window still
+// replays, so a retry would run again.
 func WithReplayWindow(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {

@@ -11,7 +11,11 @@ import (
 // Defaults of ReaperConfig.
 const (
 	// DefaultCleanupHorizon is how long after its last update a record is
-	// kept: 72 hours, well past the 24-hour default replay window.
+	// kept: 72 hours, well past the 24-hour default replay window. A Reaper
+	// never uses a horizon shorter than its ReplayWindow plus its Lease
+	// (ReaperConfig): with WithReplayWindow above 72 h, set
+	// ReaperConfig.ReplayWindow to the same value (the horizon is then
+	// raised to match, and a Warn says so).
 	DefaultCleanupHorizon = 72 * time.Hour
 	// DefaultReapBatch is the most records one DeleteBefore call removes.
 	DefaultReapBatch = 500
@@ -27,8 +31,15 @@ const (
 
 // ReaperConfig configures NewReaper. Zero fields take the defaults above;
 // negative ones are treated as zero.
+//
+// A Horizon shorter than ReplayWindow + Lease would delete completed records
+// that the middleware should still replay (a retry would then run again):
+// NewReaper raises it to ReplayWindow + Lease and logs that at Warn. Set
+// ReplayWindow and Lease to the middleware's WithReplayWindow and WithLease.
 type ReaperConfig struct {
-	Horizon       time.Duration // records last updated before now-Horizon go (DefaultCleanupHorizon)
+	Horizon       time.Duration // records last updated before now-Horizon go (DefaultCleanupHorizon; at least ReplayWindow+Lease)
+	ReplayWindow  time.Duration // the middleware's replay window (DefaultReplayWindow)
+	Lease         time.Duration // the middleware's lease (DefaultLease)
 	BatchSize     int           // records per DeleteBefore call (DefaultReapBatch)
 	MaxBatches    int           // DeleteBefore calls per run (DefaultReapMaxBatches)
 	Interval      time.Duration // time between runs of Start's loop (DefaultReapInterval)
@@ -75,11 +86,17 @@ type Reaper struct {
 }
 
 // NewReaper returns a Reaper over s with cfg (zero fields take the
-// defaults). It starts nothing: call ReapOnce, or Start for a background
-// loop.
+// defaults; a Horizon under ReplayWindow + Lease is raised to it, logged at
+// Warn). It starts nothing: call ReapOnce, or Start for a background loop.
 func NewReaper(s Store, cfg ReaperConfig) *Reaper {
 	if cfg.Horizon <= 0 {
 		cfg.Horizon = DefaultCleanupHorizon
+	}
+	if cfg.ReplayWindow <= 0 {
+		cfg.ReplayWindow = DefaultReplayWindow
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultReapBatch
@@ -95,6 +112,13 @@ func NewReaper(s Store, cfg ReaperConfig) *Reaper {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if least := cfg.ReplayWindow + cfg.Lease; cfg.Horizon < least {
+		cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"idempotency reaper: the cleanup horizon is shorter than the replay window plus the lease; raised, so that no record is deleted while it should still be replayed",
+			slog.Duration("horizon", cfg.Horizon), slog.Duration("replay_window", cfg.ReplayWindow),
+			slog.Duration("lease", cfg.Lease), slog.Duration("raised_to", least))
+		cfg.Horizon = least
 	}
 	return &Reaper{
 		store: s,

@@ -109,7 +109,7 @@ func TestReapOnceStopsAtMaxBatches(t *testing.T) {
 		seed(t, s, string(rune('a'+i)), reapT0, true)
 	}
 	log, _ := bufLogger()
-	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, BatchSize: 3, MaxBatches: 2, Logger: log})
+	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, BatchSize: 3, MaxBatches: 2, Logger: log})
 	now := reapT0.Add(2 * time.Hour)
 	rep, err := r.ReapOnce(t.Context(), now)
 	require.NoError(t, err)
@@ -135,7 +135,7 @@ func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
 	seed(t, s, "done", reapT0, true)
 
 	log, buf := bufLogger()
-	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, Logger: log})
+	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, Logger: log})
 	rep, err := r.ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, 3, rep.Deleted)
@@ -168,7 +168,7 @@ func TestReapOnceCountsUnfinishedItLeftAsSkipped(t *testing.T) {
 	seed(t, s, "done-2", reapT0.Add(time.Second), true)
 	seed(t, s, "stuck", reapT0.Add(2*time.Second), false) // newest UpdatedAt: deleted last
 	log, _ := bufLogger()
-	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, BatchSize: 1, MaxBatches: 2, Logger: log})
+	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, BatchSize: 1, MaxBatches: 2, Logger: log})
 	rep, err := r.ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, 2, rep.Deleted)
@@ -213,7 +213,7 @@ func TestReapOnceStoreErrors(t *testing.T) {
 			s := NewMemoryStore()
 			seed(t, s, "stuck", reapT0, false)
 			log, _ := bufLogger()
-			r := NewReaper(failingStore{Store: s, fail: op}, ReaperConfig{Horizon: time.Hour, Logger: log})
+			r := NewReaper(failingStore{Store: s, fail: op}, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, Logger: log})
 			_, err := r.ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
 			require.ErrorIs(t, err, ErrReap)
 			require.ErrorIs(t, err, errBoom)
@@ -310,4 +310,36 @@ func TestStartLogsFailedRunsAndGoesOn(t *testing.T) {
 	stop()
 	require.Contains(t, buf.String(), "level=ERROR msg=\"idempotency reaper: run failed\"")
 	require.Contains(t, buf.String(), "boom")
+}
+
+// The horizon never undercuts the replay window: a 7-day window with the
+// default 72-hour horizon keeps a record completed 4 days ago (a retry
+// within the window must still get its replay) and says so at Warn.
+func TestReaperHorizonCoversTheReplayWindow(t *testing.T) {
+	s := NewMemoryStore()
+	now := reapT0.Add(30 * 24 * time.Hour)
+	seed(t, s, "4-days", now.Add(-4*24*time.Hour), true)
+	seed(t, s, "8-days", now.Add(-8*24*time.Hour), true)
+	log, buf := bufLogger()
+	week := 7 * 24 * time.Hour
+	r := NewReaper(s, ReaperConfig{ReplayWindow: week, Logger: log})
+	require.Equal(t, week+DefaultLease, r.cfg.Horizon)
+	require.Contains(t, buf.String(), "level=WARN")
+	require.Contains(t, buf.String(), "raised_to=168h0m30s")
+	rep, err := r.ReapOnce(t.Context(), now)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Deleted)
+	require.True(t, exists(t, s, "4-days"), "still inside the replay window")
+	require.False(t, exists(t, s, "8-days"))
+
+	// Below the default window too, and with the middleware's lease.
+	buf.Reset()
+	r = NewReaper(s, ReaperConfig{Horizon: time.Hour, Lease: time.Minute, Logger: log})
+	require.Equal(t, DefaultReplayWindow+time.Minute, r.cfg.Horizon)
+	require.Contains(t, buf.String(), "level=WARN")
+	// A horizon that covers them is kept, silently.
+	buf.Reset()
+	r = NewReaper(s, ReaperConfig{Horizon: 25 * time.Hour, Logger: log})
+	require.Equal(t, 25*time.Hour, r.cfg.Horizon)
+	require.Empty(t, buf.String())
 }
