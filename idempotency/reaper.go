@@ -24,8 +24,8 @@ const (
 	DefaultReapMaxBatches = 20
 	// DefaultReapInterval is the time between two runs of Start's loop.
 	DefaultReapInterval = 10 * time.Minute
-	// DefaultReapMaxUnfinished is the most unfinished records one ReapOnce
-	// lists and logs.
+	// DefaultReapMaxUnfinished is the page size in which ReapOnce lists
+	// unfinished records (Store.Abandoned) to log them before deleting.
 	DefaultReapMaxUnfinished = 100
 )
 
@@ -43,7 +43,7 @@ type ReaperConfig struct {
 	BatchSize     int           // records per DeleteBefore call (DefaultReapBatch)
 	MaxBatches    int           // DeleteBefore calls per run (DefaultReapMaxBatches)
 	Interval      time.Duration // time between runs of Start's loop (DefaultReapInterval)
-	MaxUnfinished int           // unfinished records listed per run (DefaultReapMaxUnfinished)
+	MaxUnfinished int           // unfinished records listed per page (DefaultReapMaxUnfinished)
 	Logger        *slog.Logger  // nil: slog.Default()
 }
 
@@ -54,21 +54,23 @@ type Report struct {
 	// Deleted counts the records deleted, in Batches DeleteBefore calls.
 	Deleted int
 	Batches int
-	// Unfinished lists in-progress records whose lease ended before the
-	// horizon, seen before deleting (at most MaxUnfinished, the
-	// longest-abandoned first). The requests they stand for started and never
-	// completed, and no completer finished them: their side effects may be
-	// half done. Each is logged at Warn for a person to act on, with the
-	// phase and downstream key of an external call whose outcome is unknown
-	// (Run.External) when there is one.
+	// Unfinished lists the in-progress records whose lease ended before the
+	// horizon that this run listed, the longest-abandoned first: the requests
+	// they stand for started and never completed, and no completer finished
+	// them, so their side effects may be half done. Each is logged at Warn
+	// for a person to act on, with the phase and downstream key of an
+	// external call whose outcome is unknown (Run.External) when there is
+	// one, before anything is deleted: every unfinished record a run deletes
+	// is in this list and in the log.
 	Unfinished []Record
 	// Skipped counts the Unfinished records still present after the run:
-	// a new owner took them over in between, or the run stopped at
-	// MaxBatches before reaching them.
+	// a new owner took them over in between, the run stopped at MaxBatches
+	// before reaching them, or they were updated after the horizon.
 	Skipped int
-	// More is true when the run stopped at MaxBatches with a full last
-	// batch: more records past the horizon are probably left for the next
-	// run.
+	// More is true when the run stopped before it could reach every record
+	// past the horizon: at MaxBatches with a full last batch, or with
+	// unfinished records left that it could not list (see ReapOnce). The
+	// next run goes on.
 	More bool
 }
 
@@ -131,63 +133,94 @@ func NewReaper(s Store, cfg ReaperConfig) *Reaper {
 	}
 }
 
-// ReapOnce runs one bounded pass at now: it lists the unfinished in-progress
-// records past the horizon (now - Horizon) and logs each at Warn, then calls
-// DeleteBefore(horizon, BatchSize) until a batch comes back short or
-// MaxBatches calls ran, and finally counts which unfinished records are
-// still there. On a store error it stops and returns the report so far with
-// the error (wrapped, matching errors.Is against the store's error);
-// ctx cancellation stops it between batches with ctx's error.
+// ReapOnce runs one bounded pass at now. It lists the unfinished
+// in-progress records past the horizon (now - Horizon), MaxUnfinished at a
+// time, and logs each at Warn before anything that could delete it: when a
+// page comes back full (more may be unlisted), it deletes only below the
+// lease end of the last record listed (every unfinished record there was
+// listed), calling DeleteBefore(cut, BatchSize) until a batch comes back
+// short, then lists the next page; once a page is short it deletes up to
+// the horizon itself. It stops after MaxBatches DeleteBefore calls, or
+// when a full page brings nothing new (records it cannot delete yet fill
+// it; Report.More), and finally counts which unfinished records are still
+// there. While unfinished records are paged, completed records between the
+// cut and the horizon wait for a later step or run. On a store error it
+// stops and returns the report so far with the error (wrapped, matching
+// errors.Is against the store's error); ctx cancellation stops it between
+// calls with ctx's error.
 func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (Report, error) {
 	rep := Report{Horizon: now.Add(-r.cfg.Horizon)}
 	log := r.cfg.Logger
 
-	unfinished, err := r.store.Abandoned(ctx, rep.Horizon, r.cfg.MaxUnfinished)
-	if err != nil {
-		return rep, &ReapError{Op: "abandoned", Err: err}
-	}
-	rep.Unfinished = unfinished
-	for _, rec := range unfinished {
-		attrs := []slog.Attr{
-			slog.String("principal", rec.Scope.Principal),
-			slog.String("method", rec.Scope.Method),
-			slog.String("route", rec.Scope.Route),
-			slog.String("key", rec.Scope.Key),
-			slog.String("owner", rec.Owner),
-			slog.Int64("generation", rec.Generation),
-			slog.String("recovery_point", rec.RecoveryPoint),
-			slog.Int("recovery_data_bytes", len(rec.RecoveryData)),
-			slog.Time("created_at", rec.CreatedAt),
-			slog.Time("lease_until", rec.LeaseUntil),
-		}
-		// An External phase whose outcome was never recorded is the side
-		// effect to check first: name its downstream key.
-		if data, err := DecodeRecovery(rec.RecoveryData); err == nil && data.Pending != nil {
-			attrs = append(attrs, slog.String("pending_phase", data.Pending.Phase),
-				slog.String("downstream_key", data.Pending.DownstreamKey))
-		}
-		log.LogAttrs(ctx, slog.LevelWarn,
-			"idempotency reaper: unfinished request past the cleanup horizon is being deleted; check its side effects",
-			attrs...)
-	}
-
-	for rep.Batches < r.cfg.MaxBatches {
+	logged := make(map[Scope]int64) // scope -> generation listed and logged in this run
+	limit := r.cfg.MaxUnfinished
+	lastFull := false // the last DeleteBefore batch was full
+	for {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		n, err := r.store.DeleteBefore(ctx, rep.Horizon, r.cfg.BatchSize)
+		page, err := r.store.Abandoned(ctx, rep.Horizon, limit)
 		if err != nil {
-			return rep, &ReapError{Op: "delete_before", Err: err}
+			return rep, &ReapError{Op: "abandoned", Err: err}
 		}
-		rep.Batches++
-		rep.Deleted += n
-		if n < r.cfg.BatchSize {
+		fresh := 0
+		for _, rec := range page {
+			if gen, ok := logged[rec.Scope]; ok && gen == rec.Generation {
+				continue
+			}
+			logged[rec.Scope] = rec.Generation
+			rep.Unfinished = append(rep.Unfinished, rec)
+			r.logUnfinished(ctx, rec)
+			fresh++
+		}
+		full := len(page) >= limit
+		if full && fresh == 0 {
+			// The page holds only records listed before that the deletes
+			// could not remove (updated after the cut): no way on this run.
+			rep.More = true
 			break
 		}
-		rep.More = rep.Batches == r.cfg.MaxBatches
+		cut := rep.Horizon
+		if full {
+			// Unlisted unfinished records may follow the page (Abandoned
+			// lists by lease end): delete only below the last listed one's.
+			cut = page[len(page)-1].LeaseUntil
+			if !page[0].LeaseUntil.Before(cut) {
+				// The whole page shares one lease end: nothing can be cut
+				// between its records. List more of them.
+				limit *= 2
+				continue
+			}
+		}
+		for rep.Batches < r.cfg.MaxBatches {
+			if err := ctx.Err(); err != nil {
+				return rep, err
+			}
+			n, err := r.store.DeleteBefore(ctx, cut, r.cfg.BatchSize)
+			if err != nil {
+				return rep, &ReapError{Op: "delete_before", Err: err}
+			}
+			rep.Batches++
+			rep.Deleted += n
+			lastFull = n >= r.cfg.BatchSize
+			if !lastFull {
+				break
+			}
+		}
+		if rep.Batches >= r.cfg.MaxBatches && lastFull {
+			rep.More = true
+			break
+		}
+		if !full {
+			break
+		}
+		if rep.Batches >= r.cfg.MaxBatches {
+			rep.More = true // unfinished records may be left unlisted
+			break
+		}
 	}
 
-	for _, rec := range unfinished {
+	for _, rec := range rep.Unfinished {
 		_, err := r.store.Get(ctx, rec.Scope)
 		switch {
 		case err == nil:
@@ -198,7 +231,7 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (Report, error) {
 	}
 
 	level := slog.LevelInfo
-	if rep.Deleted == 0 && len(unfinished) == 0 {
+	if rep.Deleted == 0 && len(rep.Unfinished) == 0 {
 		level = slog.LevelDebug
 	}
 	log.LogAttrs(ctx, level, "idempotency reaper: run finished",
@@ -210,6 +243,31 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (Report, error) {
 		slog.Bool("more", rep.More),
 	)
 	return rep, nil
+}
+
+// logUnfinished logs an unfinished record at Warn, for a person to act on.
+func (r *Reaper) logUnfinished(ctx context.Context, rec Record) {
+	attrs := []slog.Attr{
+		slog.String("principal", rec.Scope.Principal),
+		slog.String("method", rec.Scope.Method),
+		slog.String("route", rec.Scope.Route),
+		slog.String("key", rec.Scope.Key),
+		slog.String("owner", rec.Owner),
+		slog.Int64("generation", rec.Generation),
+		slog.String("recovery_point", rec.RecoveryPoint),
+		slog.Int("recovery_data_bytes", len(rec.RecoveryData)),
+		slog.Time("created_at", rec.CreatedAt),
+		slog.Time("lease_until", rec.LeaseUntil),
+	}
+	// An External phase whose outcome was never recorded is the side
+	// effect to check first: name its downstream key.
+	if data, err := DecodeRecovery(rec.RecoveryData); err == nil && data.Pending != nil {
+		attrs = append(attrs, slog.String("pending_phase", data.Pending.Phase),
+			slog.String("downstream_key", data.Pending.DownstreamKey))
+	}
+	r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn,
+		"idempotency reaper: unfinished request past the cleanup horizon is being deleted; check its side effects",
+		attrs...)
 }
 
 // Start runs ReapOnce in a background goroutine: once immediately, then every

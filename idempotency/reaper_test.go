@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -342,4 +343,63 @@ func TestReaperHorizonCoversTheReplayWindow(t *testing.T) {
 	r = NewReaper(s, ReaperConfig{Horizon: 25 * time.Hour, Logger: log})
 	require.Equal(t, 25*time.Hour, r.cfg.Horizon)
 	require.Empty(t, buf.String())
+}
+
+// Every unfinished record the reaper deletes is logged first, however many
+// there are: more than MaxUnfinished, with distinct lease ends or all with
+// one.
+func TestReapOnceLogsEveryUnfinishedRecordItDeletes(t *testing.T) {
+	for _, tie := range []bool{false, true} {
+		t.Run(map[bool]string{false: "staggered", true: "one lease end"}[tie], func(t *testing.T) {
+			s := NewMemoryStore()
+			const n = 250
+			for i := range n {
+				at := reapT0.Add(time.Duration(i) * time.Second)
+				if tie {
+					at = reapT0
+				}
+				seed(t, s, fmt.Sprintf("stuck-%03d", i), at, false)
+			}
+			for i := range 30 {
+				seed(t, s, fmt.Sprintf("done-%02d", i), reapT0.Add(time.Duration(i)*time.Minute), true)
+			}
+			seed(t, s, "young", reapT0.Add(99*time.Hour), false)
+			log, buf := bufLogger()
+			r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, MaxUnfinished: 100, BatchSize: 40, Logger: log})
+			rep, err := r.ReapOnce(t.Context(), reapT0.Add(100*time.Hour))
+			require.NoError(t, err)
+			require.Equal(t, n+30, rep.Deleted)
+			require.False(t, rep.More)
+			require.Len(t, rep.Unfinished, n)
+			require.Zero(t, rep.Skipped)
+			require.Equal(t, 1, s.Len())
+			for i := range n {
+				require.Contains(t, buf.String(), fmt.Sprintf("key=stuck-%03d ", i))
+			}
+			require.Equal(t, n, strings.Count(buf.String(), "level=WARN"), "each logged once")
+		})
+	}
+}
+
+// A full page of unfinished records that cannot be deleted yet (updated
+// after the horizon) stops the run without deleting records it did not
+// list; it says so in More.
+func TestReapOnceNeverDeletesAnUnlistedUnfinishedRecord(t *testing.T) {
+	s := NewMemoryStore()
+	now := reapT0.Add(100 * time.Hour)
+	for i := range 2 {
+		rec := seed(t, s, fmt.Sprintf("late-%d", i), reapT0.Add(time.Duration(i)*time.Second), false)
+		// A late phase commit by an owner whose lease had ended: updated
+		// after the horizon, so not deletable yet.
+		require.NoError(t, s.SetRecoveryPoint(t.Context(), rec.Lease(), "order", nil, now.Add(-time.Minute)))
+	}
+	seed(t, s, "unlisted", reapT0.Add(time.Minute), false)
+	log, buf := bufLogger()
+	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, MaxUnfinished: 2, Logger: log})
+	rep, err := r.ReapOnce(t.Context(), now)
+	require.NoError(t, err)
+	require.True(t, rep.More)
+	require.True(t, exists(t, s, "unlisted"), "deleted without being logged")
+	require.NotContains(t, buf.String(), "key=unlisted ")
+	require.Equal(t, 2, rep.Skipped)
 }
