@@ -81,6 +81,10 @@ type CompleterReport struct {
 // a client retry, tries it again, until it completes or the Reaper deletes
 // it past the cleanup horizon (and logs it).
 //
+// Its log records name a request by method, route, key_digest and
+// principal_digest (LogDigest: never the raw key or principal), generation,
+// recovery point and creation time.
+//
 // A Completer is safe for concurrent use, and several completers (in
 // several processes) may share one store: each record goes to one of them,
 // the claim decides. Records of routes it has no handler for stay until the
@@ -297,9 +301,10 @@ func (c *Completer) forget(listed map[Scope]bool) {
 
 func (c *Completer) log(ctx context.Context, level slog.Level, msg string, rec Record, attrs ...slog.Attr) {
 	attrs = append([]slog.Attr{
-		slog.String("principal", rec.Scope.Principal), slog.String("method", rec.Scope.Method),
-		slog.String("route", rec.Scope.Route), slog.String("key", rec.Scope.Key),
+		slog.String("method", rec.Scope.Method), slog.String("route", rec.Scope.Route),
+		slog.String("key_digest", LogDigest(rec.Scope.Key)), slog.String("principal_digest", LogDigest(rec.Scope.Principal)),
 		slog.Int64("generation", rec.Generation), slog.String("recovery_point", rec.RecoveryPoint),
+		slog.Time("created_at", rec.CreatedAt),
 	}, attrs...)
 	c.cfg.Logger.LogAttrs(ctx, level, msg, attrs...)
 }

@@ -167,6 +167,11 @@ func TestCompleterOutcomes(t *testing.T) {
 	require.Contains(t, buf.String(), "no handler for the route")
 	require.Contains(t, buf.String(), "unreadable")
 	require.Contains(t, buf.String(), "panicked")
+	// Records are named by digests, never by the raw key or principal.
+	require.Contains(t, buf.String(), "key_digest="+LogDigest("released")+" ")
+	require.Contains(t, buf.String(), "principal_digest="+LogDigest("")+" ")
+	require.NotContains(t, buf.String(), "key=")
+	require.NotContains(t, buf.String(), "principal=")
 
 	_, err = mem.Get(t.Context(), scope("POST /fails", "released"))
 	require.ErrorIs(t, err, ErrNotFound, "no phase committed: released")

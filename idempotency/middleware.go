@@ -202,7 +202,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 }
 
 func (h *handler) log(ctx context.Context, level slog.Level, msg string, s Scope, attrs ...any) {
-	attrs = append(attrs, "method", s.Method, "route", s.Route, "key_digest", keyDigest(s.Key))
+	attrs = append(attrs, "method", s.Method, "route", s.Route, "key_digest", LogDigest(s.Key))
 	h.cfg.logger.Log(ctx, level, msg, attrs...)
 }
 
@@ -639,9 +639,17 @@ func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelC
 	return hb
 }
 
-// keyDigest is a short, non-reversible digest of a key for per-request logs:
-// the raw key never appears there.
-func keyDigest(key string) string {
-	sum := sha256.Sum256([]byte(key))
+// LogDigest returns the short digest under which the middleware, the
+// Completer and the Reaper name keys, principals and downstream keys in
+// their logs: the first 6 bytes of the SHA-256 of s, in hex (12
+// characters). Logs never carry the raw values: a key and a downstream key
+// (which contains it) are what a caller presents to get a stored response,
+// and a principal may be personal data. To find the record behind a log
+// line, match its method, route and times (created_at, lease_until) in the
+// store, or compare LogDigest of candidate keys; a Reaper's Report and a
+// program's own store queries carry the full records. Safe for concurrent
+// use.
+func LogDigest(s string) string {
+	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:6])
 }

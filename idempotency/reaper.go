@@ -58,10 +58,15 @@ type Report struct {
 	// horizon that this run listed, the longest-abandoned first: the requests
 	// they stand for started and never completed, and no completer finished
 	// them, so their side effects may be half done. Each is logged at Warn
-	// for a person to act on, with the phase and downstream key of an
-	// external call whose outcome is unknown (Run.External) when there is
-	// one, before anything is deleted: every unfinished record a run deletes
-	// is in this list and in the log.
+	// for a person to act on, with the phase and downstream key digest of
+	// an external call whose outcome is unknown (Run.External) when there
+	// is one, before anything is deleted: every unfinished record a run
+	// deletes is in this list and in the log. The log names it by method,
+	// route, key_digest and principal_digest (LogDigest, never the raw
+	// values), owner, generation, recovery point, created_at and
+	// lease_until; this list holds the full records (the pending call's
+	// downstream key is in DecodeRecovery(RecoveryData)), for a program to
+	// act on.
 	Unfinished []Record
 	// Skipped counts the Unfinished records still present after the run:
 	// a new owner took them over in between, the run stopped at MaxBatches
@@ -248,10 +253,10 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (Report, error) {
 // logUnfinished logs an unfinished record at Warn, for a person to act on.
 func (r *Reaper) logUnfinished(ctx context.Context, rec Record) {
 	attrs := []slog.Attr{
-		slog.String("principal", rec.Scope.Principal),
 		slog.String("method", rec.Scope.Method),
 		slog.String("route", rec.Scope.Route),
-		slog.String("key", rec.Scope.Key),
+		slog.String("key_digest", LogDigest(rec.Scope.Key)),
+		slog.String("principal_digest", LogDigest(rec.Scope.Principal)),
 		slog.String("owner", rec.Owner),
 		slog.Int64("generation", rec.Generation),
 		slog.String("recovery_point", rec.RecoveryPoint),
@@ -263,7 +268,7 @@ func (r *Reaper) logUnfinished(ctx context.Context, rec Record) {
 	// effect to check first: name its downstream key.
 	if data, err := DecodeRecovery(rec.RecoveryData); err == nil && data.Pending != nil {
 		attrs = append(attrs, slog.String("pending_phase", data.Pending.Phase),
-			slog.String("downstream_key", data.Pending.DownstreamKey))
+			slog.String("downstream_key_digest", LogDigest(data.Pending.DownstreamKey)))
 	}
 	r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn,
 		"idempotency reaper: unfinished request past the cleanup horizon is being deleted; check its side effects",
