@@ -19,6 +19,9 @@ const (
 	DefaultCompleteBatch = 100
 	// DefaultCompleteInterval is the time between two runs of Start's loop.
 	DefaultCompleteInterval = time.Minute
+	// DefaultCompleteMaxBackoff is the longest a completer waits before it
+	// tries again a record it failed to finish.
+	DefaultCompleteMaxBackoff = time.Hour
 )
 
 // CompleterConfig configures NewCompleter. Zero fields take the defaults;
@@ -35,6 +38,11 @@ type CompleterConfig struct {
 	// Interval is the time between runs of Start's loop
 	// (DefaultCompleteInterval).
 	Interval time.Duration
+	// MaxBackoff caps the wait before a record the completer failed to
+	// finish is tried again (DefaultCompleteMaxBackoff): after its n-th
+	// failure in a row a record is skipped for min(Interval*2^n,
+	// MaxBackoff).
+	MaxBackoff time.Duration
 	// Lease is the lease of each takeover; it is heartbeated every Lease/3
 	// while the handler runs (DefaultLease).
 	Lease time.Duration
@@ -56,7 +64,7 @@ type CompleterReport struct {
 	Completed int // taken over and driven to a stored response
 	Released  int // ran to an outcome that is not stored, with no phase committed: the key was released
 	Kept      int // ran to an outcome that is not stored after a committed phase: still in progress, to resume later
-	Skipped   int // not taken: no handler for the route, an unreadable stored request, or someone else took it first
+	Skipped   int // not taken: no handler for the route, an unreadable stored request, backing off after failures, or someone else took it first
 	Failed    int // the handler panicked, the lease was lost, or the store failed during the run
 }
 
@@ -77,9 +85,16 @@ type CompleterReport struct {
 // pattern route gets its path values (r.PathValue) and r.Pattern.
 //
 // A run whose handler fails again after a committed phase leaves the record
-// in progress with its lease ended (CompleterReport.Kept): the next run, or
+// in progress with its lease ended (CompleterReport.Kept): a later run, or
 // a client retry, tries it again, until it completes or the Reaper deletes
-// it past the cleanup horizon (and logs it).
+// it past the cleanup horizon (and logs it). The completer backs off from a
+// record it keeps failing to finish (kept, panicked, lost its lease or met
+// a store failure): after n failures in a row it skips the record for
+// min(Interval*2^n, MaxBackoff), so a broken downstream service is not
+// called every Interval for every record. The count lives in memory, per
+// Completer (a restart or another completer starts from zero), and is
+// forgotten once the record completes, is released, or is no longer
+// listed; a client retry is never delayed by it.
 //
 // Its log records name a request by method, route, key_digest and
 // principal_digest (LogDigest: never the raw key or principal), generation,
@@ -103,7 +118,14 @@ type Completer struct {
 	afterRun  func(CompleterReport, error) // test hook, called after each loop run
 
 	mu          sync.Mutex
-	unresumable map[Scope]int64 // records skipped for good: scope -> generation
+	unresumable map[Scope]int64    // records skipped for good: scope -> generation
+	backoff     map[Scope]failures // records it failed to finish, waiting
+}
+
+// failures is the backoff state of a record the completer failed to finish.
+type failures struct {
+	n     int       // failures in a row
+	until time.Time // skipped before this time
 }
 
 // NewCompleter returns a Completer over s with cfg. It starts nothing: call
@@ -114,6 +136,9 @@ func NewCompleter(s Store, cfg CompleterConfig) *Completer {
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultCompleteInterval
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = DefaultCompleteMaxBackoff
 	}
 	if cfg.Lease < 3*time.Millisecond {
 		cfg.Lease = DefaultLease
@@ -132,6 +157,7 @@ func NewCompleter(s Store, cfg CompleterConfig) *Completer {
 			return t.C, t.Stop
 		},
 		unresumable: make(map[Scope]int64),
+		backoff:     make(map[Scope]failures),
 	}
 	c.tx, _ = s.(Transactor)
 	for _, o := range cfg.Options {
@@ -205,7 +231,8 @@ func (d *discardWriter) Write(p []byte) (int, error) {
 }
 
 // RunOnce lists up to BatchSize abandoned records (plus as many as it
-// remembers it cannot resume) at the current time, takes each over in turn
+// remembers it cannot resume or is backing off from, so that those do not
+// starve the others) at the current time, takes each over in turn
 // and runs it to an outcome, and returns what it did. A store error at
 // listing or at a claim stops the run and is returned as a *CompleterError
 // with the report so far; ctx cancellation stops it between records (and
@@ -215,7 +242,7 @@ func (d *discardWriter) Write(p []byte) (int, error) {
 func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 	var rep CompleterReport
 	c.mu.Lock()
-	extra := min(len(c.unresumable), 10*c.cfg.BatchSize)
+	extra := min(len(c.unresumable)+len(c.backoff), 10*c.cfg.BatchSize)
 	c.mu.Unlock()
 	recs, err := c.store.Abandoned(ctx, c.now(), c.cfg.BatchSize+extra)
 	if err != nil {
@@ -229,7 +256,7 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		if taken >= c.cfg.BatchSize || c.remembered(rec) {
+		if taken >= c.cfg.BatchSize || c.remembered(rec) || c.waiting(rec.Scope) {
 			rep.Skipped++
 			continue
 		}
@@ -237,6 +264,7 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 		if err != nil {
 			return rep, err
 		}
+		c.record(rec.Scope, res)
 		switch res {
 		case resultSkipped:
 			rep.Skipped++
@@ -296,6 +324,41 @@ func (c *Completer) forget(listed map[Scope]bool) {
 		if !listed[s] {
 			delete(c.unresumable, s)
 		}
+	}
+	for s := range c.backoff {
+		if !listed[s] {
+			delete(c.backoff, s)
+		}
+	}
+}
+
+// waiting reports whether the completer is backing off from the record of s.
+func (c *Completer) waiting(s Scope) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f, ok := c.backoff[s]
+	return ok && c.now().Before(f.until)
+}
+
+// record updates the backoff of the record of s after an attempt: a failure
+// (kept or failed) doubles its wait, anything else ends it.
+func (c *Completer) record(s Scope, res result) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch res {
+	case resultKept, resultFailed:
+		f := c.backoff[s]
+		f.n++
+		wait := c.cfg.MaxBackoff
+		if f.n < 62 && c.cfg.Interval <= c.cfg.MaxBackoff>>f.n {
+			wait = c.cfg.Interval << f.n
+		}
+		f.until = c.now().Add(wait)
+		c.backoff[s] = f
+	case resultSkipped:
+		// not attempted: nothing learned
+	default:
+		delete(c.backoff, s)
 	}
 }
 

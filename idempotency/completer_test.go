@@ -183,13 +183,76 @@ func TestCompleterOutcomes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "order", p.RecoveryPoint, "a panic after a phase keeps the record")
 
-	// The next run skips what it cannot resume at once, and retries the
-	// others; records it cannot resume do not take the batch's places.
+	// The next run skips what it cannot resume, and backs off from what it
+	// failed to finish; once the wait is over it retries those; records it
+	// skips do not take the batch's places.
 	c.cfg.BatchSize = 1
 	clock.Advance(time.Millisecond) // a lease ended at now expires after now
 	rep, err = c.RunOnce(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, CompleterReport{Found: 3, Skipped: 2, Kept: 1}, rep, "two remembered, one taken, the panicking one waits")
+	require.Equal(t, CompleterReport{Found: 4, Skipped: 4}, rep, "two remembered, two backing off")
+	clock.Advance(2 * DefaultCompleteInterval) // the wait after one failure
+	rep, err = c.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, CompleterReport{Found: 4, Skipped: 3, Kept: 1}, rep, "two remembered, one taken, the panicking one waits")
+}
+
+// A record the completer keeps failing to finish is tried again after
+// Interval*2^n, capped at MaxBackoff, not at every run; a client retry is
+// not delayed by it, and a record that completes is forgotten.
+func TestCompleterBacksOffFromRecordsItFailsToFinish(t *testing.T) {
+	mem := NewMemoryStore()
+	clock := &fakeClock{t: t0}
+	var calls atomic.Int64
+	var healthy atomic.Bool
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusBadGateway) // the downstream service is down
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	crashed(t, mem, shopScope, "/payments", `{}`, t0, CommittedPhase{Name: "order"})
+	clock.Advance(time.Minute)
+	c := newTestCompleter(mem, clock, map[string]http.Handler{"POST /payments": h},
+		CompleterConfig{Interval: time.Minute, MaxBackoff: 5 * time.Minute})
+	run := func() CompleterReport {
+		t.Helper()
+		rep, err := c.RunOnce(t.Context())
+		require.NoError(t, err)
+		return rep
+	}
+	require.Equal(t, 1, run().Kept) // failure 1: wait 2 min
+	tried := []int64{calls.Load()}
+	// Every minute for 15 minutes: tried at +2, +6 (4 min), +11 (8 min capped to 5).
+	for range 15 {
+		clock.Advance(time.Minute)
+		rep := run()
+		require.Equal(t, 1, rep.Found)
+		tried = append(tried, calls.Load())
+	}
+	require.Equal(t, []int64{1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4}, tried)
+
+	// A client retry resumes at once, backoff or not.
+	healthy.Store(true)
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", New(mem, withClock(clock), WithLogger(discard))(h))
+	clock.Advance(time.Millisecond)
+	require.Equal(t, http.StatusCreated, send(t, mux, "order-42", `{}`).Code)
+	require.Equal(t, CompleterReport{}, run())
+	require.Empty(t, c.backoff, "forgotten once no longer listed")
+
+	// A completed record ends its backoff.
+	crashed(t, mem, Scope{Method: "POST", Route: "POST /payments", Key: "k2"}, "/payments", `{}`, clock.Now(), CommittedPhase{Name: "order"})
+	healthy.Store(false)
+	clock.Advance(time.Minute)
+	require.Equal(t, 1, run().Kept)
+	require.Len(t, c.backoff, 1)
+	healthy.Store(true)
+	clock.Advance(2 * time.Minute)
+	require.Equal(t, 1, run().Completed)
+	require.Empty(t, c.backoff)
 }
 
 // A record that went away between the listing and the claim is not
