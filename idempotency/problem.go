@@ -22,7 +22,13 @@ const (
 	// CodeKeyInvalid (400): the key header is malformed, a list, empty,
 	// non-ASCII or longer than 255 bytes.
 	CodeKeyInvalid = "idempotency_key_invalid"
-	// CodeStoreUnavailable (503): the store failed; the handler did not run.
+	// CodeStoreUnavailable (503): the store failed (at the claim, at the
+	// commit of the handler's unit, or by failing the heartbeats until the
+	// lease was about to run out). Nothing of the response was stored;
+	// retrying with the same key is safe. The handler may have started:
+	// its writes in the request's unit did not commit, and phases it
+	// committed are resumed, not repeated, by the retry. It never ran
+	// unprotected.
 	CodeStoreUnavailable = "idempotency_store_unavailable"
 	// CodeRequestTooLarge (413): the request body exceeds the limit set with
 	// WithMaxRequestBody; the handler did not run.
