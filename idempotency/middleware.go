@@ -56,7 +56,8 @@ const storeTimeout = 10 * time.Second
 //   - Any state, different fingerprint: CodeKeyReused, 422 by default
 //     (WithMismatchStatus).
 //   - Malformed key: 400 CodeKeyInvalid. Body over WithMaxRequestBody: 413
-//     CodeRequestTooLarge. Principal error: 401 CodePrincipalUnavailable.
+//     CodeRequestTooLarge. Principal error (or an empty principal under
+//     WithPrincipalRequired): 401 CodePrincipalUnavailable.
 //   - Store error: 503 CodeStoreUnavailable; the handler never runs
 //     unprotected (a nil store answers this way to every guarded request).
 //   - The handler answered while an External call's outcome is unknown (its
@@ -160,7 +161,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	principal, err := h.cfg.principal(r)
-	if err != nil {
+	if err != nil || (principal == "" && h.cfg.needPrincipal) {
 		writeProblem(w, http.StatusUnauthorized, CodePrincipalUnavailable, "", nil)
 		return
 	}

@@ -186,6 +186,20 @@ func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
 	require.NotContains(t, p, "Bearer")
 }
 
+// WithPrincipalRequired refuses an empty principal (by default: no
+// Authorization header) instead of sharing one scope among such callers.
+func TestPrincipalRequired(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithPrincipalRequired(true))
+	requireProblem(t, post(t, srv, "k", `{}`), http.StatusUnauthorized, idempotency.CodePrincipalUnavailable)
+	require.Zero(t, h.n.Load())
+	a := post(t, srv, "k", `{}`, "Authorization: Bearer alice")
+	require.Equal(t, http.StatusCreated, a.Status)
+	requireReplay(t, post(t, srv, "k", `{}`, "Authorization: Bearer alice"), a)
+	// Requests without a key are not guarded and pass through.
+	require.Equal(t, http.StatusCreated, post(t, srv, "", `{}`).Status)
+}
+
 func TestPrincipalError(t *testing.T) {
 	h := &payments{}
 	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithPrincipal(func(*http.Request) (string, error) {

@@ -52,6 +52,7 @@ type Option func(*config)
 
 type config struct {
 	principal      func(*http.Request) (string, error)
+	needPrincipal  bool
 	methods        map[string]bool
 	required       bool
 	mismatchStatus int
@@ -78,12 +79,16 @@ type config struct {
 // by newlines), or "" when the header is absent. It never fails.
 //
 // It is a stand-in, not authentication: the middleware does not verify the
-// credential. Its risks: every caller without an Authorization header shares
-// one scope (""), so an anonymous caller who knows or guesses another's key
-// (an event-derived key is guessable) receives that caller's stored
-// response; and a caller whose token rotates becomes a new principal, so a
-// retry sent with a refreshed token runs again. Production servers should
-// pass WithPrincipal a function returning the authenticated account.
+// credential. Its risks: it fails open, since every caller without an
+// Authorization header shares one scope (""), so an anonymous caller who
+// knows or guesses another anonymous caller's key (an event-derived key is
+// guessable) receives that caller's stored response (WithPrincipalRequired
+// refuses such requests instead); anyone can invent a header value and get
+// a scope of their own, so it isolates nothing from a caller who holds or
+// guesses the same header; and a caller whose token rotates becomes a new
+// principal, so a retry sent with a refreshed token runs again. Production
+// servers should pass WithPrincipal a function returning the account their
+// authentication verified.
 func AuthorizationPrincipal(r *http.Request) (string, error) {
 	vals := r.Header.Values("Authorization")
 	if len(vals) == 0 {
@@ -147,16 +152,33 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // WithPrincipal sets the function that returns the authenticated identity of
 // a request; it is the first part of every record's scope, so one principal
-// never sees another's stored response. Default: AuthorizationPrincipal (read
-// its risks). When f returns an error the middleware answers 401
+// never sees another's stored response. It must return what the server's
+// authentication verified (an account ID), never a value the client can set
+// freely (an unverified header): scopes are only as separate as principals
+// are authentic. When f returns an error the middleware answers 401
 // CodePrincipalUnavailable and the handler does not run. nil keeps the
 // default. f must be safe for concurrent use.
+//
+// Default: AuthorizationPrincipal, which fails open: a request without an
+// Authorization header gets the principal "", one scope shared by every
+// such caller, so that anonymous callers who reuse (or guess) each other's
+// keys get each other's stored responses. Use WithPrincipalRequired to
+// refuse an empty principal.
 func WithPrincipal(f func(*http.Request) (string, error)) Option {
 	return func(c *config) {
 		if f != nil {
 			c.principal = f
 		}
 	}
+}
+
+// WithPrincipalRequired makes an empty principal an error: a guarded request
+// with a key whose principal function returns "" (by default, one without
+// an Authorization header) gets 401 CodePrincipalUnavailable and the
+// handler does not run. Default false: "" is one shared scope (see
+// WithPrincipal).
+func WithPrincipalRequired(required bool) Option {
+	return func(c *config) { c.needPrincipal = required }
 }
 
 // WithMethods sets the guarded methods (case-insensitive). Requests with

@@ -37,7 +37,7 @@ const (
 	// handler did not run.
 	CodeRequestUnreadable = "idempotency_request_unreadable"
 	// CodePrincipalUnavailable (401): the principal function returned an
-	// error; the handler did not run.
+	// error (or "" under WithPrincipalRequired); the handler did not run.
 	CodePrincipalUnavailable = "idempotency_principal_unavailable"
 	// CodeRequestIncomplete (503): the handler answered while the outcome of
 	// a call it made to another service (Run.External) was unknown, so its
