@@ -68,11 +68,13 @@ type result struct {
 	chargeCalls      int // charge calls the processor received (one failed)
 	lookups          int
 	keys             []string // downstream keys the processor saw
+	forgedStatus     int      // the answer to the same key without a valid token
 }
 
 func (r result) ok() bool {
 	return r.status == http.StatusCreated && r.replayed && r.serverRequests == 3 &&
-		r.orders == 1 && r.receipts == 1 && r.charges == 1 && r.chargeCalls == 2 && r.lookups == 1 && len(r.keys) == 1
+		r.orders == 1 && r.receipts == 1 && r.charges == 1 && r.chargeCalls == 2 && r.lookups == 1 && len(r.keys) == 1 &&
+		r.forgedStatus == http.StatusUnauthorized
 }
 
 // printer serialises the narrative of the server, processor and client.
@@ -327,10 +329,23 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 	transport := &http.Transport{}
 	defer transport.CloseIdleConnections()
 	a := &api{db: db, processor: procSrv.URL, client: &http.Client{Transport: transport, Timeout: 5 * time.Second}, out: out}
+	// The principal scopes every key: it must be the account that the
+	// server's authentication VERIFIED, never a value the client sets
+	// freely (an "X-Account" header would let anyone who knows or guesses
+	// a key read another account's stored payment). Here a fixed table of
+	// bearer tokens stands in for real authentication (sessions, OAuth,
+	// mTLS); a request with no or an unknown token gets 401 and runs
+	// nothing.
+	tokens := map[string]string{"tok_demo_acct_1": "acct_1"}
 	mw := idempotency.New(store,
 		idempotency.WithPrincipal(func(r *http.Request) (string, error) {
-			return r.Header.Get("X-Account"), nil // the authenticated account, in a real server
+			token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if account := tokens[token]; ok && account != "" {
+				return account, nil
+			}
+			return "", errors.New("no valid bearer token")
 		}),
+		idempotency.WithPrincipalRequired(true), // belt and braces: never the shared "" scope
 		idempotency.WithKeyRequired(true),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	mux := http.NewServeMux()
@@ -361,7 +376,7 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 		return res, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Account", "acct_1")
+	req.Header.Set("Authorization", "Bearer tok_demo_acct_1")
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := client.Do(req)
 	if err != nil {
@@ -376,6 +391,28 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 	res.replayed = resp.Header.Get(idempotency.ReplayedHeader) == "true"
 	res.serverRequests = int(flt.n.Load())
 	out.say("client: got %d %s (Idempotent-Replayed: %v) after %d requests", res.status, res.body, res.replayed, res.serverRequests)
+
+	// Someone else with the same key and a header naming the account, but
+	// no valid token: refused, nothing replayed.
+	out.say("")
+	out.say("intruder: the same key, X-Account: acct_1, no valid token")
+	forged, err := http.NewRequestWithContext(ctx, http.MethodPost, apiSrv.URL+"/payments",
+		strings.NewReader(`{"order":"42","amount":4200}`))
+	if err != nil {
+		return res, err
+	}
+	forged.Header.Set("Content-Type", "application/json")
+	forged.Header.Set("X-Account", "acct_1")
+	forged.Header.Set("Authorization", "Bearer guessed")
+	forged.Header.Set("Idempotency-Key", key)
+	fresp, err := (&http.Client{Transport: clientTransport}).Do(forged)
+	if err != nil {
+		return res, err
+	}
+	_, _ = io.Copy(io.Discard, fresp.Body)
+	fresp.Body.Close()
+	res.forgedStatus = fresp.StatusCode
+	out.say("intruder: got %d", res.forgedStatus)
 
 	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders`).Scan(&res.orders); err != nil {
 		return res, err

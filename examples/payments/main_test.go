@@ -33,6 +33,7 @@ func TestRun(t *testing.T) {
 	require.Equal(t, 1, res.lookups, "the resumed attempt asked before charging")
 	require.Len(t, res.keys, 1)
 	require.True(t, strings.HasPrefix(res.keys[0], "order-pay-42-charge-"), res.keys[0])
+	require.Equal(t, http.StatusUnauthorized, res.forgedStatus, "the principal comes from a verified token, not from a header")
 	require.True(t, res.ok())
 
 	// The narrative, in order.
@@ -52,6 +53,7 @@ func TestRun(t *testing.T) {
 		"server: request 3",
 		"server: answered 201, a replay of the stored response",
 		"client: got 201",
+		"intruder: got 401",
 		"database: 1 order, 1 receipt; processor: 1 charge from 2 charge calls",
 	}
 	at := 0
