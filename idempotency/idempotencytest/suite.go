@@ -767,17 +767,14 @@ func testBoundaries(t *testing.T, s idempotency.Store) {
 // testTakeoverOnly checks Claim.TakeoverOnly: no record is created for an
 // absent scope, a completed record is never restarted (whatever the
 // ReplayWindow), an expired lease is taken over as usual.
-//
-// A store that does not honour TakeoverOnly yet is skipped with a message
-// (the Completer guards against it by releasing what such a claim creates).
 func testTakeoverOnly(t *testing.T, s idempotency.Store) {
 	absent := claimOf(scope("takeover-only-absent"), "completer", "fp", at(0))
 	absent.Request, absent.TakeoverOnly = nil, true
 	rec, acquired, err := s.Claim(ctx(t), absent)
 	noErr(t, "TakeoverOnly claim of an absent scope", err)
 	if acquired {
-		_ = s.Release(ctx(t), rec.Lease())
-		t.Skip("the store ignores Claim.TakeoverOnly: it created a record for an absent scope (required of every store; the Completer releases such a record meanwhile)")
+		t.Fatalf("a TakeoverOnly claim created a record for an absent scope (owner %q gen %d); it must return a zero record, not acquired",
+			rec.Owner, rec.Generation)
 	}
 	if rec.State != idempotency.Absent || rec.Owner != "" {
 		t.Fatalf("TakeoverOnly claim of an absent scope returned state %v owner %q, want a zero record", rec.State, rec.Owner)
