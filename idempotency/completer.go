@@ -478,33 +478,16 @@ func (c *Completer) execute(e *execution, r *http.Request, w *discardWriter) (ou
 // its context canceled) and waits for the goroutine to return; it is safe
 // to call more than once and from several goroutines.
 func (c *Completer) Start(ctx context.Context) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	tick, stopTicker := c.newTicker(c.cfg.Interval)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer stopTicker()
-		for {
-			rep, err := c.RunOnce(ctx)
-			if err != nil && ctx.Err() == nil {
-				c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idempotency completer: run failed",
-					slog.String("error", err.Error()), slog.Int("completed", rep.Completed))
-			}
-			if c.afterRun != nil {
-				c.afterRun(rep, err)
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick:
-			}
+	return runEvery(ctx, c.newTicker, c.cfg.Interval, func(ctx context.Context) {
+		rep, err := c.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idempotency completer: run failed",
+				slog.String("error", err.Error()), slog.Int("completed", rep.Completed))
 		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(cancel)
-		<-done
-	}
+		if c.afterRun != nil {
+			c.afterRun(rep, err)
+		}
+	})
 }
 
 // ErrCompleter is matched (errors.Is) by every *CompleterError.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 )
 
@@ -281,33 +280,16 @@ func (r *Reaper) logUnfinished(ctx context.Context, rec Record) {
 // return (a run in progress sees its context cancelled); it is safe to call
 // more than once and from several goroutines.
 func (r *Reaper) Start(ctx context.Context) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	tick, stopTicker := r.newTicker(r.cfg.Interval)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer stopTicker()
-		for {
-			rep, err := r.ReapOnce(ctx, r.now())
-			if err != nil && ctx.Err() == nil {
-				r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idempotency reaper: run failed",
-					slog.String("error", err.Error()), slog.Int("deleted", rep.Deleted))
-			}
-			if r.afterRun != nil {
-				r.afterRun(rep, err)
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick:
-			}
+	return runEvery(ctx, r.newTicker, r.cfg.Interval, func(ctx context.Context) {
+		rep, err := r.ReapOnce(ctx, r.now())
+		if err != nil && ctx.Err() == nil {
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idempotency reaper: run failed",
+				slog.String("error", err.Error()), slog.Int("deleted", rep.Deleted))
 		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(cancel)
-		<-done
-	}
+		if r.afterRun != nil {
+			r.afterRun(rep, err)
+		}
+	})
 }
 
 // ErrReap is matched (errors.Is) by every *ReapError.
