@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -133,6 +134,11 @@ var canonicalSeeds = []string{
 func TestCanonicalJSONMatchesTheReference(t *testing.T) {
 	for _, s := range canonicalSeeds {
 		compareWithReference(t, []byte(s))
+	}
+	for _, n := range []int{maxJSONDepth - 1, maxJSONDepth, maxJSONDepth + 1} {
+		compareWithReference(t, []byte(strings.Repeat("[", n)+strings.Repeat("]", n)))
+		compareWithReference(t, []byte(strings.Repeat("[", n-1)+"{}"+strings.Repeat("]", n-1)))
+		compareWithReference(t, []byte(strings.Repeat(`{"a":`, n)+"1"+strings.Repeat("}", n)))
 	}
 }
 

@@ -189,13 +189,13 @@ func (p *canonParser) link(container, child int) {
 }
 
 func (p *canonParser) value(depth int) (int, error) {
-	if depth > maxJSONDepth {
-		return 0, p.notJSON("nesting too deep")
-	}
 	if p.pos >= len(p.in) {
 		return 0, p.notJSON("unexpected end")
 	}
 	switch c := p.in[p.pos]; {
+	case (c == '{' || c == '[') && depth >= maxJSONDepth:
+		// The root container is nesting level 1, as in encoding/json.
+		return 0, p.notJSON("nesting too deep")
 	case c == '{':
 		return p.object(depth)
 	case c == '[':

@@ -423,15 +423,11 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 		// whatever the handler answered, nothing of its unit committed.
 		return h.unavailable(bg, w, r, req, run, unitErr)
 	}
-	if run.isExpired() {
-		// Heartbeats failed until the lease was about to end, and the
-		// handler was canceled: a successor may be running, and the store
-		// may owe us nothing. Store nothing.
-		if unit != nil {
-			_ = unit.Rollback()
-		}
-		return h.unavailable(bg, w, r, req, run, ErrLeaseExpired)
-	}
+	// A run whose heartbeats failed until its lease was about to end had its
+	// context canceled (so that it starts nothing new), but what it did is
+	// still completed below: the completion is fenced on owner and
+	// generation, so it fails with ErrLeaseLost if a successor took over and
+	// stores the work (never to be repeated) if none did.
 	status := cw.statusCode()
 	if !h.stores(status) {
 		if unit != nil {
@@ -572,19 +568,21 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 // timer, not a goroutine: nothing runs between beats, and stop does not wait
 // unless a beat is in flight.
 type heartbeat struct {
-	mu       sync.Mutex
-	timer    *time.Timer
-	stopped  bool
-	inFlight sync.WaitGroup
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
 }
 
-// stop ends the heartbeat; when it returns no beat is running and none will.
+// stop ends the heartbeat: no beat starts after it, and a beat still in
+// flight (say, on SQLite, waiting for the write lock that the request's own
+// unit holds until finish commits it) has no effect when it returns. stop
+// does not wait for it: waiting could stall the request for the store's busy
+// timeout behind its own lock.
 func (hb *heartbeat) stop() {
 	hb.mu.Lock()
 	hb.stopped = true
 	hb.timer.Stop()
 	hb.mu.Unlock()
-	hb.inFlight.Wait()
 }
 
 // heartbeat extends the lease every lease/3 until stopped; a lost lease
@@ -598,18 +596,24 @@ func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelC
 	margin := h.cfg.lease / 3
 	beat := func() {
 		hb.mu.Lock()
-		if hb.stopped {
-			hb.mu.Unlock()
+		stopped := hb.stopped
+		hb.mu.Unlock()
+		if stopped {
 			return
 		}
-		hb.inFlight.Add(1)
-		hb.mu.Unlock()
-		defer hb.inFlight.Done()
-
-		ctx, c := context.WithTimeout(bg, interval)
-		until := h.cfg.now().Add(h.cfg.lease)
+		start := h.cfg.now()
+		// Half the margin: a beat that hangs gives up while the lease
+		// still has time left for the next one.
+		ctx, c := context.WithTimeout(bg, margin/2)
+		until := start.Add(h.cfg.lease)
 		err := h.store.Heartbeat(ctx, lease, until)
 		c()
+		hb.mu.Lock()
+		stopped = hb.stopped
+		hb.mu.Unlock()
+		if stopped {
+			return // the handler is done: this late beat changes nothing
+		}
 		if err == nil {
 			run.extend(until)
 		}
@@ -620,7 +624,7 @@ func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelC
 			return
 		}
 		if err != nil && run.expiring(h.cfg.now(), margin) {
-			h.log(bg, slog.LevelError, "idempotency: heartbeats failed and the lease is about to run out; canceling the handler, its response will not be stored",
+			h.log(bg, slog.LevelError, "idempotency: heartbeats failed and the lease is about to run out; canceling the handler (its work is completed only if no successor took over)",
 				lease.Scope, "err", err, "generation", lease.Generation)
 			cancel(ErrLeaseExpired)
 			return
@@ -628,9 +632,12 @@ func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelC
 		if err != nil {
 			h.log(bg, slog.LevelWarn, "idempotency: heartbeat failed", lease.Scope, "err", err)
 		}
+		// Fixed rate from the beat's start, so that a slow beat does not
+		// eat into the margin; never a busy loop on a slow store.
+		next := max(interval-h.cfg.now().Sub(start), interval/10)
 		hb.mu.Lock()
 		if !hb.stopped {
-			hb.timer.Reset(interval)
+			hb.timer.Reset(next)
 		}
 		hb.mu.Unlock()
 	}
