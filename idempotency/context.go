@@ -44,7 +44,7 @@ type Run struct {
 	unitCtx    context.Context // Begin's context for unit
 	unitErr    error           // Begin's error, kept for the completion
 	done       bool            // the handler returned
-	expired    bool            // the lease ran out while heartbeats failed: nothing more may commit
+	expired    bool            // the lease ran out while heartbeats failed: no new phase may start
 	inPhase    bool
 	phase      string    // the running phase's name, while inPhase
 	rec        *Recovery // decoded lazily from RecoveryData
@@ -65,8 +65,9 @@ var ErrRunDone = errors.New("idempotency: the handler of this run has returned")
 // lease it last extended is about to run out (less than a third of the
 // lease left): past that point a retry or the Completer may take the record
 // over and run the request a second time, so the first execution must stop.
-// The run's response is then never stored (its client gets 503
-// CodeStoreUnavailable), and Phase and External fail with it (Op "lease").
+// Phase and External then fail with it (Op "lease"); what the handler did
+// before is still completed when it returns, fenced on owner and generation,
+// so that it stands if no successor took over and is rejected if one did.
 // It matches ErrLeaseLost too (errors.Is): the execution can no longer
 // count on owning its record.
 var ErrLeaseExpired = fmt.Errorf("%w: it ran out while heartbeats failed", ErrLeaseLost)
@@ -148,7 +149,7 @@ func (r *Run) currentPoint() string {
 
 // expiring reports whether the lease the run last extended ends within
 // margin of now (now >= leaseUntil - margin), and if so marks the run
-// expired: its response is then never stored and no phase may start.
+// expired: no phase may start after that.
 func (r *Run) expiring(now time.Time, margin time.Duration) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -83,9 +83,10 @@ const storeTimeout = 10 * time.Second
 // CodeInProgress. If heartbeats fail for another reason (the store is
 // unreachable) until less than lease/3 of the lease is left, the handler's
 // context is canceled with cause ErrLeaseExpired, before the lease can run
-// out under it: its response is then never stored (whatever it answers, the
-// client gets 503 CodeStoreUnavailable) and the key is given up (released,
-// or kept for a resume after a committed phase).
+// out under it, and no new phase may start; what it did is still completed
+// when it returns (the completion is fenced: it fails with ErrLeaseLost if a
+// successor took over, and stores the work, never to be repeated, if none
+// did).
 //
 // With a store that implements Transactor, the stored response commits in
 // a Unit: the request's unit, begun when the handler first asks for it

@@ -226,7 +226,8 @@ func WithInProgressWait(d time.Duration) Option {
 // process) lets a retry take the record over, and the old owner's writes are
 // then rejected (ErrLeaseLost). When heartbeats keep failing (the store
 // unreachable) until less than lease/3 is left, the handler's context is
-// canceled with cause ErrLeaseExpired and its response is not stored. Set
+// canceled with cause ErrLeaseExpired (its work is still completed, fenced,
+// when it returns). Set
 // the lease well above the store's worst latency. Default 30 s; values under
 // 3 ms keep the default.
 func WithLease(d time.Duration) Option {
