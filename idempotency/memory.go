@@ -121,8 +121,9 @@ func (m *MemoryStore) owned(l Lease) (*Record, error) {
 	return rec, nil
 }
 
-// Heartbeat implements Store.Heartbeat.
-func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+// fenced runs write on the in-progress record that l owns, under the lock:
+// the one fence that every conditional write of the store goes through.
+func (m *MemoryStore) fenced(ctx context.Context, l Lease, write func(rec *Record)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -132,23 +133,18 @@ func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) e
 	if err != nil {
 		return err
 	}
-	rec.LeaseUntil = until
+	write(rec)
 	return nil
+}
+
+// Heartbeat implements Store.Heartbeat.
+func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+	return m.fenced(ctx, l, func(rec *Record) { rec.LeaseUntil = until })
 }
 
 // Complete implements Store.Complete.
 func (m *MemoryStore) Complete(ctx context.Context, l Lease, resp Response, now time.Time) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	rec, err := m.owned(l)
-	if err != nil {
-		return err
-	}
-	complete(rec, resp, now)
-	return nil
+	return m.fenced(ctx, l, func(rec *Record) { complete(rec, resp, now) })
 }
 
 func complete(rec *Record, resp Response, now time.Time) {
@@ -160,31 +156,14 @@ func complete(rec *Record, resp Response, now time.Time) {
 
 // Release implements Store.Release.
 func (m *MemoryStore) Release(ctx context.Context, l Lease) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, err := m.owned(l); err != nil {
-		return err
-	}
-	delete(m.records, l.Scope)
-	return nil
+	return m.fenced(ctx, l, func(*Record) { delete(m.records, l.Scope) })
 }
 
 // SetRecoveryPoint implements Store.SetRecoveryPoint.
 func (m *MemoryStore) SetRecoveryPoint(ctx context.Context, l Lease, point string, data []byte, now time.Time) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	rec, err := m.owned(l)
-	if err != nil {
-		return err
-	}
-	rec.RecoveryPoint, rec.RecoveryData, rec.UpdatedAt = point, bytes.Clone(data), now
-	return nil
+	return m.fenced(ctx, l, func(rec *Record) {
+		rec.RecoveryPoint, rec.RecoveryData, rec.UpdatedAt = point, bytes.Clone(data), now
+	})
 }
 
 // Abandoned implements Store.Abandoned: in-progress records whose lease
