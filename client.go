@@ -211,12 +211,14 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	}
 
 	name := t.cfg.keyHeader
+	wantsKey := t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch)
 	addKey := false
 	vals := req.Header.Values(name)
-	if len(vals) == 0 && len(req.Header) > 0 {
+	if len(vals) == 0 && wantsKey {
 		// A header set directly in the map under a non-canonical name
 		// (req.Header["idempotency-key"]) is still the caller's key: never
-		// add a second one beside it.
+		// add a second one beside it. (Only looked for where a key would
+		// be added: the per-request cost stays off GETs.)
 		for k, v := range req.Header {
 			if len(v) > 0 && strings.EqualFold(k, name) {
 				vals = v
@@ -233,7 +235,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 			return nil, fmt.Errorf("saferetry: %s header: %w", name, err)
 		}
 		c.key = key
-	} else if t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch) {
+	} else if wantsKey {
 		key, ok := keygen.FromContext(ctx)
 		if !ok {
 			key = keygen.Random()
@@ -302,19 +304,6 @@ func (c *call) prepareBody() error {
 	c.body = io.NopCloser(bytes.NewReader(buf))
 	c.getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
 	return nil
-}
-
-// attemptBody returns the body for attempt n (1-based).
-func (c *call) attemptBody(n int) (io.ReadCloser, error) {
-	if c.body != nil {
-		b := c.body
-		c.body = nil
-		return b, nil
-	}
-	if c.getBody == nil {
-		return nil, nil
-	}
-	return c.getBody()
 }
 
 func (c *call) run() (*http.Response, error) {
@@ -488,15 +477,9 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 		}
 		r.Header = h
 	}
-	body, err := c.attemptBody(n)
-	if err != nil {
-		c.endAttempt()
-		return nil, fmt.Errorf("saferetry: rewinding request body: %w", err)
-	}
-	r.Body = body
-	if body == nil && c.req.Body != nil && c.req.Body != http.NoBody {
-		r.Body = http.NoBody
-	}
+	// Attempt 1 sends the caller's body; a retry sends the one run rewound
+	// (GetBody) before it discarded the previous outcome. Each is sent once.
+	r.Body, c.body = c.body, nil
 	resp, err := t.base.RoundTrip(r)
 	if err != nil {
 		if resp != nil && resp.Body != nil {
