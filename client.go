@@ -663,7 +663,7 @@ func (c *call) log(ctx context.Context, a attemptRecord, outcome string) {
 		attrs = append(attrs, slog.Int("budget_left", a.budgetLeft))
 	}
 	if c.key != "" {
-		attrs = append(attrs, slog.String("key_digest", keyDigest(c.key)))
+		attrs = append(attrs, slog.String("key_digest", keygen.Digest(c.key)))
 	}
 	msg := "saferetry: attempt"
 	switch {

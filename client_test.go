@@ -543,7 +543,7 @@ func TestOneLogRecordPerAttempt(t *testing.T) {
 		assert.Equal(t, int64(503), a["status"].Int64())
 		assert.Equal(t, "status_503", a["class"].String())
 		assert.Contains(t, a, "elapsed")
-		assert.Equal(t, keyDigest(key), a["key_digest"].String())
+		assert.Equal(t, keygen.Digest(key), a["key_digest"].String())
 		if i < 2 {
 			assert.Contains(t, a, "wait")
 		}

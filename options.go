@@ -1,8 +1,6 @@
 package saferetry
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"log/slog"
 	"time"
 
@@ -200,16 +198,4 @@ func WithKeyHeader(name string) Option {
 // which deadline.Middleware turns back into a context deadline.
 func WithDeadlineHeader(on bool) Option {
 	return func(c *config) { c.deadlineHeader = on }
-}
-
-// keyDigest is a short digest of an idempotency key for logs (48 bits of
-// SHA-256), enough to correlate attempts: the raw key never appears in a log
-// record. A key from a small, guessable space (an event key over sequential
-// order ids) can be found again from it by trying candidates.
-func keyDigest(key string) string {
-	if key == "" {
-		return ""
-	}
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:6])
 }

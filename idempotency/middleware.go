@@ -3,8 +3,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -15,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/saferetry/saferetry/keygen"
 )
 
 // notReplayableHeader marks a stored Response whose body exceeded the
@@ -658,7 +658,5 @@ func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelC
 // store, or compare LogDigest of candidate keys; a Reaper's Report and a
 // program's own store queries carry the full records. Safe for concurrent
 // use.
-func LogDigest(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:6])
-}
+// It is keygen.Digest, so the Transport's key_digest matches the server's.
+func LogDigest(s string) string { return keygen.Digest(s) }

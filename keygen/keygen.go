@@ -163,3 +163,15 @@ func EnsureContext(ctx context.Context) (context.Context, string) {
 	key := Random()
 	return NewContext(ctx, key), key
 }
+
+// Digest returns the short digest under which the saferetry Transport and
+// the idempotency middleware name a key in their logs, so that the client's
+// and the server's records of one logical request can be matched without
+// either logging the raw key: the first 6 bytes of the SHA-256 of key, in hex
+// (12 characters). It is for correlation, not secrecy: a key from a small,
+// guessable space (an event key over sequential order ids) can be found again
+// by trying candidates. Safe for concurrent use.
+func Digest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:6])
+}
