@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
@@ -74,11 +75,25 @@ type Transport struct {
 	base http.RoundTripper
 	cfg  config
 
-	// Injected for tests; defaults are the wall clock, a timer-based sleep
-	// that honours cancellation, and math/rand/v2.
+	// Injected for tests; defaults are the wall clock (nil now), a
+	// timer-based sleep that honours cancellation, and math/rand/v2. The
+	// attempts' time limits always run on the wall clock.
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error
 	rand  func() float64
+
+	// fullDeadline is the deadline header value of a first attempt whose
+	// overall deadline is MaxElapsed away (the common case): formatted once.
+	fullDeadline string
+	keyName      string                     // the key header's canonical name
+	lastBudget   atomic.Pointer[hostBudget] // the registry's last answer
+	deadlines    deadlineQueue              // the time limits of attempts in flight
+}
+
+// hostBudget caches a Registry's budget for one host.
+type hostBudget struct {
+	host string
+	b    budget.Budget
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -96,7 +111,6 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	t := &Transport{
 		base:  base,
 		cfg:   defaultConfig(),
-		now:   time.Now,
 		sleep: sleepCtx,
 		rand:  rand.Float64,
 	}
@@ -108,6 +122,8 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	if t.cfg.budget == nil && t.cfg.registry == nil {
 		t.cfg.registry = budget.Default()
 	}
+	t.fullDeadline = deadline.Format(t.cfg.maxElapsed)
+	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
 	return t
 }
 
@@ -117,6 +133,14 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 // context bound the retry loop.
 func NewClient(opts ...Option) *http.Client {
 	return &http.Client{Transport: NewTransport(nil, opts...)}
+}
+
+// clock returns the current time of the retry loop.
+func (t *Transport) clock() time.Time {
+	if t.now == nil {
+		return time.Now()
+	}
+	return t.now()
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -144,7 +168,14 @@ func (t *Transport) budgetFor(host string) budget.Budget {
 	if t.cfg.budget != nil {
 		return t.cfg.budget
 	}
-	return t.cfg.registry.For(host)
+	// A Transport mostly calls one host: remember the last one (a registry
+	// never replaces a host's budget, so the cache cannot go stale).
+	if hb := t.lastBudget.Load(); hb != nil && hb.host == host {
+		return hb.b
+	}
+	b := t.cfg.registry.For(host)
+	t.lastBudget.Store(&hostBudget{host: host, b: b})
+	return b
 }
 
 // call is the state of one logical request across its attempts.
@@ -159,14 +190,17 @@ type call struct {
 	overall    time.Time
 	bud        budget.Budget
 
-	// The current attempt's timer and context cancellation, and the body of
-	// the response delivered to the caller (call implements io.ReadCloser
-	// to wrap it).
-	timer    *time.Timer
-	cancel   context.CancelCauseFunc
+	// The current attempt's timer and context, and the body of the
+	// response delivered to the caller (call implements io.ReadCloser to
+	// wrap it). The first attempt's context and request live here, so that
+	// a request answered at once costs one allocation for all three.
+	timer    *time.Timer // an attempt's own timer, when the queue cannot take it
+	actx     *attemptCtx
 	respBody io.ReadCloser
 	hdrKey   [1]string // backing for the key header value
 	hdrVal   [1]string // backing for the deadline header value
+	actx1    attemptCtx
+	req1     http.Request
 
 	body        io.ReadCloser // the caller's body, for attempt 1 (nil once used)
 	getBody     func() (io.ReadCloser, error)
@@ -191,7 +225,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		return nil, errors.New("saferetry: request has no URL")
 	}
 	ctx := req.Context()
-	c := &call{t: t, req: req, maxTries: t.cfg.maxAttempts, start: t.now()}
+	c := &call{t: t, req: req, maxTries: t.cfg.maxAttempts, start: t.clock()}
 	c.overall = deadline.Overall(ctx, c.start, t.cfg.maxElapsed)
 
 	method := req.Method
@@ -213,7 +247,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	name := t.cfg.keyHeader
 	wantsKey := t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch)
 	addKey := false
-	vals := req.Header.Values(name)
+	vals := req.Header[t.keyName]
 	if len(vals) == 0 && wantsKey {
 		// A header set directly in the map under a non-canonical name
 		// (req.Header["idempotency-key"]) is still the caller's key: never
@@ -255,7 +289,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		c.header = shallowCopy(req.Header, 2)
 		if addKey {
 			c.hdrKey[0] = keygen.FormatHeader(c.key)
-			c.header[http.CanonicalHeaderKey(name)] = c.hdrKey[:]
+			c.header[t.keyName] = c.hdrKey[:]
 		}
 	} else {
 		c.header = req.Header
@@ -323,10 +357,17 @@ func (c *call) run() (*http.Response, error) {
 	attemptStart := c.start
 	for n := 1; ; n++ {
 		if n > 1 {
-			attemptStart = t.now()
+			attemptStart = t.clock()
 		}
 		resp, err := c.attempt(ctx, n, attemptStart)
-		now := t.now()
+		var now time.Time
+		if t.now == nil {
+			// The monotonic clock alone is half the price of time.Now;
+			// the result is the same time, wall clock reading included.
+			now = attemptStart.Add(time.Since(attemptStart))
+		} else {
+			now = t.clock()
+		}
 		timedOut := errors.Is(err, ErrAttemptTimeout)
 		in := retry.Input{
 			Method:          c.req.Method,
@@ -447,28 +488,52 @@ func (c *call) run() (*http.Response, error) {
 // deliver hands the response to the caller.
 func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Response, error) {
 	t := c.t
-	actx := ctx
+	var actx context.Context = ctx
 	// The attempt is bounded by the per-attempt timeout and by the overall
 	// deadline, whichever is first, unless the caller's own context already
 	// ends first.
 	limit := deadline.AttemptTimeout(now, c.overall, t.cfg.attemptTimeout)
 	if ctxDeadline, ok := ctx.Deadline(); !ok || now.Add(limit).Before(ctxDeadline) {
-		var cancel context.CancelCauseFunc
-		actx, cancel = context.WithCancelCause(ctx)
-		c.cancel = cancel
-		// The timer's function captures this attempt's own cancel: it may
-		// fire concurrently with the loop moving on to the next attempt.
-		c.timer = time.AfterFunc(limit, func() { cancel(ErrAttemptTimeout) })
+		// A retry gets a fresh context: the base transport may still hold
+		// the previous one. The timer targets this attempt's context only:
+		// it may fire while the loop moves on to the next attempt.
+		a := &c.actx1
+		if n > 1 {
+			a = new(attemptCtx)
+		}
+		a.parent = ctx
+		c.actx = a
+		wall := now // the wall clock's reading, unless a test injected one
+		if t.now != nil {
+			wall = time.Now()
+		}
+		if !t.deadlines.add(a, wall, wall.Add(limit)) {
+			c.timer = time.AfterFunc(limit, func() { a.cancel(context.DeadlineExceeded, true) })
+		}
+		actx = a
 	}
-	r := c.req.WithContext(actx)
+	var r *http.Request
+	if n == 1 {
+		c.req1 = *c.req.WithContext(actx) // a copy: no allocation of its own
+		r = &c.req1
+	} else {
+		r = c.req.WithContext(actx)
+	}
 	if c.header != nil {
 		h := c.header
 		if t.cfg.deadlineHeader && !c.overall.IsZero() {
-			v := deadline.Format(deadline.Remaining(now, c.overall))
 			if n == 1 {
-				c.hdrVal[0] = v // no allocation for the common single attempt
+				// No allocation for the common single attempt: the value
+				// lives in c, and is formatted once per Transport when
+				// the whole MaxElapsed is left.
+				rem := deadline.Remaining(now, c.overall)
+				c.hdrVal[0] = t.fullDeadline
+				if rem != t.cfg.maxElapsed {
+					c.hdrVal[0] = deadline.Format(rem)
+				}
 				h[deadline.Header] = c.hdrVal[:]
 			} else {
+				v := deadline.Format(deadline.Remaining(now, c.overall))
 				// An earlier attempt's request may still be referenced by
 				// the base transport: this one gets its own map and value.
 				h = shallowCopy(h, 0)
@@ -485,7 +550,7 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close()
 		}
-		if cause := context.Cause(actx); errors.Is(cause, ErrAttemptTimeout) && ctx.Err() == nil {
+		if c.actx != nil && c.actx.canceledByTimer() && ctx.Err() == nil {
 			err = fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, err)
 		}
 		c.endAttempt()
@@ -504,9 +569,10 @@ func (c *call) endAttempt() {
 		c.timer.Stop()
 		c.timer = nil
 	}
-	if c.cancel != nil {
-		c.cancel(context.Canceled)
-		c.cancel = nil
+	if c.actx != nil {
+		c.t.deadlines.remove(c.actx)
+		c.actx.cancel(context.Canceled, false)
+		c.actx = nil
 	}
 }
 
@@ -514,13 +580,20 @@ func (c *call) endAttempt() {
 // cannot cut the body read; the attempt context is released when the caller
 // closes the body, which c wraps (c is the body: no extra allocation).
 func (c *call) deliver(resp *http.Response) *http.Response {
+	if c.actx != nil {
+		// The time limit bounded the wait for the headers; from now on
+		// only the caller's context governs the body. Marked first, so a
+		// limit that fires during the rest of this is ignored.
+		c.actx.deliver()
+	}
 	if c.timer != nil {
 		c.timer.Stop()
 		c.timer = nil
 	}
-	if c.cancel == nil {
+	if c.actx == nil {
 		return resp
 	}
+	c.t.deadlines.remove(c.actx)
 	if resp.Body == nil {
 		c.endAttempt()
 		return resp
@@ -528,7 +601,7 @@ func (c *call) deliver(resp *http.Response) *http.Response {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The body is the connection (an io.ReadWriteCloser): hand it over
 		// unwrapped, and leave the attempt context alive with it.
-		c.cancel = nil
+		c.actx = nil
 		return resp
 	}
 	c.respBody = resp.Body
@@ -542,8 +615,8 @@ func (c *call) Read(p []byte) (int, error) { return c.respBody.Read(p) }
 // Close closes the delivered response body and releases the attempt context.
 func (c *call) Close() error {
 	err := c.respBody.Close()
-	if c.cancel != nil {
-		c.cancel(context.Canceled)
+	if c.actx != nil {
+		c.actx.cancel(context.Canceled, false)
 	}
 	return err
 }

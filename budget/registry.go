@@ -37,6 +37,9 @@ type Registry struct {
 	newBudget func() Budget
 	max       int
 
+	// known holds every host's budget for lock-free lookups; mu guards
+	// creation (hosts counts them) and the overflow budget.
+	known    sync.Map // string -> Budget
 	mu       sync.Mutex
 	hosts    map[string]Budget
 	overflow Budget
@@ -62,7 +65,10 @@ func NewRegistry(newBudget func() Budget, opts ...RegistryOption) *Registry {
 // "example.com:443" are different hosts. Past MaxHosts distinct hosts, new
 // hosts get the shared overflow budget. Safe for concurrent use; never nil.
 func (r *Registry) For(host string) Budget {
-	host = strings.ToLower(host)
+	host = strings.ToLower(host) // no allocation when already lower case
+	if b, ok := r.known.Load(host); ok {
+		return b.(Budget)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if b, ok := r.hosts[host]; ok {
@@ -76,6 +82,7 @@ func (r *Registry) For(host string) Budget {
 	}
 	b := r.create()
 	r.hosts[host] = b
+	r.known.Store(host, b)
 	return b
 }
 

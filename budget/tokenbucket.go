@@ -2,7 +2,7 @@ package budget
 
 import (
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -61,8 +61,7 @@ func (c TokenBucketConfig) Validate() error {
 type TokenBucket struct {
 	capacity, transient, throttle, reward int
 
-	mu     sync.Mutex
-	tokens int
+	tokens atomic.Int64 // between 0 and capacity; updated by compare-and-swap
 }
 
 var _ Budget = (*TokenBucket)(nil)
@@ -84,7 +83,7 @@ func NewTokenBucket(c TokenBucketConfig) *TokenBucket {
 	case b.reward < 0:
 		b.reward = 0
 	}
-	b.tokens = b.capacity
+	b.tokens.Store(int64(b.capacity))
 	return b
 }
 
@@ -114,14 +113,16 @@ func (b *TokenBucket) OnRequest(time.Time) {}
 // (0, false) and takes nothing when fewer than Cost(k) tokens are left.
 // Safe for concurrent use; now is ignored.
 func (b *TokenBucket) AcquireRetry(_ time.Time, k Kind) (int, bool) {
-	cost := b.Cost(k)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if cost > b.tokens {
-		return 0, false
+	cost := int64(b.Cost(k))
+	for {
+		tokens := b.tokens.Load()
+		if cost > tokens {
+			return 0, false
+		}
+		if b.tokens.CompareAndSwap(tokens, tokens-cost) {
+			return int(cost), true
+		}
 	}
-	b.tokens -= cost
-	return cost, true
 }
 
 // OnSuccess refunds retryCost when it is positive (a retry succeeded), or
@@ -129,23 +130,22 @@ func (b *TokenBucket) AcquireRetry(_ time.Time, k Kind) (int, bool) {
 // succeeded); either way never above Capacity. Safe for concurrent use; now
 // is ignored.
 func (b *TokenBucket) OnSuccess(_ time.Time, retryCost int) {
-	add := b.reward
+	add := int64(b.reward)
 	if retryCost > 0 {
-		add = retryCost
+		add = int64(retryCost)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if add > b.capacity-b.tokens {
-		b.tokens = b.capacity
-		return
+	capacity := int64(b.capacity)
+	for {
+		tokens := b.tokens.Load()
+		if tokens >= capacity {
+			return // full: the common case of a healthy host costs one load
+		}
+		if b.tokens.CompareAndSwap(tokens, min(capacity, tokens+add)) {
+			return
+		}
 	}
-	b.tokens += add
 }
 
 // Available returns the tokens left, between 0 and Capacity. Safe for
 // concurrent use; now is ignored.
-func (b *TokenBucket) Available(time.Time) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.tokens
-}
+func (b *TokenBucket) Available(time.Time) int { return int(b.tokens.Load()) }

@@ -1,0 +1,302 @@
+package saferetry
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// attemptCtx is the context of one attempt: its parent's values and
+// deadline, canceled when the parent is, when the attempt's timer fires, or
+// when the attempt ends. It does what context.WithCancelCause plus
+// time.AfterFunc did, without their four allocations per request: the first
+// attempt's attemptCtx lives inside the call, its done channel is made only
+// when someone asks for it (an in-memory base transport never does), and its
+// time limit is enforced by the Transport's deadlineQueue.
+//
+// It implements the AfterFunc method that package context looks for, so a
+// context derived from it (net/http derives one per request) registers a
+// callback instead of starting a goroutine to watch it.
+type attemptCtx struct {
+	parent context.Context
+
+	mu         sync.Mutex
+	done       chan struct{} // made by Done, or closedChan if canceled first
+	err        error         // nil until canceled
+	timedOut   bool          // canceled by the attempt timer
+	afterFuncs []*afterFunc  // run once when canceled
+	first      afterFunc     // the first registration's storage (usually the only one)
+	firstSlot  [1]*afterFunc // and its slice's
+	stopParent func() bool   // the registration on parent made by Done
+	delivered  bool          // its response went to the caller: no more timeouts
+
+	// Its place in the Transport's deadlineQueue, guarded by the queue's
+	// lock.
+	due        time.Time
+	prev, next *attemptCtx
+	queued     bool
+}
+
+// afterFunc is one AfterFunc registration.
+type afterFunc struct{ f func() }
+
+// closedChan is the done channel of an attemptCtx canceled before anyone
+// asked for its channel.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// Deadline returns the parent's deadline: the attempt's own limit is
+// enforced by its timer, as context.WithCancelCause plus a timer did.
+func (a *attemptCtx) Deadline() (time.Time, bool) { return a.parent.Deadline() }
+
+// Value returns the parent's value for key.
+func (a *attemptCtx) Value(key any) any { return a.parent.Value(key) }
+
+// Done returns a channel closed when the attempt is canceled.
+func (a *attemptCtx) Done() <-chan struct{} {
+	a.mu.Lock()
+	if a.done != nil {
+		d := a.done
+		a.mu.Unlock()
+		return d
+	}
+	a.done = make(chan struct{})
+	d := a.done
+	a.mu.Unlock()
+	// From now on a cancellation of the parent must close d: watch it.
+	if pd := a.parent.Done(); pd != nil {
+		select {
+		case <-pd:
+			a.cancelFromParent()
+		default:
+			stop := context.AfterFunc(a.parent, a.cancelFromParent)
+			a.mu.Lock()
+			if a.err == nil {
+				a.stopParent = stop
+				stop = nil
+			}
+			a.mu.Unlock()
+			if stop != nil {
+				stop() // canceled meanwhile: the registration is not needed
+			}
+		}
+	}
+	return d
+}
+
+// Err returns nil until the attempt is canceled, then why: the parent's
+// error, context.DeadlineExceeded for the attempt timer, or
+// context.Canceled when the attempt ended.
+func (a *attemptCtx) Err() error {
+	a.mu.Lock()
+	err := a.err
+	a.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if a.parent.Err() != nil {
+		a.cancelFromParent()
+		a.mu.Lock()
+		err = a.err
+		a.mu.Unlock()
+	}
+	return err
+}
+
+// AfterFunc arranges for f to run once a is canceled (in its own goroutine
+// if a already is: the caller may hold a lock that f takes); the returned stop unregisters f and reports
+// whether it did so before f was started. It is the method package context
+// uses to propagate cancellation to a derived context.
+func (a *attemptCtx) AfterFunc(f func()) (stop func() bool) {
+	a.Done() // the parent's cancellation must reach a from now on
+	a.mu.Lock()
+	if a.err != nil {
+		a.mu.Unlock()
+		go f()
+		return func() bool { return false }
+	}
+	var af *afterFunc
+	if a.first.f == nil && a.afterFuncs == nil {
+		// The usual single registration (net/http's request context)
+		// costs only the stop function.
+		a.first.f = f
+		af = &a.first
+		a.afterFuncs = a.firstSlot[:1:1]
+		a.afterFuncs[0] = af
+	} else {
+		af = &afterFunc{f: f}
+		a.afterFuncs = append(a.afterFuncs, af)
+	}
+	a.mu.Unlock()
+	return func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for i, x := range a.afterFuncs {
+			if x == af {
+				a.afterFuncs = append(a.afterFuncs[:i], a.afterFuncs[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func (a *attemptCtx) String() string { return "saferetry.attemptContext" }
+
+func (a *attemptCtx) cancelFromParent() { a.cancel(a.parent.Err(), false) }
+
+// cancel cancels a with err unless it already is. timedOut marks a
+// cancellation by the attempt timer.
+func (a *attemptCtx) cancel(err error, timedOut bool) {
+	a.mu.Lock()
+	if a.err != nil || (timedOut && a.delivered) {
+		a.mu.Unlock()
+		return
+	}
+	a.err, a.timedOut = err, timedOut
+	if a.done == nil {
+		a.done = closedChan
+	} else {
+		close(a.done)
+	}
+	funcs, stop := a.afterFuncs, a.stopParent
+	a.afterFuncs, a.stopParent = nil, nil
+	a.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	// Synchronously: the registered functions are package context's
+	// cancellation of derived contexts, which do not block and take no lock
+	// of ours (a's own is released).
+	for _, af := range funcs {
+		af.f()
+	}
+}
+
+// deliver marks the attempt's response as handed to the caller: from now
+// on only the parent or the caller closing the body cancels a, never the
+// attempt's time limit (which bounds the wait for response headers, not the
+// body). If the limit canceled a first, the body's reads fail with that
+// cancellation, as they would have with a timer of its own.
+func (a *attemptCtx) deliver() {
+	a.mu.Lock()
+	a.delivered = true
+	a.mu.Unlock()
+}
+
+// canceledByTimer reports whether the attempt timer canceled a.
+func (a *attemptCtx) canceledByTimer() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.timedOut
+}
+
+// deadlineQueue enforces the time limits of a Transport's attempts with a
+// single timer. The attempts are kept in order of their due time; since
+// every first attempt of a Transport gets the same limit, a new one almost
+// always goes at the tail, and adding and removing one costs a lock and a
+// few pointer writes, where a timer of its own would cost a runtime timer
+// (two allocations, and an insertion into and removal from the runtime's
+// timer heap). The timer is armed for the earliest due time, re-armed when
+// it fires, and left armed (for an earlier time) when the attempts it was
+// armed for end first: a spurious firing only re-arms it.
+type deadlineQueue struct {
+	mu         sync.Mutex
+	head, tail *attemptCtx
+	timer      *time.Timer
+	armedFor   time.Time // when timer fires; zero when it is not armed
+}
+
+// maxQueueWalk bounds how far from the tail deadlineQueue.add looks for
+// the place of an attempt that is due earlier than the tail (concurrent
+// requests read the clock and then queue in a slightly different order).
+const maxQueueWalk = 8
+
+// add queues a to be canceled at due, now being the current time (both of
+// the wall clock). It returns false, and a must be timed by other means,
+// when a's place is more than maxQueueWalk attempts before the tail (a
+// retry with less time left than newer first attempts, say).
+func (q *deadlineQueue) add(a *attemptCtx, now, due time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	after := q.tail // a goes right after this one (nil: at the head)
+	for i := 0; after != nil && due.Before(after.due); i++ {
+		if i == maxQueueWalk {
+			return false
+		}
+		after = after.prev
+	}
+	a.due, a.prev, a.queued = due, after, true
+	if after == nil {
+		a.next, q.head = q.head, a
+	} else {
+		a.next, after.next = after.next, a
+	}
+	if a.next == nil {
+		q.tail = a
+	} else {
+		a.next.prev = a
+	}
+	if q.armedFor.IsZero() || due.Before(q.armedFor) {
+		q.arm(due, now)
+	}
+	return true
+}
+
+// remove takes a out of the queue, if it is still there.
+func (q *deadlineQueue) remove(a *attemptCtx) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.unlink(a)
+}
+
+func (q *deadlineQueue) unlink(a *attemptCtx) {
+	if !a.queued {
+		return
+	}
+	if a.prev == nil {
+		q.head = a.next
+	} else {
+		a.prev.next = a.next
+	}
+	if a.next == nil {
+		q.tail = a.prev
+	} else {
+		a.next.prev = a.prev
+	}
+	a.prev, a.next, a.queued = nil, nil, false
+}
+
+// arm makes the timer fire at due. Called with q.mu held.
+func (q *deadlineQueue) arm(due, now time.Time) {
+	d := due.Sub(now)
+	if q.timer == nil {
+		q.timer = time.AfterFunc(d, q.fire)
+	} else {
+		q.timer.Reset(d)
+	}
+	q.armedFor = due
+}
+
+// fire cancels every queued attempt whose time is up and re-arms the timer
+// for the next one.
+func (q *deadlineQueue) fire() {
+	var expired []*attemptCtx
+	q.mu.Lock()
+	now := time.Now()
+	for a := q.head; a != nil && !a.due.After(now); a = q.head {
+		q.unlink(a)
+		expired = append(expired, a)
+	}
+	q.armedFor = time.Time{}
+	if q.head != nil {
+		q.arm(q.head.due, now)
+	}
+	q.mu.Unlock()
+	for _, a := range expired {
+		a.cancel(context.DeadlineExceeded, true)
+	}
+}
