@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"mime"
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -44,27 +46,64 @@ const FingerprintVersion = 1
 //
 // Safe for concurrent use; never fails.
 func Fingerprint(method, route, path, rawQuery, contentType string, body []byte) string {
-	h := sha256.New()
-	field := func(b []byte) {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-		h.Write(n[:])
-		h.Write(b)
-	}
-	field([]byte{FingerprintVersion})
-	field([]byte(strings.ToUpper(method)))
-	field([]byte(route))
-	field([]byte(path))
-	field([]byte(canonicalQuery(rawQuery)))
+	st := fpStates.Get().(*fpState)
+	defer st.put()
+	st.field([]byte{FingerprintVersion})
+	st.fieldString(strings.ToUpper(method))
+	st.fieldString(route)
+	st.fieldString(path)
+	st.fieldString(canonicalQuery(rawQuery))
 	mt := mediaType(contentType)
-	field([]byte(mt))
+	st.fieldString(mt)
 	if isJSON(mt) {
-		if c, err := CanonicalJSON(body); err == nil {
+		if c, err := st.parser.canonical(st.out[:0], body); err == nil {
+			st.out = c
 			body = c
 		}
 	}
-	field(body)
-	return hex.EncodeToString(h.Sum(nil))
+	st.field(body)
+	st.sum = st.h.Sum(st.sum[:0])
+	var hx [2 * sha256.Size]byte
+	hex.Encode(hx[:], st.sum)
+	return string(hx[:])
+}
+
+// fpState is the reusable state of one Fingerprint call: a fingerprint is
+// computed on every guarded request, and with its digest, buffers and
+// parser reused it costs one allocation (the returned string).
+type fpState struct {
+	h      hash.Hash
+	n      [8]byte
+	tmp    []byte // a string field's bytes
+	out    []byte // the canonical JSON body
+	sum    []byte
+	parser canonParser
+}
+
+var fpStates = sync.Pool{New: func() any { return &fpState{h: sha256.New()} }}
+
+// maxPooledBuffer bounds the buffers a pooled fpState keeps: one huge body
+// must not pin its memory for ever.
+const maxPooledBuffer = 64 << 10
+
+func (st *fpState) field(b []byte) {
+	binary.BigEndian.PutUint64(st.n[:], uint64(len(b)))
+	st.h.Write(st.n[:])
+	st.h.Write(b)
+}
+
+func (st *fpState) fieldString(s string) {
+	st.tmp = append(st.tmp[:0], s...)
+	st.field(st.tmp)
+}
+
+func (st *fpState) put() {
+	st.h.Reset()
+	if cap(st.tmp) > maxPooledBuffer || cap(st.out) > maxPooledBuffer || st.parser.large() {
+		return // let the collector have it
+	}
+	st.parser.in = nil // do not pin the request's body
+	fpStates.Put(st)
 }
 
 func canonicalQuery(raw string) string {
@@ -119,7 +158,14 @@ var ErrAmbiguousJSON = errors.New("idempotency: JSON with invalid UTF-8, a lone 
 // whitespace) an error wrapping ErrNotJSON. Safe for concurrent use; never
 // panics.
 func CanonicalJSON(b []byte) ([]byte, error) {
-	p := canonParser{in: b}
+	var p canonParser
+	return p.canonical(make([]byte, 0, len(b)), b)
+}
+
+// canonical appends the canonical form of b to out, reusing p's buffers.
+func (p *canonParser) canonical(out, b []byte) ([]byte, error) {
+	p.in, p.pos = b, 0
+	p.scratch, p.nodes, p.order = p.scratch[:0], p.nodes[:0], p.order[:0]
 	p.skipSpace()
 	root, err := p.value(0)
 	if err != nil {
@@ -129,8 +175,14 @@ func CanonicalJSON(b []byte) ([]byte, error) {
 	if p.pos != len(p.in) {
 		return nil, fmt.Errorf("%w: data after the value at byte %d", ErrNotJSON, p.pos)
 	}
-	out := make([]byte, 0, len(b))
 	return p.emit(out, root)
+}
+
+// large reports whether p holds buffers too large to keep in a pool.
+func (p *canonParser) large() bool {
+	return cap(p.scratch) > maxPooledBuffer || cap(p.nodes)*64 > maxPooledBuffer || // a jnode is 64 bytes
+
+		cap(p.order)*8 > maxPooledBuffer
 }
 
 // maxJSONDepth bounds nesting, as encoding/json does.

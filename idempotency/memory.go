@@ -41,6 +41,10 @@ var (
 	_ Transactor = (*MemoryStore)(nil)
 )
 
+// inMemory marks the store as one whose calls never wait: the middleware
+// puts no timeout on them.
+func (*MemoryStore) inMemory() {}
+
 func cloneRecord(r *Record) Record {
 	c := *r
 	c.RecoveryData = bytes.Clone(r.RecoveryData)
@@ -95,7 +99,11 @@ func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) 
 		UpdatedAt:          c.Now,
 	}
 	m.records[c.Scope] = rec
-	return cloneRecord(rec), true, nil
+	// The copy returned needs no clone of its own: its only slice is the
+	// claimant's own request, which the store does not share.
+	ret := *rec
+	ret.Request = c.Request
+	return ret, true, nil
 }
 
 // Get implements Store.Get.
@@ -144,12 +152,13 @@ func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) e
 
 // Complete implements Store.Complete.
 func (m *MemoryStore) Complete(ctx context.Context, l Lease, resp Response, now time.Time) error {
-	return m.fenced(ctx, l, func(rec *Record) { complete(rec, resp, now) })
+	return m.fenced(ctx, l, func(rec *Record) { complete(rec, cloneResponse(resp), now) })
 }
 
-func complete(rec *Record, resp Response, now time.Time) {
+// complete settles rec with resp, which becomes the store's own.
+func complete(rec *Record, resp *Response, now time.Time) {
 	rec.State = Completed
-	rec.Response = cloneResponse(resp)
+	rec.Response = resp
 	rec.CompletedAt = now
 	rec.UpdatedAt = now
 }
@@ -255,8 +264,8 @@ func (u *memoryUnit) Complete(_ context.Context, resp Response, now time.Time) e
 	if u.done {
 		return ErrUnitDone
 	}
-	c := cloneResponse(resp)
-	u.ops = append(u.ops, func(r *Record) { complete(r, *c, now) })
+	c := cloneResponse(resp) // the store's copy, applied as it is at Commit
+	u.ops = append(u.ops, func(r *Record) { complete(r, c, now) })
 	return nil
 }
 

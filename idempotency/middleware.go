@@ -31,6 +31,20 @@ const ReplayedHeader = "Idempotent-Replayed"
 // returned (complete, release, end lease), when the client may be gone.
 const storeTimeout = 10 * time.Second
 
+// inMemory is implemented by stores whose calls never wait for I/O (the
+// MemoryStore): their calls need no storeTimeout, which saves a timer and a
+// context per call on every guarded request.
+type inMemory interface{ inMemory() }
+
+// boundedCtx returns ctx bounded by storeTimeout, unless the store never
+// waits. ctx must already be detached from the client (context.WithoutCancel).
+func (h *handler) boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if h.inMemory {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, storeTimeout)
+}
+
 // New returns middleware that makes the guarded requests of the handlers it
 // wraps effectively once within the key scope and the replay window.
 //
@@ -121,16 +135,18 @@ func New(store Store, opts ...Option) func(http.Handler) http.Handler {
 		cfg.newOwner = uuid.NewString
 	}
 	tx, _ := store.(Transactor)
+	_, mem := store.(inMemory)
 	return func(next http.Handler) http.Handler {
-		return &handler{cfg: cfg, store: store, tx: tx, next: next}
+		return &handler{cfg: cfg, store: store, tx: tx, inMemory: mem, next: next}
 	}
 }
 
 type handler struct {
-	cfg   config
-	store Store
-	tx    Transactor
-	next  http.Handler
+	cfg      config
+	store    Store
+	tx       Transactor
+	inMemory bool // the store never waits: no timeouts on its calls
+	next     http.Handler
 }
 
 // request is one guarded request after parsing.
@@ -189,6 +205,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 var errTooLarge = errors.New("idempotency: request body too large")
 
+// bodyReader is the handler's request body: the bytes the middleware read,
+// with a Close that does nothing.
+type bodyReader struct{ *bytes.Reader }
+
+func (bodyReader) Close() error { return nil }
+
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -242,7 +264,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		// that committed while its caller gave up would leave the key in
 		// progress, with nobody to finish or release it, until its lease
 		// expired.
-		cctx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+		cctx, cancelClaim := h.boundedCtx(context.WithoutCancel(ctx))
 		rec, acquired, err := h.store.Claim(cctx, claim)
 		cancelClaim()
 		if err != nil {
@@ -378,7 +400,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, rec R
 	hb := h.heartbeat(bg, run, cancel)
 	cw := newCapture(w)
 	r2 := r.WithContext(hctx)
-	r2.Body = io.NopCloser(bytes.NewReader(req.body))
+	r2.Body = bodyReader{bytes.NewReader(req.body)}
 	r2.ContentLength = int64(len(req.body))
 
 	normal := false
@@ -469,7 +491,7 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 		resp.Body = cw.body.Bytes()
 	}
 
-	ctx, cancel := context.WithTimeout(bg, storeTimeout)
+	ctx, cancel := h.boundedCtx(bg)
 	defer cancel()
 	if unit == nil && h.tx != nil {
 		// The handler never asked for its unit: complete in one now.
@@ -536,7 +558,7 @@ func (h *handler) answerLost(ctx context.Context, w http.ResponseWriter, req req
 //
 // It reports whether the record was kept.
 func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) bool {
-	ctx, cancel := context.WithTimeout(bg, storeTimeout)
+	ctx, cancel := h.boundedCtx(bg)
 	defer cancel()
 	keep := recoveryPoint != ""
 	if !keep {

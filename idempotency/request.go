@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -27,10 +28,48 @@ type StoredRequest struct {
 // are not an encoded StoredRequest.
 var ErrBadRequestRecord = errors.New("idempotency: malformed stored request")
 
-// Encode returns the JSON encoding of s (the format of Record.Request).
+// Encode returns the JSON encoding of s (the format of Record.Request),
+// byte for byte what encoding/json.Marshal returns for it, in one allocation
+// for the common case of strings that need no escaping.
 func (s StoredRequest) Encode() []byte {
-	b, _ := json.Marshal(s) // cannot fail: strings and bytes only
-	return b
+	n := len(`{"id":"","method":"","url":"","host":"","content_type":"","body":""}`) +
+		len(s.ID) + len(s.Method) + len(s.URL) + len(s.Host) + len(s.ContentType) +
+		base64.StdEncoding.EncodedLen(len(s.Body))
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	if s.ID != "" {
+		b = appendStoredString(append(b, `"id":`...), s.ID)
+		b = append(b, ',')
+	}
+	b = appendStoredString(append(b, `"method":`...), s.Method)
+	b = appendStoredString(append(b, `,"url":`...), s.URL)
+	if s.Host != "" {
+		b = appendStoredString(append(b, `,"host":`...), s.Host)
+	}
+	if s.ContentType != "" {
+		b = appendStoredString(append(b, `,"content_type":`...), s.ContentType)
+	}
+	if len(s.Body) > 0 {
+		b = append(b, `,"body":"`...)
+		b = base64.StdEncoding.AppendEncode(b, s.Body)
+		b = append(b, '"')
+	}
+	return append(b, '}')
+}
+
+// appendStoredString appends v as encoding/json.Marshal encodes a string: directly
+// when it is printable ASCII that needs no escape (HTML-escaped characters
+// included), through encoding/json otherwise.
+func appendStoredString(b []byte, v string) []byte {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			enc, _ := json.Marshal(v) // cannot fail for a string
+			return append(b, enc...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, v...)
+	return append(b, '"')
 }
 
 // DecodeRequest decodes what StoredRequest.Encode produced. Errors wrap
