@@ -121,6 +121,11 @@ func mediaType(ct string) string {
 	if ct == "" {
 		return ""
 	}
+	if !strings.Contains(ct, ";") {
+		// No parameters: the result below whether ParseMediaType accepts
+		// ct or not, without building its parameter map.
+		return strings.ToLower(strings.TrimSpace(ct))
+	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil {
 		mt, _, _ = strings.Cut(ct, ";")

@@ -269,6 +269,21 @@ func (u *memoryUnit) Complete(_ context.Context, resp Response, now time.Time) e
 	return nil
 }
 
+// ownedCompleter is implemented by units that can keep a response without
+// copying it, for a caller that never touches it again (the middleware).
+type ownedCompleter interface {
+	Unit
+	completeOwned(resp *Response, now time.Time) error
+}
+
+func (u *memoryUnit) completeOwned(resp *Response, now time.Time) error {
+	if u.done {
+		return ErrUnitDone
+	}
+	u.ops = append(u.ops, func(r *Record) { complete(r, resp, now) })
+	return nil
+}
+
 // OnCommit registers f to run under the store's lock at a successful Commit.
 func (u *memoryUnit) OnCommit(f func()) {
 	if !u.done && f != nil {

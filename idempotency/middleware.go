@@ -215,7 +215,8 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	lr := io.LimitedReader{R: r.Body, N: limit + 1}
+	b, err := io.ReadAll(&lr)
 	if err != nil {
 		return nil, err
 	}
@@ -503,7 +504,17 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	now := h.cfg.now()
 	var err error
-	if unit != nil {
+	if oc, ok := unit.(ownedCompleter); ok {
+		// resp is never touched again (the capture only reads its body
+		// when it releases the response): the unit may keep it as is.
+		err = oc.completeOwned(&resp, now)
+		if err == nil {
+			err = unit.Commit()
+		}
+		if err != nil {
+			_ = unit.Rollback()
+		}
+	} else if unit != nil {
 		err = unit.Complete(ctx, resp, now)
 		if err == nil {
 			err = unit.Commit()
