@@ -483,8 +483,9 @@ func (c *call) run() (*http.Response, error) {
 	}
 }
 
-// attempt runs attempt n. The attempt's own timer and context live on c
-// until endAttempt (the response is discarded or an error returned) or until
+// attempt runs attempt n. The attempt's time limit (in the Transport's
+// deadlineQueue, or a timer of its own) and context live on c until
+// endAttempt (the response is discarded or an error returned) or until
 // deliver hands the response to the caller.
 func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Response, error) {
 	t := c.t
@@ -495,7 +496,7 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 	limit := deadline.AttemptTimeout(now, c.overall, t.cfg.attemptTimeout)
 	if ctxDeadline, ok := ctx.Deadline(); !ok || now.Add(limit).Before(ctxDeadline) {
 		// A retry gets a fresh context: the base transport may still hold
-		// the previous one. The timer targets this attempt's context only:
+		// the previous one. The limit targets this attempt's context only:
 		// it may fire while the loop moves on to the next attempt.
 		a := &c.actx1
 		if n > 1 {
@@ -563,7 +564,7 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 	return resp, nil
 }
 
-// endAttempt stops the attempt's timer and cancels its context.
+// endAttempt ends the attempt's time limit and cancels its context.
 func (c *call) endAttempt() {
 	if c.timer != nil {
 		c.timer.Stop()
@@ -576,8 +577,8 @@ func (c *call) endAttempt() {
 	}
 }
 
-// deliver hands resp to the caller. The attempt's timer stops so that it
-// cannot cut the body read; the attempt context is released when the caller
+// deliver hands resp to the caller. The attempt's time limit ends so that
+// it cannot cut the body read; the attempt context is released when the caller
 // closes the body, which c wraps (c is the body: no extra allocation).
 func (c *call) deliver(resp *http.Response) *http.Response {
 	if c.actx != nil {

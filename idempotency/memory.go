@@ -17,7 +17,8 @@ var ErrUnitDone = errors.New("idempotency: unit already committed or rolled back
 // memory, for tests and single-process servers: records do not survive a
 // restart and are not shared between processes. The zero value is not
 // usable; call NewMemoryStore. Safe for concurrent use; every operation
-// takes one mutex, so claims are atomic. Returned records are deep copies.
+// takes one mutex, so claims are atomic. Returned records share no memory
+// with the store (a fresh claim's Request is the claimant's own slice).
 type MemoryStore struct {
 	mu      sync.Mutex
 	records map[Scope]*Record
