@@ -18,7 +18,8 @@ import (
 // context derived from it (net/http derives one per request) registers a
 // callback instead of starting a goroutine to watch it.
 type attemptCtx struct {
-	parent context.Context
+	parent  context.Context
+	limitAt time.Time // when the attempt's time limit ends (wall clock); set before use
 
 	mu         sync.Mutex
 	done       chan struct{} // made by Done, or closedChan if canceled first
@@ -48,9 +49,15 @@ var closedChan = func() chan struct{} {
 	return c
 }()
 
-// Deadline returns the parent's deadline: the attempt's own limit is
-// enforced by its timer, as context.WithCancelCause plus a timer did.
-func (a *attemptCtx) Deadline() (time.Time, bool) { return a.parent.Deadline() }
+// Deadline returns the earlier of the parent's deadline and the end of the
+// attempt's time limit (its Err is then context.DeadlineExceeded).
+func (a *attemptCtx) Deadline() (time.Time, bool) {
+	d, ok := a.parent.Deadline()
+	if !a.limitAt.IsZero() && (!ok || a.limitAt.Before(d)) {
+		return a.limitAt, true
+	}
+	return d, ok
+}
 
 // Value returns the parent's value for key.
 func (a *attemptCtx) Value(key any) any { return a.parent.Value(key) }
@@ -90,6 +97,11 @@ func (a *attemptCtx) Done() <-chan struct{} {
 // Err returns nil until the attempt is canceled, then why: the parent's
 // error, context.DeadlineExceeded for the attempt timer, or
 // context.Canceled when the attempt ended.
+//
+// Seeing the parent canceled, Err cancels a, which runs the functions
+// registered with AfterFunc synchronously: safe because only package context
+// registers them (to cancel contexts derived from a), and those take no lock
+// that a caller of Err could hold.
 func (a *attemptCtx) Err() error {
 	a.mu.Lock()
 	err := a.err

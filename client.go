@@ -225,8 +225,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		return nil, errors.New("saferetry: request has no URL")
 	}
 	ctx := req.Context()
-	c := &call{t: t, req: req, maxTries: t.cfg.maxAttempts, start: t.clock()}
-	c.overall = deadline.Overall(ctx, c.start, t.cfg.maxElapsed)
+	c := &call{t: t, req: req, maxTries: t.cfg.maxAttempts}
 
 	method := req.Method
 	if method == "" {
@@ -299,6 +298,11 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		return nil, err
 	}
 	c.bud = t.budgetFor(req.URL.Host)
+	// The loop's clock starts once the request is ready (its body read, if
+	// it had to be buffered): attempt 1's time limit is queued from this
+	// reading, and a stale one would push back the Transport's shared timer.
+	c.start = t.clock()
+	c.overall = deadline.Overall(ctx, c.start, t.cfg.maxElapsed)
 	return c, nil
 }
 
@@ -502,13 +506,13 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 		if n > 1 {
 			a = new(attemptCtx)
 		}
-		a.parent = ctx
-		c.actx = a
 		wall := now // the wall clock's reading, unless a test injected one
 		if t.now != nil {
 			wall = time.Now()
 		}
-		if !t.deadlines.add(a, wall, wall.Add(limit)) {
+		a.parent, a.limitAt = ctx, wall.Add(limit)
+		c.actx = a
+		if !t.deadlines.add(a, wall, a.limitAt) {
 			c.timer = time.AfterFunc(limit, func() { a.cancel(context.DeadlineExceeded, true) })
 		}
 		actx = a
@@ -552,7 +556,13 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 			resp.Body.Close()
 		}
 		if c.actx != nil && c.actx.canceledByTimer() && ctx.Err() == nil {
-			err = fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, err)
+			cause := err
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				// The context error is the attempt's own limit: say so, and
+				// keep it apart from the caller's deadline or cancellation.
+				cause = ErrAttemptTimeout
+			}
+			err = fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, cause)
 		}
 		c.endAttempt()
 		return nil, err

@@ -315,6 +315,8 @@ func TestUnsafePostWithoutKeyIsNotRetriedOnReadTimeout(t *testing.T) {
 	_, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "pay 10"))
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrAttemptTimeout)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "the attempt's own limit is not the caller's deadline")
+	assert.NotErrorIs(t, err, context.Canceled, "nor the caller's cancellation")
 	assert.Equal(t, int32(1), hits.Load(), "a POST without a key is never retried after it may have arrived")
 }
 
@@ -1029,4 +1031,50 @@ func TestFailingGetBodyKeepsTheResponseInHand(t *testing.T) {
 	assert.Equal(t, 503, resp.StatusCode)
 	assert.Len(t, srv.Hits(), 1)
 	assert.Empty(t, clk.Sleeps())
+}
+
+// clockBody advances a fake clock while it is read: a body that is slow to
+// buffer.
+type clockBody struct {
+	clk  *fakeClock
+	r    io.Reader
+	took time.Duration
+}
+
+func (b *clockBody) Read(p []byte) (int, error) {
+	b.clk.Sleep(context.Background(), b.took)
+	return b.r.Read(p)
+}
+func (b *clockBody) Close() error { return nil }
+
+// The loop's clock, and with it attempt 1's time limit in the Transport's
+// shared timer, starts once the body is buffered: a stale start would have
+// re-armed the timer late for every other attempt in flight.
+func TestLoopClockStartsAfterTheBodyIsBuffered(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+	defer ts.Close()
+	h := &recordingHandler{}
+	tr, clk := newTestTransport(nil, WithLogger(slog.New(h)))
+	req, err := http.NewRequest(http.MethodPut, ts.URL, nil)
+	require.NoError(t, err)
+	req.Body = &clockBody{clk: clk, r: strings.NewReader("payload"), took: 5 * time.Second}
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, h.records, 1)
+	assert.Less(t, attrs(h.records[0])["total"].Duration(), time.Second,
+		"the body's reading (5 s of fake clock per Read) happened before the loop's clock started")
+}
+
+func TestAttemptContextDeadlineIsTheAttemptLimit(t *testing.T) {
+	limit := time.Now().Add(time.Minute)
+	a := &attemptCtx{parent: context.Background(), limitAt: limit}
+	d, ok := a.Deadline()
+	assert.True(t, ok)
+	assert.Equal(t, limit, d)
+	parent, cancel := context.WithDeadline(context.Background(), limit.Add(-time.Second))
+	defer cancel()
+	a = &attemptCtx{parent: parent, limitAt: limit}
+	d, _ = a.Deadline()
+	assert.Equal(t, limit.Add(-time.Second), d, "the parent's earlier deadline wins")
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,4 +66,31 @@ func TestClaimSurvivesClientDisconnect(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, w.Code)
 	assert.Equal(t, "true", w.Header().Get(idempotency.ReplayedHeader))
 	assert.Equal(t, 1, ran)
+}
+
+// deadlineStore records whether its claims were given a deadline.
+type deadlineStore struct {
+	*idempotency.MemoryStore
+	hadDeadline atomic.Bool
+}
+
+func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
+	_, ok := ctx.Deadline()
+	s.hadDeadline.Store(ok)
+	return s.MemoryStore.Claim(ctx, c)
+}
+
+// Only the MemoryStore itself goes without store timeouts: a store that
+// embeds it (a wrapper that may add I/O) keeps them.
+func TestAStoreEmbeddingTheMemoryStoreKeepsTheStoreTimeout(t *testing.T) {
+	store := &deadlineStore{MemoryStore: idempotency.NewMemoryStore()}
+	mw := idempotency.New(store, idempotency.WithLogger(quiet))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`))
+	req.Header.Set("Idempotency-Key", "k-timeout")
+	w := httptest.NewRecorder()
+	mw.ServeHTTP(w, req)
+	require.Equal(t, http.StatusCreated, w.Code)
+	assert.True(t, store.hadDeadline.Load())
 }

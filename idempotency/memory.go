@@ -42,10 +42,6 @@ var (
 	_ Transactor = (*MemoryStore)(nil)
 )
 
-// inMemory marks the store as one whose calls never wait: the middleware
-// puts no timeout on them.
-func (*MemoryStore) inMemory() {}
-
 func cloneRecord(r *Record) Record {
 	c := *r
 	c.RecoveryData = bytes.Clone(r.RecoveryData)
@@ -61,6 +57,8 @@ func cloneResponse(r Response) *Response {
 }
 
 // Claim implements Store.Claim. It honours ctx only before taking the lock.
+// The record returned for a new claim holds c.Request itself (the caller's
+// own bytes, not the store's copy); every other record returned is a copy.
 func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, false, err

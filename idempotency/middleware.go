@@ -31,11 +31,6 @@ const ReplayedHeader = "Idempotent-Replayed"
 // returned (complete, release, end lease), when the client may be gone.
 const storeTimeout = 10 * time.Second
 
-// inMemory is implemented by stores whose calls never wait for I/O (the
-// MemoryStore): their calls need no storeTimeout, which saves a timer and a
-// context per call on every guarded request.
-type inMemory interface{ inMemory() }
-
 // boundedCtx returns ctx bounded by storeTimeout, unless the store never
 // waits. ctx must already be detached from the client (context.WithoutCancel).
 func (h *handler) boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -135,7 +130,9 @@ func New(store Store, opts ...Option) func(http.Handler) http.Handler {
 		cfg.newOwner = uuid.NewString
 	}
 	tx, _ := store.(Transactor)
-	_, mem := store.(inMemory)
+	// Only the MemoryStore itself: a store that embeds it (a wrapper that
+	// adds I/O, say) keeps the timeout.
+	_, mem := store.(*MemoryStore)
 	return func(next http.Handler) http.Handler {
 		return &handler{cfg: cfg, store: store, tx: tx, inMemory: mem, next: next}
 	}
