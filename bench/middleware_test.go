@@ -88,7 +88,7 @@ func openSQLStore(b *testing.B, dialect sqlstore.Dialect) idempotency.Store {
 // idempotency middleware (default options, a discarding logger) in front of
 // a handler, for a POST with a new key each time (claim, run, store the
 // response), against the bare handler. No network: ServeHTTP is called
-// directly. store=postgres runs only when SAFERETRY_PG_DSN is set.
+// directly, with a fresh cancellable request context as net/http gives. store=postgres runs only when SAFERETRY_PG_DSN is set.
 func BenchmarkMiddleware(b *testing.B) {
 	for _, store := range []string{"bare", "memory", "sqlite", "postgres"} {
 		b.Run("store="+store, func(b *testing.B) {
@@ -106,11 +106,16 @@ func BenchmarkMiddleware(b *testing.B) {
 				Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 				Host: u.Host, RequestURI: u.Path, RemoteAddr: "127.0.0.1:1234", ContentLength: int64(len(mwPayload)),
 			}
-			tmpl = *tmpl.WithContext(context.Background())
 			prefix := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 			w := &discardWriter{h: make(http.Header)}
 			serve := func(i int) error {
-				r := tmpl
+				// As net/http does, each request gets a cancellable context
+				// of its own, canceled when the handler returns: a handler
+				// that derives contexts from it pays what it would in a
+				// server (registering with its parent).
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				r := *tmpl.WithContext(ctx)
 				r.Header = http.Header{
 					"Content-Type":    {"application/json"},
 					"Idempotency-Key": {prefix + strconv.Itoa(i)},

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/google/uuid"
 )
 
 // referenceCanonicalJSON is the first implementation of CanonicalJSON, built
@@ -189,4 +191,19 @@ func FuzzMediaTypeMatchesTheReference(f *testing.F) {
 			t.Fatalf("mediaType(%q) = %q, the reference says %q", ct, got, want)
 		}
 	})
+}
+
+func TestNewOwnerIsARandomUUIDv4(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		s := newOwner()
+		u, err := uuid.Parse(s)
+		if err != nil || u.Version() != 4 || u.Variant() != uuid.RFC4122 || u.String() != s {
+			t.Fatalf("newOwner() = %q: not a canonical UUIDv4 (%v)", s, err)
+		}
+		if seen[s] {
+			t.Fatalf("newOwner() repeated %q", s)
+		}
+		seen[s] = true
+	}
 }

@@ -20,10 +20,6 @@ type capture struct {
 	flushed     bool
 }
 
-func newCapture(w http.ResponseWriter) *capture {
-	return &capture{w: w, header: make(http.Header)}
-}
-
 func (c *capture) Header() http.Header { return c.header }
 
 func (c *capture) WriteHeader(code int) {

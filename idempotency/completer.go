@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // Defaults of CompleterConfig.
@@ -168,7 +166,7 @@ func NewCompleter(s Store, cfg CompleterConfig) *Completer {
 	c.mcfg.lease, c.mcfg.logger = cfg.Lease, cfg.Logger
 	c.mcfg.now = func() time.Time { return c.now() }
 	if c.mcfg.newOwner == nil {
-		c.mcfg.newOwner = uuid.NewString
+		c.mcfg.newOwner = newOwner
 	}
 	for route := range cfg.Routes {
 		if mux := patternMux(route); mux != nil {
@@ -209,7 +207,7 @@ type execution struct {
 
 func (e *execution) do(w http.ResponseWriter, r *http.Request) {
 	e.ran = true
-	e.out = e.h.run(w, r, e.req, e.rec)
+	e.out = e.h.run(w, r, context.WithoutCancel(r.Context()), e.req, e.rec)
 }
 
 // discardWriter is the response writer of a completer's execution: there is

@@ -37,6 +37,9 @@ type Run struct {
 	execID   string                  // StoredRequest.ID: the base of downstream keys
 	created  time.Time               // the record's CreatedAt: the fallback base without an ID
 	cancel   context.CancelCauseFunc // cancels the handler's context
+	hb       heartbeat               // extends the lease while the handler runs
+	cw       capture                 // buffers the handler's response
+	body     bodyReader              // the handler's request body
 
 	mu         sync.Mutex
 	leaseUntil time.Time

@@ -246,6 +246,22 @@ type memoryUnit struct {
 	done  bool
 	ops   []func(*Record)
 	hooks []func()
+
+	// The unit's first completion, kept here rather than as an op (it is
+	// in nearly every unit): applied at Commit after the first completeAt
+	// ops, so that the order of the calls is kept.
+	completion  *Response
+	completedAt time.Time
+	completeAt  int
+}
+
+// completeWith records a completion with resp, which becomes the store's.
+func (u *memoryUnit) completeWith(resp *Response, now time.Time) {
+	if u.completion == nil {
+		u.completion, u.completedAt, u.completeAt = resp, now, len(u.ops)
+		return
+	}
+	u.ops = append(u.ops, func(r *Record) { complete(r, resp, now) })
 }
 
 func (u *memoryUnit) SetRecoveryPoint(_ context.Context, point string, data []byte, now time.Time) error {
@@ -263,8 +279,7 @@ func (u *memoryUnit) Complete(_ context.Context, resp Response, now time.Time) e
 	if u.done {
 		return ErrUnitDone
 	}
-	c := cloneResponse(resp) // the store's copy, applied as it is at Commit
-	u.ops = append(u.ops, func(r *Record) { complete(r, c, now) })
+	u.completeWith(cloneResponse(resp), now) // the store's copy, applied as it is at Commit
 	return nil
 }
 
@@ -279,7 +294,7 @@ func (u *memoryUnit) completeOwned(resp *Response, now time.Time) error {
 	if u.done {
 		return ErrUnitDone
 	}
-	u.ops = append(u.ops, func(r *Record) { complete(r, resp, now) })
+	u.completeWith(resp, now)
 	return nil
 }
 
@@ -301,8 +316,14 @@ func (u *memoryUnit) Commit() error {
 	if err != nil {
 		return err
 	}
-	for _, op := range u.ops {
+	for i, op := range u.ops {
+		if i == u.completeAt && u.completion != nil {
+			complete(rec, u.completion, u.completedAt)
+		}
 		op(rec)
+	}
+	if u.completeAt == len(u.ops) && u.completion != nil {
+		complete(rec, u.completion, u.completedAt)
 	}
 	for _, f := range u.hooks {
 		f()
@@ -312,7 +333,7 @@ func (u *memoryUnit) Commit() error {
 
 func (u *memoryUnit) Rollback() error {
 	u.done = true
-	u.ops, u.hooks = nil, nil
+	u.ops, u.hooks, u.completion = nil, nil, nil
 	return nil
 }
 

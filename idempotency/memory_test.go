@@ -64,3 +64,41 @@ func TestMemoryStoreCanceledContext(t *testing.T) {
 	_, err = s.Get(ctx, idempotency.Scope{})
 	require.ErrorIs(t, err, context.Canceled)
 }
+
+// A unit applies its writes at Commit in the order they were made, the
+// completion included, and a second completion wins over the first.
+func TestMemoryUnitKeepsTheOrderOfItsWrites(t *testing.T) {
+	s := idempotency.NewMemoryStore()
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i, order := range [][]string{{"point:a", "complete:201", "point:b"}, {"complete:201", "complete:202", "point:c"}} {
+		sc := idempotency.Scope{Method: "POST", Route: "/r", Key: "order-" + string(rune('a'+i))}
+		rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Minute})
+		require.NoError(t, err)
+		require.True(t, ok)
+		u, _, err := s.Begin(t.Context(), rec.Lease())
+		require.NoError(t, err)
+		wantPoint, wantStatus := "", 0
+		var at time.Time
+		for j, w := range order {
+			at = now.Add(time.Duration(j+1) * time.Second) // each write has its own time
+			switch w[:5] {
+			case "point":
+				wantPoint = w[6:]
+				require.NoError(t, u.SetRecoveryPoint(t.Context(), wantPoint, nil, at))
+			default:
+				wantStatus = 200 + int(w[len(w)-1]-'0')
+				require.NoError(t, u.Complete(t.Context(), idempotency.Response{Status: wantStatus}, at))
+			}
+		}
+		got, err := s.Get(t.Context(), sc)
+		require.NoError(t, err)
+		require.Equal(t, idempotency.InProgress, got.State, "nothing applies before Commit")
+		require.NoError(t, u.Commit())
+		got, err = s.Get(t.Context(), sc)
+		require.NoError(t, err)
+		require.Equal(t, idempotency.Completed, got.State)
+		require.Equal(t, wantPoint, got.RecoveryPoint, "order %v", order)
+		require.Equal(t, wantStatus, got.Response.Status, "order %v", order)
+		require.Equal(t, at, got.UpdatedAt, "the last write is applied last: order %v", order)
+	}
+}

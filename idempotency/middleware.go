@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -127,7 +125,7 @@ func New(store Store, opts ...Option) func(http.Handler) http.Handler {
 		}
 	}
 	if cfg.newOwner == nil {
-		cfg.newOwner = uuid.NewString
+		cfg.newOwner = newOwner
 	}
 	tx, _ := store.(Transactor)
 	// Only the MemoryStore itself: a store that embeds it (a wrapper that
@@ -204,9 +202,9 @@ var errTooLarge = errors.New("idempotency: request body too large")
 
 // bodyReader is the handler's request body: the bytes the middleware read,
 // with a Close that does nothing.
-type bodyReader struct{ *bytes.Reader }
+type bodyReader struct{ bytes.Reader }
 
-func (bodyReader) Close() error { return nil }
+func (*bodyReader) Close() error { return nil }
 
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
@@ -257,12 +255,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		ReplayWindow:       h.cfg.replayWindow,
 	}
 	waitUntil := claim.Now.Add(h.cfg.wait)
+	bg := context.WithoutCancel(ctx) // store calls and the run go on when the client goes away
 	for claims := 0; ; claims++ {
 		// The claim runs to its end even if the client goes away: a claim
 		// that committed while its caller gave up would leave the key in
 		// progress, with nobody to finish or release it, until its lease
 		// expired.
-		cctx, cancelClaim := h.boundedCtx(context.WithoutCancel(ctx))
+		cctx, cancelClaim := h.boundedCtx(bg)
 		rec, acquired, err := h.store.Claim(cctx, claim)
 		cancelClaim()
 		if err != nil {
@@ -270,7 +269,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			return
 		}
 		if acquired {
-			h.run(w, r, req, rec)
+			h.run(w, r, bg, req, rec)
 			return
 		}
 		// Someone else holds or completed the key: answer from the record,
@@ -375,30 +374,29 @@ func (h *handler) newRun(bg context.Context, scope Scope, rec Record, stored []b
 }
 
 // run executes the handler as the owner of rec and answers through w.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, rec Record) outcome {
+// bg is r's context without its cancellation: store calls keep going when
+// the client disconnects.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context, req request, rec Record) outcome {
 	lease := rec.Lease()
-	// Store calls keep going when the client disconnects.
-	bg := context.WithoutCancel(r.Context())
 	run := h.newRun(bg, req.scope, rec, req.stored, req.execID)
 	// The handler's context: the request's values, deadline and
 	// cancellation, and cancellation with cause ErrLeaseLost. No unit of
 	// work is open yet: Run.Unit (or sqlstore.Tx) begins the request's unit
 	// when the handler first asks for it, else the completion begins one.
-	hctx, cancel := context.WithCancelCause(withRun(bg, run))
+	// Derived from the request's own context, hctx gets its deadline and
+	// its cancellation (with its cause) from its parent.
+	hctx, cancel := context.WithCancelCause(withRun(r.Context(), run))
 	defer cancel(nil)
 	run.cancel = cancel
-	if d, ok := r.Context().Deadline(); ok {
-		var cancelDeadline context.CancelFunc
-		hctx, cancelDeadline = context.WithDeadline(hctx, d)
-		defer cancelDeadline()
-	}
-	stopAfter := context.AfterFunc(r.Context(), func() { cancel(context.Cause(r.Context())) })
-	defer stopAfter()
 
 	hb := h.heartbeat(bg, run, cancel)
-	cw := newCapture(w)
+	// The capture and the handler's body live in the Run: one allocation
+	// for the three.
+	run.cw = capture{w: w, header: make(http.Header)}
+	cw := &run.cw
 	r2 := r.WithContext(hctx)
-	r2.Body = bodyReader{bytes.NewReader(req.body)}
+	run.body.Reset(req.body)
+	r2.Body = &run.body
 	r2.ContentLength = int64(len(req.body))
 
 	normal := false
@@ -622,7 +620,7 @@ func (hb *heartbeat) stop() {
 // ErrLeaseExpired (and mark the run expired).
 func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
 	lease := run.Lease
-	hb := &heartbeat{}
+	hb := &run.hb // part of the Run: no allocation of its own
 	interval := h.cfg.lease / 3
 	margin := h.cfg.lease / 3
 	beat := func() {

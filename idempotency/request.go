@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+
+	"github.com/google/uuid"
 )
 
 // StoredRequest is the request the middleware saves in Record.Request when it
@@ -80,6 +82,16 @@ func DecodeRequest(b []byte) (StoredRequest, error) {
 		return StoredRequest{}, errors.Join(ErrBadRequestRecord, err)
 	}
 	return s, nil
+}
+
+// newOwner returns a random owner token, a UUIDv4 string: what
+// uuid.NewString returns, in one allocation instead of two.
+func newOwner() string {
+	var u uuid.UUID
+	_, _ = rand.Read(u[:])      // never fails (crypto/rand panics instead, on a broken system)
+	u[6] = (u[6] & 0x0f) | 0x40 // version 4
+	u[8] = (u[8] & 0x3f) | 0x80 // variant RFC 4122
+	return u.String()
 }
 
 // newExecID returns a StoredRequest.ID: 64 random bits in hex.
