@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -603,4 +604,37 @@ func TestFromContext(t *testing.T) {
 	require.True(t, strings.HasPrefix(run.Scope.Principal, "authz:"))
 	_, ok := idempotency.FromContext(t.Context())
 	require.False(t, ok)
+}
+
+// The handler's context is the request's: its values and deadline, and its
+// cancellation with the request's cause when the client goes away; the Run
+// is in it too.
+func TestHandlerContextFollowsTheRequestContext(t *testing.T) {
+	type key struct{}
+	gone := fmt.Errorf("client went away")
+	deadline := time.Now().Add(time.Hour)
+	got := make(chan error, 1)
+	h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			ctx := r.Context()
+			d, ok := ctx.Deadline()
+			_, hasRun := idempotency.FromContext(ctx)
+			if !ok || !d.Equal(deadline) || ctx.Value(key{}) != "v" || !hasRun {
+				got <- fmt.Errorf("deadline %v %v, value %v, run %v", d, ok, ctx.Value(key{}), hasRun)
+				return
+			}
+			<-ctx.Done()
+			got <- context.Cause(ctx)
+		}))
+	base, cancelDeadline := context.WithDeadline(context.WithValue(context.Background(), key{}, "v"), deadline)
+	defer cancelDeadline()
+	ctx, cancel := context.WithCancelCause(base)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://x/pay", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", "k-ctx")
+	done := make(chan struct{})
+	go func() { defer close(done); h.ServeHTTP(httptest.NewRecorder(), req) }()
+	cancel(gone) // before or while the handler waits: either way it must see the cause
+	require.ErrorIs(t, <-got, gone)
+	<-done
 }
