@@ -31,9 +31,8 @@ type attemptCtx struct {
 	stopParent func() bool   // the registration on parent made by Done
 	delivered  bool          // its response went to the caller: no more timeouts
 
-	// Its place in the Transport's deadlineQueue, guarded by the queue's
-	// lock.
-	due        time.Time
+	// Its place in the Transport's deadlineQueue (ordered by limitAt),
+	// guarded by the queue's lock.
 	prev, next *attemptCtx
 	queued     bool
 }
@@ -227,21 +226,22 @@ type deadlineQueue struct {
 // requests read the clock and then queue in a slightly different order).
 const maxQueueWalk = 8
 
-// add queues a to be canceled at due, now being the current time (both of
-// the wall clock). It returns false, and a must be timed by other means,
-// when a's place is more than maxQueueWalk attempts before the tail (a
-// retry with less time left than newer first attempts, say).
-func (q *deadlineQueue) add(a *attemptCtx, now, due time.Time) bool {
+// add queues a to be canceled at a.limitAt, now being the current time
+// (both of the wall clock). It returns false, and a must be timed by other
+// means, when a's place is more than maxQueueWalk attempts before the tail
+// (a retry with less time left than newer first attempts, say).
+func (q *deadlineQueue) add(a *attemptCtx, now time.Time) bool {
+	due := a.limitAt
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	after := q.tail // a goes right after this one (nil: at the head)
-	for i := 0; after != nil && due.Before(after.due); i++ {
+	for i := 0; after != nil && due.Before(after.limitAt); i++ {
 		if i == maxQueueWalk {
 			return false
 		}
 		after = after.prev
 	}
-	a.due, a.prev, a.queued = due, after, true
+	a.prev, a.queued = after, true
 	if after == nil {
 		a.next, q.head = q.head, a
 	} else {
@@ -299,13 +299,13 @@ func (q *deadlineQueue) fire() {
 	var expired []*attemptCtx
 	q.mu.Lock()
 	now := time.Now()
-	for a := q.head; a != nil && !a.due.After(now); a = q.head {
+	for a := q.head; a != nil && !a.limitAt.After(now); a = q.head {
 		q.unlink(a)
 		expired = append(expired, a)
 	}
 	q.armedFor = time.Time{}
 	if q.head != nil {
-		q.arm(q.head.due, now)
+		q.arm(q.head.limitAt, now)
 	}
 	q.mu.Unlock()
 	for _, a := range expired {

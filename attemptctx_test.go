@@ -96,10 +96,13 @@ func TestDeadlineQueueCancelsInDueOrder(t *testing.T) {
 		ctxs[i] = &attemptCtx{parent: context.Background()}
 	}
 	// Queued out of order within the walk limit: each finds its place.
-	require.True(t, q.add(ctxs[2], now, now.Add(30*time.Millisecond)))
-	require.True(t, q.add(ctxs[0], now, now.Add(10*time.Millisecond)))
-	require.True(t, q.add(ctxs[3], now, now.Add(time.Hour)))
-	require.True(t, q.add(ctxs[1], now, now.Add(20*time.Millisecond)))
+	for i, d := range []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond, time.Hour} {
+		ctxs[i].limitAt = now.Add(d)
+	}
+	require.True(t, q.add(ctxs[2], now))
+	require.True(t, q.add(ctxs[0], now))
+	require.True(t, q.add(ctxs[3], now))
+	require.True(t, q.add(ctxs[1], now))
 	var order []*attemptCtx
 	for a := q.head; a != nil; a = a.next {
 		order = append(order, a)
@@ -117,7 +120,7 @@ func TestDeadlineQueueCancelsInDueOrder(t *testing.T) {
 	assert.False(t, isDone(ctxs[3]))
 	q.mu.Lock()
 	assert.Same(t, ctxs[3], q.head)
-	assert.Equal(t, ctxs[3].due, q.armedFor, "re-armed for the next one due")
+	assert.Equal(t, ctxs[3].limitAt, q.armedFor, "re-armed for the next one due")
 	q.mu.Unlock()
 	q.remove(ctxs[3])
 	q.timer.Stop()
@@ -127,10 +130,10 @@ func TestDeadlineQueueRefusesAPlaceTooFarBack(t *testing.T) {
 	var q deadlineQueue
 	now := time.Now()
 	for i := range maxQueueWalk + 1 {
-		require.True(t, q.add(&attemptCtx{parent: context.Background()}, now, now.Add(time.Hour+time.Duration(i))))
+		require.True(t, q.add(&attemptCtx{parent: context.Background(), limitAt: now.Add(time.Hour + time.Duration(i))}, now))
 	}
-	early := &attemptCtx{parent: context.Background()}
-	assert.False(t, q.add(early, now, now.Add(time.Minute)), "more than maxQueueWalk places back: timed by its own timer")
+	early := &attemptCtx{parent: context.Background(), limitAt: now.Add(time.Minute)}
+	assert.False(t, q.add(early, now), "more than maxQueueWalk places back: timed by its own timer")
 	assert.False(t, early.queued)
 	q.timer.Stop()
 }

@@ -512,7 +512,7 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 		}
 		a.parent, a.limitAt = ctx, wall.Add(limit)
 		c.actx = a
-		if !t.deadlines.add(a, wall, a.limitAt) {
+		if !t.deadlines.add(a, wall) {
 			c.timer = time.AfterFunc(limit, func() { a.cancel(context.DeadlineExceeded, true) })
 		}
 		actx = a
