@@ -418,7 +418,13 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context
 	h.next.ServeHTTP(cw, r2)
 	normal = true
 	hb.stop()
-	return h.finish(bg, w, r, req, run, cw)
+	out := h.finish(bg, w, r, req, run, cw)
+	// The Run stays reachable from the handler's context, which may outlive
+	// the request: let go of the writer and the request body. (The
+	// captured body's bytes are the stored response's.)
+	run.cw.w, run.cw.header = nil, nil
+	run.body.Reset(nil)
+	return out
 }
 
 // stores reports whether a response with this status is stored.
