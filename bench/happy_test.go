@@ -80,7 +80,7 @@ func warmUp(b *testing.B, client *http.Client, url string, conc int) {
 func BenchmarkHappy(b *testing.B) {
 	for _, network := range []string{"loopback", "memory"} {
 		for _, conc := range []int{1, 16} {
-			for _, c := range Contenders {
+			for _, c := range append(Contenders[:len(Contenders):len(Contenders)], HappyVariants...) {
 				name := fmt.Sprintf("net=%s/conc=%d/client=%s", network, conc, c.Name)
 				b.Run(name, func(b *testing.B) {
 					base, url := happyBase(b, network)
