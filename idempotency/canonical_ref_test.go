@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -205,5 +206,26 @@ func TestNewOwnerIsARandomUUIDv4(t *testing.T) {
 			t.Fatalf("newOwner() repeated %q", s)
 		}
 		seen[s] = true
+	}
+}
+
+// readBody reads the whole body whatever its declared length says, and
+// refuses one over the limit.
+func TestReadBodyIgnoresAWrongContentLength(t *testing.T) {
+	body := strings.Repeat("x", 1500)
+	for _, declared := range []int64{-1, 0, 1, 700, 1500, 4000} {
+		r, err := http.NewRequest(http.MethodPost, "http://x/", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.ContentLength = declared
+		got, err := readBody(r, 2000)
+		if err != nil || string(got) != body {
+			t.Fatalf("declared %d: read %d bytes, %v", declared, len(got), err)
+		}
+		r.Body = io.NopCloser(strings.NewReader(body))
+		if _, err := readBody(r, 1499); !errors.Is(err, errTooLarge) {
+			t.Fatalf("declared %d: a body over the limit gave %v", declared, err)
+		}
 	}
 }

@@ -210,8 +210,13 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	lr := io.LimitedReader{R: r.Body, N: limit + 1}
-	b, err := io.ReadAll(&lr)
+	// Sized by the declared length when there is one (one byte more, so
+	// that reading the end needs no second buffer), as io.ReadAll otherwise.
+	size := int64(512)
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		size = n + 1
+	}
+	b, err := readAll(&io.LimitedReader{R: r.Body, N: limit + 1}, make([]byte, 0, size))
 	if err != nil {
 		return nil, err
 	}
@@ -219,6 +224,23 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, errTooLarge
 	}
 	return b, nil
+}
+
+// readAll is io.ReadAll appending to b.
+func readAll(r io.Reader, b []byte) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append grow the buffer
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+	}
 }
 
 func (h *handler) log(ctx context.Context, level slog.Level, msg string, s Scope, attrs ...any) {
