@@ -211,10 +211,12 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, nil
 	}
 	// Sized by the declared length when there is one (one byte more, so
-	// that reading the end needs no second buffer), as io.ReadAll otherwise.
+	// that reading the end needs no second buffer), as io.ReadAll otherwise;
+	// never more than 64 KiB before the bytes arrive, whatever a client
+	// declares.
 	size := int64(512)
 	if n := r.ContentLength; n >= 0 && n <= limit {
-		size = n + 1
+		size = min(n+1, 64<<10)
 	}
 	b, err := readAll(&io.LimitedReader{R: r.Body, N: limit + 1}, make([]byte, 0, size))
 	if err != nil {
