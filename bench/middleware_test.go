@@ -90,7 +90,7 @@ func openSQLStore(b *testing.B, dialect sqlstore.Dialect) idempotency.Store {
 // response), against the bare handler. No network: ServeHTTP is called
 // directly, with a fresh cancellable request context as net/http gives. store=postgres runs only when SAFERETRY_PG_DSN is set.
 func BenchmarkMiddleware(b *testing.B) {
-	for _, store := range []string{"bare", "memory", "sqlite", "postgres"} {
+	for _, store := range rotated([]string{"bare", "memory", "sqlite", "postgres"}) {
 		b.Run("store="+store, func(b *testing.B) {
 			var h http.Handler = http.HandlerFunc(created)
 			switch store {
