@@ -241,61 +241,50 @@ func (m *MemoryStore) Begin(ctx context.Context, l Lease) (Unit, context.Context
 }
 
 type memoryUnit struct {
-	m     *MemoryStore
-	lease Lease
-	done  bool
-	ops   []func(*Record)
-	hooks []func()
-
-	// The unit's first completion, kept here rather than as an op (it is
-	// in nearly every unit): applied at Commit after the first completeAt
-	// ops, so that the order of the calls is kept.
-	completion  *Response
-	completedAt time.Time
-	completeAt  int
+	m      *MemoryStore
+	lease  Lease
+	done   bool
+	ops    []memoryOp // applied in order at Commit
+	inline [2]memoryOp
+	hooks  []func()
 }
 
-// completeWith records a completion with resp, which becomes the store's.
-func (u *memoryUnit) completeWith(resp *Response, now time.Time) {
-	if u.completion == nil {
-		u.completion, u.completedAt, u.completeAt = resp, now, len(u.ops)
-		return
+// memoryOp is one buffered write of a unit: a completion with resp (which
+// is the store's own), or else a recovery point.
+type memoryOp struct {
+	resp  *Response
+	point string
+	data  []byte
+	now   time.Time
+}
+
+func (u *memoryUnit) add(op memoryOp) error {
+	if u.done {
+		return ErrUnitDone
 	}
-	u.ops = append(u.ops, func(r *Record) { complete(r, resp, now) })
+	if u.ops == nil {
+		u.ops = u.inline[:0] // most units write once or twice
+	}
+	u.ops = append(u.ops, op)
+	return nil
 }
 
 func (u *memoryUnit) SetRecoveryPoint(_ context.Context, point string, data []byte, now time.Time) error {
-	if u.done {
-		return ErrUnitDone
-	}
-	data = bytes.Clone(data)
-	u.ops = append(u.ops, func(r *Record) {
-		r.RecoveryPoint, r.RecoveryData, r.UpdatedAt = point, data, now
-	})
-	return nil
+	return u.add(memoryOp{point: point, data: bytes.Clone(data), now: now})
 }
 
 func (u *memoryUnit) Complete(_ context.Context, resp Response, now time.Time) error {
-	if u.done {
-		return ErrUnitDone
-	}
-	u.completeWith(cloneResponse(resp), now) // the store's copy, applied as it is at Commit
-	return nil
+	return u.add(memoryOp{resp: cloneResponse(resp), now: now})
 }
 
 // ownedCompleter is implemented by units that can keep a response without
 // copying it, for a caller that never touches it again (the middleware).
 type ownedCompleter interface {
-	Unit
 	completeOwned(resp *Response, now time.Time) error
 }
 
 func (u *memoryUnit) completeOwned(resp *Response, now time.Time) error {
-	if u.done {
-		return ErrUnitDone
-	}
-	u.completeWith(resp, now)
-	return nil
+	return u.add(memoryOp{resp: resp, now: now})
 }
 
 // OnCommit registers f to run under the store's lock at a successful Commit.
@@ -316,14 +305,12 @@ func (u *memoryUnit) Commit() error {
 	if err != nil {
 		return err
 	}
-	for i, op := range u.ops {
-		if i == u.completeAt && u.completion != nil {
-			complete(rec, u.completion, u.completedAt)
+	for _, op := range u.ops {
+		if op.resp != nil {
+			complete(rec, op.resp, op.now)
+		} else {
+			rec.RecoveryPoint, rec.RecoveryData, rec.UpdatedAt = op.point, op.data, op.now
 		}
-		op(rec)
-	}
-	if u.completeAt == len(u.ops) && u.completion != nil {
-		complete(rec, u.completion, u.completedAt)
 	}
 	for _, f := range u.hooks {
 		f()
@@ -333,7 +320,7 @@ func (u *memoryUnit) Commit() error {
 
 func (u *memoryUnit) Rollback() error {
 	u.done = true
-	u.ops, u.hooks, u.completion = nil, nil, nil
+	u.ops, u.hooks = nil, nil
 	return nil
 }
 

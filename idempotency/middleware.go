@@ -529,18 +529,14 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	now := h.cfg.now()
 	var err error
-	if oc, ok := unit.(ownedCompleter); ok {
-		// resp is never touched again (the capture only reads its body
-		// when it releases the response): the unit may keep it as is.
-		err = oc.completeOwned(&resp, now)
-		if err == nil {
-			err = unit.Commit()
+	if unit != nil {
+		if oc, ok := unit.(ownedCompleter); ok {
+			// resp is never touched again (the capture only reads its
+			// body when it releases the response): the unit may keep it.
+			err = oc.completeOwned(&resp, now)
+		} else {
+			err = unit.Complete(ctx, resp, now)
 		}
-		if err != nil {
-			_ = unit.Rollback()
-		}
-	} else if unit != nil {
-		err = unit.Complete(ctx, resp, now)
 		if err == nil {
 			err = unit.Commit()
 		}
