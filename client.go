@@ -13,7 +13,6 @@ import (
 	"mime"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
@@ -85,15 +84,8 @@ type Transport struct {
 	// fullDeadline is the deadline header value of a first attempt whose
 	// overall deadline is MaxElapsed away (the common case): formatted once.
 	fullDeadline string
-	keyName      string                     // the key header's canonical name
-	lastBudget   atomic.Pointer[hostBudget] // the registry's last answer
-	deadlines    deadlineQueue              // the time limits of attempts in flight
-}
-
-// hostBudget caches a Registry's budget for one host.
-type hostBudget struct {
-	host string
-	b    budget.Budget
+	keyName      string        // the key header's canonical name
+	deadlines    deadlineQueue // the time limits of attempts in flight
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -168,14 +160,7 @@ func (t *Transport) budgetFor(host string) budget.Budget {
 	if t.cfg.budget != nil {
 		return t.cfg.budget
 	}
-	// A Transport mostly calls one host: remember the last one (a registry
-	// never replaces a host's budget, so the cache cannot go stale).
-	if hb := t.lastBudget.Load(); hb != nil && hb.host == host {
-		return hb.b
-	}
-	b := t.cfg.registry.For(host)
-	t.lastBudget.Store(&hostBudget{host: host, b: b})
-	return b
+	return t.cfg.registry.For(host)
 }
 
 // call is the state of one logical request across its attempts.

@@ -37,11 +37,11 @@ type Registry struct {
 	newBudget func() Budget
 	max       int
 
-	// known holds every host's budget for lock-free lookups; mu guards
-	// creation (hosts counts them) and the overflow budget.
+	// known holds every host's budget, read without a lock; mu serialises
+	// creation and guards hosts (how many there are) and overflow.
 	known    sync.Map // string -> Budget
 	mu       sync.Mutex
-	hosts    map[string]Budget
+	hosts    int
 	overflow Budget
 }
 
@@ -50,7 +50,7 @@ type Registry struct {
 // the default token bucket. newBudget is called under the registry's lock,
 // once per host, and must not call the registry. Options: [MaxHosts].
 func NewRegistry(newBudget func() Budget, opts ...RegistryOption) *Registry {
-	r := &Registry{newBudget: newBudget, max: DefaultMaxHosts, hosts: make(map[string]Budget)}
+	r := &Registry{newBudget: newBudget, max: DefaultMaxHosts}
 	for _, o := range opts {
 		if o != nil {
 			o(r)
@@ -71,18 +71,18 @@ func (r *Registry) For(host string) Budget {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if b, ok := r.hosts[host]; ok {
-		return b
+	if b, ok := r.known.Load(host); ok { // created while we waited
+		return b.(Budget)
 	}
-	if len(r.hosts) >= r.max {
+	if r.hosts >= r.max {
 		if r.overflow == nil {
 			r.overflow = r.create()
 		}
 		return r.overflow
 	}
 	b := r.create()
-	r.hosts[host] = b
 	r.known.Store(host, b)
+	r.hosts++
 	return b
 }
 
@@ -91,7 +91,7 @@ func (r *Registry) For(host string) Budget {
 func (r *Registry) Len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.hosts)
+	return r.hosts
 }
 
 func (r *Registry) create() Budget {
