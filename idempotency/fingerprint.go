@@ -185,8 +185,8 @@ func (p *canonParser) canonical(out, b []byte) ([]byte, error) {
 
 // large reports whether p holds buffers too large to keep in a pool.
 func (p *canonParser) large() bool {
-	return cap(p.scratch) > maxPooledBuffer || cap(p.nodes)*64 > maxPooledBuffer || // a jnode is 64 bytes
-
+	const jnodeSize = 64
+	return cap(p.scratch) > maxPooledBuffer || cap(p.nodes)*jnodeSize > maxPooledBuffer ||
 		cap(p.order)*8 > maxPooledBuffer
 }
 
