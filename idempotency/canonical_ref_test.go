@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -206,6 +208,24 @@ func TestNewOwnerIsARandomUUIDv4(t *testing.T) {
 			t.Fatalf("newOwner() repeated %q", s)
 		}
 		seen[s] = true
+	}
+}
+
+// The largest limit there is still reads the body: limit+1 must not
+// overflow into a limit that reads nothing.
+func TestMaxRequestBodyOfMaxInt64ReadsTheBody(t *testing.T) {
+	const body = `{"amount_cents":1999}`
+	var got []byte
+	h := New(NewMemoryStore(), WithMaxRequestBody(math.MaxInt64))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
+	r.Header.Set("Idempotency-Key", "k-maxint")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated || string(got) != body {
+		t.Fatalf("status %d, the handler read %q; want 201 and %q", w.Code, got, body)
 	}
 }
 

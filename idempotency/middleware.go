@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -214,6 +215,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	// that reading the end needs no second buffer), as io.ReadAll otherwise;
 	// never more than 64 KiB before the bytes arrive, whatever a client
 	// declares.
+	limit = min(limit, math.MaxInt64-1) // limit+1 below must not overflow
 	size := int64(512)
 	if n := r.ContentLength; n >= 0 && n <= limit {
 		size = min(n+1, 64<<10)
