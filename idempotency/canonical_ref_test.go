@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -226,6 +227,26 @@ func TestMaxRequestBodyOfMaxInt64ReadsTheBody(t *testing.T) {
 	h.ServeHTTP(w, r)
 	if w.Code != http.StatusCreated || string(got) != body {
 		t.Fatalf("status %d, the handler read %q; want 201 and %q", w.Code, got, body)
+	}
+}
+
+// newIDs gives what newOwner and newExecID give, from one string: a
+// canonical UUIDv4 and 16 lower-case hex digits, never repeated.
+func TestNewIDsAreARandomUUIDv4AndAnExecID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		owner, id := newIDs()
+		u, err := uuid.Parse(owner)
+		if err != nil || u.Version() != 4 || u.Variant() != uuid.RFC4122 || u.String() != owner {
+			t.Fatalf("newIDs() owner = %q: not a canonical UUIDv4 (%v)", owner, err)
+		}
+		if b, err := hex.DecodeString(id); err != nil || len(b) != 8 || hex.EncodeToString(b) != id {
+			t.Fatalf("newIDs() execID = %q: not 16 lower-case hex digits", id)
+		}
+		if seen[owner] || seen[id] {
+			t.Fatalf("newIDs() repeated %q or %q", owner, id)
+		}
+		seen[owner], seen[id] = true, true
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -40,6 +41,8 @@ type Run struct {
 	hb       heartbeat               // extends the lease while the handler runs
 	cw       capture                 // buffers the handler's response
 	body     bodyReader              // the handler's request body
+	req      http.Request            // the handler's request
+	vctx     runCtx                  // the handler's context's parent: the Run on the request's context
 
 	mu         sync.Mutex
 	leaseUntil time.Time
@@ -213,9 +216,29 @@ func FromContext(ctx context.Context) (*Run, bool) {
 	return r, ok
 }
 
+// withRun returns ctx carrying r, which FromContext finds. The context
+// lives in r: no allocation.
 func withRun(ctx context.Context, r *Run) context.Context {
-	return context.WithValue(ctx, runKey{}, r)
+	r.vctx = runCtx{Context: ctx, run: r}
+	return &r.vctx
 }
+
+// runCtx is its Context plus a Run, what context.WithValue(ctx, runKey{},
+// run) would be. Everything else is its parent's: a context derived from it
+// registers with the parent's cancellation directly.
+type runCtx struct {
+	context.Context
+	run *Run
+}
+
+func (c *runCtx) Value(key any) any {
+	if _, ok := key.(runKey); ok {
+		return c.run
+	}
+	return c.Context.Value(key)
+}
+
+func (c *runCtx) String() string { return "idempotency.Run context" }
 
 // valuesCtx has the deadline and cancellation of its Context and looks values
 // up in vals first: a unit's context (begun in a context that is not

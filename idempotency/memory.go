@@ -63,6 +63,12 @@ func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) 
 	if err := ctx.Err(); err != nil {
 		return Record{}, false, err
 	}
+	return m.claim(c, false)
+}
+
+// claim is Claim; with owned, a new record keeps c.Request itself (its
+// caller never writes to it again) instead of a copy.
+func (m *MemoryStore) claim(c Claim, owned bool) (Record, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[c.Scope]
@@ -93,9 +99,12 @@ func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) 
 		Owner:              c.Owner,
 		Generation:         gen,
 		LeaseUntil:         c.Now.Add(c.LeaseFor),
-		Request:            bytes.Clone(c.Request),
+		Request:            c.Request,
 		CreatedAt:          c.Now,
 		UpdatedAt:          c.Now,
+	}
+	if !owned {
+		rec.Request = bytes.Clone(c.Request)
 	}
 	m.records[c.Scope] = rec
 	// The copy returned needs no clone of its own: its only slice is the
@@ -152,6 +161,19 @@ func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) e
 // Complete implements Store.Complete.
 func (m *MemoryStore) Complete(ctx context.Context, l Lease, resp Response, now time.Time) error {
 	return m.fenced(ctx, l, func(rec *Record) { complete(rec, cloneResponse(resp), now) })
+}
+
+// completeOwned is Complete keeping resp itself, for a caller that never
+// touches it again (the middleware).
+func (m *MemoryStore) completeOwned(l Lease, resp *Response, now time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, err := m.owned(l)
+	if err != nil {
+		return err
+	}
+	complete(rec, resp, now)
+	return nil
 }
 
 // complete settles rec with resp, which becomes the store's own.

@@ -33,7 +33,7 @@ const storeTimeout = 10 * time.Second
 // boundedCtx returns ctx bounded by storeTimeout, unless the store never
 // waits. ctx must already be detached from the client (context.WithoutCancel).
 func (h *handler) boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if h.inMemory {
+	if h.mem != nil {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, storeTimeout)
@@ -125,24 +125,24 @@ func New(store Store, opts ...Option) func(http.Handler) http.Handler {
 			o(&cfg)
 		}
 	}
-	if cfg.newOwner == nil {
-		cfg.newOwner = newOwner
-	}
 	tx, _ := store.(Transactor)
 	// Only the MemoryStore itself: a store that embeds it (a wrapper that
 	// adds I/O, say) keeps the timeout.
-	_, mem := store.(*MemoryStore)
+	mem, _ := store.(*MemoryStore)
 	return func(next http.Handler) http.Handler {
-		return &handler{cfg: cfg, store: store, tx: tx, inMemory: mem, next: next}
+		return &handler{cfg: cfg, store: store, tx: tx, mem: mem, next: next}
 	}
 }
 
 type handler struct {
-	cfg      config
-	store    Store
-	tx       Transactor
-	inMemory bool // the store never waits: no timeouts on its calls
-	next     http.Handler
+	cfg   config
+	store Store
+	tx    Transactor
+	// mem is the store when it is the *MemoryStore itself: it never waits
+	// (no timeouts on its calls), and the middleware hands it what it
+	// builds for it (the stored request, the response) without copies.
+	mem  *MemoryStore
+	next http.Handler
 }
 
 // request is one guarded request after parsing.
@@ -220,7 +220,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if n := r.ContentLength; n >= 0 && n <= limit {
 		size = min(n+1, 64<<10)
 	}
-	b, err := readAll(&io.LimitedReader{R: r.Body, N: limit + 1}, make([]byte, 0, size))
+	b, err := readAll(r.Body, make([]byte, 0, size), limit+1)
 	if err != nil {
 		return nil, err
 	}
@@ -230,13 +230,17 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// readAll is io.ReadAll appending to b.
-func readAll(r io.Reader, b []byte) ([]byte, error) {
+// readAll is io.ReadAll appending to b, reading no more than limit bytes in
+// all (as through an io.LimitedReader).
+func readAll(r io.Reader, b []byte, limit int64) ([]byte, error) {
 	for {
+		if int64(len(b)) >= limit {
+			return b, nil
+		}
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)] // let append grow the buffer
 		}
-		n, err := r.Read(b[len(b):cap(b)])
+		n, err := r.Read(b[len(b):min(int64(cap(b)), limit)])
 		b = b[:len(b)+n]
 		if err != nil {
 			if err == io.EOF {
@@ -264,7 +268,12 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		return
 	}
 	ctx := r.Context()
-	req.execID = newExecID()
+	var owner string
+	if h.cfg.newOwner != nil { // a test's
+		owner, req.execID = h.cfg.newOwner(), newExecID()
+	} else {
+		owner, req.execID = newIDs()
+	}
 	req.stored = StoredRequest{
 		ID:     req.execID,
 		Method: r.Method, URL: r.URL.RequestURI(), Host: r.Host,
@@ -274,7 +283,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		Scope:              req.scope,
 		Fingerprint:        req.fp,
 		FingerprintVersion: FingerprintVersion,
-		Owner:              h.cfg.newOwner(),
+		Owner:              owner,
 		Request:            req.stored,
 		Now:                h.cfg.now(),
 		LeaseFor:           h.cfg.lease,
@@ -287,9 +296,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		// that committed while its caller gave up would leave the key in
 		// progress, with nobody to finish or release it, until its lease
 		// expired.
-		cctx, cancelClaim := h.boundedCtx(bg)
-		rec, acquired, err := h.store.Claim(cctx, claim)
-		cancelClaim()
+		rec, acquired, err := h.claim(bg, claim)
 		if err != nil {
 			h.storeUnavailable(w, r, req.scope, err)
 			return
@@ -325,6 +332,17 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		}
 		claim.Now = h.cfg.now()
 	}
+}
+
+// claim claims c.Scope. The memory store keeps c.Request without a copy:
+// it is freshly encoded for this request and never written again.
+func (h *handler) claim(bg context.Context, c Claim) (Record, bool, error) {
+	if h.mem != nil {
+		return h.mem.claim(c, true)
+	}
+	ctx, cancel := context.WithTimeout(bg, storeTimeout)
+	defer cancel()
+	return h.store.Claim(ctx, c)
 }
 
 // answerSettled answers a record that the caller does not own when it is
@@ -416,11 +434,12 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context
 	run.cancel = cancel
 
 	hb := h.heartbeat(bg, run, cancel)
-	// The capture and the handler's body live in the Run: one allocation
-	// for the three.
+	// The capture, the handler's request and its body live in the Run
+	// (as do the heartbeat and the context value): one allocation for all.
 	run.cw = capture{w: w, header: make(http.Header)}
 	cw := &run.cw
-	r2 := r.WithContext(hctx)
+	run.req = *r.WithContext(hctx)
+	r2 := &run.req
 	run.body.Reset(req.body)
 	r2.Body = &run.body
 	r2.ContentLength = int64(len(req.body))
@@ -451,6 +470,17 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context
 	run.cw.w, run.cw.header = nil, nil
 	run.body.Reset(nil)
 	return out
+}
+
+// replayable reports whether every header of hdr is stored as it is: on
+// the replay allow-list under its canonical name.
+func (h *handler) replayable(hdr http.Header) bool {
+	for k := range hdr {
+		if !h.cfg.replayHeaders[k] { // its keys are canonical names
+			return false
+		}
+	}
+	return true
 }
 
 // stores reports whether a response with this status is stored.
@@ -505,13 +535,21 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 			"a call to another service made for this request has an unknown outcome; retry with the same key to finish it", nil)
 		return outcomeKept
 	}
-	resp := Response{Status: status, Header: make(http.Header)}
-	for k, v := range cw.header {
-		if k = http.CanonicalHeaderKey(k); h.cfg.replayHeaders[k] {
-			resp.Header[k] = append([]string(nil), v...)
+	resp := Response{Status: status}
+	tooLarge := cw.body.Len() > h.cfg.maxStoredBody
+	if !tooLarge && h.replayable(cw.header) {
+		// Every header is replayed as it is: the stored response takes
+		// the captured map, and the client gets copies (release).
+		resp.Header, cw.shared = cw.header, true
+	} else {
+		resp.Header = make(http.Header, len(cw.header))
+		for k, v := range cw.header {
+			if k = http.CanonicalHeaderKey(k); h.cfg.replayHeaders[k] {
+				resp.Header[k] = append([]string(nil), v...)
+			}
 		}
 	}
-	if cw.body.Len() > h.cfg.maxStoredBody {
+	if tooLarge {
 		resp.Header.Set(notReplayableHeader, "body-too-large")
 		h.log(bg, slog.LevelWarn, "idempotency: response body over the stored-body cap; replays will answer "+CodeResponseNotReplayable,
 			req.scope, "bytes", cw.body.Len(), "cap", h.cfg.maxStoredBody)
@@ -521,8 +559,10 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 
 	ctx, cancel := h.boundedCtx(bg)
 	defer cancel()
-	if unit == nil && h.tx != nil {
+	if unit == nil && h.tx != nil && h.mem == nil {
 		// The handler never asked for its unit: complete in one now.
+		// (The memory store's Complete is that unit already: one write
+		// under its lock, conditional on the lease.)
 		u, _, err := h.tx.Begin(bg, lease)
 		if err != nil {
 			return h.unavailable(bg, w, r, req, run, err)
@@ -531,7 +571,11 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	now := h.cfg.now()
 	var err error
-	if unit != nil {
+	if unit == nil && h.mem != nil {
+		// resp is never touched again (the capture only reads it when it
+		// releases the response): the store may keep it.
+		err = h.mem.completeOwned(lease, &resp, now)
+	} else if unit != nil {
 		if oc, ok := unit.(ownedCompleter); ok {
 			// resp is never touched again (the capture only reads its
 			// body when it releases the response): the unit may keep it.
@@ -623,8 +667,13 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 
 // heartbeat extends a lease every lease/3 while the handler runs. It is a
 // timer, not a goroutine: nothing runs between beats, and stop does not wait
-// unless a beat is in flight.
+// unless a beat is in flight. It lives in its Run.
 type heartbeat struct {
+	h      *handler
+	run    *Run
+	bg     context.Context
+	cancel context.CancelCauseFunc
+
 	mu      sync.Mutex
 	timer   *time.Timer
 	stopped bool
@@ -647,61 +696,65 @@ func (hb *heartbeat) stop() {
 // last until less than lease/3 of the lease is left cancel it with cause
 // ErrLeaseExpired (and mark the run expired).
 func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
-	lease := run.Lease
 	hb := &run.hb // part of the Run: no allocation of its own
-	interval := h.cfg.lease / 3
-	margin := h.cfg.lease / 3
-	beat := func() {
-		hb.mu.Lock()
-		stopped := hb.stopped
-		hb.mu.Unlock()
-		if stopped {
-			return
-		}
-		start := h.cfg.now()
-		// Half the margin: a beat that hangs gives up while the lease
-		// still has time left for the next one.
-		ctx, c := context.WithTimeout(bg, margin/2)
-		until := start.Add(h.cfg.lease)
-		err := h.store.Heartbeat(ctx, lease, until)
-		c()
-		hb.mu.Lock()
-		stopped = hb.stopped
-		hb.mu.Unlock()
-		if stopped {
-			return // the handler is done: this late beat changes nothing
-		}
-		if err == nil {
-			run.extend(until)
-		}
-		if errors.Is(err, ErrLeaseLost) {
-			h.log(bg, slog.LevelWarn, "idempotency: lease lost while the handler ran; canceling it", lease.Scope,
-				"generation", lease.Generation)
-			cancel(ErrLeaseLost)
-			return
-		}
-		if err != nil && run.expiring(h.cfg.now(), margin) {
-			h.log(bg, slog.LevelError, "idempotency: heartbeats failed and the lease is about to run out; canceling the handler (its work is completed only if no successor took over)",
-				lease.Scope, "err", err, "generation", lease.Generation)
-			cancel(ErrLeaseExpired)
-			return
-		}
-		if err != nil {
-			h.log(bg, slog.LevelWarn, "idempotency: heartbeat failed", lease.Scope, "err", err)
-		}
-		// Fixed rate from the beat's start, so that a slow beat does not
-		// eat into the margin; never a busy loop on a slow store.
-		next := max(interval-h.cfg.now().Sub(start), interval/10)
-		hb.mu.Lock()
-		if !hb.stopped {
-			hb.timer.Reset(next)
-		}
-		hb.mu.Unlock()
-	}
+	hb.h, hb.run, hb.bg, hb.cancel = h, run, bg, cancel
 	hb.mu.Lock()
-	hb.timer = time.AfterFunc(interval, beat)
+	hb.timer = time.AfterFunc(h.cfg.lease/3, hb.beat)
 	hb.mu.Unlock()
 	return hb
+}
+
+// beat is one heartbeat, run by the timer.
+func (hb *heartbeat) beat() {
+	h, run, bg := hb.h, hb.run, hb.bg
+	lease := run.Lease
+	interval := h.cfg.lease / 3
+	margin := h.cfg.lease / 3
+	hb.mu.Lock()
+	stopped := hb.stopped
+	hb.mu.Unlock()
+	if stopped {
+		return
+	}
+	start := h.cfg.now()
+	// Half the margin: a beat that hangs gives up while the lease
+	// still has time left for the next one.
+	ctx, c := context.WithTimeout(bg, margin/2)
+	until := start.Add(h.cfg.lease)
+	err := h.store.Heartbeat(ctx, lease, until)
+	c()
+	hb.mu.Lock()
+	stopped = hb.stopped
+	hb.mu.Unlock()
+	if stopped {
+		return // the handler is done: this late beat changes nothing
+	}
+	if err == nil {
+		run.extend(until)
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		h.log(bg, slog.LevelWarn, "idempotency: lease lost while the handler ran; canceling it", lease.Scope,
+			"generation", lease.Generation)
+		hb.cancel(ErrLeaseLost)
+		return
+	}
+	if err != nil && run.expiring(h.cfg.now(), margin) {
+		h.log(bg, slog.LevelError, "idempotency: heartbeats failed and the lease is about to run out; canceling the handler (its work is completed only if no successor took over)",
+			lease.Scope, "err", err, "generation", lease.Generation)
+		hb.cancel(ErrLeaseExpired)
+		return
+	}
+	if err != nil {
+		h.log(bg, slog.LevelWarn, "idempotency: heartbeat failed", lease.Scope, "err", err)
+	}
+	// Fixed rate from the beat's start, so that a slow beat does not
+	// eat into the margin; never a busy loop on a slow store.
+	next := max(interval-h.cfg.now().Sub(start), interval/10)
+	hb.mu.Lock()
+	if !hb.stopped {
+		hb.timer.Reset(next)
+	}
+	hb.mu.Unlock()
 }
 
 // LogDigest returns the short digest under which the middleware, the

@@ -513,6 +513,33 @@ func TestReplayHeaders(t *testing.T) {
 	require.NotEmpty(t, r.Header.Get("Location"))
 }
 
+// The stored headers are not the live writer's: what a caller of the
+// writer does to its header map after the response cannot change a replay.
+func TestStoredHeadersAreNotTheWritersOwn(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/payments/1")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":1}`)
+	})
+	mw := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(h)
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"a":1}`))
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		mw.ServeHTTP(w, r)
+		return w
+	}
+	first := send()
+	require.Equal(t, http.StatusCreated, first.Code)
+	first.Header()["Content-Type"][0] = "text/tampered"
+	first.Header()["Location"][0] = "/elsewhere"
+	replay := send()
+	require.Equal(t, "true", replay.Header().Get(idempotency.ReplayedHeader))
+	require.Equal(t, "application/json", replay.Header().Get("Content-Type"))
+	require.Equal(t, "/payments/1", replay.Header().Get("Location"))
+}
+
 func TestRequestBodyLimit(t *testing.T) {
 	var got atomic.Int64
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -539,6 +566,7 @@ func TestStoredBodyCap(t *testing.T) {
 	first := post(t, srv, "k", `{}`)
 	require.Equal(t, http.StatusCreated, first.Status)
 	require.Len(t, first.Body, 64, "the first client gets the whole body")
+	require.Empty(t, first.Header.Get("Saferetry-Not-Replayable"), "the store's marker never reaches a client")
 	p := requireProblem(t, post(t, srv, "k", `{}`), http.StatusConflict, idempotency.CodeResponseNotReplayable)
 	require.Equal(t, http.StatusCreated, p.OriginalStatus)
 	require.EqualValues(t, 1, n.Load(), "the work must not run again")
