@@ -257,7 +257,14 @@ func (d *data) targets() []check {
 	if has(g, "store=memory", "ns/op") {
 		dn := d.med(g, "store=memory", "ns/op") - d.med(g, "store=bare", "ns/op")
 		da := d.med(g, "store=memory", "allocs/op") - d.med(g, "store=bare", "allocs/op")
-		out = append(out, check{"memory-store middleware: under 3 us over the bare handler", fmt.Sprintf("+%.2f us", dn/1000), dn < 3000, false})
+		m := fmt.Sprintf("+%.2f us", dn/1000)
+		if has(g, "store=memory-steady", "ns/op") {
+			// Information, not the target's measure: the same requests
+			// with the store's growth mostly left out.
+			ds := d.med(g, "store=memory-steady", "ns/op") - d.med(g, "store=bare", "ns/op")
+			m += fmt.Sprintf(" (memory-steady, records deleted every 8192 requests: +%.2f us)", ds/1000)
+		}
+		out = append(out, check{"memory-store middleware: under 3 us over the bare handler", m, dn < 3000, false})
 		out = append(out, check{"memory-store middleware: under 30 allocs over the bare handler", fmt.Sprintf("%+.0f", da), da < 30, false})
 	} else {
 		out = append(out, check{"memory-store middleware: under 3 us and 30 allocs over the bare handler", "", false, true})
