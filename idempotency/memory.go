@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -21,7 +22,69 @@ var ErrUnitDone = errors.New("idempotency: unit already committed or rolled back
 // with the store (a fresh claim's Request is the claimant's own slice).
 type MemoryStore struct {
 	mu      sync.Mutex
-	records map[Scope]*Record
+	records map[Scope]*memRecord
+}
+
+// memRecord is a record as the MemoryStore keeps it: its Response is always
+// nil, and resp holds the response in a flat form.
+type memRecord struct {
+	Record
+	resp memResponse
+}
+
+// memResponse is a stored response as the MemoryStore keeps it, with the
+// header as a list instead of a map: a map of one header costs about 400
+// bytes in two allocations, the list about 50 in one, and a store keeps a
+// replay window's worth of responses.
+type memResponse struct {
+	set    bool // the record has a response
+	status int
+	header []memHeader // nil when the response's Header was nil
+	body   []byte
+}
+
+type memHeader struct {
+	name   string
+	values []string
+}
+
+// keep sets the response to resp, which becomes the store's own: the
+// entries share its value slices and body.
+func (r *memResponse) keep(resp *Response) {
+	*r = memResponse{set: true, status: resp.Status, body: resp.Body}
+	if resp.Header != nil {
+		r.header = make([]memHeader, 0, len(resp.Header)) // not nil, even when empty
+		for k, v := range resp.Header {
+			r.header = append(r.header, memHeader{name: k, values: v})
+		}
+	}
+}
+
+// response returns a copy of the response (as Header.Clone and
+// bytes.Clone copy), or nil when there is none.
+func (r *memResponse) response() *Response {
+	if !r.set {
+		return nil
+	}
+	out := &Response{Status: r.status, Body: bytes.Clone(r.body)}
+	if r.header != nil {
+		n := 0
+		for _, e := range r.header {
+			n += len(e.values)
+		}
+		sv := make([]string, n) // one backing array for every value
+		out.Header = make(http.Header, len(r.header))
+		for _, e := range r.header {
+			if e.values == nil {
+				out.Header[e.name] = nil
+				continue
+			}
+			k := copy(sv, e.values)
+			out.Header[e.name] = sv[:k:k]
+			sv = sv[k:]
+		}
+	}
+	return out
 }
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -34,7 +97,7 @@ type MemoryStore struct {
 // run under the store's lock at a successful Commit: a handler can apply its
 // own in-memory writes there, so that they commit together with the record.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{records: make(map[Scope]*Record)}
+	return &MemoryStore{records: make(map[Scope]*memRecord)}
 }
 
 var (
@@ -42,13 +105,11 @@ var (
 	_ Transactor = (*MemoryStore)(nil)
 )
 
-func cloneRecord(r *Record) Record {
-	c := *r
+func cloneRecord(r *memRecord) Record {
+	c := r.Record
 	c.RecoveryData = bytes.Clone(r.RecoveryData)
 	c.Request = bytes.Clone(r.Request)
-	if r.Response != nil {
-		c.Response = cloneResponse(*r.Response)
-	}
+	c.Response = r.resp.response()
 	return c
 }
 
@@ -91,7 +152,7 @@ func (m *MemoryStore) claim(c Claim, owned bool) (Record, bool, error) {
 			return cloneRecord(rec), false, nil
 		}
 	}
-	rec = &Record{
+	rec = &memRecord{Record: Record{
 		Scope:              c.Scope,
 		State:              InProgress,
 		Fingerprint:        c.Fingerprint,
@@ -102,14 +163,14 @@ func (m *MemoryStore) claim(c Claim, owned bool) (Record, bool, error) {
 		Request:            c.Request,
 		CreatedAt:          c.Now,
 		UpdatedAt:          c.Now,
-	}
+	}}
 	if !owned {
 		rec.Request = bytes.Clone(c.Request)
 	}
 	m.records[c.Scope] = rec
 	// The copy returned needs no clone of its own: its only slice is the
 	// claimant's own request, which the store does not share.
-	ret := *rec
+	ret := rec.Record
 	ret.Request = c.Request
 	return ret, true, nil
 }
@@ -129,7 +190,7 @@ func (m *MemoryStore) Get(ctx context.Context, s Scope) (Record, error) {
 }
 
 // owned returns the in-progress record that l owns; m.mu must be held.
-func (m *MemoryStore) owned(l Lease) (*Record, error) {
+func (m *MemoryStore) owned(l Lease) (*memRecord, error) {
 	rec, ok := m.records[l.Scope]
 	if !ok || rec.State != InProgress || rec.Owner != l.Owner || rec.Generation != l.Generation {
 		return nil, ErrLeaseLost
@@ -139,7 +200,7 @@ func (m *MemoryStore) owned(l Lease) (*Record, error) {
 
 // fenced runs write on the in-progress record that l owns, under the lock:
 // the one fence that every conditional write of the store goes through.
-func (m *MemoryStore) fenced(ctx context.Context, l Lease, write func(rec *Record)) error {
+func (m *MemoryStore) fenced(ctx context.Context, l Lease, write func(rec *memRecord)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -155,12 +216,12 @@ func (m *MemoryStore) fenced(ctx context.Context, l Lease, write func(rec *Recor
 
 // Heartbeat implements Store.Heartbeat.
 func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
-	return m.fenced(ctx, l, func(rec *Record) { rec.LeaseUntil = until })
+	return m.fenced(ctx, l, func(rec *memRecord) { rec.LeaseUntil = until })
 }
 
 // Complete implements Store.Complete.
 func (m *MemoryStore) Complete(ctx context.Context, l Lease, resp Response, now time.Time) error {
-	return m.fenced(ctx, l, func(rec *Record) { complete(rec, cloneResponse(resp), now) })
+	return m.fenced(ctx, l, func(rec *memRecord) { complete(rec, cloneResponse(resp), now) })
 }
 
 // completeOwned is Complete keeping resp itself, for a caller that never
@@ -177,21 +238,21 @@ func (m *MemoryStore) completeOwned(l Lease, resp *Response, now time.Time) erro
 }
 
 // complete settles rec with resp, which becomes the store's own.
-func complete(rec *Record, resp *Response, now time.Time) {
+func complete(rec *memRecord, resp *Response, now time.Time) {
 	rec.State = Completed
-	rec.Response = resp
+	rec.resp.keep(resp)
 	rec.CompletedAt = now
 	rec.UpdatedAt = now
 }
 
 // Release implements Store.Release.
 func (m *MemoryStore) Release(ctx context.Context, l Lease) error {
-	return m.fenced(ctx, l, func(*Record) { delete(m.records, l.Scope) })
+	return m.fenced(ctx, l, func(*memRecord) { delete(m.records, l.Scope) })
 }
 
 // SetRecoveryPoint implements Store.SetRecoveryPoint.
 func (m *MemoryStore) SetRecoveryPoint(ctx context.Context, l Lease, point string, data []byte, now time.Time) error {
-	return m.fenced(ctx, l, func(rec *Record) {
+	return m.fenced(ctx, l, func(rec *memRecord) {
 		rec.RecoveryPoint, rec.RecoveryData, rec.UpdatedAt = point, bytes.Clone(data), now
 	})
 }
@@ -205,13 +266,13 @@ func (m *MemoryStore) Abandoned(ctx context.Context, now time.Time, limit int) (
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []*Record
+	var out []*memRecord
 	for _, rec := range m.records {
 		if rec.State == InProgress && rec.LeaseUntil.Before(now) {
 			out = append(out, rec)
 		}
 	}
-	slices.SortFunc(out, func(a, b *Record) int {
+	slices.SortFunc(out, func(a, b *memRecord) int {
 		if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
 			return c
 		}
@@ -232,7 +293,7 @@ func (m *MemoryStore) DeleteBefore(ctx context.Context, horizon time.Time, limit
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var victims []*Record
+	var victims []*memRecord
 	for _, rec := range m.records {
 		if !rec.UpdatedAt.Before(horizon) {
 			continue
@@ -241,7 +302,7 @@ func (m *MemoryStore) DeleteBefore(ctx context.Context, horizon time.Time, limit
 			victims = append(victims, rec)
 		}
 	}
-	slices.SortFunc(victims, func(a, b *Record) int { return a.UpdatedAt.Compare(b.UpdatedAt) })
+	slices.SortFunc(victims, func(a, b *memRecord) int { return a.UpdatedAt.Compare(b.UpdatedAt) })
 	n := 0
 	for _, rec := range victims {
 		if n >= limit {

@@ -1,8 +1,10 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"net/http"
 	"testing"
 	"time"
 
@@ -100,5 +102,57 @@ func TestMemoryUnitKeepsTheOrderOfItsWrites(t *testing.T) {
 		require.Equal(t, wantPoint, got.RecoveryPoint, "order %v", order)
 		require.Equal(t, wantStatus, got.Response.Status, "order %v", order)
 		require.Equal(t, at, got.UpdatedAt, "the last write is applied last: order %v", order)
+	}
+}
+
+// The memory store keeps responses in a flat form of its own: what Get
+// returns is exactly what was completed (nil and empty headers, nil and
+// repeated values, nil and empty bodies), and shares no memory with either
+// the completed response or another Get's.
+func TestMemoryStoreReturnsTheResponseItWasGiven(t *testing.T) {
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	for name, resp := range map[string]idempotency.Response{
+		"nil header and body":   {Status: 204},
+		"empty header and body": {Status: 200, Header: http.Header{}, Body: []byte{}},
+		"values": {Status: 201, Body: []byte(`{"id":1}`), Header: http.Header{
+			"Content-Type":  {"application/json"},
+			"Link":          {"</a>; rel=a", "</b>; rel=b"},
+			"X-Empty":       {},
+			"X-Nil":         nil,
+			"non-canonical": {"kept as given"},
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := idempotency.NewMemoryStore()
+			sc := idempotency.Scope{Method: "POST", Route: "/r", Key: "k"}
+			rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+			require.NoError(t, err)
+			require.True(t, ok)
+			want := idempotency.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
+			require.NoError(t, s.Complete(t.Context(), rec.Lease(), resp, now))
+			for _, v := range resp.Header { // the caller's response is the caller's
+				if len(v) > 0 {
+					v[0] = "changed by the caller"
+				}
+			}
+			if len(resp.Body) > 0 {
+				resp.Body[0] = '!'
+			}
+			got, err := s.Get(t.Context(), sc)
+			require.NoError(t, err)
+			require.Equal(t, idempotency.Completed, got.State)
+			require.Equal(t, want, *got.Response)
+			for _, v := range got.Response.Header { // and a Get's is the getter's
+				if len(v) > 0 {
+					v[0] = "changed by a reader"
+				}
+			}
+			if len(got.Response.Body) > 0 {
+				got.Response.Body[0] = '?'
+			}
+			again, err := s.Get(t.Context(), sc)
+			require.NoError(t, err)
+			require.Equal(t, want, *again.Response)
+		})
 	}
 }
