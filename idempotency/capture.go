@@ -18,7 +18,6 @@ type capture struct {
 	wroteHeader bool
 	body        bytes.Buffer
 	flushed     bool
-	shared      bool // header is the stored response's: release sends copies
 }
 
 func (c *capture) Header() http.Header { return c.header }
@@ -63,11 +62,6 @@ func (c *capture) statusCode() int {
 func (c *capture) release() {
 	dst := c.w.Header()
 	for k, v := range c.header {
-		if c.shared {
-			// The stored response's own values: whatever the writer's
-			// owner does with its header map must not reach them.
-			v = append([]string(nil), v...)
-		}
 		dst[k] = v
 	}
 	c.w.WriteHeader(c.statusCode())

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -41,7 +40,6 @@ type Run struct {
 	hb       heartbeat               // extends the lease while the handler runs
 	cw       capture                 // buffers the handler's response
 	body     bodyReader              // the handler's request body
-	req      http.Request            // the handler's request
 	vctx     runCtx                  // the handler's context's parent: the Run on the request's context
 
 	mu         sync.Mutex

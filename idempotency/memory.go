@@ -33,29 +33,36 @@ type memRecord struct {
 }
 
 // memResponse is a stored response as the MemoryStore keeps it, with the
-// header as a list instead of a map: a map of one header costs about 400
-// bytes in two allocations, the list about 50 in one, and a store keeps a
-// replay window's worth of responses.
+// header as one list of name, value pairs instead of a map: a map of one
+// header costs about 400 bytes in three allocations, the list 32 bytes in
+// one, and a store keeps a replay window's worth of responses.
 type memResponse struct {
 	set    bool // the record has a response
 	status int
-	header []memHeader // nil when the response's Header was nil
+	pairs  []string    // name, value, name, value...: a name's values in a row; nil for a nil Header
+	odd    http.Header // instead of pairs, a copy of a Header that has a name without values
 	body   []byte
 }
 
-type memHeader struct {
-	name   string
-	values []string
-}
-
-// keep sets the response to resp, which becomes the store's own: the
-// entries share its value slices and body.
+// keep sets the response to resp. The store keeps resp.Body; of the header
+// it keeps only the strings, never a slice or map of the caller's.
 func (r *memResponse) keep(resp *Response) {
 	*r = memResponse{set: true, status: resp.Status, body: resp.Body}
-	if resp.Header != nil {
-		r.header = make([]memHeader, 0, len(resp.Header)) // not nil, even when empty
-		for k, v := range resp.Header {
-			r.header = append(r.header, memHeader{name: k, values: v})
+	if resp.Header == nil {
+		return
+	}
+	n := 0
+	for _, v := range resp.Header {
+		if len(v) == 0 {
+			r.odd = resp.Header.Clone() // pairs cannot say "no values"
+			return
+		}
+		n += len(v)
+	}
+	r.pairs = make([]string, 0, 2*n) // not nil, even when empty
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			r.pairs = append(r.pairs, k, v)
 		}
 	}
 }
@@ -66,22 +73,16 @@ func (r *memResponse) response() *Response {
 	if !r.set {
 		return nil
 	}
-	out := &Response{Status: r.status, Body: bytes.Clone(r.body)}
-	if r.header != nil {
-		n := 0
-		for _, e := range r.header {
-			n += len(e.values)
-		}
-		sv := make([]string, n) // one backing array for every value
-		out.Header = make(http.Header, len(r.header))
-		for _, e := range r.header {
-			if e.values == nil {
-				out.Header[e.name] = nil
-				continue
+	out := &Response{Status: r.status, Body: bytes.Clone(r.body), Header: r.odd.Clone()}
+	if r.pairs != nil {
+		sv := make([]string, len(r.pairs)/2) // one backing array for every value
+		out.Header = make(http.Header, len(sv))
+		for i := 0; i < len(r.pairs); {
+			name, first := r.pairs[i], i/2
+			for ; i < len(r.pairs) && r.pairs[i] == name; i += 2 {
+				sv[i/2] = r.pairs[i+1]
 			}
-			k := copy(sv, e.values)
-			out.Header[e.name] = sv[:k:k]
-			sv = sv[k:]
+			out.Header[name] = sv[first : i/2 : i/2]
 		}
 	}
 	return out

@@ -114,6 +114,11 @@ func TestMemoryStoreReturnsTheResponseItWasGiven(t *testing.T) {
 	for name, resp := range map[string]idempotency.Response{
 		"nil header and body":   {Status: 204},
 		"empty header and body": {Status: 200, Header: http.Header{}, Body: []byte{}},
+		"repeated values": {Status: 201, Header: http.Header{
+			"Content-Type": {"application/json"},
+			"Link":         {"</a>; rel=a", "</b>; rel=b", "</c>; rel=c"},
+			"Vary":         {"Accept", "Accept-Encoding"},
+		}},
 		"values": {Status: 201, Body: []byte(`{"id":1}`), Header: http.Header{
 			"Content-Type":  {"application/json"},
 			"Link":          {"</a>; rel=a", "</b>; rel=b"},

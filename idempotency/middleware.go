@@ -100,7 +100,9 @@ func (h *handler) boundedCtx(ctx context.Context) (context.Context, context.Canc
 // a Unit: the request's unit, begun when the handler first asks for it
 // (Run.Unit, or sqlstore.Tx for the SQL store), so that the handler's
 // writes made through it and the record commit or fail together; or one
-// begun at completion when the handler never asked. The unit is not begun
+// begun at completion when the handler never asked (for the MemoryStore
+// itself, whose Complete is already one fenced write under its lock, its
+// Complete instead). The unit is not begun
 // before the handler runs: a handler holds no transaction (on SQLite, no
 // write lock) while it works, runs atomic phases (Run.Phase, Run.External)
 // or calls other services. A failed Begin or commit answers 503 and sends
@@ -434,12 +436,14 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context
 	run.cancel = cancel
 
 	hb := h.heartbeat(bg, run, cancel)
-	// The capture, the handler's request and its body live in the Run
-	// (as do the heartbeat and the context value): one allocation for all.
+	// The capture and the handler's body live in the Run (as do the
+	// heartbeat and the context value): one allocation for all. The
+	// handler's request is not, so that a context of the handler's that
+	// outlives the request (it holds the Run) does not keep the request's
+	// headers and parsed form alive.
 	run.cw = capture{w: w, header: make(http.Header)}
 	cw := &run.cw
-	run.req = *r.WithContext(hctx)
-	r2 := &run.req
+	r2 := r.WithContext(hctx)
 	run.body.Reset(req.body)
 	r2.Body = &run.body
 	r2.ContentLength = int64(len(req.body))
@@ -537,10 +541,11 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	resp := Response{Status: status}
 	tooLarge := cw.body.Len() > h.cfg.maxStoredBody
-	if !tooLarge && h.replayable(cw.header) {
-		// Every header is replayed as it is: the stored response takes
-		// the captured map, and the client gets copies (release).
-		resp.Header, cw.shared = cw.header, true
+	if !tooLarge && h.mem != nil && h.replayable(cw.header) {
+		// Every header is replayed as it is, and the memory store keeps
+		// copies of its strings, never the map or its slices: no copy
+		// of its own is needed. (Another store may keep what it gets.)
+		resp.Header = cw.header
 	} else {
 		resp.Header = make(http.Header, len(cw.header))
 		for k, v := range cw.header {

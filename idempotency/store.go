@@ -168,8 +168,9 @@ type Store interface {
 
 // Transactor is implemented by stores that can run a handler's own writes
 // and the record's writes in one transaction (the SQL store; the memory
-// store too, for a uniform code path). The middleware and the phase API use
-// it when the store offers it.
+// store too, whose units apply a handler's OnCommit writes with the
+// record's). The middleware and the phase API use it when the store offers
+// it.
 type Transactor interface {
 	// Begin starts a unit of work for the owner of l. The returned context
 	// carries the transaction for the handler (for the SQL store,
