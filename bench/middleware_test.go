@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -146,6 +147,11 @@ func BenchmarkMiddleware(b *testing.B) {
 			if err := serve(-1); err != nil { // warm-up (connections, statements)
 				b.Fatal(err)
 			}
+			// kept-B/op: the heap still in use after the run, per request
+			// (what the store keeps; a garbage collection before each reading).
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
@@ -160,6 +166,10 @@ func BenchmarkMiddleware(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			b.StopTimer()
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			b.ReportMetric(max(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(b.N), 0), "kept-B/op")
 		})
 	}
 }
