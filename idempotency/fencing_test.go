@@ -330,3 +330,49 @@ func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
 		require.Equal(t, Completed, rec.State)
 	})
 }
+
+// beatLog is a MemoryStore that records when each key's lease was extended.
+type beatLog struct {
+	*MemoryStore
+	start time.Time
+	mu    sync.Mutex
+	beats map[string][]time.Duration
+}
+
+func (b *beatLog) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+	b.mu.Lock()
+	b.beats[l.Scope.Key] = append(b.beats[l.Scope.Key], time.Since(b.start))
+	b.mu.Unlock()
+	return b.MemoryStore.Heartbeat(ctx, l, until)
+}
+
+// One timer per handler times every run's first heartbeat: a run that ends
+// before it never beats, even when the timer was armed for it; the others
+// beat at lease/3 after they started, in order, and go on every lease/3
+// with timers of their own. testing/synctest provides the fake time.
+func TestFirstHeartbeatsShareOneQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &beatLog{MemoryStore: NewMemoryStore(), start: time.Now(), beats: map[string][]time.Duration{}}
+		runFor := map[string]time.Duration{"z": time.Second, "a": 5 * time.Second, "b": 15 * time.Second, "c": 35 * time.Second, "d": 9 * time.Second}
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(runFor[r.Header.Get("Idempotency-Key")])
+			w.WriteHeader(http.StatusCreated)
+		})
+		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		require.Equal(t, http.StatusCreated, send(t, h, "z", `{}`).Code)
+		require.Nil(t, h.(*handler).beats.head, "a run leaves the queue when it ends, before its beat is due")
+		store.start = time.Now() // the timer is still armed for z, 9 s from now
+		var wg sync.WaitGroup
+		for _, k := range []string{"a", "b", "c", "d"} {
+			wg.Go(func() { require.Equal(t, http.StatusCreated, send(t, h, k, `{}`).Code) })
+			time.Sleep(time.Second) // a at 0 s, b at 1 s, c at 2 s, d at 3 s
+		}
+		wg.Wait()
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		require.Equal(t, map[string][]time.Duration{
+			"b": {11 * time.Second},
+			"c": {12 * time.Second, 22 * time.Second, 32 * time.Second},
+		}, store.beats, "a and d ended before their first beat (a was the head the timer was armed for)")
+	})
+}

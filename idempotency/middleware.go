@@ -143,8 +143,9 @@ type handler struct {
 	// mem is the store when it is the *MemoryStore itself: it never waits
 	// (no timeouts on its calls), and the middleware hands it what it
 	// builds for it (the stored request, the response) without copies.
-	mem  *MemoryStore
-	next http.Handler
+	mem   *MemoryStore
+	next  http.Handler
+	beats beatQueue // the first heartbeat of every run
 }
 
 // request is one guarded request after parsing.
@@ -672,7 +673,9 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 
 // heartbeat extends a lease every lease/3 while the handler runs. It is a
 // timer, not a goroutine: nothing runs between beats, and stop does not wait
-// unless a beat is in flight. It lives in its Run.
+// unless a beat is in flight. It lives in its Run. Its first beat is timed
+// by its handler's beatQueue; a handler that outlives it gets a timer of its
+// own for the next ones.
 type heartbeat struct {
 	h      *handler
 	run    *Run
@@ -680,8 +683,13 @@ type heartbeat struct {
 	cancel context.CancelCauseFunc
 
 	mu      sync.Mutex
-	timer   *time.Timer
+	timer   *time.Timer // nil until the first beat re-arms it
 	stopped bool
+
+	// Its place in the handler's beatQueue, guarded by the queue's lock.
+	due        time.Time
+	prev, next *heartbeat
+	queued     bool
 }
 
 // stop ends the heartbeat: no beat starts after it, and a beat still in
@@ -692,8 +700,11 @@ type heartbeat struct {
 func (hb *heartbeat) stop() {
 	hb.mu.Lock()
 	hb.stopped = true
-	hb.timer.Stop()
+	if hb.timer != nil {
+		hb.timer.Stop()
+	}
 	hb.mu.Unlock()
+	hb.h.beats.remove(hb)
 }
 
 // heartbeat extends the lease every lease/3 until stopped; a lost lease
@@ -703,10 +714,96 @@ func (hb *heartbeat) stop() {
 func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
 	hb := &run.hb // part of the Run: no allocation of its own
 	hb.h, hb.run, hb.bg, hb.cancel = h, run, bg, cancel
-	hb.mu.Lock()
-	hb.timer = time.AfterFunc(h.cfg.lease/3, hb.beat)
-	hb.mu.Unlock()
+	h.beats.add(hb, h.cfg.lease/3)
 	return hb
+}
+
+// beatQueue times the first heartbeat of every run of a handler with a
+// single timer. Every run's first beat is due the same time (lease/3) after
+// it starts, and due times are read under the queue's lock, so runs queue in
+// the order they start: adding and removing one costs a lock and a few
+// pointer writes, where a timer of its own would cost a runtime timer (two
+// allocations, and an insertion into and a removal from the runtime's timer
+// heap) for a beat that most requests end before. The timer is armed for the
+// head; when the run it was armed for ends first, it fires for nothing and
+// re-arms for the next. The zero value is ready to use.
+type beatQueue struct {
+	mu         sync.Mutex
+	head, tail *heartbeat
+	timer      *time.Timer
+	armedFor   time.Time // when timer fires; zero when it is not armed
+}
+
+// add queues hb's first beat, due after d.
+func (q *beatQueue) add(hb *heartbeat, d time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	hb.due = time.Now().Add(d)
+	hb.prev, hb.next, hb.queued = q.tail, nil, true
+	if q.tail == nil {
+		q.head = hb
+	} else {
+		q.tail.next = hb
+	}
+	q.tail = hb
+	if q.armedFor.IsZero() {
+		q.arm(hb.due, d)
+	}
+}
+
+// remove takes hb out of the queue, if it is still there.
+func (q *beatQueue) remove(hb *heartbeat) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.unlink(hb)
+}
+
+func (q *beatQueue) unlink(hb *heartbeat) {
+	if !hb.queued {
+		return
+	}
+	if hb.prev == nil {
+		q.head = hb.next
+	} else {
+		hb.prev.next = hb.next
+	}
+	if hb.next == nil {
+		q.tail = hb.prev
+	} else {
+		hb.next.prev = hb.prev
+	}
+	hb.prev, hb.next, hb.queued = nil, nil, false
+}
+
+// arm makes the timer fire after d, at due. Called with q.mu held.
+func (q *beatQueue) arm(due time.Time, d time.Duration) {
+	if q.timer == nil {
+		q.timer = time.AfterFunc(d, q.fire)
+	} else {
+		q.timer.Reset(d)
+	}
+	q.armedFor = due
+}
+
+// fire starts the beats that are due, each in a goroutine of its own (a
+// beat waits for the store, and one slow beat must not hold up the others),
+// and re-arms the timer for the next.
+func (q *beatQueue) fire() {
+	var due []*heartbeat
+	q.mu.Lock()
+	now := time.Now()
+	for hb := q.head; hb != nil && !hb.due.After(now); hb = q.head {
+		q.unlink(hb)
+		due = append(due, hb)
+	}
+	q.armedFor = time.Time{}
+	if q.head != nil {
+		q.arm(q.head.due, q.head.due.Sub(now))
+	}
+	q.mu.Unlock()
+	for _, hb := range due {
+		go hb.beat()
+	}
 }
 
 // beat is one heartbeat, run by the timer.
@@ -756,7 +853,11 @@ func (hb *heartbeat) beat() {
 	// eat into the margin; never a busy loop on a slow store.
 	next := max(interval-h.cfg.now().Sub(start), interval/10)
 	hb.mu.Lock()
-	if !hb.stopped {
+	switch {
+	case hb.stopped:
+	case hb.timer == nil:
+		hb.timer = time.AfterFunc(next, hb.beat)
+	default:
 		hb.timer.Reset(next)
 	}
 	hb.mu.Unlock()
