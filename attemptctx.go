@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // attemptCtx is the context of one attempt: its parent's values and
@@ -32,7 +33,8 @@ type attemptCtx struct {
 	delivered  bool          // its response went to the caller: no more timeouts
 
 	// Its place in the Transport's deadlineQueue (ordered by limitAt),
-	// guarded by the queue's lock.
+	// guarded by the queue's lock; q is set once, by add.
+	q          *deadlineQueue
 	prev, next *attemptCtx
 	queued     bool
 }
@@ -205,6 +207,27 @@ func (a *attemptCtx) canceledByTimer() bool {
 	return a.timedOut
 }
 
+// dequeue takes a out of the deadlineQueue that add put it in, if it is
+// still there.
+func (a *attemptCtx) dequeue() {
+	if a.q != nil {
+		a.q.remove(a)
+	}
+}
+
+// deadlineShards is how many deadlineQueues a Transport spreads its
+// attempts over (each attempt picks one at random): with one, concurrent
+// requests queued on its lock (at 16 clients on 2 cores, a request spent
+// more time waiting for it than holding it).
+const deadlineShards = 8
+
+// paddedQueue is a deadlineQueue alone on its cache line(s), so that the
+// shards' locks do not share one.
+type paddedQueue struct {
+	deadlineQueue
+	_ [64 - unsafe.Sizeof(deadlineQueue{})%64]byte
+}
+
 // deadlineQueue enforces the time limits of a Transport's attempts with a
 // single timer. The attempts are kept in order of their due time; since
 // every first attempt of a Transport gets the same limit, a new one almost
@@ -241,7 +264,7 @@ func (q *deadlineQueue) add(a *attemptCtx, now time.Time) bool {
 		}
 		after = after.prev
 	}
-	a.prev, a.queued = after, true
+	a.q, a.prev, a.queued = q, after, true
 	if after == nil {
 		a.next, q.head = q.head, a
 	} else {

@@ -84,8 +84,10 @@ type Transport struct {
 	// fullDeadline is the deadline header value of a first attempt whose
 	// overall deadline is MaxElapsed away (the common case): formatted once.
 	fullDeadline string
-	keyName      string        // the key header's canonical name
-	deadlines    deadlineQueue // the time limits of attempts in flight
+	keyName      string // the key header's canonical name
+	// The time limits of the attempts in flight, spread over a few queues
+	// so that concurrent requests seldom wait for each other's lock.
+	deadlines [deadlineShards]paddedQueue
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -497,7 +499,7 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 		}
 		a.parent, a.limitAt = ctx, wall.Add(limit)
 		c.actx = a
-		if !t.deadlines.add(a, wall) {
+		if !t.deadlines[rand.Uint32()%deadlineShards].add(a, wall) {
 			c.timer = time.AfterFunc(limit, func() { a.cancel(context.DeadlineExceeded, true) })
 		}
 		actx = a
@@ -566,7 +568,7 @@ func (c *call) endAttempt() {
 		c.timer = nil
 	}
 	if c.actx != nil {
-		c.t.deadlines.remove(c.actx)
+		c.actx.dequeue()
 		c.actx.cancel(context.Canceled, false)
 		c.actx = nil
 	}
@@ -589,7 +591,7 @@ func (c *call) deliver(resp *http.Response) *http.Response {
 	if c.actx == nil {
 		return resp
 	}
-	c.t.deadlines.remove(c.actx)
+	c.actx.dequeue()
 	if resp.Body == nil {
 		c.endAttempt()
 		return resp
