@@ -7,11 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/saferetry/saferetry/keygen"
 )
@@ -143,9 +145,11 @@ type handler struct {
 	// mem is the store when it is the *MemoryStore itself: it never waits
 	// (no timeouts on its calls), and the middleware hands it what it
 	// builds for it (the stored request, the response) without copies.
-	mem   *MemoryStore
-	next  http.Handler
-	beats beatQueue // the first heartbeat of every run
+	mem  *MemoryStore
+	next http.Handler
+	// The first heartbeat of every run, spread over a few queues so that
+	// concurrent requests seldom wait for each other's lock.
+	beats [beatShards]paddedBeatQueue
 }
 
 // request is one guarded request after parsing.
@@ -686,7 +690,9 @@ type heartbeat struct {
 	timer   *time.Timer // nil until the first beat re-arms it
 	stopped bool
 
-	// Its place in the handler's beatQueue, guarded by the queue's lock.
+	// Its place in one of the handler's beatQueues, guarded by the
+	// queue's lock; q is set once, before it is queued.
+	q          *beatQueue
 	due        time.Time
 	prev, next *heartbeat
 	queued     bool
@@ -704,7 +710,7 @@ func (hb *heartbeat) stop() {
 		hb.timer.Stop()
 	}
 	hb.mu.Unlock()
-	hb.h.beats.remove(hb)
+	hb.q.remove(hb)
 }
 
 // heartbeat extends the lease every lease/3 until stopped; a lost lease
@@ -714,11 +720,23 @@ func (hb *heartbeat) stop() {
 func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
 	hb := &run.hb // part of the Run: no allocation of its own
 	hb.h, hb.run, hb.bg, hb.cancel = h, run, bg, cancel
-	h.beats.add(hb, h.cfg.lease/3)
+	hb.q = &h.beats[rand.Uint32()%beatShards].beatQueue
+	hb.q.add(hb, h.cfg.lease/3)
 	return hb
 }
 
-// beatQueue times the first heartbeat of every run of a handler with a
+// beatShards is how many beatQueues a handler spreads its runs over (each
+// run picks one at random).
+const beatShards = 8
+
+// paddedBeatQueue is a beatQueue alone on its cache line(s), so that the
+// shards' locks do not share one.
+type paddedBeatQueue struct {
+	beatQueue
+	_ [64 - unsafe.Sizeof(beatQueue{})%64]byte
+}
+
+// beatQueue times the first heartbeat of the runs queued in it with a
 // single timer. Every run's first beat is due the same time (lease/3) after
 // it starts, and due times are read under the queue's lock, so runs queue in
 // the order they start: adding and removing one costs a lock and a few
