@@ -4,7 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
-	"unsafe"
+
+	"github.com/saferetry/saferetry/internal/duelist"
 )
 
 // attemptCtx is the context of one attempt: its parent's values and
@@ -13,14 +14,17 @@ import (
 // time.AfterFunc did, without their four allocations per request: the first
 // attempt's attemptCtx lives inside the call, its done channel is made only
 // when someone asks for it (an in-memory base transport never does), and its
-// time limit is enforced by the Transport's deadlineQueue.
+// time limit is enforced by the Transport's deadline lists (package duelist).
 //
 // It implements the AfterFunc method that package context looks for, so a
 // context derived from it (net/http derives one per request) registers a
 // callback instead of starting a goroutine to watch it.
 type attemptCtx struct {
-	parent  context.Context
-	limitAt time.Time // when the attempt's time limit ends (wall clock); set before use
+	parent context.Context
+	// limit is the attempt's place in the Transport's deadline lists: its
+	// Due is when the attempt's time limit ends (wall clock), set before
+	// the context is used.
+	limit duelist.Node[*attemptCtx]
 
 	mu         sync.Mutex
 	done       chan struct{} // made by Done, or closedChan if canceled first
@@ -31,12 +35,6 @@ type attemptCtx struct {
 	firstSlot  [1]*afterFunc // and its slice's
 	stopParent func() bool   // the registration on parent made by Done
 	delivered  bool          // its response went to the caller: no more timeouts
-
-	// Its place in the Transport's deadlineQueue (ordered by limitAt),
-	// guarded by the queue's lock; q is set once, by add.
-	q          *deadlineQueue
-	prev, next *attemptCtx
-	queued     bool
 }
 
 // afterFunc is one AfterFunc registration.
@@ -54,8 +52,8 @@ var closedChan = func() chan struct{} {
 // attempt's time limit (its Err is then context.DeadlineExceeded).
 func (a *attemptCtx) Deadline() (time.Time, bool) {
 	d, ok := a.parent.Deadline()
-	if !a.limitAt.IsZero() && (!ok || a.limitAt.Before(d)) {
-		return a.limitAt, true
+	if at := a.limit.Due(); !at.IsZero() && (!ok || at.Before(d)) {
+		return at, true
 	}
 	return d, ok
 }
@@ -207,131 +205,6 @@ func (a *attemptCtx) canceledByTimer() bool {
 	return a.timedOut
 }
 
-// dequeue takes a out of the deadlineQueue that add put it in, if it is
-// still there.
-func (a *attemptCtx) dequeue() {
-	if a.q != nil {
-		a.q.remove(a)
-	}
-}
-
-// deadlineShards is how many deadlineQueues a Transport spreads its
-// attempts over (each attempt picks one at random): with one, concurrent
-// requests queued on its lock (at 16 clients on 2 cores, a request spent
-// more time waiting for it than holding it).
-const deadlineShards = 8
-
-// paddedQueue is a deadlineQueue alone on its cache line(s), so that the
-// shards' locks do not share one.
-type paddedQueue struct {
-	deadlineQueue
-	_ [64 - unsafe.Sizeof(deadlineQueue{})%64]byte
-}
-
-// deadlineQueue enforces the time limits of a Transport's attempts with a
-// single timer. The attempts are kept in order of their due time; since
-// every first attempt of a Transport gets the same limit, a new one almost
-// always goes at the tail, and adding and removing one costs a lock and a
-// few pointer writes, where a timer of its own would cost a runtime timer
-// (two allocations, and an insertion into and removal from the runtime's
-// timer heap). The timer is armed for the earliest due time, re-armed when
-// it fires, and left armed (for an earlier time) when the attempts it was
-// armed for end first: a spurious firing only re-arms it.
-type deadlineQueue struct {
-	mu         sync.Mutex
-	head, tail *attemptCtx
-	timer      *time.Timer
-	armedFor   time.Time // when timer fires; zero when it is not armed
-}
-
-// maxQueueWalk bounds how far from the tail deadlineQueue.add looks for
-// the place of an attempt that is due earlier than the tail (concurrent
-// requests read the clock and then queue in a slightly different order).
-const maxQueueWalk = 8
-
-// add queues a to be canceled at a.limitAt, now being the current time
-// (both of the wall clock). It returns false, and a must be timed by other
-// means, when a's place is more than maxQueueWalk attempts before the tail
-// (a retry with less time left than newer first attempts, say).
-func (q *deadlineQueue) add(a *attemptCtx, now time.Time) bool {
-	due := a.limitAt
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	after := q.tail // a goes right after this one (nil: at the head)
-	for i := 0; after != nil && due.Before(after.limitAt); i++ {
-		if i == maxQueueWalk {
-			return false
-		}
-		after = after.prev
-	}
-	a.q, a.prev, a.queued = q, after, true
-	if after == nil {
-		a.next, q.head = q.head, a
-	} else {
-		a.next, after.next = after.next, a
-	}
-	if a.next == nil {
-		q.tail = a
-	} else {
-		a.next.prev = a
-	}
-	if q.armedFor.IsZero() || due.Before(q.armedFor) {
-		q.arm(due, now)
-	}
-	return true
-}
-
-// remove takes a out of the queue, if it is still there.
-func (q *deadlineQueue) remove(a *attemptCtx) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.unlink(a)
-}
-
-func (q *deadlineQueue) unlink(a *attemptCtx) {
-	if !a.queued {
-		return
-	}
-	if a.prev == nil {
-		q.head = a.next
-	} else {
-		a.prev.next = a.next
-	}
-	if a.next == nil {
-		q.tail = a.prev
-	} else {
-		a.next.prev = a.prev
-	}
-	a.prev, a.next, a.queued = nil, nil, false
-}
-
-// arm makes the timer fire at due. Called with q.mu held.
-func (q *deadlineQueue) arm(due, now time.Time) {
-	d := due.Sub(now)
-	if q.timer == nil {
-		q.timer = time.AfterFunc(d, q.fire)
-	} else {
-		q.timer.Reset(d)
-	}
-	q.armedFor = due
-}
-
-// fire cancels every queued attempt whose time is up and re-arms the timer
-// for the next one.
-func (q *deadlineQueue) fire() {
-	var expired []*attemptCtx
-	q.mu.Lock()
-	now := time.Now()
-	for a := q.head; a != nil && !a.limitAt.After(now); a = q.head {
-		q.unlink(a)
-		expired = append(expired, a)
-	}
-	q.armedFor = time.Time{}
-	if q.head != nil {
-		q.arm(q.head.limitAt, now)
-	}
-	q.mu.Unlock()
-	for _, a := range expired {
-		a.cancel(context.DeadlineExceeded, true)
-	}
-}
+// Expire cancels a when its time limit has come: the Transport's deadline
+// lists call it.
+func (a *attemptCtx) Expire() { a.cancel(context.DeadlineExceeded, true) }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/internal/duelist"
 )
 
 func isDone(ctx context.Context) bool {
@@ -88,52 +91,23 @@ func TestAttemptCtxAfterFuncStop(t *testing.T) {
 	<-late
 }
 
-func TestDeadlineQueueCancelsInDueOrder(t *testing.T) {
-	var q deadlineQueue
-	now := time.Now()
-	ctxs := make([]*attemptCtx, 4)
-	for i := range ctxs {
-		ctxs[i] = &attemptCtx{parent: context.Background()}
-	}
-	// Queued out of order within the walk limit: each finds its place.
-	for i, d := range []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond, time.Hour} {
-		ctxs[i].limitAt = now.Add(d)
-	}
-	require.True(t, q.add(ctxs[2], now))
-	require.True(t, q.add(ctxs[0], now))
-	require.True(t, q.add(ctxs[3], now))
-	require.True(t, q.add(ctxs[1], now))
-	var order []*attemptCtx
-	for a := q.head; a != nil; a = a.next {
-		order = append(order, a)
-	}
-	assert.Equal(t, ctxs, order)
-
-	q.remove(ctxs[1]) // ended in time
-	deadline := time.Now().Add(10 * time.Second)
-	for !(isDone(ctxs[0]) && isDone(ctxs[2])) && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	assert.True(t, ctxs[0].canceledByTimer())
-	assert.True(t, ctxs[2].canceledByTimer())
-	assert.False(t, isDone(ctxs[1]), "a removed attempt is never canceled by the queue")
-	assert.False(t, isDone(ctxs[3]))
-	q.mu.Lock()
-	assert.Same(t, ctxs[3], q.head)
-	assert.Equal(t, ctxs[3].limitAt, q.armedFor, "re-armed for the next one due")
-	q.mu.Unlock()
-	q.remove(ctxs[3])
-	q.timer.Stop()
-}
-
-func TestDeadlineQueueRefusesAPlaceTooFarBack(t *testing.T) {
-	var q deadlineQueue
-	now := time.Now()
-	for i := range maxQueueWalk + 1 {
-		require.True(t, q.add(&attemptCtx{parent: context.Background(), limitAt: now.Add(time.Hour + time.Duration(i))}, now))
-	}
-	early := &attemptCtx{parent: context.Background(), limitAt: now.Add(time.Minute)}
-	assert.False(t, q.add(early, now), "more than maxQueueWalk places back: timed by its own timer")
-	assert.False(t, early.queued)
-	q.timer.Stop()
+// The Transport's deadline lists expire an attempt context as its own
+// timer would: canceled with context.DeadlineExceeded, marked as timed out;
+// one removed in time is never canceled. testing/synctest provides the
+// fake time.
+func TestDeadlineListsExpireAttempts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var lists duelist.Shards[*attemptCtx]
+		now := time.Now()
+		late := &attemptCtx{parent: context.Background()}
+		onTime := &attemptCtx{parent: context.Background()}
+		require.True(t, lists.Add(&late.limit, late, now.Add(time.Second), now))
+		require.True(t, lists.Add(&onTime.limit, onTime, now.Add(time.Second), now))
+		onTime.limit.Remove()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		assert.ErrorIs(t, late.Err(), context.DeadlineExceeded)
+		assert.True(t, late.canceledByTimer())
+		assert.NoError(t, onTime.Err(), "an attempt removed in time is never canceled by the lists")
+	})
 }

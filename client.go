@@ -17,6 +17,7 @@ import (
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/deadline"
+	"github.com/saferetry/saferetry/internal/duelist"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -85,9 +86,8 @@ type Transport struct {
 	// overall deadline is MaxElapsed away (the common case): formatted once.
 	fullDeadline string
 	keyName      string // the key header's canonical name
-	// The time limits of the attempts in flight, spread over a few queues
-	// so that concurrent requests seldom wait for each other's lock.
-	deadlines [deadlineShards]paddedQueue
+	// The time limits of the attempts in flight.
+	deadlines duelist.Shards[*attemptCtx]
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -475,7 +475,7 @@ func (c *call) run() (*http.Response, error) {
 }
 
 // attempt runs attempt n. The attempt's time limit (in the Transport's
-// deadlineQueue, or a timer of its own) and context live on c until
+// deadline lists, or a timer of its own) and context live on c until
 // endAttempt (the response is discarded or an error returned) or until
 // deliver hands the response to the caller.
 func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Response, error) {
@@ -497,9 +497,9 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 		if t.now != nil {
 			wall = time.Now()
 		}
-		a.parent, a.limitAt = ctx, wall.Add(limit)
+		a.parent = ctx
 		c.actx = a
-		if !t.deadlines[rand.Uint32()%deadlineShards].add(a, wall) {
+		if !t.deadlines.Add(&a.limit, a, wall.Add(limit), wall) {
 			c.timer = time.AfterFunc(limit, func() { a.cancel(context.DeadlineExceeded, true) })
 		}
 		actx = a
@@ -568,7 +568,7 @@ func (c *call) endAttempt() {
 		c.timer = nil
 	}
 	if c.actx != nil {
-		c.actx.dequeue()
+		c.actx.limit.Remove()
 		c.actx.cancel(context.Canceled, false)
 		c.actx = nil
 	}
@@ -591,7 +591,7 @@ func (c *call) deliver(resp *http.Response) *http.Response {
 	if c.actx == nil {
 		return resp
 	}
-	c.actx.dequeue()
+	c.actx.limit.Remove()
 	if resp.Body == nil {
 		c.endAttempt()
 		return resp

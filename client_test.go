@@ -22,6 +22,7 @@ import (
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/deadline"
+	"github.com/saferetry/saferetry/internal/duelist"
 	"github.com/saferetry/saferetry/jitter"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
@@ -1067,14 +1068,22 @@ func TestLoopClockStartsAfterTheBodyIsBuffered(t *testing.T) {
 }
 
 func TestAttemptContextDeadlineIsTheAttemptLimit(t *testing.T) {
-	limit := time.Now().Add(time.Minute)
-	a := &attemptCtx{parent: context.Background(), limitAt: limit}
+	var lists duelist.List[*attemptCtx]
+	now := time.Now()
+	limit := now.Add(time.Minute)
+	a := &attemptCtx{parent: context.Background()}
+	_, ok := a.Deadline()
+	assert.False(t, ok, "no limit before it is queued")
+	require.True(t, lists.Add(&a.limit, a, limit, now))
+	defer a.limit.Remove()
 	d, ok := a.Deadline()
 	assert.True(t, ok)
 	assert.Equal(t, limit, d)
 	parent, cancel := context.WithDeadline(context.Background(), limit.Add(-time.Second))
 	defer cancel()
-	a = &attemptCtx{parent: parent, limitAt: limit}
-	d, _ = a.Deadline()
+	b := &attemptCtx{parent: parent}
+	require.True(t, lists.Add(&b.limit, b, limit, now))
+	defer b.limit.Remove()
+	d, _ = b.Deadline()
 	assert.Equal(t, limit.Add(-time.Second), d, "the parent's earlier deadline wins")
 }

@@ -346,12 +346,12 @@ func (b *beatLog) Heartbeat(ctx context.Context, l Lease, until time.Time) error
 	return b.MemoryStore.Heartbeat(ctx, l, until)
 }
 
-// A few timers per handler (one per beatQueue) time every run's first
-// heartbeat: a run that ends before it never beats, even when a timer was
+// A handler's lists of first heartbeats (package duelist) time every run's
+// first beat: a run that ends before it never beats, even when a timer was
 // armed for it; the others beat at lease/3 after they started and go on
 // every lease/3 with timers of their own. testing/synctest provides the
 // fake time.
-func TestFirstHeartbeatsShareQueues(t *testing.T) {
+func TestFirstHeartbeatsShareLists(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := &beatLog{MemoryStore: NewMemoryStore(), start: time.Now(), beats: map[string][]time.Duration{}}
 		runFor := map[string]time.Duration{"z": time.Second, "a": 5 * time.Second, "b": 15 * time.Second, "c": 35 * time.Second, "d": 9 * time.Second}
@@ -361,9 +361,7 @@ func TestFirstHeartbeatsShareQueues(t *testing.T) {
 		})
 		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
 		require.Equal(t, http.StatusCreated, send(t, h, "z", `{}`).Code)
-		for i := range h.(*handler).beats {
-			require.Nil(t, h.(*handler).beats[i].head, "a run leaves its queue when it ends, before its beat is due")
-		}
+		require.Zero(t, h.(*handler).beats.Len(), "a run leaves its list when it ends, before its beat is due")
 		store.start = time.Now() // the timer is still armed for z, 9 s from now
 		var wg sync.WaitGroup
 		for _, k := range []string{"a", "b", "c", "d"} {

@@ -7,14 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
+	"github.com/saferetry/saferetry/internal/duelist"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -145,11 +144,9 @@ type handler struct {
 	// mem is the store when it is the *MemoryStore itself: it never waits
 	// (no timeouts on its calls), and the middleware hands it what it
 	// builds for it (the stored request, the response) without copies.
-	mem  *MemoryStore
-	next http.Handler
-	// The first heartbeat of every run, spread over a few queues so that
-	// concurrent requests seldom wait for each other's lock.
-	beats [beatShards]paddedBeatQueue
+	mem   *MemoryStore
+	next  http.Handler
+	beats duelist.Shards[*heartbeat] // the first heartbeat of every run
 }
 
 // request is one guarded request after parsing.
@@ -678,24 +675,19 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 // heartbeat extends a lease every lease/3 while the handler runs. It is a
 // timer, not a goroutine: nothing runs between beats, and stop does not wait
 // unless a beat is in flight. It lives in its Run. Its first beat is timed
-// by its handler's beatQueue; a handler that outlives it gets a timer of its
-// own for the next ones.
+// by its handler's lists of first beats (package duelist: most requests end
+// before it, and a runtime timer each would cost two allocations); a
+// handler that outlives it gets a timer of its own for the next ones.
 type heartbeat struct {
 	h      *handler
 	run    *Run
 	bg     context.Context
 	cancel context.CancelCauseFunc
+	first  duelist.Node[*heartbeat]
 
 	mu      sync.Mutex
-	timer   *time.Timer // nil until the first beat re-arms it
+	timer   *time.Timer // nil until a beat needs one of its own
 	stopped bool
-
-	// Its place in one of the handler's beatQueues, guarded by the
-	// queue's lock; q is set once, before it is queued.
-	q          *beatQueue
-	due        time.Time
-	prev, next *heartbeat
-	queued     bool
 }
 
 // stop ends the heartbeat: no beat starts after it, and a beat still in
@@ -710,7 +702,7 @@ func (hb *heartbeat) stop() {
 		hb.timer.Stop()
 	}
 	hb.mu.Unlock()
-	hb.q.remove(hb)
+	hb.first.Remove()
 }
 
 // heartbeat extends the lease every lease/3 until stopped; a lost lease
@@ -720,109 +712,19 @@ func (hb *heartbeat) stop() {
 func (h *handler) heartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
 	hb := &run.hb // part of the Run: no allocation of its own
 	hb.h, hb.run, hb.bg, hb.cancel = h, run, bg, cancel
-	hb.q = &h.beats[rand.Uint32()%beatShards].beatQueue
-	hb.q.add(hb, h.cfg.lease/3)
+	interval := h.cfg.lease / 3
+	if now := time.Now(); !h.beats.Add(&hb.first, hb, now.Add(interval), now) {
+		hb.mu.Lock()
+		hb.timer = time.AfterFunc(interval, hb.beat)
+		hb.mu.Unlock()
+	}
 	return hb
 }
 
-// beatShards is how many beatQueues a handler spreads its runs over (each
-// run picks one at random).
-const beatShards = 8
-
-// paddedBeatQueue is a beatQueue alone on its cache line(s), so that the
-// shards' locks do not share one.
-type paddedBeatQueue struct {
-	beatQueue
-	_ [64 - unsafe.Sizeof(beatQueue{})%64]byte
-}
-
-// beatQueue times the first heartbeat of the runs queued in it with a
-// single timer. Every run's first beat is due the same time (lease/3) after
-// it starts, and due times are read under the queue's lock, so runs queue in
-// the order they start: adding and removing one costs a lock and a few
-// pointer writes, where a timer of its own would cost a runtime timer (two
-// allocations, and an insertion into and a removal from the runtime's timer
-// heap) for a beat that most requests end before. The timer is armed for the
-// head; when the run it was armed for ends first, it fires for nothing and
-// re-arms for the next. The zero value is ready to use.
-type beatQueue struct {
-	mu         sync.Mutex
-	head, tail *heartbeat
-	timer      *time.Timer
-	armedFor   time.Time // when timer fires; zero when it is not armed
-}
-
-// add queues hb's first beat, due after d.
-func (q *beatQueue) add(hb *heartbeat, d time.Duration) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	hb.due = time.Now().Add(d)
-	hb.prev, hb.next, hb.queued = q.tail, nil, true
-	if q.tail == nil {
-		q.head = hb
-	} else {
-		q.tail.next = hb
-	}
-	q.tail = hb
-	if q.armedFor.IsZero() {
-		q.arm(hb.due, d)
-	}
-}
-
-// remove takes hb out of the queue, if it is still there.
-func (q *beatQueue) remove(hb *heartbeat) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.unlink(hb)
-}
-
-func (q *beatQueue) unlink(hb *heartbeat) {
-	if !hb.queued {
-		return
-	}
-	if hb.prev == nil {
-		q.head = hb.next
-	} else {
-		hb.prev.next = hb.next
-	}
-	if hb.next == nil {
-		q.tail = hb.prev
-	} else {
-		hb.next.prev = hb.prev
-	}
-	hb.prev, hb.next, hb.queued = nil, nil, false
-}
-
-// arm makes the timer fire after d, at due. Called with q.mu held.
-func (q *beatQueue) arm(due time.Time, d time.Duration) {
-	if q.timer == nil {
-		q.timer = time.AfterFunc(d, q.fire)
-	} else {
-		q.timer.Reset(d)
-	}
-	q.armedFor = due
-}
-
-// fire starts the beats that are due, each in a goroutine of its own (a
-// beat waits for the store, and one slow beat must not hold up the others),
-// and re-arms the timer for the next.
-func (q *beatQueue) fire() {
-	var due []*heartbeat
-	q.mu.Lock()
-	now := time.Now()
-	for hb := q.head; hb != nil && !hb.due.After(now); hb = q.head {
-		q.unlink(hb)
-		due = append(due, hb)
-	}
-	q.armedFor = time.Time{}
-	if q.head != nil {
-		q.arm(q.head.due, q.head.due.Sub(now))
-	}
-	q.mu.Unlock()
-	for _, hb := range due {
-		go hb.beat()
-	}
-}
+// Expire starts the first beat when its time has come, in a goroutine of its
+// own (a beat waits for the store, and one slow beat must not hold up the
+// others): the handler's lists of first beats call it.
+func (hb *heartbeat) Expire() { go hb.beat() }
 
 // beat is one heartbeat, run by the timer.
 func (hb *heartbeat) beat() {
