@@ -234,13 +234,24 @@ func TestRetryAfterAboveTheCapReturnsAtOnce(t *testing.T) {
 	assert.Empty(t, clk.Sleeps(), "no sleep at all")
 }
 
+// startClock is a base RoundTripper that records when the last attempt
+// was handed to it: the client's clock, which a loaded machine's scheduling
+// of the server's goroutines cannot move.
+type startClock struct {
+	base      http.RoundTripper
+	lastStart atomic.Int64
+}
+
+func (s *startClock) RoundTrip(r *http.Request) (*http.Response, error) {
+	s.lastStart.Store(time.Now().UnixNano())
+	return s.base.RoundTrip(r)
+}
+
 func TestContextDeadlineBoundsTheWholeLoop(t *testing.T) {
 	release := make(chan struct{})
 	var hits atomic.Int32
-	var lastStart atomic.Int64
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
-		lastStart.Store(time.Now().UnixNano())
 		select {
 		case <-release:
 		case <-r.Context().Done():
@@ -248,7 +259,9 @@ func TestContextDeadlineBoundsTheWholeLoop(t *testing.T) {
 	}))
 	defer ts.Close()
 	defer close(release)
-	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
+	base := &startClock{base: http.DefaultTransport}
+	lastStart := &base.lastStart
+	tr := NewTransport(base, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
 		WithAttemptTimeout(100*time.Millisecond))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
