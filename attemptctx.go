@@ -29,12 +29,14 @@ type attemptCtx struct {
 	mu         sync.Mutex
 	done       chan struct{} // made by Done, or closedChan if canceled first
 	err        error         // nil until canceled
-	timedOut   bool          // canceled by the attempt timer
 	afterFuncs []*afterFunc  // run once when canceled
 	first      afterFunc     // the first registration's storage (usually the only one)
 	firstSlot  [1]*afterFunc // and its slice's
 	stopParent func() bool   // the registration on parent made by Done
-	delivered  bool          // its response went to the caller: no more timeouts
+	// Side by side: the call that holds the first attempt's context must
+	// stay within the 704-byte size class (TestCallFitsItsSizeClass).
+	timedOut  bool // canceled by the attempt timer
+	delivered bool // its response went to the caller: no more timeouts
 }
 
 // afterFunc is one AfterFunc registration.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -110,4 +111,13 @@ func TestDeadlineListsExpireAttempts(t *testing.T) {
 		assert.True(t, late.canceledByTimer())
 		assert.NoError(t, onTime.Err(), "an attempt removed in time is never canceled by the lists")
 	})
+}
+
+// The call, which holds the first attempt's request and context, is the
+// one allocation per request of the Transport's own: at 696 bytes or less
+// it takes the 704-byte size class with its 8-byte malloc header (Go gives
+// objects over 512 bytes that hold pointers one), one byte more and it
+// takes 768. A field added to call or attemptCtx must be paid for.
+func TestCallFitsItsSizeClass(t *testing.T) {
+	assert.LessOrEqual(t, unsafe.Sizeof(call{}), uintptr(696))
 }
