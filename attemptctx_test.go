@@ -99,6 +99,7 @@ func TestAttemptCtxAfterFuncStop(t *testing.T) {
 func TestDeadlineListsExpireAttempts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var lists duelist.Shards[*attemptCtx]
+		lists.AllowFakeClock() // made in this bubble, used only here
 		now := time.Now()
 		late := &attemptCtx{parent: context.Background()}
 		onTime := &attemptCtx{parent: context.Background()}

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/google/uuid"
@@ -1099,4 +1100,38 @@ func TestAttemptContextDeadlineIsTheAttemptLimit(t *testing.T) {
 	defer b.limit.Remove()
 	d, _ = b.Deadline()
 	assert.Equal(t, limit.Add(-time.Second), d, "the parent's earlier deadline wins")
+}
+
+// blockingBase answers at once when fast is set, else waits for the
+// attempt's context to end.
+type blockingBase struct{ fast bool }
+
+func (b blockingBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.fast {
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	}
+	<-r.Context().Done()
+	return nil, r.Context().Err()
+}
+
+// A Transport used outside a testing/synctest bubble and then inside one
+// (a user's test with a package-level client) still times its attempts in
+// the bubble, on the bubble's clock: the deadline lists' timers run on the
+// real clock, so an attempt in a bubble gets a timer of its own.
+func TestAttemptTimeoutInsideASyncTestBubble(t *testing.T) {
+	base := &blockingBase{fast: true}
+	tr := NewTransport(base, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
+		WithAttemptTimeout(time.Second), WithMaxAttempts(1))
+	for range 200 { // every deadline list gets a timer on the real clock (each is missed with p = (7/8)^200)
+		resp, err := tr.RoundTrip(get(t, "http://example.invalid/"))
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	base.fast = false
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		_, err := tr.RoundTrip(get(t, "http://example.invalid/"))
+		require.ErrorIs(t, err, ErrAttemptTimeout)
+		assert.Equal(t, time.Second, time.Since(start), "cut at the attempt timeout, on the bubble's clock")
+	})
 }

@@ -360,6 +360,7 @@ func TestFirstHeartbeatsShareLists(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 		})
 		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		h.(*handler).beats.AllowFakeClock() // made in this bubble, used only here
 		require.Equal(t, http.StatusCreated, send(t, h, "z", `{}`).Code)
 		require.Zero(t, h.(*handler).beats.Len(), "a run leaves its list when it ends, before its beat is due")
 		store.start = time.Now() // the timer is still armed for z, 9 s from now
@@ -376,4 +377,36 @@ func TestFirstHeartbeatsShareLists(t *testing.T) {
 			"c": {12 * time.Second, 22 * time.Second, 32 * time.Second},
 		}, store.beats, "a and d ended before their first beat")
 	})
+}
+
+// A handler used outside a testing/synctest bubble, then inside two
+// bubbles in turn, then outside again (a user's tests sharing one handler)
+// beats on each clock: its lists of first beats run on the real clock, so a
+// run inside a bubble gets timers of its own, on the bubble's clock.
+func TestHeartbeatsAcrossSyncTestBubbles(t *testing.T) {
+	store := &beatLog{MemoryStore: NewMemoryStore(), start: time.Now(), beats: map[string][]time.Duration{}}
+	var runFor atomic.Int64
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Duration(runFor.Load()))
+		w.WriteHeader(http.StatusCreated)
+	})
+	h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+	for i := range 200 { // every list gets a timer on the real clock (each is missed with p = (7/8)^200)
+		require.Equal(t, http.StatusCreated, send(t, h, fmt.Sprint("outside-", i), `{}`).Code)
+	}
+	for _, key := range []string{"bubble-1", "bubble-2"} {
+		synctest.Test(t, func(t *testing.T) {
+			store.mu.Lock()
+			store.start = time.Now()
+			store.mu.Unlock()
+			runFor.Store(int64(35 * time.Second))
+			require.Equal(t, http.StatusCreated, send(t, h, key, `{}`).Code)
+			runFor.Store(0)
+		})
+	}
+	require.Equal(t, http.StatusCreated, send(t, h, "outside-after", `{}`).Code)
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	require.Equal(t, []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second}, store.beats["bubble-1"])
+	require.Equal(t, []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second}, store.beats["bubble-2"])
 }

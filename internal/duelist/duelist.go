@@ -50,6 +50,7 @@ type List[T Owner] struct {
 	head, tail *Node[T]
 	timer      *time.Timer
 	armedFor   time.Time // when timer fires; zero when it is not armed
+	fakeClock  bool      // Add takes times without a monotonic reading (AllowFakeClock)
 }
 
 // MaxWalk bounds how far from the tail Add looks for the place of a node
@@ -59,13 +60,20 @@ const MaxWalk = 8
 
 // Add queues n, embedded in owner, to expire at due, now being the current
 // time (of the clock due is read from). It returns false, queuing nothing,
-// when n's place is more than MaxWalk nodes before the tail: n must then be
-// timed by other means. Either way n.Due() reports due from now on. A node
-// is added once.
+// when n's place is more than MaxWalk nodes before the tail, and when now
+// has no monotonic clock reading (time.Now inside a testing/synctest
+// bubble) unless AllowFakeClock was called: a list's one timer runs on the
+// clock it was made on, and a bubble's clock is another, which ends with
+// its bubble. A refused n must be timed by other means (a timer of its
+// own, which runs on its own clock). Either way n.Due() reports due from
+// now on. A node is added once.
 func (l *List[T]) Add(n *Node[T], owner T, due, now time.Time) bool {
 	n.due, n.owner = due, owner
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if !l.fakeClock && now == now.Round(0) { // Round(0) strips a monotonic reading: there was none
+		return false
+	}
 	after := l.tail // n goes right after this one (nil: at the head)
 	for i := 0; after != nil && due.Before(after.due); i++ {
 		if i == MaxWalk {
@@ -144,19 +152,23 @@ const shards = 8
 // Shards is a few Lists for nodes added from many goroutines at once: each
 // Add picks one at random, so that they seldom wait for one lock (with a
 // single List, 16 clients on 2 cores spent more time waiting for its lock
-// than holding it). The zero value is ready to use. Safe for concurrent use.
-type Shards[T Owner] [shards]paddedList[T]
-
-// paddedList is a List alone on its cache line, so that the shards' locks
-// do not share one (TestPaddedListFillsACacheLine).
-type paddedList[T Owner] struct {
-	List[T]
-	_ [64 - 56]byte
-}
+// than holding it). A List is 64 bytes (TestListIsACacheLineLong), so no
+// two of their locks share a cache line. The zero value is ready to use.
+// Safe for concurrent use.
+type Shards[T Owner] [shards]List[T]
 
 // Add adds n to one of the lists, as List.Add does.
 func (s *Shards[T]) Add(n *Node[T], owner T, due, now time.Time) bool {
 	return s[rand.Uint32()%shards].Add(n, owner, due, now)
+}
+
+// AllowFakeClock makes every list of s take times without a monotonic
+// reading: for a test that makes s inside its testing/synctest bubble and
+// uses it there only. Call it before s is used.
+func (s *Shards[T]) AllowFakeClock() {
+	for i := range s {
+		s[i].fakeClock = true
+	}
 }
 
 // Len returns how many nodes are queued in s. It walks the lists: for
@@ -164,7 +176,7 @@ func (s *Shards[T]) Add(n *Node[T], owner T, due, now time.Time) bool {
 func (s *Shards[T]) Len() int {
 	n := 0
 	for i := range s {
-		l := &s[i].List
+		l := &s[i]
 		l.mu.Lock()
 		for x := l.head; x != nil; x = x.next {
 			n++

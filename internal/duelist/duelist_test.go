@@ -57,7 +57,7 @@ func stop(l *List[*entry]) {
 // armed for was removed. testing/synctest provides the fake time.
 func TestListExpiresInDueOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var l List[*entry]
+		l := List[*entry]{fakeClock: true} // made in this bubble, used only here
 		start := time.Now()
 		mk := func(name string) *entry { return &entry{name: name, start: start} }
 		a, b, c, d, e := mk("a"), mk("b"), mk("c"), mk("d"), mk("e")
@@ -110,6 +110,7 @@ func TestListRefusesAPlaceTooFarBack(t *testing.T) {
 func TestShardsExpireEveryNode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var s Shards[*entry]
+		s.AllowFakeClock()
 		start := time.Now()
 		entries := make([]*entry, 64)
 		for i := range entries {
@@ -118,7 +119,7 @@ func TestShardsExpireEveryNode(t *testing.T) {
 		}
 		used := 0
 		for i := range s {
-			if len(order(&s[i].List)) > 0 {
+			if len(order(&s[i])) > 0 {
 				used++
 			}
 		}
@@ -131,11 +132,39 @@ func TestShardsExpireEveryNode(t *testing.T) {
 			assert.Equal(t, []time.Duration{time.Duration(i+1) * time.Second}, e.times(), "node %d", i)
 		}
 		for i := range s {
-			stop(&s[i].List)
+			stop(&s[i])
 		}
 	})
 }
 
-func TestPaddedListFillsACacheLine(t *testing.T) {
-	assert.Equal(t, uintptr(64), unsafe.Sizeof(paddedList[*entry]{}))
+func TestListIsACacheLineLong(t *testing.T) {
+	assert.Equal(t, uintptr(64), unsafe.Sizeof(List[*entry]{}))
+}
+
+// Inside a testing/synctest bubble time.Now has no monotonic reading: a
+// list refuses such a time (its timer may belong to another clock) unless
+// told that it lives in the bubble; outside, it takes the wall clock.
+func TestListRefusesAFakeClockUnlessAllowed(t *testing.T) {
+	var outside List[*entry]
+	now := time.Now()
+	e := &entry{}
+	require.True(t, outside.Add(&e.node, e, now.Add(time.Hour), now))
+	e.node.Remove()
+	stop(&outside)
+	synctest.Test(t, func(t *testing.T) {
+		var s Shards[*entry]
+		now := time.Now()
+		e := &entry{start: now}
+		assert.False(t, s.Add(&e.node, e, now.Add(time.Second), now), "a bubble's time")
+		assert.Equal(t, now.Add(time.Second), e.node.Due())
+		s.AllowFakeClock()
+		f := &entry{start: now}
+		require.True(t, s.Add(&f.node, f, now.Add(time.Second), now))
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, []time.Duration{time.Second}, f.times())
+		for i := range s {
+			stop(&s[i])
+		}
+	})
 }
