@@ -677,7 +677,8 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 // unless a beat is in flight. It lives in its Run. Its first beat is timed
 // by its handler's lists of first beats (package duelist: most requests end
 // before it, and a runtime timer each would cost two allocations); a
-// handler that outlives it gets a timer of its own for the next ones.
+// handler that outlives it gets a timer of its own for the next ones, and
+// a run the lists refuse (see duelist.List.Add) gets one at once.
 type heartbeat struct {
 	h      *handler
 	run    *Run
