@@ -37,6 +37,9 @@ const (
 type Contender struct {
 	Name string
 	Wrap func(base http.RoundTripper, w Waits) http.RoundTripper
+	// ClientTimeout is the http.Client's Timeout (0: none, as for every
+	// contender but bare-timeout).
+	ClientTimeout time.Duration
 }
 
 // DiscardLogger is the logger given to saferetry in every benchmark: its
@@ -78,11 +81,17 @@ var Contenders = []Contender{
 }
 
 // HappyVariants are extra contenders of the happy-path benchmark only: they
-// show what a setting of saferetry costs when nothing fails.
+// show what a setting costs when nothing fails.
 //   - saferetry-nodeadline: saferetry with WithDeadlineHeader(false), so that
 //     no header map of its own is built per request; everything else as in
 //     saferetry.
+//   - bare-timeout: bare with http.Client.Timeout = 30 s (saferetry's
+//     default MaxElapsed), as most callers of a bare transport run it:
+//     every request then has a cancellable context with a deadline, which
+//     turns on net/http's cancellation machinery, as saferetry's attempt
+//     context does.
 var HappyVariants = []Contender{
+	{Name: "bare-timeout", ClientTimeout: 30 * time.Second, Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper { return base }},
 	{Name: "saferetry-nodeadline", Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper {
 		return saferetry.NewTransport(base, saferetry.WithLogger(DiscardLogger), saferetry.WithDeadlineHeader(false))
 	}},

@@ -86,7 +86,7 @@ func BenchmarkHappy(b *testing.B) {
 				name := fmt.Sprintf("net=%s/conc=%d/client=%s", network, conc, c.Name)
 				b.Run(name, func(b *testing.B) {
 					base, url := happyBase(b, network)
-					client := &http.Client{Transport: c.Wrap(base, DefaultWaits)}
+					client := &http.Client{Transport: c.Wrap(base, DefaultWaits), Timeout: c.ClientTimeout}
 					warmUp(b, client, url, conc)
 					b.ReportAllocs()
 					if conc == 1 {
