@@ -500,7 +500,7 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 		a.parent = ctx
 		c.actx = a
 		if !t.deadlines.Add(&a.limit, a, wall.Add(limit), wall) {
-			c.timer = time.AfterFunc(limit, func() { a.cancel(context.DeadlineExceeded, true) })
+			c.timer = time.AfterFunc(limit, a.Expire) // as the lists would
 		}
 		actx = a
 	}
