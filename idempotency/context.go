@@ -164,13 +164,6 @@ func (r *Run) expiring(now time.Time, margin time.Duration) bool {
 	return true
 }
 
-// isExpired reports whether expiring marked the run expired.
-func (r *Run) isExpired() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.expired
-}
-
 // extend records a successful heartbeat.
 func (r *Run) extend(until time.Time) {
 	r.mu.Lock()

@@ -344,7 +344,7 @@ func (h *handler) claim(bg context.Context, c Claim) (Record, bool, error) {
 	if h.mem != nil {
 		return h.mem.claim(c, true)
 	}
-	ctx, cancel := context.WithTimeout(bg, storeTimeout)
+	ctx, cancel := h.boundedCtx(bg)
 	defer cancel()
 	return h.store.Claim(ctx, c)
 }
