@@ -208,5 +208,5 @@ func (a *attemptCtx) canceledByTimer() bool {
 }
 
 // Expire cancels a when its time limit has come: the Transport's deadline
-// lists call it.
+// lists call it, or the attempt's own timer when the lists refused it.
 func (a *attemptCtx) Expire() { a.cancel(context.DeadlineExceeded, true) }
