@@ -1,30 +1,27 @@
 package saferetry
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"math/rand/v2"
-	"mime"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/deadline"
-	"github.com/saferetry/saferetry/internal/duelist"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
 
 // ErrAttemptTimeout is wrapped by the error of an attempt that ran out of its
 // per-attempt time (WithAttemptTimeout) or hit the overall deadline
-// (WithMaxElapsed) before its response headers arrived.
+// (WithMaxElapsed) before its response headers arrived. It never matches
+// context.DeadlineExceeded or context.Canceled: those mean the caller's own
+// deadline or cancellation.
 var ErrAttemptTimeout = errors.New("saferetry: attempt timed out")
 
 // ErrInvalidKey is matched (errors.Is) by the error RoundTrip returns, before
@@ -67,27 +64,20 @@ var ErrInvalidKey = keygen.ErrInvalidKey
 // The overall deadline and the per-attempt timeout bound the retry loop
 // until a response's headers arrive; reading the returned body is bounded
 // only by the request's context (and http.Client.Timeout), as with any
-// RoundTripper.
+// RoundTripper. The time left is sent to the server in the
+// Request-Deadline-Ms header only when the request's context has a deadline
+// (see WithDeadlineHeader).
 //
 // A Transport is safe for concurrent use by many goroutines; build it with
 // NewTransport. The zero value is not usable.
 type Transport struct {
-	base http.RoundTripper
-	cfg  config
+	base    http.RoundTripper
+	cfg     config
+	keyName string // the key header's canonical name
 
-	// Injected for tests; defaults are the wall clock (nil now), a
-	// timer-based sleep that honours cancellation, and math/rand/v2. The
-	// attempts' time limits always run on the wall clock.
-	now   func() time.Time
-	sleep func(ctx context.Context, d time.Duration) error
-	rand  func() float64
-
-	// fullDeadline is the deadline header value of a first attempt whose
-	// overall deadline is MaxElapsed away (the common case): formatted once.
-	fullDeadline string
-	keyName      string // the key header's canonical name
-	// The time limits of the attempts in flight.
-	deadlines duelist.Shards[*attemptCtx]
+	// rand returns the random value of the backoff formula, in [0, 1):
+	// math/rand/v2's, or a fixed value in tests.
+	rand func() float64
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -97,17 +87,13 @@ var _ http.RoundTripper = (*Transport)(nil)
 // functions: 3 attempts, full jitter (base 50 ms, 1 s for throttling, cap
 // 20 s), 30 s overall, no per-attempt timeout, Retry-After honoured up to
 // 30 s, automatic keys for POST and PATCH, the process-wide per-host token
-// bucket budget, slog.Default() for logs.
+// bucket budget, the deadline header only for requests whose context has a
+// deadline, slog.Default() for logs.
 func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	t := &Transport{
-		base:  base,
-		cfg:   defaultConfig(),
-		sleep: sleepCtx,
-		rand:  rand.Float64,
-	}
+	t := &Transport{base: base, cfg: defaultConfig(), rand: rand.Float64}
 	for _, o := range opts {
 		if o != nil {
 			o(&t.cfg)
@@ -116,7 +102,6 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	if t.cfg.budget == nil && t.cfg.registry == nil {
 		t.cfg.registry = budget.Default()
 	}
-	t.fullDeadline = deadline.Format(t.cfg.maxElapsed)
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
 	return t
 }
@@ -127,71 +112,6 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 // context bound the retry loop.
 func NewClient(opts ...Option) *http.Client {
 	return &http.Client{Transport: NewTransport(nil, opts...)}
-}
-
-// clock returns the current time of the retry loop.
-func (t *Transport) clock() time.Time {
-	if t.now == nil {
-		return time.Now()
-	}
-	return t.now()
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (t *Transport) logger() *slog.Logger {
-	if t.cfg.logger != nil {
-		return t.cfg.logger
-	}
-	return slog.Default()
-}
-
-func (t *Transport) budgetFor(host string) budget.Budget {
-	if t.cfg.budget != nil {
-		return t.cfg.budget
-	}
-	return t.cfg.registry.For(host)
-}
-
-// call is the state of one logical request across its attempts.
-type call struct {
-	t          *Transport
-	req        *http.Request // the caller's, never modified
-	header     http.Header   // the caller's headers plus the key, shared by attempts
-	key        string
-	idempotent bool
-	maxTries   int
-	start      time.Time
-	overall    time.Time
-	bud        budget.Budget
-
-	// The current attempt's timer and context, and the body of the
-	// response delivered to the caller (call implements io.ReadCloser to
-	// wrap it). The first attempt's context and request live here, so that
-	// a request answered at once costs one allocation for all three.
-	timer    *time.Timer // an attempt's own timer, when the queue cannot take it
-	actx     *attemptCtx
-	respBody io.ReadCloser
-	hdrKey   [1]string // backing for the key header value
-	hdrVal   [1]string // backing for the deadline header value
-	actx1    attemptCtx
-	req1     http.Request
-
-	body        io.ReadCloser // the caller's body, for attempt 1 (nil once used)
-	getBody     func() (io.ReadCloser, error)
-	notRetrying string // why retries are off for the body, "" if they are not
 }
 
 // RoundTrip sends req, retrying as described on Transport. See the type's
@@ -207,128 +127,27 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return c.run()
 }
 
-func (t *Transport) newCall(req *http.Request) (*call, error) {
-	if req.URL == nil {
-		return nil, errors.New("saferetry: request has no URL")
-	}
-	ctx := req.Context()
-	c := &call{t: t, req: req, maxTries: t.cfg.maxAttempts}
+// call is the state of one logical request across its attempts.
+type call struct {
+	t            *Transport
+	req          *http.Request // the caller's, never modified
+	header       http.Header   // the caller's headers plus the key, shared by attempts
+	key          string
+	idempotent   bool
+	sendDeadline bool // each attempt carries deadline.Header
+	maxTries     int
+	start        time.Time
+	overall      time.Time // the overall deadline
+	bud          budget.Budget
 
-	method := req.Method
-	if method == "" {
-		method = http.MethodGet
-	}
-	ov := overridesFrom(ctx)
-	c.idempotent = retry.IsIdempotentMethod(method)
-	switch ov.idempotency {
-	case +1:
-		c.idempotent = true
-	case -1:
-		c.idempotent = false
-	}
-	if ov.noRetry {
-		c.maxTries = 1
-	}
+	body        io.ReadCloser // the next attempt's request body (nil once sent)
+	getBody     func() (io.ReadCloser, error)
+	notRetrying string // why retries are off for the body, "" if they are not
 
-	name := t.cfg.keyHeader
-	wantsKey := t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch)
-	addKey := false
-	vals := req.Header[t.keyName]
-	if len(vals) == 0 && wantsKey {
-		// A header set directly in the map under a non-canonical name
-		// (req.Header["idempotency-key"]) is still the caller's key: never
-		// add a second one beside it. (Only looked for where a key would
-		// be added: the per-request cost stays off GETs.)
-		for k, v := range req.Header {
-			if len(v) > 0 && strings.EqualFold(k, name) {
-				vals = v
-				break
-			}
-		}
-	}
-	if len(vals) > 0 {
-		// The caller's key: checked with the same wire rule as the server
-		// (one field line, a bare token or an sf-string, 1..255 printable
-		// ASCII), then sent exactly as the caller wrote it.
-		key, err := keygen.ParseHeader(vals)
-		if err != nil {
-			return nil, fmt.Errorf("saferetry: %s header: %w", name, err)
-		}
-		c.key = key
-	} else if wantsKey {
-		key, ok := keygen.FromContext(ctx)
-		if !ok {
-			key = keygen.Random()
-		}
-		if err := keygen.Validate(key); err != nil {
-			return nil, fmt.Errorf("saferetry: key from context: %w", err)
-		}
-		c.key, addKey = key, true
-	}
-	if c.key != "" && ov.idempotency >= 0 {
-		c.idempotent = true // the server de-duplicates: every outcome may be retried
-	}
-
-	if t.cfg.deadlineHeader || addKey {
-		// Our own map for the headers we add; the caller's value slices are
-		// shared, never modified.
-		c.header = shallowCopy(req.Header, 2)
-		if addKey {
-			c.hdrKey[0] = keygen.FormatHeader(c.key)
-			c.header[t.keyName] = c.hdrKey[:]
-		}
-	} else {
-		c.header = req.Header
-	}
-
-	if err := c.prepareBody(); err != nil {
-		return nil, err
-	}
-	c.bud = t.budgetFor(req.URL.Host)
-	// The loop's clock starts once the request is ready (its body read, if
-	// it had to be buffered): attempt 1's time limit is queued from this
-	// reading, and a stale one would push back the Transport's shared timer.
-	c.start = t.clock()
-	c.overall = deadline.Overall(ctx, c.start, t.cfg.maxElapsed)
-	return c, nil
-}
-
-// prepareBody makes the request body replayable: GetBody when the caller gave
-// one, otherwise a buffer of up to the configured limit.
-func (c *call) prepareBody() error {
-	req := c.req
-	if req.Body == nil || req.Body == http.NoBody {
-		return nil
-	}
-	c.body = req.Body
-	if req.GetBody != nil {
-		c.getBody = req.GetBody
-		return nil
-	}
-	if c.maxTries == 1 {
-		return nil // nothing to replay: send the body as it is
-	}
-	limit := min(c.t.cfg.bodyBufferLimit, math.MaxInt64-1) // limit+1 must not overflow
-	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
-	if err != nil {
-		return fmt.Errorf("saferetry: reading request body: %w", err)
-	}
-	if int64(len(buf)) > limit {
-		// Too large to buffer: send it once, as a stream, and never retry.
-		c.body = struct {
-			io.Reader
-			io.Closer
-		}{io.MultiReader(bytes.NewReader(buf), req.Body), req.Body}
-		c.notRetrying = retry.ReasonBodyNotRewindable
-		c.t.logger().LogAttrs(req.Context(), slog.LevelInfo, "saferetry: request body too large to buffer; sent once without retries",
-			slog.String("method", req.Method), slog.String("host", req.URL.Host), slog.String("path", req.URL.Path),
-			slog.Int64("buffer_limit", limit))
-		return nil
-	}
-	req.Body.Close()
-	c.body = io.NopCloser(bytes.NewReader(buf))
-	c.getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
-	return nil
+	// The attempt in flight: its time limit and the cancellation of its
+	// context, until endAttempt or deliver.
+	timer  *time.Timer
+	cancel context.CancelCauseFunc
 }
 
 func (c *call) run() (*http.Response, error) {
@@ -348,17 +167,10 @@ func (c *call) run() (*http.Response, error) {
 	attemptStart := c.start
 	for n := 1; ; n++ {
 		if n > 1 {
-			attemptStart = t.clock()
+			attemptStart = time.Now()
 		}
 		resp, err := c.attempt(ctx, n, attemptStart)
-		var now time.Time
-		if t.now == nil {
-			// The monotonic clock alone is half the price of time.Now;
-			// the result is the same time, wall clock reading included.
-			now = attemptStart.Add(time.Since(attemptStart))
-		} else {
-			now = t.clock()
-		}
+		now := time.Now()
 		timedOut := errors.Is(err, ErrAttemptTimeout)
 		in := retry.Input{
 			Method:          c.req.Method,
@@ -464,7 +276,7 @@ func (c *call) run() (*http.Response, error) {
 		}
 		c.endAttempt()
 		prevWait = wait
-		if err := t.sleep(ctx, wait); err != nil {
+		if err := sleep(ctx, wait); err != nil {
 			cause := err
 			if lastErr != nil {
 				cause = errors.Join(err, lastErr)
@@ -474,82 +286,45 @@ func (c *call) run() (*http.Response, error) {
 	}
 }
 
-// attempt runs attempt n. The attempt's time limit (in the Transport's
-// deadline lists, or a timer of its own) and context live on c until
-// endAttempt (the response is discarded or an error returned) or until
-// deliver hands the response to the caller.
-func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Response, error) {
+// attempt sends attempt n, which starts at start. Its context is a child of
+// the caller's, canceled when the caller's is, when the attempt's time limit
+// ends (the per-attempt timeout or the overall deadline, whichever is first;
+// cause ErrAttemptTimeout), and when the attempt is over: by endAttempt
+// after an error or a discarded response, or when the caller closes the
+// body of the response that deliver hands over.
+func (c *call) attempt(ctx context.Context, n int, start time.Time) (*http.Response, error) {
 	t := c.t
-	var actx context.Context = ctx
-	// The attempt is bounded by the per-attempt timeout and by the overall
-	// deadline, whichever is first, unless the caller's own context already
-	// ends first.
-	limit := deadline.AttemptTimeout(now, c.overall, t.cfg.attemptTimeout)
-	if ctxDeadline, ok := ctx.Deadline(); !ok || now.Add(limit).Before(ctxDeadline) {
-		// A retry gets a fresh context: the base transport may still hold
-		// the previous one. The limit targets this attempt's context only:
-		// it may fire while the loop moves on to the next attempt.
-		a := &c.actx1
-		if n > 1 {
-			a = new(attemptCtx)
-		}
-		wall := now // the wall clock's reading, unless a test injected one
-		if t.now != nil {
-			wall = time.Now()
-		}
-		a.parent = ctx
-		c.actx = a
-		if !t.deadlines.Add(&a.limit, a, wall.Add(limit), wall) {
-			c.timer = time.AfterFunc(limit, a.Expire) // as the lists would
-		}
-		actx = a
+	actx, cancel := context.WithCancelCause(ctx)
+	c.cancel = cancel
+	// The time limit is a timer, not a deadline of the context: deliver
+	// stops it, so that it bounds the wait for the response headers and
+	// never the reading of the delivered body. When the caller's own
+	// deadline comes first, that deadline alone ends the attempt, and the
+	// error stays the caller's.
+	limit := deadline.AttemptTimeout(start, c.overall, t.cfg.attemptTimeout)
+	if d, ok := ctx.Deadline(); !ok || start.Add(limit).Before(d) {
+		c.timer = time.AfterFunc(limit, func() { cancel(ErrAttemptTimeout) })
 	}
-	var r *http.Request
-	if n == 1 {
-		c.req1 = *c.req.WithContext(actx) // a copy: no allocation of its own
-		r = &c.req1
-	} else {
-		r = c.req.WithContext(actx)
-	}
-	if c.header != nil {
-		h := c.header
-		if t.cfg.deadlineHeader && !c.overall.IsZero() {
-			if n == 1 {
-				// No allocation for the common single attempt: the value
-				// lives in c, and is formatted once per Transport when
-				// the whole MaxElapsed is left.
-				rem := deadline.Remaining(now, c.overall)
-				c.hdrVal[0] = t.fullDeadline
-				if rem != t.cfg.maxElapsed {
-					c.hdrVal[0] = deadline.Format(rem)
-				}
-				h[deadline.Header] = c.hdrVal[:]
-			} else {
-				v := deadline.Format(deadline.Remaining(now, c.overall))
-				// An earlier attempt's request may still be referenced by
-				// the base transport: this one gets its own map and value.
-				h = shallowCopy(h, 0)
-				h[deadline.Header] = []string{v}
-			}
-		}
-		r.Header = h
+
+	r := c.req.WithContext(actx)
+	r.Header = c.header
+	if c.sendDeadline {
+		// Each attempt its own map: the base transport may still hold an
+		// earlier attempt's request.
+		r.Header = shallowCopy(c.header, 1)
+		r.Header[deadline.Header] = []string{deadline.Format(deadline.Remaining(start, c.overall))}
 	}
 	// Attempt 1 sends the caller's body; a retry sends the one run rewound
 	// (GetBody) before it discarded the previous outcome. Each is sent once.
 	r.Body, c.body = c.body, nil
+
 	resp, err := t.base.RoundTrip(r)
 	if err != nil {
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close()
 		}
-		if c.actx != nil && c.actx.canceledByTimer() && ctx.Err() == nil {
-			cause := err
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-				// The context error is the attempt's own limit: say so, and
-				// keep it apart from the caller's deadline or cancellation.
-				cause = ErrAttemptTimeout
-			}
-			err = fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, cause)
+		if ctx.Err() == nil && context.Cause(actx) == ErrAttemptTimeout {
+			err = attemptTimedOut(limit, err)
 		}
 		c.endAttempt()
 		return nil, err
@@ -561,187 +336,177 @@ func (c *call) attempt(ctx context.Context, n int, now time.Time) (*http.Respons
 	return resp, nil
 }
 
-// endAttempt ends the attempt's time limit and cancels its context.
+// attemptTimedOut is the error of an attempt that its own time limit ended:
+// it matches ErrAttemptTimeout and keeps the base transport's error, unless
+// that is only the context's cancellation, which must not read as the
+// caller's.
+func attemptTimedOut(limit time.Duration, err error) error {
+	if errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w after %v", ErrAttemptTimeout, limit)
+	}
+	return fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, err)
+}
+
+// endAttempt stops the attempt's time limit and cancels its context.
 func (c *call) endAttempt() {
 	if c.timer != nil {
 		c.timer.Stop()
 		c.timer = nil
 	}
-	if c.actx != nil {
-		c.actx.limit.Remove()
-		c.actx.cancel(context.Canceled, false)
-		c.actx = nil
+	if c.cancel != nil {
+		c.cancel(nil)
+		c.cancel = nil
 	}
 }
 
-// deliver hands resp to the caller. The attempt's time limit ends so that
-// it cannot cut the body read; the attempt context is released when the caller
-// closes the body, which c wraps (c is the body: no extra allocation).
+// deliver hands resp to the caller. The attempt's time limit stops first, so
+// that it can no longer cut the body (one that already ran out canceled the
+// attempt before the hand-over: the body's reads then fail with
+// ErrAttemptTimeout); the attempt's context ends when the caller closes the
+// body.
 func (c *call) deliver(resp *http.Response) *http.Response {
-	if c.actx != nil {
-		// The time limit bounded the wait for the headers; from now on
-		// only the caller's context governs the body. Marked first, so a
-		// limit that fires during the rest of this is ignored.
-		c.actx.deliver()
-	}
 	if c.timer != nil {
 		c.timer.Stop()
 		c.timer = nil
 	}
-	if c.actx == nil {
-		return resp
+	cancel := c.cancel
+	c.cancel = nil
+	switch {
+	case resp.Body == nil:
+		cancel(nil)
+	case resp.StatusCode == http.StatusSwitchingProtocols:
+		// The body is the connection (an io.ReadWriteCloser): handed over
+		// unwrapped, with the attempt's context alive as long as the
+		// caller's.
+	default:
+		resp.Body = &deliveredBody{ReadCloser: resp.Body, cancel: cancel}
 	}
-	c.actx.limit.Remove()
-	if resp.Body == nil {
-		c.endAttempt()
-		return resp
-	}
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		// The body is the connection (an io.ReadWriteCloser): hand it over
-		// unwrapped, and leave the attempt context alive with it.
-		c.actx = nil
-		return resp
-	}
-	c.respBody = resp.Body
-	resp.Body = c
 	return resp
 }
 
-// Read reads the delivered response body.
-func (c *call) Read(p []byte) (int, error) { return c.respBody.Read(p) }
+// deliveredBody is the body of the response handed to the caller.
+type deliveredBody struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
 
-// Close closes the delivered response body and releases the attempt context.
-func (c *call) Close() error {
-	err := c.respBody.Close()
-	if c.actx != nil {
-		c.actx.cancel(context.Canceled, false)
-	}
+// Close closes the response body, then cancels the attempt's context.
+func (b *deliveredBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
 	return err
 }
 
-// shallowCopy copies h's map, sharing its value slices (never appended to),
-// with room for extra more keys.
-func shallowCopy(h http.Header, extra int) http.Header {
-	c := make(http.Header, len(h)+extra)
-	for k, v := range h {
-		c[k] = v
+// sleep waits for d, or until ctx ends (its error is then returned).
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
 	}
-	return c
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// discard drains a bounded amount of a response that will not be returned,
-// so its connection can be reused, and closes it.
-func discard(resp *http.Response) {
-	if resp.Body == nil {
-		return
+func (t *Transport) logger() *slog.Logger {
+	if t.cfg.logger != nil {
+		return t.cfg.logger
 	}
-	_, _ = io.CopyN(io.Discard, resp.Body, drainLimit)
-	resp.Body.Close()
+	return slog.Default()
 }
 
-// maxProblemPeek bounds how much of a 409 body is read to find its code.
-const maxProblemPeek = 4 << 10
-
-// peekProblemCode reads the "code" member of an application/problem+json 409
-// without consuming the body for the caller: the bytes read are put back.
-func peekProblemCode(resp *http.Response) string {
-	if resp.Body == nil {
-		return ""
+func (t *Transport) budgetFor(host string) budget.Budget {
+	if t.cfg.budget != nil {
+		return t.cfg.budget
 	}
-	mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if err != nil || mt != "application/problem+json" {
-		return ""
-	}
-	buf, err := io.ReadAll(io.LimitReader(resp.Body, maxProblemPeek))
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(buf), errReader{err}, resp.Body), resp.Body}
-	if err != nil {
-		return ""
-	}
-	return problemCode(buf)
+	return t.cfg.registry.For(host)
 }
 
-// errReader replays a read error met while peeking, in its place.
-type errReader struct{ err error }
+func (t *Transport) newCall(req *http.Request) (*call, error) {
+	if req.URL == nil {
+		return nil, errors.New("saferetry: request has no URL")
+	}
+	ctx := req.Context()
+	c := &call{t: t, req: req, maxTries: t.cfg.maxAttempts}
 
-func (r errReader) Read([]byte) (int, error) {
-	if r.err != nil {
-		return 0, r.err
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
 	}
-	return 0, io.EOF
-}
+	ov := overridesFrom(ctx)
+	c.idempotent = retry.IsIdempotentMethod(method)
+	switch ov.idempotency {
+	case +1:
+		c.idempotent = true
+	case -1:
+		c.idempotent = false
+	}
+	if ov.noRetry {
+		c.maxTries = 1
+	}
 
-// problemCode extracts the "code" member of a problem+json document.
-func problemCode(body []byte) string {
-	var p struct {
-		Code string `json:"code"`
+	name := t.cfg.keyHeader
+	wantsKey := t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch)
+	addKey := false
+	vals := req.Header[t.keyName]
+	if len(vals) == 0 && wantsKey {
+		// A header set directly in the map under a non-canonical name
+		// (req.Header["idempotency-key"]) is still the caller's key: never
+		// add a second one beside it. (Only looked for where a key would
+		// be added: the per-request cost stays off GETs.)
+		for k, v := range req.Header {
+			if len(v) > 0 && strings.EqualFold(k, name) {
+				vals = v
+				break
+			}
+		}
 	}
-	if json.Unmarshal(body, &p) != nil {
-		return ""
+	if len(vals) > 0 {
+		// The caller's key: checked with the same wire rule as the server
+		// (one field line, a bare token or an sf-string, 1..255 printable
+		// ASCII), then sent exactly as the caller wrote it.
+		key, err := keygen.ParseHeader(vals)
+		if err != nil {
+			return nil, fmt.Errorf("saferetry: %s header: %w", name, err)
+		}
+		c.key = key
+	} else if wantsKey {
+		key, ok := keygen.FromContext(ctx)
+		if !ok {
+			key = keygen.Random()
+		}
+		if err := keygen.Validate(key); err != nil {
+			return nil, fmt.Errorf("saferetry: key from context: %w", err)
+		}
+		c.key, addKey = key, true
 	}
-	return p.Code
-}
+	if c.key != "" && ov.idempotency >= 0 {
+		c.idempotent = true // the server de-duplicates: every outcome may be retried
+	}
 
-// attemptRecord is what one log record says about one attempt.
-type attemptRecord struct {
-	n            int
-	dec          retry.Decision
-	resp         *http.Response
-	err          error
-	elapsed      time.Duration
-	total        time.Duration
-	wait         time.Duration
-	level        slog.Level
-	budgetDenied bool
-	budgetLeft   int
-}
+	c.header = req.Header
+	if addKey {
+		// Our own map for the key; the caller's value slices are shared,
+		// never modified.
+		c.header = shallowCopy(req.Header, 1)
+		c.header[t.keyName] = []string{keygen.FormatHeader(c.key)}
+	}
+	_, hasDeadline := ctx.Deadline()
+	c.sendDeadline = t.cfg.deadlineHeader == deadlineAlways ||
+		t.cfg.deadlineHeader == deadlineIfContext && hasDeadline
 
-// log writes the one record of an attempt. outcome is "final", "retry" or
-// the reason the loop stopped. The raw key never appears: only its digest.
-func (c *call) log(ctx context.Context, a attemptRecord, outcome string) {
-	l := c.t.logger()
-	if !l.Enabled(ctx, a.level) {
-		return
+	if err := c.prepareBody(); err != nil {
+		return nil, err
 	}
-	attrs := make([]slog.Attr, 0, 14)
-	attrs = append(attrs,
-		slog.Int("attempt", a.n),
-		slog.String("method", c.req.Method),
-		slog.String("host", c.req.URL.Host),
-		slog.String("path", c.req.URL.Path),
-		slog.String("class", a.dec.Class),
-	)
-	if a.resp != nil {
-		attrs = append(attrs, slog.Int("status", a.resp.StatusCode))
-	}
-	if a.err != nil {
-		attrs = append(attrs, slog.String("error", a.err.Error()))
-	}
-	attrs = append(attrs,
-		slog.Duration("elapsed", a.elapsed),
-		slog.Duration("total", a.total),
-		slog.String("outcome", outcome),
-	)
-	if outcome == "retry" {
-		attrs = append(attrs, slog.Duration("wait", a.wait))
-	}
-	if a.dec.HasRetryAfter {
-		attrs = append(attrs, slog.Duration("retry_after", a.dec.RetryAfter))
-	}
-	if a.budgetDenied {
-		attrs = append(attrs, slog.Int("budget_left", a.budgetLeft))
-	}
-	if c.key != "" {
-		attrs = append(attrs, slog.String("key_digest", keygen.Digest(c.key)))
-	}
-	msg := "saferetry: attempt"
-	switch {
-	case outcome == "retry":
-		msg = "saferetry: attempt failed, retrying"
-	case a.level == slog.LevelWarn:
-		msg = "saferetry: giving up"
-	}
-	l.LogAttrs(ctx, a.level, msg, attrs...)
+	c.bud = t.budgetFor(req.URL.Host)
+	// The loop's clock starts once the request is ready (its body read, if
+	// it had to be buffered): the time spent reading the caller's body is
+	// not taken from the attempts.
+	c.start = time.Now()
+	c.overall = deadline.Overall(ctx, c.start, t.cfg.maxElapsed)
+	return c, nil
 }

@@ -23,7 +23,6 @@ import (
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/deadline"
-	"github.com/saferetry/saferetry/internal/duelist"
 	"github.com/saferetry/saferetry/jitter"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
@@ -31,6 +30,7 @@ import (
 
 // hit is what the test server saw of one attempt.
 type hit struct {
+	at     time.Time // when the server saw it
 	method string
 	key    string
 	keys   int
@@ -51,7 +51,7 @@ func (s *script) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	s.mu.Lock()
 	n := len(s.hits)
-	s.hits = append(s.hits, hit{method: r.Method, key: r.Header.Get("Idempotency-Key"),
+	s.hits = append(s.hits, hit{at: time.Now(), method: r.Method, key: r.Header.Get("Idempotency-Key"),
 		keys: len(r.Header.Values("Idempotency-Key")), body: body, header: r.Header.Clone()})
 	status := s.statuses[min(n, len(s.statuses)-1)]
 	s.mu.Unlock()
@@ -68,45 +68,38 @@ func (s *script) Hits() []hit {
 	return append([]hit(nil), s.hits...)
 }
 
-// fakeClock records the sleeps a Transport asks for and never sleeps:
-// virtual time advances by each sleep.
-type fakeClock struct {
-	mu     sync.Mutex
-	t      time.Time
-	sleeps []time.Duration
+// Waits returns the time between consecutive hits: in a synctest bubble,
+// where time advances only while every goroutine waits, exactly the
+// Transport's sleeps.
+func (s *script) Waits() []time.Duration {
+	hits := s.Hits()
+	var waits []time.Duration
+	for i := 1; i < len(hits); i++ {
+		waits = append(waits, hits[i].at.Sub(hits[i-1].at))
+	}
+	return waits
 }
 
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Now()} }
+// fastWaits shrinks the backoff of tests on the real clock (outside a
+// synctest bubble), so that their retries sleep microseconds; the tests of
+// the waits themselves run in a bubble, with the default backoff.
+var fastWaits = WithBackoff(jitter.Config{Base: time.Microsecond, ThrottleBase: time.Microsecond, Cap: time.Microsecond})
 
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
-	c.mu.Lock()
-	c.sleeps = append(c.sleeps, d)
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-	return ctx.Err()
-}
-
-func (c *fakeClock) Sleeps() []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]time.Duration(nil), c.sleeps...)
-}
-
-// newTestTransport builds a Transport with a fake clock, an unlimited budget
-// and a discarding logger unless opts say otherwise.
-func newTestTransport(base http.RoundTripper, opts ...Option) (*Transport, *fakeClock) {
-	all := append([]Option{WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+// newTestTransport builds a Transport with short waits, a fixed random
+// value (0.5), an unlimited budget and a discarding logger unless opts say
+// otherwise.
+func newTestTransport(base http.RoundTripper, opts ...Option) *Transport {
+	all := append([]Option{fastWaits, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	tr := NewTransport(base, all...)
-	clk := newFakeClock()
-	tr.now, tr.sleep = clk.Now, clk.Sleep
 	tr.rand = func() float64 { return 0.5 }
-	return tr, clk
+	return tr
+}
+
+// newBubbleTransport is newTestTransport with the default backoff, for tests
+// inside a synctest bubble, whose fake clock makes every wait instant and
+// exact.
+func newBubbleTransport(base http.RoundTripper, opts ...Option) *Transport {
+	return newTestTransport(base, append([]Option{WithBackoff(jitter.Config{})}, opts...)...)
 }
 
 // closeTracker wraps a base transport and records whether each response
@@ -145,39 +138,42 @@ func get(t *testing.T, url string) *http.Request {
 }
 
 func TestRetriesTransientStatusesAndClosesDiscardedBodies(t *testing.T) {
-	srv := &script{statuses: []int{503, 503, 200}}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	tracker := &closeTracker{base: http.DefaultTransport}
-	tr, clk := newTestTransport(tracker)
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{503, 503, 200}}
+		base, url := pipeServer(t, srv)
+		tracker := &closeTracker{base: base}
+		tr := newBubbleTransport(tracker)
 
-	resp, err := tr.RoundTrip(get(t, ts.URL))
-	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	require.NoError(t, resp.Body.Close())
+		resp, err := tr.RoundTrip(get(t, url))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		require.NoError(t, resp.Body.Close())
 
-	assert.Equal(t, 200, resp.StatusCode)
-	assert.Equal(t, "answer OK", string(body))
-	assert.Len(t, srv.Hits(), 3)
-	require.Len(t, tracker.bodies, 3)
-	assert.True(t, tracker.bodies[0].closed.Load(), "first discarded body closed")
-	assert.True(t, tracker.bodies[1].closed.Load(), "second discarded body closed")
-	// Full jitter with r = 0.5: 25 ms then 50 ms.
-	assert.Equal(t, []time.Duration{25 * time.Millisecond, 50 * time.Millisecond}, clk.Sleeps())
+		assert.Equal(t, 200, resp.StatusCode)
+		assert.Equal(t, "answer OK", string(body))
+		assert.Len(t, srv.Hits(), 3)
+		require.Len(t, tracker.bodies, 3)
+		assert.True(t, tracker.bodies[0].closed.Load(), "first discarded body closed")
+		assert.True(t, tracker.bodies[1].closed.Load(), "second discarded body closed")
+		// Full jitter with r = 0.5: 25 ms then 50 ms.
+		assert.Equal(t, []time.Duration{25 * time.Millisecond, 50 * time.Millisecond}, srv.Waits())
+	})
 }
 
 func TestStatusesOutsideTheAllowListAreNotRetried(t *testing.T) {
 	for _, status := range []int{400, 401, 403, 404, 409, 422, 501, 500} {
-		srv := &script{statuses: []int{status, 200}}
-		ts := httptest.NewServer(srv)
-		tr, clk := newTestTransport(nil)
-		resp, err := tr.RoundTrip(get(t, ts.URL))
-		require.NoError(t, err)
-		resp.Body.Close()
-		assert.Equal(t, status, resp.StatusCode)
-		assert.Len(t, srv.Hits(), 1, "status %d", status)
-		assert.Empty(t, clk.Sleeps(), "status %d", status)
-		ts.Close()
+		synctest.Test(t, func(t *testing.T) {
+			srv := &script{statuses: []int{status, 200}}
+			base, url := pipeServer(t, srv)
+			tr := newBubbleTransport(base)
+			start := time.Now()
+			resp, err := tr.RoundTrip(get(t, url))
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, status, resp.StatusCode)
+			assert.Len(t, srv.Hits(), 1, "status %d", status)
+			assert.Zero(t, time.Since(start), "status %d: no sleep", status)
+		})
 	}
 }
 
@@ -185,7 +181,7 @@ func TestRetry500IsOptIn(t *testing.T) {
 	srv := &script{statuses: []int{500}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil, WithRetry500())
+	tr := newTestTransport(nil, WithRetry500())
 	resp, err := tr.RoundTrip(get(t, ts.URL))
 	require.NoError(t, err, "a response is returned with a nil error")
 	resp.Body.Close()
@@ -200,39 +196,42 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 	}
 	for name, value := range cases {
 		t.Run(name, func(t *testing.T) {
-			srv := &script{statuses: []int{429, 200}}
-			tr, clk := newTestTransport(nil)
-			// Whole seconds, so that an HTTP-date (second resolution)
-			// 2 s ahead means exactly 2 s.
-			clk.t = clk.t.Truncate(time.Second)
-			srv.header = func(n int, h http.Header) {
-				if n == 0 {
-					h.Set("Retry-After", value(clk.Now()))
+			synctest.Test(t, func(t *testing.T) {
+				// A bubble's clock starts at a whole second, so an
+				// HTTP-date (second resolution) 2 s ahead means exactly 2 s.
+				require.Zero(t, time.Now().Nanosecond())
+				srv := &script{statuses: []int{429, 200}}
+				srv.header = func(n int, h http.Header) {
+					if n == 0 {
+						h.Set("Retry-After", value(time.Now()))
+					}
 				}
-			}
-			ts := httptest.NewServer(srv)
-			defer ts.Close()
-			resp, err := tr.RoundTrip(get(t, ts.URL))
-			require.NoError(t, err)
-			resp.Body.Close()
-			assert.Equal(t, 200, resp.StatusCode)
-			require.Len(t, clk.Sleeps(), 1)
-			assert.GreaterOrEqual(t, clk.Sleeps()[0], 2*time.Second)
+				base, url := pipeServer(t, srv)
+				tr := newBubbleTransport(base)
+				resp, err := tr.RoundTrip(get(t, url))
+				require.NoError(t, err)
+				resp.Body.Close()
+				assert.Equal(t, 200, resp.StatusCode)
+				require.Len(t, srv.Waits(), 1)
+				assert.GreaterOrEqual(t, srv.Waits()[0], 2*time.Second)
+			})
 		})
 	}
 }
 
 func TestRetryAfterAboveTheCapReturnsAtOnce(t *testing.T) {
-	srv := &script{statuses: []int{429, 200}, header: func(_ int, h http.Header) { h.Set("Retry-After", "3600") }}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	tr, clk := newTestTransport(nil)
-	resp, err := tr.RoundTrip(get(t, ts.URL))
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, 429, resp.StatusCode)
-	assert.Len(t, srv.Hits(), 1)
-	assert.Empty(t, clk.Sleeps(), "no sleep at all")
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{429, 200}, header: func(_ int, h http.Header) { h.Set("Retry-After", "3600") }}
+		base, url := pipeServer(t, srv)
+		tr := newBubbleTransport(base)
+		start := time.Now()
+		resp, err := tr.RoundTrip(get(t, url))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 429, resp.StatusCode)
+		assert.Len(t, srv.Hits(), 1)
+		assert.Zero(t, time.Since(start), "no sleep at all")
+	})
 }
 
 // startClock is a base RoundTripper that records when the last attempt
@@ -326,7 +325,7 @@ func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 
 func TestUnsafePostWithoutKeyIsNotRetriedOnReadTimeout(t *testing.T) {
 	ts, hits := hangingServer(t)
-	tr, _ := newTestTransport(nil, WithAutoKeys(false), WithAttemptTimeout(50*time.Millisecond))
+	tr := newTestTransport(nil, WithAutoKeys(false), WithAttemptTimeout(50*time.Millisecond))
 	_, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "pay 10"))
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrAttemptTimeout)
@@ -345,20 +344,25 @@ func closedPort(t *testing.T) string {
 }
 
 func TestUnsafePostWithoutKeyIsRetriedWhenConnectionRefused(t *testing.T) {
-	url := closedPort(t)
-	tr, clk := newTestTransport(nil, WithAutoKeys(false))
-	_, err := tr.RoundTrip(post(t, context.Background(), url, "pay 10"))
-	require.Error(t, err)
-	var ex *retry.ExhaustedError
-	require.ErrorAs(t, err, &ex)
-	assert.Equal(t, 3, ex.Attempts, "a refused connection never carried the request: retried")
-	assert.Equal(t, retry.ReasonMaxAttempts, ex.Reason)
-	assert.Len(t, clk.Sleeps(), 2)
+	synctest.Test(t, func(t *testing.T) {
+		url := closedPort(t)
+		base := &http.Transport{}
+		defer base.CloseIdleConnections()
+		tr := newBubbleTransport(base, WithAutoKeys(false))
+		start := time.Now()
+		_, err := tr.RoundTrip(post(t, context.Background(), url, "pay 10"))
+		require.Error(t, err)
+		var ex *retry.ExhaustedError
+		require.ErrorAs(t, err, &ex)
+		assert.Equal(t, 3, ex.Attempts, "a refused connection never carried the request: retried")
+		assert.Equal(t, retry.ReasonMaxAttempts, ex.Reason)
+		assert.Equal(t, 25*time.Millisecond+50*time.Millisecond, time.Since(start), "two sleeps")
+	})
 }
 
 func TestExhaustedErrorWrapsTheRootCause(t *testing.T) {
 	url := closedPort(t)
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	_, err := tr.RoundTrip(get(t, url))
 	require.Error(t, err)
 	assert.ErrorIs(t, err, retry.ErrExhausted)
@@ -387,7 +391,7 @@ func TestEveryAttemptCarriesIdenticalBodyBytes(t *testing.T) {
 			srv := &script{statuses: []int{503, 502, 201}}
 			ts := httptest.NewServer(srv)
 			defer ts.Close()
-			tr, _ := newTestTransport(nil)
+			tr := newTestTransport(nil)
 			resp, err := tr.RoundTrip(mk(ts.URL))
 			require.NoError(t, err)
 			resp.Body.Close()
@@ -405,7 +409,7 @@ func TestBodyAboveBufferLimitIsSentOnceWithoutRetry(t *testing.T) {
 	srv := &script{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil, WithBodyBufferLimit(10))
+	tr := newTestTransport(nil, WithBodyBufferLimit(10))
 	req, err := http.NewRequest(http.MethodPost, ts.URL, io.NopCloser(strings.NewReader("0123456789ABCDEF")))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(req)
@@ -429,7 +433,7 @@ func TestCallersRequestIsNeverModified(t *testing.T) {
 	srv := &script{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 
 	type ctxKey struct{}
 	ctx := context.WithValue(context.Background(), ctxKey{}, "mine")
@@ -457,7 +461,7 @@ func TestCallersRequestIsNeverModified(t *testing.T) {
 }
 
 func TestRequestBodyClosedOnEarlyError(t *testing.T) {
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	body := &spyBody{Reader: strings.NewReader("x")}
 	req, err := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/", body)
 	require.NoError(t, err)
@@ -486,7 +490,7 @@ func TestSharedTransportUnderConcurrency(t *testing.T) {
 		w.WriteHeader(200)
 	}))
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	client := &http.Client{Transport: tr}
 	var wg sync.WaitGroup
 	var ok atomic.Int32
@@ -540,7 +544,7 @@ func TestOneLogRecordPerAttempt(t *testing.T) {
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
 	h := &recordingHandler{}
-	tr, _ := newTestTransport(nil, WithLogger(slog.New(h)))
+	tr := newTestTransport(nil, WithLogger(slog.New(h)))
 	const key = "order-confirm-42-secret"
 	req := post(t, context.Background(), ts.URL+"/pay?card=4242", "x")
 	req.Header.Set("Idempotency-Key", key)
@@ -577,7 +581,7 @@ func TestFirstTrySuccessLogsAtDebug(t *testing.T) {
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
 	h := &recordingHandler{}
-	tr, _ := newTestTransport(nil, WithLogger(slog.New(h)))
+	tr := newTestTransport(nil, WithLogger(slog.New(h)))
 	resp, err := tr.RoundTrip(get(t, ts.URL))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -591,7 +595,7 @@ func TestOneGeneratedKeyReusedAcrossRetries(t *testing.T) {
 	srv := &script{statuses: []int{503, 503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	req := post(t, context.Background(), ts.URL, "x")
 	resp, err := tr.RoundTrip(req)
 	require.NoError(t, err)
@@ -615,7 +619,7 @@ func TestCallerKeyArrivesByteIdentical(t *testing.T) {
 	srv := &script{statuses: []int{502, 504, 201}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	// A quoted sf-string (it needs quoting: it holds '"', ',' and '\\') is
 	// sent exactly as the caller wrote it.
 	const key = `"order-confirm-42~!\"#$%&'()*+,./:;<=>?@[\\]^_{|}"`
@@ -634,7 +638,7 @@ func TestKeyFromContextIsUsed(t *testing.T) {
 	srv := &script{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	ctx := keygen.NewContext(context.Background(), keygen.Event("order-confirm", "42"))
 	resp, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
 	require.NoError(t, err)
@@ -648,7 +652,7 @@ func TestContextKeyNeedingQuotesIsSentAsAString(t *testing.T) {
 	srv := &script{statuses: []int{200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	ctx := keygen.NewContext(context.Background(), `tenant,7`)
 	resp, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
 	require.NoError(t, err)
@@ -669,7 +673,7 @@ func TestConcurrentLogicalPostsGetDistinctKeys(t *testing.T) {
 		mu.Unlock()
 	}))
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	client := &http.Client{Transport: tr}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 64)
@@ -696,7 +700,7 @@ func TestInvalidCallerKeysFailBeforeAnyIO(t *testing.T) {
 	var hits atomic.Int32
 	ts := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	for name, set := range map[string]func(h http.Header){
 		"256 chars": func(h http.Header) { h.Set("Idempotency-Key", strings.Repeat("k", 256)) },
 		"empty":     func(h http.Header) { h.Set("Idempotency-Key", "") },
@@ -719,7 +723,7 @@ func TestInvalidCallerKeysFailBeforeAnyIO(t *testing.T) {
 
 func TestIdempotentOverrideRetriesPostOnReadTimeout(t *testing.T) {
 	ts, hits := hangingServer(t)
-	tr, _ := newTestTransport(nil, WithAutoKeys(false), WithAttemptTimeout(50*time.Millisecond))
+	tr := newTestTransport(nil, WithAutoKeys(false), WithAttemptTimeout(50*time.Millisecond))
 	ctx := Idempotent(context.Background())
 	_, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
 	require.Error(t, err)
@@ -728,7 +732,7 @@ func TestIdempotentOverrideRetriesPostOnReadTimeout(t *testing.T) {
 
 func TestNotIdempotentOverrideStopsPutRetries(t *testing.T) {
 	ts, hits := hangingServer(t)
-	tr, _ := newTestTransport(nil, WithAttemptTimeout(50*time.Millisecond))
+	tr := newTestTransport(nil, WithAttemptTimeout(50*time.Millisecond))
 	req, err := http.NewRequestWithContext(NotIdempotent(context.Background()), http.MethodPut, ts.URL, strings.NewReader("append"))
 	require.NoError(t, err)
 	_, err = tr.RoundTrip(req)
@@ -746,7 +750,7 @@ func TestNoRetryOverride(t *testing.T) {
 	srv := &script{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	resp, err := tr.RoundTrip(get(t, ts.URL).WithContext(NoRetry(context.Background())))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -758,7 +762,7 @@ func TestAutoKeysOffSendsNoKey(t *testing.T) {
 	srv := &script{statuses: []int{200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil, WithAutoKeys(false))
+	tr := newTestTransport(nil, WithAutoKeys(false))
 	resp, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "x"))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -771,29 +775,66 @@ func TestCustomKeyHeader(t *testing.T) {
 		got.Store(r.Header.Get("X-Request-Key"))
 	}))
 	defer ts.Close()
-	tr, _ := newTestTransport(nil, WithKeyHeader("X-Request-Key"))
+	tr := newTestTransport(nil, WithKeyHeader("X-Request-Key"))
 	resp, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "x"))
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.NoError(t, keygen.Validate(got.Load().(string)))
 }
 
-func TestDeadlineHeaderCarriesTheRemainingTime(t *testing.T) {
-	srv := &script{statuses: []int{503, 200}}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	tr, _ := newTestTransport(nil, WithMaxElapsed(10*time.Second))
-	resp, err := tr.RoundTrip(get(t, ts.URL))
-	require.NoError(t, err)
-	resp.Body.Close()
-	hits := srv.Hits()
-	require.Len(t, hits, 2)
-	first, err := deadline.Parse(hits[0].header.Get(deadline.Header))
-	require.NoError(t, err)
-	second, err := deadline.Parse(hits[1].header.Get(deadline.Header))
-	require.NoError(t, err)
-	assert.Equal(t, 10*time.Second, first)
-	assert.Equal(t, 10*time.Second-25*time.Millisecond, second, "virtual time moved by the 25 ms sleep")
+// The deadline header goes out only when the caller's context has a
+// deadline (the time left before the overall deadline, recomputed per
+// attempt), always with WithDeadlineHeader(true), never with
+// WithDeadlineHeader(false). The Transport's MaxElapsed alone is not
+// advertised by default.
+func TestDeadlineHeader(t *testing.T) {
+	const sleep1 = 25 * time.Millisecond // attempt 2 starts after it (full jitter, r = 0.5)
+	for _, tc := range []struct {
+		name    string
+		opts    []Option
+		timeout time.Duration // of the caller's context; 0 means none
+		want    []string      // the header on attempts 1 and 2; "" means absent
+	}{
+		{name: "default, no context deadline", want: []string{"", ""}},
+		{name: "default, context deadline", timeout: 10 * time.Second,
+			want: []string{"10000", "9975"}},
+		{name: "default, context deadline beyond MaxElapsed", timeout: time.Minute,
+			opts: []Option{WithMaxElapsed(10 * time.Second)}, want: []string{"10000", "9975"}},
+		{name: "forced on, no context deadline", opts: []Option{WithDeadlineHeader(true), WithMaxElapsed(10 * time.Second)},
+			want: []string{"10000", "9975"}},
+		{name: "forced on, context deadline", opts: []Option{WithDeadlineHeader(true)}, timeout: 5 * time.Second,
+			want: []string{"5000", "4975"}},
+		{name: "forced off, context deadline", opts: []Option{WithDeadlineHeader(false)}, timeout: 10 * time.Second,
+			want: []string{"", ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &script{statuses: []int{503, 200}}
+				base, url := pipeServer(t, srv)
+				tr := newBubbleTransport(base, tc.opts...)
+				ctx := context.Background()
+				if tc.timeout > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tc.timeout)
+					defer cancel()
+				}
+				req := get(t, url).WithContext(ctx)
+				resp, err := tr.RoundTrip(req)
+				require.NoError(t, err)
+				resp.Body.Close()
+				hits := srv.Hits()
+				require.Len(t, hits, 2)
+				assert.Equal(t, []time.Duration{sleep1}, srv.Waits())
+				for i, h := range hits {
+					assert.Equal(t, tc.want[i], h.header.Get(deadline.Header), "attempt %d", i+1)
+					if tc.want[i] == "" {
+						assert.NotContains(t, h.header, deadline.Header, "attempt %d", i+1)
+					}
+				}
+				assert.NotContains(t, req.Header, deadline.Header, "the caller's request is never modified")
+			})
+		})
+	}
 }
 
 func TestBudgetDenialReturnsTheLastResponse(t *testing.T) {
@@ -802,7 +843,7 @@ func TestBudgetDenialReturnsTheLastResponse(t *testing.T) {
 	defer ts.Close()
 	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 14})
 	h := &recordingHandler{}
-	tr, _ := newTestTransport(nil, WithBudget(bucket), WithLogger(slog.New(h)))
+	tr := newTestTransport(nil, WithBudget(bucket), WithLogger(slog.New(h)))
 	resp, err := tr.RoundTrip(get(t, ts.URL))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -815,21 +856,25 @@ func TestBudgetDenialReturnsTheLastResponse(t *testing.T) {
 }
 
 func TestCancellationDuringSleepStops(t *testing.T) {
-	srv := &script{statuses: []int{503, 200}}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
-		WithBackoff(jitterConfigForCancel))
-	ctx, cancel := context.WithCancel(context.Background())
-	tr.sleep = func(ctx context.Context, d time.Duration) error {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{503, 200}}
+		base, url := pipeServer(t, srv)
+		tr := newBubbleTransport(base, WithBackoff(jitterConfigForCancel))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() {
+			_, err := tr.RoundTrip(get(t, url).WithContext(ctx))
+			done <- err
+		}()
+		synctest.Wait() // the first attempt is answered: the loop sleeps
+		require.Len(t, srv.Hits(), 1)
 		cancel()
-		return sleepCtx(ctx, d)
-	}
-	_, err := tr.RoundTrip(get(t, ts.URL).WithContext(ctx))
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.Canceled)
-	assert.ErrorIs(t, err, retry.ErrExhausted)
-	assert.Len(t, srv.Hits(), 1)
+		err := <-done
+		require.Error(t, err)
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.ErrorIs(t, err, retry.ErrExhausted)
+		assert.Len(t, srv.Hits(), 1)
+	})
 }
 
 func TestInProgressConflictIsRetriedAndKeyReusedIsNot(t *testing.T) {
@@ -845,27 +890,29 @@ func TestInProgressConflictIsRetriedAndKeyReusedIsNot(t *testing.T) {
 		code string
 		hits int
 	}{{retry.ProblemInProgress, 2}, {retry.ProblemKeyReused, 1}} {
-		var n atomic.Int32
-		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if n.Add(1) == 1 {
-				problem(tc.code)(w)
-				return
+		synctest.Test(t, func(t *testing.T) {
+			var n atomic.Int32
+			base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if n.Add(1) == 1 {
+					problem(tc.code)(w)
+					return
+				}
+				w.WriteHeader(201)
+			}))
+			tr := newBubbleTransport(base)
+			start := time.Now()
+			resp, err := tr.RoundTrip(post(t, context.Background(), url, "x"))
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, int32(tc.hits), n.Load(), tc.code)
+			if tc.hits == 1 {
+				assert.Equal(t, 409, resp.StatusCode)
+				assert.Contains(t, string(body), tc.code, "the peeked body is returned whole")
+			} else {
+				assert.Equal(t, time.Second, time.Since(start), "Retry-After of the in-progress conflict honoured")
 			}
-			w.WriteHeader(201)
-		}))
-		tr, clk := newTestTransport(nil)
-		resp, err := tr.RoundTrip(post(t, context.Background(), ts.URL, "x"))
-		require.NoError(t, err)
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		assert.Equal(t, int32(tc.hits), n.Load(), tc.code)
-		if tc.hits == 1 {
-			assert.Equal(t, 409, resp.StatusCode)
-			assert.Contains(t, string(body), tc.code, "the peeked body is returned whole")
-		} else {
-			assert.Equal(t, []time.Duration{time.Second}, clk.Sleeps(), "Retry-After of the in-progress conflict honoured")
-		}
-		ts.Close()
+		})
 	}
 }
 
@@ -885,7 +932,7 @@ func (failingBody) Read([]byte) (int, error) { return 0, errBoom }
 func (failingBody) Close() error             { return nil }
 
 func TestUnreadableBodyIsATypedErrorNotAPanic(t *testing.T) {
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	req, err := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/", failingBody{})
 	require.NoError(t, err)
 	_, err = tr.RoundTrip(req)
@@ -895,16 +942,18 @@ func TestUnreadableBodyIsATypedErrorNotAPanic(t *testing.T) {
 var jitterConfigForCancel = jitter.Config{Base: time.Second}
 
 func TestNoSleepThatWouldEndAfterTheDeadline(t *testing.T) {
-	srv := &script{statuses: []int{429, 200}, header: func(_ int, h http.Header) { h.Set("Retry-After", "2") }}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	tr, clk := newTestTransport(nil, WithMaxElapsed(time.Second))
-	resp, err := tr.RoundTrip(get(t, ts.URL))
-	require.NoError(t, err, "the 429 is returned as a response")
-	resp.Body.Close()
-	assert.Equal(t, 429, resp.StatusCode)
-	assert.Len(t, srv.Hits(), 1)
-	assert.Empty(t, clk.Sleeps(), "a 2 s wait cannot fit in a 1 s deadline: no sleep in vain")
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{429, 200}, header: func(_ int, h http.Header) { h.Set("Retry-After", "2") }}
+		base, url := pipeServer(t, srv)
+		tr := newBubbleTransport(base, WithMaxElapsed(time.Second))
+		start := time.Now()
+		resp, err := tr.RoundTrip(get(t, url))
+		require.NoError(t, err, "the 429 is returned as a response")
+		resp.Body.Close()
+		assert.Equal(t, 429, resp.StatusCode)
+		assert.Len(t, srv.Hits(), 1)
+		assert.Zero(t, time.Since(start), "a 2 s wait cannot fit in a 1 s deadline: no sleep in vain")
+	})
 }
 
 // slowBodyServer sends its headers at once and its body 50 ms later.
@@ -921,7 +970,7 @@ func slowBodyServer(t *testing.T) *httptest.Server {
 
 func TestAttemptTimeoutDoesNotCutTheDeliveredBody(t *testing.T) {
 	ts := slowBodyServer(t)
-	tr, _ := newTestTransport(nil, WithAttemptTimeout(20*time.Millisecond))
+	tr := newTestTransport(nil, WithAttemptTimeout(20*time.Millisecond))
 	resp, err := tr.RoundTrip(get(t, ts.URL))
 	require.NoError(t, err)
 	body, err := io.ReadAll(resp.Body)
@@ -932,7 +981,7 @@ func TestAttemptTimeoutDoesNotCutTheDeliveredBody(t *testing.T) {
 
 func TestDeliveredBodyOutlivesTheLoop(t *testing.T) {
 	ts := slowBodyServer(t)
-	tr, _ := newTestTransport(nil) // the 30 s overall deadline's context stays alive for the body
+	tr := newTestTransport(nil) // the 30 s overall deadline's context stays alive for the body
 	resp, err := tr.RoundTrip(get(t, ts.URL))
 	require.NoError(t, err)
 	body, err := io.ReadAll(resp.Body)
@@ -974,7 +1023,7 @@ func TestHugeBodyBufferLimitStillSendsTheBody(t *testing.T) {
 	srv := &script{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil, WithBodyBufferLimit(math.MaxInt64))
+	tr := newTestTransport(nil, WithBodyBufferLimit(math.MaxInt64))
 	req, err := http.NewRequest(http.MethodPost, ts.URL, io.NopCloser(strings.NewReader("pay 10")))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(req)
@@ -987,7 +1036,7 @@ func TestHugeBodyBufferLimitStillSendsTheBody(t *testing.T) {
 }
 
 func TestExhaustedErrorCarriesTheKeyForALaterResend(t *testing.T) {
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	_, err := tr.RoundTrip(post(t, context.Background(), closedPort(t), "x"))
 	var ex *retry.ExhaustedError
 	require.ErrorAs(t, err, &ex)
@@ -998,7 +1047,7 @@ func TestExhaustedErrorCarriesTheKeyForALaterResend(t *testing.T) {
 
 func TestNotIdempotentWinsOverAKeyOnPut(t *testing.T) {
 	ts, hits := hangingServer(t)
-	tr, _ := newTestTransport(nil, WithAttemptTimeout(50*time.Millisecond))
+	tr := newTestTransport(nil, WithAttemptTimeout(50*time.Millisecond))
 	req, err := http.NewRequestWithContext(NotIdempotent(context.Background()), http.MethodPut, ts.URL, strings.NewReader("append"))
 	require.NoError(t, err)
 	req.Header.Set("Idempotency-Key", "put-1")
@@ -1011,7 +1060,7 @@ func TestOverridesCombine(t *testing.T) {
 	srv := &script{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	ctx := Idempotent(NoRetry(context.Background()))
 	resp, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
 	require.NoError(t, err)
@@ -1023,7 +1072,7 @@ func TestNonCanonicalKeyHeaderIsTheCallersKey(t *testing.T) {
 	srv := &script{statuses: []int{200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr, _ := newTestTransport(nil)
+	tr := newTestTransport(nil)
 	req := post(t, context.Background(), ts.URL, "x")
 	req.Header["idempotency-key"] = []string{"mine-1"}
 	resp, err := tr.RoundTrip(req)
@@ -1034,72 +1083,53 @@ func TestNonCanonicalKeyHeaderIsTheCallersKey(t *testing.T) {
 }
 
 func TestFailingGetBodyKeepsTheResponseInHand(t *testing.T) {
-	srv := &script{statuses: []int{503, 200}}
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	tr, clk := newTestTransport(nil)
-	req := post(t, context.Background(), ts.URL, "x")
-	req.GetBody = func() (io.ReadCloser, error) { return nil, errBoom }
-	resp, err := tr.RoundTrip(req)
-	require.NoError(t, err, "the 503 is returned, not an error")
-	resp.Body.Close()
-	assert.Equal(t, 503, resp.StatusCode)
-	assert.Len(t, srv.Hits(), 1)
-	assert.Empty(t, clk.Sleeps())
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{503, 200}}
+		base, url := pipeServer(t, srv)
+		tr := newBubbleTransport(base)
+		req := post(t, context.Background(), url, "x")
+		req.GetBody = func() (io.ReadCloser, error) { return nil, errBoom }
+		start := time.Now()
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err, "the 503 is returned, not an error")
+		resp.Body.Close()
+		assert.Equal(t, 503, resp.StatusCode)
+		assert.Len(t, srv.Hits(), 1)
+		assert.Zero(t, time.Since(start), "no sleep")
+	})
 }
 
-// clockBody advances a fake clock while it is read: a body that is slow to
-// buffer.
-type clockBody struct {
-	clk  *fakeClock
+// slowBody takes took (on the bubble's clock) per Read: a body that is slow
+// to buffer.
+type slowBody struct {
 	r    io.Reader
 	took time.Duration
 }
 
-func (b *clockBody) Read(p []byte) (int, error) {
-	b.clk.Sleep(context.Background(), b.took)
+func (b *slowBody) Read(p []byte) (int, error) {
+	time.Sleep(b.took)
 	return b.r.Read(p)
 }
-func (b *clockBody) Close() error { return nil }
+func (b *slowBody) Close() error { return nil }
 
-// The loop's clock, and with it attempt 1's time limit in the Transport's
-// shared timer, starts once the body is buffered: a stale start would have
-// re-armed the timer late for every other attempt in flight.
+// The loop's clock, and with it attempt 1's time limit, starts once the
+// body is buffered: the time spent reading it is not taken from the
+// attempts.
 func TestLoopClockStartsAfterTheBodyIsBuffered(t *testing.T) {
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
-	defer ts.Close()
-	h := &recordingHandler{}
-	tr, clk := newTestTransport(nil, WithLogger(slog.New(h)))
-	req, err := http.NewRequest(http.MethodPut, ts.URL, nil)
-	require.NoError(t, err)
-	req.Body = &clockBody{clk: clk, r: strings.NewReader("payload"), took: 5 * time.Second}
-	resp, err := tr.RoundTrip(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Len(t, h.records, 1)
-	assert.Less(t, attrs(h.records[0])["total"].Duration(), time.Second,
-		"the body's reading (5 s of fake clock per Read) happened before the loop's clock started")
-}
-
-func TestAttemptContextDeadlineIsTheAttemptLimit(t *testing.T) {
-	var lists duelist.List[*attemptCtx]
-	now := time.Now()
-	limit := now.Add(time.Minute)
-	a := &attemptCtx{parent: context.Background()}
-	_, ok := a.Deadline()
-	assert.False(t, ok, "no limit before it is queued")
-	require.True(t, lists.Add(&a.limit, a, limit, now))
-	defer a.limit.Remove()
-	d, ok := a.Deadline()
-	assert.True(t, ok)
-	assert.Equal(t, limit, d)
-	parent, cancel := context.WithDeadline(context.Background(), limit.Add(-time.Second))
-	defer cancel()
-	b := &attemptCtx{parent: parent}
-	require.True(t, lists.Add(&b.limit, b, limit, now))
-	defer b.limit.Remove()
-	d, _ = b.Deadline()
-	assert.Equal(t, limit.Add(-time.Second), d, "the parent's earlier deadline wins")
+	synctest.Test(t, func(t *testing.T) {
+		base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+		h := &recordingHandler{}
+		tr := newBubbleTransport(base, WithLogger(slog.New(h)), WithMaxElapsed(time.Second))
+		req, err := http.NewRequest(http.MethodPut, url, nil)
+		require.NoError(t, err)
+		req.Body = &slowBody{r: strings.NewReader("payload"), took: 5 * time.Second}
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err, "10 s of reading the body did not use up the 1 s overall deadline")
+		resp.Body.Close()
+		require.Len(t, h.records, 1)
+		assert.Zero(t, attrs(h.records[0])["total"].Duration(),
+			"the body's reading (5 s per Read) happened before the loop's clock started")
+	})
 }
 
 // blockingBase answers at once when fast is set, else waits for the
@@ -1115,14 +1145,13 @@ func (b blockingBase) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // A Transport used outside a testing/synctest bubble and then inside one
-// (a user's test with a package-level client) still times its attempts in
-// the bubble, on the bubble's clock: the deadline lists' timers run on the
-// real clock, so an attempt in a bubble gets a timer of its own.
+// (a user's test with a package-level client) times its attempts in the
+// bubble on the bubble's clock: it holds no timer across requests.
 func TestAttemptTimeoutInsideASyncTestBubble(t *testing.T) {
 	base := &blockingBase{fast: true}
 	tr := NewTransport(base, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
 		WithAttemptTimeout(time.Second), WithMaxAttempts(1))
-	for range 200 { // every deadline list gets a timer on the real clock (each is missed with p = (7/8)^200)
+	for range 3 {
 		resp, err := tr.RoundTrip(get(t, "http://example.invalid/"))
 		require.NoError(t, err)
 		resp.Body.Close()
@@ -1133,5 +1162,87 @@ func TestAttemptTimeoutInsideASyncTestBubble(t *testing.T) {
 		_, err := tr.RoundTrip(get(t, "http://example.invalid/"))
 		require.ErrorIs(t, err, ErrAttemptTimeout)
 		assert.Equal(t, time.Second, time.Since(start), "cut at the attempt timeout, on the bubble's clock")
+	})
+}
+
+// The attempt's time limit bounds the wait for the response headers only:
+// once the response is handed over, its body is read for as long as it
+// takes, and the attempt's context ends when the caller closes the body.
+func TestDeliveredBodyOutlivesTheAttemptLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			time.Sleep(5 * time.Second)
+			io.WriteString(w, "the whole body")
+		}))
+		tr := newBubbleTransport(base, WithAttemptTimeout(time.Second), WithMaxElapsed(2*time.Second))
+		start := time.Now()
+		resp, err := tr.RoundTrip(get(t, url))
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, "the whole body", string(body))
+		assert.Equal(t, 5*time.Second, time.Since(start), "read past both the attempt timeout and the overall deadline")
+		attemptCtx := resp.Request.Context()
+		assert.NoError(t, attemptCtx.Err(), "the attempt's context lives until the body is closed")
+		require.NoError(t, resp.Body.Close())
+		assert.ErrorIs(t, attemptCtx.Err(), context.Canceled, "closing the body releases the attempt's context")
+	})
+}
+
+// The caller's cancellation ends the attempt in flight and the loop: the
+// error is the caller's, not an attempt timeout, and nothing is retried.
+func TestCallerCancellationEndsTheAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newBubbleTransport(blockingBase{}, WithAttemptTimeout(10*time.Second))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		time.AfterFunc(time.Second, cancel)
+		start := time.Now()
+		_, err := tr.RoundTrip(get(t, "http://example.invalid/").WithContext(ctx))
+		assert.Equal(t, time.Second, time.Since(start))
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.NotErrorIs(t, err, ErrAttemptTimeout)
+		var ex *retry.ExhaustedError
+		require.ErrorAs(t, err, &ex)
+		assert.Equal(t, 1, ex.Attempts)
+		assert.Equal(t, retry.ReasonCanceled, ex.Reason)
+	})
+}
+
+// The overall deadline bounds the whole loop: an attempt is cut when it is
+// reached (an attempt timeout, not the caller's deadline), and no sleep
+// starts that would end after it.
+func TestOverallDeadlineBoundsTheLoop(t *testing.T) {
+	t.Run("one attempt cut by the deadline", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tr := newBubbleTransport(blockingBase{}, WithMaxElapsed(time.Second))
+			start := time.Now()
+			_, err := tr.RoundTrip(get(t, "http://example.invalid/"))
+			assert.Equal(t, time.Second, time.Since(start))
+			assert.ErrorIs(t, err, ErrAttemptTimeout)
+			assert.NotErrorIs(t, err, context.DeadlineExceeded)
+			var ex *retry.ExhaustedError
+			require.ErrorAs(t, err, &ex)
+			assert.Equal(t, 1, ex.Attempts)
+			assert.Equal(t, retry.ReasonDeadline, ex.Reason)
+		})
+	})
+	t.Run("attempt timeouts and sleeps", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// Attempts of 300 ms, sleeps of 25 then 50 ms: attempt 3 ends
+			// at 975 ms, and a sleep of 100 ms would cross the 1 s deadline.
+			tr := newBubbleTransport(blockingBase{}, WithMaxElapsed(time.Second),
+				WithAttemptTimeout(300*time.Millisecond), WithMaxAttempts(10))
+			start := time.Now()
+			_, err := tr.RoundTrip(get(t, "http://example.invalid/"))
+			assert.Equal(t, 975*time.Millisecond, time.Since(start))
+			assert.ErrorIs(t, err, ErrAttemptTimeout)
+			var ex *retry.ExhaustedError
+			require.ErrorAs(t, err, &ex)
+			assert.Equal(t, 3, ex.Attempts)
+			assert.Equal(t, retry.ReasonDeadline, ex.Reason)
+		})
 	})
 }

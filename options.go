@@ -46,8 +46,17 @@ type config struct {
 	registry        *budget.Registry
 	autoKeys        bool
 	keyHeader       string
-	deadlineHeader  bool
+	deadlineHeader  deadlineMode
 }
+
+// deadlineMode says when a request carries deadline.Header.
+type deadlineMode int8
+
+const (
+	deadlineIfContext deadlineMode = iota // the default: when the context has a deadline
+	deadlineAlways                        // WithDeadlineHeader(true)
+	deadlineNever                         // WithDeadlineHeader(false)
+)
 
 func defaultConfig() config {
 	return config{
@@ -57,7 +66,6 @@ func defaultConfig() config {
 		bodyBufferLimit: DefaultBodyBufferLimit,
 		autoKeys:        true,
 		keyHeader:       DefaultKeyHeader,
-		deadlineHeader:  true,
 	}
 }
 
@@ -193,9 +201,23 @@ func WithKeyHeader(name string) Option {
 	}
 }
 
-// WithDeadlineHeader turns on or off sending the time left before the
-// overall deadline to the server in the deadline.Header header (default on),
-// which deadline.Middleware turns back into a context deadline.
+// WithDeadlineHeader sets when each attempt tells the server how long the
+// client still waits, in the deadline.Header header (Request-Deadline-Ms,
+// whole milliseconds before the overall deadline, recomputed per attempt),
+// which deadline.Middleware turns back into a context deadline on the server.
+//
+// By default (this option not given) the header is sent only when the
+// request's context has a deadline, as gRPC sends grpc-timeout: the value is
+// the time left before the earlier of that deadline and the start plus
+// MaxElapsed. The Transport's own MaxElapsed alone still bounds the retry
+// loop, but is not advertised. WithDeadlineHeader(true) sends the header on
+// every request, a context without a deadline included (the value then comes
+// from MaxElapsed); WithDeadlineHeader(false) never sends it.
 func WithDeadlineHeader(on bool) Option {
-	return func(c *config) { c.deadlineHeader = on }
+	return func(c *config) {
+		c.deadlineHeader = deadlineNever
+		if on {
+			c.deadlineHeader = deadlineAlways
+		}
+	}
 }
