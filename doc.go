@@ -55,8 +55,26 @@
 //	                  process-wide: 500 tokens,
 //	                  transient retry 14, throttled 5
 //	keys              random UUIDv4 for POST/PATCH      WithAutoKeys, WithKeyHeader
-//	deadline header   Request-Deadline-Ms sent          WithDeadlineHeader
+//	deadline header   Request-Deadline-Ms sent only     WithDeadlineHeader
+//	                  when the context has a deadline
 //	logs              one slog record per attempt       WithLogger
+//
+// # Deadlines
+//
+// One overall deadline bounds each logical request: the earlier of the
+// request context's deadline and its start plus MaxElapsed (30 s by
+// default). Each attempt runs on a context canceled at the per-attempt
+// timeout or at that deadline, whichever is first; no backoff sleep starts
+// that would end after it. Both bound the wait for the response headers,
+// never the reading of the returned body, which the caller's context alone
+// governs.
+//
+// The time left is told to the server in the Request-Deadline-Ms header
+// (package deadline) only when the caller's context has a deadline, as gRPC
+// sends grpc-timeout: the Transport's own MaxElapsed bounds the loop but is
+// not advertised. WithDeadlineHeader(true) sends it on every request (from
+// MaxElapsed when the context has no deadline); WithDeadlineHeader(false)
+// never sends it.
 //
 // # Order with other resilience layers
 //

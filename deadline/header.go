@@ -14,7 +14,9 @@ import (
 // Header is the request header that carries the client's remaining time to
 // the server: whole milliseconds as a non-negative decimal integer, for
 // example "Request-Deadline-Ms: 2500". The saferetry Transport sends it on
-// every attempt; [Middleware] applies it.
+// every attempt of a request whose context has a deadline (and on every
+// request, or never, when its WithDeadlineHeader option says so);
+// [Middleware] applies it.
 const Header = "Request-Deadline-Ms"
 
 // MaxPropagated is the longest remaining time [Middleware] applies to a
