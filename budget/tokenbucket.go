@@ -55,8 +55,8 @@ func (c TokenBucketConfig) Validate() error {
 // outage the bucket drains after Capacity/TransientCost retries (35 with the
 // defaults) and further failures are not retried until requests succeed again.
 //
-// A TokenBucket is safe for concurrent use (a mutex guards the level) and
-// starts no goroutines. It ignores time and OnRequest. Create it with
+// A TokenBucket is safe for concurrent use (the level is an atomic integer,
+// updated by compare-and-swap) and starts no goroutines. It ignores time and OnRequest. Create it with
 // [NewTokenBucket]; the zero value is not usable.
 type TokenBucket struct {
 	capacity, transient, throttle, reward int

@@ -46,8 +46,9 @@ const (
 	ClassNotRetryable    = "not_retryable"     // an unrecognised error, or no outcome at all
 )
 
-// Policy holds the options of [Classify]. The zero value applies the
-// defaults of DESIGN.md: 500 is not retried.
+// Policy holds the options of [Classify]. The zero value is the default:
+// 500 is not retried, because it usually means a bug that a retry will not
+// fix.
 type Policy struct {
 	// Retry500 adds 500 Internal Server Error to the retryable statuses
 	// (for idempotent requests only). Default false.
