@@ -169,7 +169,7 @@ func (c *call) run() (*http.Response, error) {
 		if n > 1 {
 			attemptStart = time.Now()
 		}
-		resp, err := c.attempt(ctx, n, attemptStart)
+		resp, err := c.attempt(ctx, attemptStart)
 		now := time.Now()
 		timedOut := errors.Is(err, ErrAttemptTimeout)
 		in := retry.Input{
@@ -286,13 +286,13 @@ func (c *call) run() (*http.Response, error) {
 	}
 }
 
-// attempt sends attempt n, which starts at start. Its context is a child of
+// attempt sends one attempt, which starts at start. Its context is a child of
 // the caller's, canceled when the caller's is, when the attempt's time limit
 // ends (the per-attempt timeout or the overall deadline, whichever is first;
 // cause ErrAttemptTimeout), and when the attempt is over: by endAttempt
 // after an error or a discarded response, or when the caller closes the
 // body of the response that deliver hands over.
-func (c *call) attempt(ctx context.Context, n int, start time.Time) (*http.Response, error) {
+func (c *call) attempt(ctx context.Context, start time.Time) (*http.Response, error) {
 	t := c.t
 	actx, cancel := context.WithCancelCause(ctx)
 	c.cancel = cancel
