@@ -1246,3 +1246,26 @@ func TestOverallDeadlineBoundsTheLoop(t *testing.T) {
 		})
 	})
 }
+
+// When the caller's deadline ends the attempt, the error is the caller's
+// (context.DeadlineExceeded), never an attempt timeout, even when the
+// per-attempt timeout would end at the same instant.
+func TestCallerDeadlineIsNotAnAttemptTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newBubbleTransport(blockingBase{}, WithAttemptTimeout(time.Second))
+		// Timers due at the same instant fire in no set order: a Transport
+		// that raced its own limit against the caller's deadline would
+		// lose some of these rounds.
+		for range 20 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := tr.RoundTrip(get(t, "http://example.invalid/").WithContext(ctx))
+			cancel()
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.NotErrorIs(t, err, ErrAttemptTimeout)
+			var ex *retry.ExhaustedError
+			require.ErrorAs(t, err, &ex)
+			assert.Equal(t, 1, ex.Attempts)
+			assert.Equal(t, retry.ReasonCanceled, ex.Reason)
+		}
+	})
+}
