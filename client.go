@@ -19,9 +19,10 @@ import (
 
 // ErrAttemptTimeout is wrapped by the error of an attempt that ran out of its
 // per-attempt time (WithAttemptTimeout) or hit the overall deadline
-// (WithMaxElapsed) before its response headers arrived. It never matches
-// context.DeadlineExceeded or context.Canceled: those mean the caller's own
-// deadline or cancellation.
+// (WithMaxElapsed) before its response headers arrived. Such an error never
+// matches context.DeadlineExceeded or context.Canceled, which are kept for
+// the caller's own deadline and cancellation. It is also the cause
+// (context.Cause) of an attempt's context that its time limit canceled.
 var ErrAttemptTimeout = errors.New("saferetry: attempt timed out")
 
 // ErrInvalidKey is matched (errors.Is) by the error RoundTrip returns, before

@@ -90,7 +90,9 @@ func WithBackoff(cfg jitter.Config) Option {
 // WithMaxElapsed bounds the whole retry loop (default 30 s): the overall
 // deadline is the earlier of the request context's deadline and the start
 // plus d. No attempt starts and no sleep begins that would end after it.
-// Values of 0 or less are ignored.
+// The server is told of d only with WithDeadlineHeader(true): by default the
+// deadline header carries the caller's own deadline alone. Values of 0 or
+// less are ignored.
 func WithMaxElapsed(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {
