@@ -1217,12 +1217,18 @@ func TestCallerCancellationEndsTheAttempt(t *testing.T) {
 func TestOverallDeadlineBoundsTheLoop(t *testing.T) {
 	t.Run("one attempt cut by the deadline", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			tr := newBubbleTransport(blockingBase{}, WithMaxElapsed(time.Second))
+			var attemptCtx context.Context
+			base := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+				attemptCtx = r.Context()
+				return blockingBase{}.RoundTrip(r)
+			})
+			tr := newBubbleTransport(base, WithMaxElapsed(time.Second))
 			start := time.Now()
 			_, err := tr.RoundTrip(get(t, "http://example.invalid/"))
 			assert.Equal(t, time.Second, time.Since(start))
 			assert.ErrorIs(t, err, ErrAttemptTimeout)
 			assert.NotErrorIs(t, err, context.DeadlineExceeded)
+			assert.Equal(t, ErrAttemptTimeout, context.Cause(attemptCtx), "the limit's cancellation says why")
 			var ex *retry.ExhaustedError
 			require.ErrorAs(t, err, &ex)
 			assert.Equal(t, 1, ex.Attempts)
@@ -1269,3 +1275,8 @@ func TestCallerDeadlineIsNotAnAttemptTimeout(t *testing.T) {
 		}
 	})
 }
+
+// roundTripperFunc is a base RoundTripper made of a function.
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
