@@ -427,6 +427,9 @@ func (t *Transport) budgetFor(host string) budget.Budget {
 	return t.cfg.registry.For(host)
 }
 
+// newCall checks req and fixes what all its attempts share: whether it may
+// be retried, its key, its headers, a replayable body, its budget and its
+// overall deadline. Its errors come before any I/O.
 func (t *Transport) newCall(req *http.Request) (*call, error) {
 	if req.URL == nil {
 		return nil, errors.New("saferetry: request has no URL")
