@@ -48,11 +48,16 @@ const (
 
 // Policy holds the options of [Classify]. The zero value is the default:
 // 500 is not retried, because it usually means a bug that a retry will not
-// fix.
+// fix, and no rule is applied.
 type Policy struct {
 	// Retry500 adds 500 Internal Server Error to the retryable statuses
 	// (for idempotent requests only). Default false.
 	Retry500 bool
+	// Rules widen or narrow the allow-list (default none). They run in
+	// order after the built-in decision; the first whose verdict is not
+	// Keep decides. The safety rules are applied after them and no Rule
+	// lifts them: see [Classify].
+	Rules []Rule
 }
 
 // Input describes the outcome of one attempt.
@@ -76,6 +81,12 @@ type Input struct {
 	// ProblemCode is the "code" member of a problem+json body, when the
 	// caller peeked one (for 409 conflicts); "" otherwise.
 	ProblemCode string
+	// Request is the caller's request, for [Rule]s (nil allowed; the
+	// built-in allow-list ignores it). Read-only: never its body.
+	Request *http.Request
+	// Attempt is the attempt's number, 1 for the first (informational, for
+	// [Rule]s).
+	Attempt int
 }
 
 // Decision is the verdict of [Classify].
@@ -117,17 +128,34 @@ func IsIdempotentMethod(method string) bool {
 
 // Classify decides whether the attempt described by in may be retried under
 // policy p, and labels it. now is used to turn an HTTP-date Retry-After into
-// a duration. See the package documentation for the allow-list. Classify is
-// pure, never panics (a zero Input yields ClassNotRetryable) and is safe for
-// concurrent use.
+// a duration. See the package documentation for the allow-list.
+//
+// The built-in decision comes first, then p.Rules may turn its Retry on or
+// off; the other fields (Class, Throttle, RetryAfter, NeverSent) stay the
+// built-in ones. Then the safety rules, which no Rule lifts: the caller's
+// own cancellation or deadline (ClassCanceled, ClassDeadline) is never
+// retried, and a request that is not idempotent (in.Idempotent false: an
+// unsafe method without a key, or marked so by the caller) is retried only
+// when it provably never reached the server (NeverSent), never after a
+// status or a timeout. Attempt limits, the overall deadline and the budget
+// are the caller's to check after Classify, and no Rule skips them either.
+//
+// Classify is pure, never panics unless a Rule does (a zero Input yields
+// ClassNotRetryable) and is safe for concurrent use when its Rules are.
 func Classify(p Policy, in Input, now time.Time) Decision {
-	if in.Err != nil {
-		return classifyErr(in)
+	var d Decision
+	switch {
+	case in.Err != nil:
+		d = classifyErr(in)
+	case in.Response != nil:
+		d = classifyStatus(p, in, now)
+	default:
+		d = Decision{Class: ClassNotRetryable}
 	}
-	if in.Response != nil {
-		return classifyStatus(p, in, now)
+	if len(p.Rules) > 0 {
+		d = apply(p, in, d)
 	}
-	return Decision{Class: ClassNotRetryable}
+	return d
 }
 
 func classifyStatus(p Policy, in Input, now time.Time) Decision {

@@ -18,6 +18,11 @@
 //     Idempotency-Key, or a caller override) is retried only when the
 //     request provably never left, never after a status or a timeout.
 //
+// A user's policy widens or narrows the allow-list with [Rule]s in
+// [Policy].Rules (for example [Status](Allow, 500) on one host through
+// [OnRequest]); the last rule above, and never retrying the caller's own
+// cancellation, hold whatever a Rule says.
+//
 // Everything here is pure: no I/O, no clocks (time is a parameter), no
 // goroutines, and every function is safe for concurrent use.
 package retry
