@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"mime"
 	"net/http"
@@ -39,10 +38,7 @@ func (c *call) prepareBody() error {
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(buf), req.Body), req.Body}
-		c.notRetrying = retry.ReasonBodyNotRewindable
-		c.t.logger().LogAttrs(req.Context(), slog.LevelInfo, "saferetry: request body too large to buffer; sent once without retries",
-			slog.String("method", req.Method), slog.String("host", req.URL.Host), slog.String("path", req.URL.Path),
-			slog.Int64("buffer_limit", limit))
+		c.notRetrying = retry.ReasonBodyNotRewindable // logged before the first attempt
 		return nil
 	}
 	req.Body.Close()

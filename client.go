@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -75,6 +74,7 @@ type Transport struct {
 	base    http.RoundTripper
 	cfg     config
 	keyName string // the key header's canonical name
+	obs     observers
 
 	// rand returns the random value of the backoff formula, in [0, 1):
 	// math/rand/v2's, or a fixed value in tests.
@@ -104,7 +104,19 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 		t.cfg.registry = budget.Default()
 	}
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
+	logs := logObserver{logger: t.cfg.logger, bufferLimit: t.cfg.bodyBufferLimit}
+	t.obs = newObservers(append([]Observer{logs.observer()}, t.cfg.observers...))
 	return t
+}
+
+// CloseIdleConnections closes the idle connections of the base transport
+// when it has a CloseIdleConnections method (as *http.Transport has), so
+// that http.Client.CloseIdleConnections works through a Transport. It does
+// nothing otherwise. It is safe for concurrent use.
+func (t *Transport) CloseIdleConnections() {
+	if b, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		b.CloseIdleConnections()
+	}
 }
 
 // NewClient returns an *http.Client whose Transport is
@@ -125,7 +137,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	return c.run()
+	resp, err := c.run()
+	if t.obs.callDone {
+		t.obs.doneCall(req.Context(), CallDoneInfo{Request: req, Key: c.key, Attempts: c.sent,
+			Outcome: c.outcome, Response: resp, Err: err, Total: time.Since(c.start)})
+	}
+	return resp, err
 }
 
 // call is the state of one logical request across its attempts.
@@ -149,6 +166,10 @@ type call struct {
 	// context, until endAttempt or deliver.
 	timer  *time.Timer
 	cancel context.CancelCauseFunc
+	octx   context.Context // the attempt's context as the observers made it
+
+	sent    int    // attempts sent
+	outcome string // the last attempt's Outcome, for CallDone
 }
 
 func (c *call) run() (*http.Response, error) {
@@ -170,8 +191,15 @@ func (c *call) run() (*http.Response, error) {
 		if n > 1 {
 			attemptStart = time.Now()
 		}
-		resp, err := c.attempt(ctx, attemptStart)
+		resp, err, sent := c.attempt(ctx, n, attemptStart)
 		now := time.Now()
+		if !sent {
+			// The preparation failed: nothing was sent, nothing to classify.
+			c.done(attemptRecord{n: n, dec: retry.Decision{Class: retry.ClassNotRetryable}, err: err,
+				elapsed: now.Sub(attemptStart), total: now.Sub(c.start)}, retry.ReasonPrepare)
+			return nil, &retry.ExhaustedError{Attempts: n - 1, Reason: retry.ReasonPrepare, Err: err, Key: c.key}
+		}
+		c.sent = n
 		timedOut := errors.Is(err, ErrAttemptTimeout)
 		in := retry.Input{
 			Method:          c.req.Method,
@@ -179,11 +207,13 @@ func (c *call) run() (*http.Response, error) {
 			Response:        resp,
 			Err:             err,
 			AttemptTimedOut: timedOut,
+			Request:         c.req,
+			Attempt:         n,
 		}
 		if resp != nil && resp.StatusCode == http.StatusConflict {
 			in.ProblemCode = peekProblemCode(resp)
 		}
-		d := retry.Classify(retry.Policy{Retry500: t.cfg.retry500}, in, now)
+		d := retry.Classify(retry.Policy{Retry500: t.cfg.retry500, Rules: t.cfg.rules}, in, now)
 		rec := attemptRecord{n: n, dec: d, resp: resp, err: err, elapsed: now.Sub(attemptStart), total: now.Sub(c.start)}
 
 		if !d.Retry {
@@ -193,11 +223,7 @@ func (c *call) run() (*http.Response, error) {
 					// a 404 or a 422 is an answer, not a sign of health.
 					c.bud.OnSuccess(now, retryCost)
 				}
-				rec.level = slog.LevelDebug
-				if n > 1 || resp.StatusCode >= 500 {
-					rec.level = slog.LevelInfo // after retries, or a server error: visible
-				}
-				c.log(ctx, rec, "final")
+				c.done(rec, OutcomeFinal)
 				return c.deliver(resp), nil
 			}
 			reason := retry.ReasonNotRetryable
@@ -205,8 +231,7 @@ func (c *call) run() (*http.Response, error) {
 			case retry.ClassCanceled, retry.ClassDeadline:
 				reason = retry.ReasonCanceled
 			}
-			rec.level = slog.LevelWarn
-			c.log(ctx, rec, reason)
+			c.done(rec, reason)
 			return nil, &retry.ExhaustedError{Attempts: n, Reason: reason, Err: err, Key: c.key}
 		}
 		if err != nil {
@@ -261,17 +286,15 @@ func (c *call) run() (*http.Response, error) {
 			}
 		}
 		if stop != "" {
-			rec.level = slog.LevelWarn
-			c.log(ctx, rec, stop)
+			c.done(rec, stop)
 			if resp != nil {
 				return c.deliver(resp), nil
 			}
 			return nil, &retry.ExhaustedError{Attempts: n, Reason: stop, Err: err, Key: c.key}
 		}
 
-		rec.level = slog.LevelInfo
 		rec.wait = wait
-		c.log(ctx, rec, "retry")
+		c.done(rec, OutcomeRetry)
 		if resp != nil {
 			discard(resp)
 		}
@@ -282,20 +305,28 @@ func (c *call) run() (*http.Response, error) {
 			if lastErr != nil {
 				cause = errors.Join(err, lastErr)
 			}
+			c.outcome = retry.ReasonCanceled
 			return nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: cause, Key: c.key}
 		}
 	}
 }
 
-// attempt sends one attempt, which starts at start. Its context is a child of
-// the caller's, canceled when the caller's is, when the attempt's time limit
+// attempt prepares and sends attempt n, which starts at start; sent is false
+// when its preparation failed (err is then the *PrepareError) and it was not
+// sent. Its context is a child of the caller's (through what the
+// observers' AttemptStart returned), canceled when the caller's is, when the
+// attempt's time limit
 // ends (the per-attempt timeout or the overall deadline, whichever is first;
 // cause ErrAttemptTimeout), and when the attempt is over: by endAttempt
 // after an error or a discarded response, or when the caller closes the
 // body of the response that deliver hands over.
-func (c *call) attempt(ctx context.Context, start time.Time) (*http.Response, error) {
+func (c *call) attempt(ctx context.Context, n int, start time.Time) (resp *http.Response, err error, sent bool) {
 	t := c.t
-	actx, cancel := context.WithCancelCause(ctx)
+	c.octx = ctx
+	if t.obs.attemptStart {
+		c.octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key, NotRetrying: c.notRetrying})
+	}
+	actx, cancel := context.WithCancelCause(c.octx)
 	c.cancel = cancel
 	// The time limit is a timer, not a deadline of the context: deliver
 	// stops it, so that it bounds the wait for the response headers and
@@ -309,17 +340,39 @@ func (c *call) attempt(ctx context.Context, start time.Time) (*http.Response, er
 
 	r := c.req.WithContext(actx)
 	r.Header = c.header
-	if c.sendDeadline {
+	switch {
+	case len(t.cfg.prepare) > 0:
+		// The preparation may change headers and the URL: its own copies,
+		// values included, so that the caller's never change.
+		r.Header = c.header.Clone()
+		if r.Header == nil {
+			r.Header = make(http.Header, 1)
+		}
+		u := *c.req.URL
+		r.URL = &u
+		r.GetBody = c.getBody
+	case c.sendDeadline:
 		// Each attempt its own map: the base transport may still hold an
 		// earlier attempt's request.
 		r.Header = shallowCopy(c.header, 1)
+	}
+	if c.sendDeadline {
 		r.Header[deadline.Header] = []string{deadline.Format(deadline.Remaining(start, c.overall))}
 	}
 	// Attempt 1 sends the caller's body; a retry sends the one run rewound
 	// (GetBody) before it discarded the previous outcome. Each is sent once.
 	r.Body, c.body = c.body, nil
+	if len(t.cfg.prepare) > 0 {
+		if err := prepare(t.cfg.prepare, r, n, c.header, t.cfg.keyHeader); err != nil {
+			if r.Body != nil {
+				r.Body.Close() // never sent: still ours to close
+			}
+			c.endAttempt()
+			return nil, err, false
+		}
+	}
 
-	resp, err := t.base.RoundTrip(r)
+	resp, err = t.base.RoundTrip(r)
 	if err != nil {
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close()
@@ -328,13 +381,26 @@ func (c *call) attempt(ctx context.Context, start time.Time) (*http.Response, er
 			err = attemptTimedOut(limit, err)
 		}
 		c.endAttempt()
-		return nil, err
+		return nil, err, true
 	}
 	if resp == nil {
 		c.endAttempt()
-		return nil, errors.New("saferetry: base RoundTripper returned neither a response nor an error")
+		return nil, errors.New("saferetry: base RoundTripper returned neither a response nor an error"), true
 	}
-	return resp, nil
+	return resp, nil, true
+}
+
+// done records attempt a's outcome and tells the observers.
+func (c *call) done(a attemptRecord, outcome string) {
+	c.outcome = outcome
+	if !c.t.obs.attemptDone {
+		return
+	}
+	c.t.obs.doneAttempt(c.octx, AttemptDoneInfo{
+		Request: c.req, Attempt: a.n, Key: c.key, Decision: a.dec, Response: a.resp, Err: a.err,
+		Elapsed: a.elapsed, Total: a.total, Outcome: outcome, Wait: a.wait,
+		BudgetDenied: a.budgetDenied, BudgetLeft: a.budgetLeft,
+	})
 }
 
 // attemptTimedOut is the error of an attempt that its own time limit ended:
@@ -411,13 +477,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func (t *Transport) logger() *slog.Logger {
-	if t.cfg.logger != nil {
-		return t.cfg.logger
-	}
-	return slog.Default()
 }
 
 func (t *Transport) budgetFor(host string) budget.Budget {
@@ -513,4 +572,17 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	c.start = time.Now()
 	c.overall = deadline.Overall(ctx, c.start, t.cfg.maxElapsed)
 	return c, nil
+}
+
+// attemptRecord is what the loop knows of one attempt, for its observers.
+type attemptRecord struct {
+	n            int
+	dec          retry.Decision
+	resp         *http.Response
+	err          error
+	elapsed      time.Duration
+	total        time.Duration
+	wait         time.Duration
+	budgetDenied bool
+	budgetLeft   int
 }

@@ -3,71 +3,98 @@ package saferetry
 import (
 	"context"
 	"log/slog"
-	"net/http"
-	"time"
+	"math"
 
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
 
-// attemptRecord is what one log record says about one attempt.
-type attemptRecord struct {
-	n            int
-	dec          retry.Decision
-	resp         *http.Response
-	err          error
-	elapsed      time.Duration
-	total        time.Duration
-	wait         time.Duration
-	level        slog.Level
-	budgetDenied bool
-	budgetLeft   int
+// logObserver is the Observer that writes the Transport's slog records:
+// WithLogger's logger, or slog.Default() at the time of each record when
+// none was set. The raw key never appears: only its digest.
+type logObserver struct {
+	logger      *slog.Logger // nil: slog.Default()
+	bufferLimit int64
 }
 
-// log writes the one record of an attempt. outcome is "final", "retry" or
-// the reason the loop stopped. The raw key never appears: only its digest.
-func (c *call) log(ctx context.Context, a attemptRecord, outcome string) {
-	l := c.t.logger()
-	if !l.Enabled(ctx, a.level) {
+func (l logObserver) observer() Observer {
+	return Observer{AttemptStart: l.attemptStart, AttemptDone: l.attemptDone}
+}
+
+func (l logObserver) get() *slog.Logger {
+	if l.logger != nil {
+		return l.logger
+	}
+	return slog.Default()
+}
+
+// attemptStart writes, before the first attempt, the record of a body too
+// large to buffer, which is sent once without retries.
+func (l logObserver) attemptStart(ctx context.Context, a AttemptStartInfo) context.Context {
+	if a.Attempt == 1 && a.NotRetrying == retry.ReasonBodyNotRewindable {
+		limit := min(l.bufferLimit, math.MaxInt64-1)
+		l.get().LogAttrs(ctx, slog.LevelInfo, "saferetry: request body too large to buffer; sent once without retries",
+			slog.String("method", a.Request.Method), slog.String("host", a.Request.URL.Host), slog.String("path", a.Request.URL.Path),
+			slog.Int64("buffer_limit", limit))
+	}
+	return ctx
+}
+
+// attemptDone writes the one record of an attempt. Debug: a first-try final
+// outcome; Info: an attempt that will be retried, or a final outcome after
+// retries or with a 5xx; Warn: giving up.
+func (l logObserver) attemptDone(ctx context.Context, a AttemptDoneInfo) {
+	level := slog.LevelWarn
+	switch {
+	case a.Outcome == OutcomeRetry:
+		level = slog.LevelInfo
+	case a.Outcome == OutcomeFinal && a.Response != nil:
+		level = slog.LevelDebug
+		if a.Attempt > 1 || a.Response.StatusCode >= 500 {
+			level = slog.LevelInfo // after retries, or a server error: visible
+		}
+	}
+	lg := l.get()
+	if !lg.Enabled(ctx, level) {
 		return
 	}
 	attrs := make([]slog.Attr, 0, 14)
 	attrs = append(attrs,
-		slog.Int("attempt", a.n),
-		slog.String("method", c.req.Method),
-		slog.String("host", c.req.URL.Host),
-		slog.String("path", c.req.URL.Path),
-		slog.String("class", a.dec.Class),
+		slog.Int("attempt", a.Attempt),
+		slog.String("method", a.Request.Method),
+		slog.String("host", a.Request.URL.Host),
+		slog.String("path", a.Request.URL.Path),
+		slog.String("class", a.Decision.Class),
 	)
-	if a.resp != nil {
-		attrs = append(attrs, slog.Int("status", a.resp.StatusCode))
+	if a.Response != nil {
+		attrs = append(attrs, slog.Int("status", a.Response.StatusCode))
 	}
-	if a.err != nil {
-		attrs = append(attrs, slog.String("error", a.err.Error()))
+	if a.Err != nil {
+		attrs = append(attrs, slog.String("error", a.Err.Error()))
 	}
 	attrs = append(attrs,
-		slog.Duration("elapsed", a.elapsed),
-		slog.Duration("total", a.total),
-		slog.String("outcome", outcome),
+		slog.Duration("elapsed", a.Elapsed),
+		slog.Duration("total", a.Total),
+		slog.String("outcome", a.Outcome),
 	)
-	if outcome == "retry" {
-		attrs = append(attrs, slog.Duration("wait", a.wait))
+	if a.Outcome == OutcomeRetry {
+		attrs = append(attrs, slog.Duration("wait", a.Wait))
 	}
-	if a.dec.HasRetryAfter {
-		attrs = append(attrs, slog.Duration("retry_after", a.dec.RetryAfter))
+	if a.Decision.HasRetryAfter {
+		attrs = append(attrs, slog.Duration("retry_after", a.Decision.RetryAfter))
 	}
-	if a.budgetDenied {
-		attrs = append(attrs, slog.Int("budget_left", a.budgetLeft))
+	if a.BudgetDenied {
+		attrs = append(attrs, slog.Int("budget_left", a.BudgetLeft))
 	}
-	if c.key != "" {
-		attrs = append(attrs, slog.String("key_digest", keygen.Digest(c.key)))
+	if a.Key != "" {
+		attrs = append(attrs, slog.String("key_digest", keygen.Digest(a.Key)))
 	}
 	msg := "saferetry: attempt"
 	switch {
-	case outcome == "retry":
+	case a.Outcome == OutcomeRetry:
 		msg = "saferetry: attempt failed, retrying"
-	case a.level == slog.LevelWarn:
+	case level == slog.LevelWarn:
 		msg = "saferetry: giving up"
 	}
-	l.LogAttrs(ctx, a.level, msg, attrs...)
+	lg.LogAttrs(ctx, level, msg, attrs...)
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/jitter"
+	"github.com/saferetry/saferetry/retry"
 )
 
 // Defaults of a Transport built with no options. Each has an Option.
@@ -47,6 +48,9 @@ type config struct {
 	autoKeys        bool
 	keyHeader       string
 	deadlineHeader  deadlineMode
+	rules           []retry.Rule
+	prepare         []PrepareFunc
+	observers       []Observer
 }
 
 // deadlineMode says when a request carries deadline.Header.
@@ -129,9 +133,11 @@ func WithRetryAfterCap(d time.Duration) Option {
 }
 
 // WithLogger sets the logger that receives one record per attempt (default
-// slog.Default()). Debug: a first-try final outcome; Info: an attempt that
-// will be retried, or a final outcome after retries; Warn: giving up while
-// the outcome was still a retryable failure. A nil logger is ignored.
+// slog.Default(), looked up at each record). Debug: a first-try final
+// outcome; Info: an attempt that will be retried, or a final outcome after
+// retries; Warn: giving up while the outcome was still a retryable failure.
+// The records are written by the Transport's logging Observer, which runs
+// before those of WithObserver. A nil logger is ignored.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l != nil {
@@ -220,6 +226,55 @@ func WithDeadlineHeader(on bool) Option {
 		c.deadlineHeader = deadlineNever
 		if on {
 			c.deadlineHeader = deadlineAlways
+		}
+	}
+}
+
+// WithRetryPolicy adds rules that widen or narrow the retry allow-list per
+// outcome: status, error, request, attempt number (default none). For
+// example retry.OnRequest(onHostA, retry.Status(retry.Allow, 500)) retries
+// 500 on one host, retry.Status(retry.Deny, 503) never retries 503. Rules
+// run in order, those of earlier WithRetryPolicy options first, after the
+// built-in decision; the first verdict other than retry.Keep decides.
+//
+// No rule lifts the safety rules, which are applied after the rules: an
+// unsafe request without a key (a POST with WithAutoKeys(false), a request
+// marked NotIdempotent) is never sent again once it may have reached the
+// server (after a status, a reset or a timeout), only when it provably never
+// left; the caller's cancellation and deadline end the loop; the attempt
+// limit, the overall deadline, the Retry-After cap and the retry budget are
+// still checked before every retry. See retry.Classify. Nil rules are
+// ignored.
+func WithRetryPolicy(rules ...retry.Rule) Option {
+	return func(c *config) {
+		for _, r := range rules {
+			if r != nil {
+				c.rules = append(c.rules, r)
+			}
+		}
+	}
+}
+
+// WithPrepare adds f to the functions that prepare each attempt's request
+// just before it is sent (default none): see PrepareFunc. Several run in the
+// order of their options. When one is set, each attempt gets its own header
+// map and URL. A nil f is ignored.
+func WithPrepare(f PrepareFunc) Option {
+	return func(c *config) {
+		if f != nil {
+			c.prepare = append(c.prepare, f)
+		}
+	}
+}
+
+// WithObserver adds o to the Transport's observers (default: only the
+// logging observer of WithLogger). Every observer sees every attempt and
+// call, in the order of their options, after the logging observer. An
+// Observer with no function set is ignored.
+func WithObserver(o Observer) Option {
+	return func(c *config) {
+		if o.AttemptStart != nil || o.AttemptDone != nil || o.CallDone != nil {
+			c.observers = append(c.observers, o)
 		}
 	}
 }

@@ -17,6 +17,7 @@ const (
 	ReasonBudget            = "budget denied"       // the retry budget refused a token
 	ReasonCanceled          = "canceled"            // the caller canceled its context
 	ReasonBodyNotRewindable = "body not rewindable" // the body could not be replayed (no GetBody, above the buffer limit)
+	ReasonPrepare           = "prepare failed"      // the user's preparation of the next attempt failed (saferetry.PrepareError)
 )
 
 // ExhaustedError is returned when the retry loop ends without a response. It
