@@ -237,11 +237,11 @@ func WithDeadlineHeader(on bool) Option {
 // run in order, those of earlier WithRetryPolicy options first, after the
 // built-in decision; the first verdict other than retry.Keep decides.
 //
-// No rule lifts the safety rules, which are applied after the rules: an
-// unsafe request without a key (a POST with WithAutoKeys(false), a request
-// marked NotIdempotent) is never sent again once it may have reached the
-// server (after a status, a reset or a timeout), only when it provably never
-// left; the caller's cancellation and deadline end the loop; the attempt
+// No rule lifts the safety rules, which are applied after the rules: a
+// success (a status below 400) is never retried; an unsafe request without
+// a key (a POST with WithAutoKeys(false), a request marked NotIdempotent)
+// is never sent again once it may have reached the server (after a status,
+// a reset or a timeout), only when it provably never left; the caller's cancellation and deadline end the loop; the attempt
 // limit, the overall deadline, the Retry-After cap and the retry budget are
 // still checked before every retry. See retry.Classify. Nil rules are
 // ignored.

@@ -132,9 +132,9 @@ func IsIdempotentMethod(method string) bool {
 //
 // The built-in decision comes first, then p.Rules may turn its Retry on or
 // off; the other fields (Class, Throttle, RetryAfter, NeverSent) stay the
-// built-in ones. Then the safety rules, which no Rule lifts: the caller's
-// own cancellation or deadline (ClassCanceled, ClassDeadline) is never
-// retried, and a request that is not idempotent (in.Idempotent false: an
+// built-in ones. Then the safety rules, which no Rule lifts: a success
+// (ClassOK) and the caller's own cancellation or deadline (ClassCanceled,
+// ClassDeadline) are never retried, and a request that is not idempotent (in.Idempotent false: an
 // unsafe method without a key, or marked so by the caller) is retried only
 // when it provably never reached the server (NeverSent), never after a
 // status or a timeout. Attempt limits, the overall deadline and the budget

@@ -76,13 +76,14 @@ func apply(p Policy, in Input, d Decision) Decision {
 	return safe(in, d)
 }
 
-// safe clamps d to the rules that hold whatever a Rule says: the caller's
-// own cancellation or deadline is never retried, and a request that is not
+// safe clamps d to the rules that hold whatever a Rule says: a success (a
+// status below 400) and the caller's own cancellation or deadline are never
+// retried, and a request that is not
 // idempotent (no key, no idempotent method, or marked so by the caller) is
 // retried only when it provably never reached the server.
 func safe(in Input, d Decision) Decision {
 	switch d.Class {
-	case ClassCanceled, ClassDeadline:
+	case ClassOK, ClassCanceled, ClassDeadline:
 		d.Retry = false
 	}
 	if !in.Idempotent && !d.NeverSent {

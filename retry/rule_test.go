@@ -72,6 +72,7 @@ func TestRulesCannotLiftSafety(t *testing.T) {
 	for _, in := range mayHaveLeft {
 		assert.False(t, Classify(everything, in, now).Retry, "%+v", in)
 	}
+	assert.False(t, Classify(everything, Input{Idempotent: true, Response: &http.Response{StatusCode: 200}}, now).Retry, "a success is an answer")
 	for _, err := range []error{context.Canceled, context.DeadlineExceeded} {
 		assert.False(t, Classify(everything, Input{Idempotent: true, Err: err}, now).Retry, "%v", err)
 	}
