@@ -137,10 +137,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	resp, err := c.run()
+	var end callEnd
+	resp, err := c.run(&end)
 	if t.obs.callDone {
-		t.obs.doneCall(req.Context(), CallDoneInfo{Request: req, Key: c.key, Attempts: c.sent,
-			Outcome: c.outcome, Response: resp, Err: err, Total: time.Since(c.start)})
+		t.obs.doneCall(req.Context(), CallDoneInfo{Request: req, Key: c.key, Attempts: end.sent,
+			Outcome: end.outcome, Response: resp, Err: err, Total: time.Since(c.start)})
 	}
 	return resp, err
 }
@@ -166,13 +167,15 @@ type call struct {
 	// context, until endAttempt or deliver.
 	timer  *time.Timer
 	cancel context.CancelCauseFunc
-	octx   context.Context // the attempt's context as the observers made it
-
-	sent    int    // attempts sent
-	outcome string // the last attempt's Outcome, for CallDone
 }
 
-func (c *call) run() (*http.Response, error) {
+// callEnd is how a call ended, for CallDone.
+type callEnd struct {
+	sent    int    // attempts sent
+	outcome string // the last attempt's Outcome
+}
+
+func (c *call) run(end *callEnd) (*http.Response, error) {
 	t := c.t
 	ctx := c.req.Context()
 	c.bud.OnRequest(c.start)
@@ -191,15 +194,19 @@ func (c *call) run() (*http.Response, error) {
 		if n > 1 {
 			attemptStart = time.Now()
 		}
-		resp, err, sent := c.attempt(ctx, n, attemptStart)
+		resp, err, octx, sent := c.attempt(ctx, n, attemptStart)
 		now := time.Now()
+		done := func(rec attemptRecord, outcome string) {
+			end.outcome = outcome
+			c.done(octx, rec, outcome)
+		}
 		if !sent {
 			// The preparation failed: nothing was sent, nothing to classify.
-			c.done(attemptRecord{n: n, dec: retry.Decision{Class: retry.ClassNotRetryable}, err: err,
+			done(attemptRecord{n: n, dec: retry.Decision{Class: retry.ClassNotRetryable}, err: err,
 				elapsed: now.Sub(attemptStart), total: now.Sub(c.start)}, retry.ReasonPrepare)
 			return nil, &retry.ExhaustedError{Attempts: n - 1, Reason: retry.ReasonPrepare, Err: err, Key: c.key}
 		}
-		c.sent = n
+		end.sent = n
 		timedOut := errors.Is(err, ErrAttemptTimeout)
 		in := retry.Input{
 			Method:          c.req.Method,
@@ -223,7 +230,7 @@ func (c *call) run() (*http.Response, error) {
 					// a 404 or a 422 is an answer, not a sign of health.
 					c.bud.OnSuccess(now, retryCost)
 				}
-				c.done(rec, OutcomeFinal)
+				done(rec, OutcomeFinal)
 				return c.deliver(resp), nil
 			}
 			reason := retry.ReasonNotRetryable
@@ -231,7 +238,7 @@ func (c *call) run() (*http.Response, error) {
 			case retry.ClassCanceled, retry.ClassDeadline:
 				reason = retry.ReasonCanceled
 			}
-			c.done(rec, reason)
+			done(rec, reason)
 			return nil, &retry.ExhaustedError{Attempts: n, Reason: reason, Err: err, Key: c.key}
 		}
 		if err != nil {
@@ -286,7 +293,7 @@ func (c *call) run() (*http.Response, error) {
 			}
 		}
 		if stop != "" {
-			c.done(rec, stop)
+			done(rec, stop)
 			if resp != nil {
 				return c.deliver(resp), nil
 			}
@@ -294,7 +301,7 @@ func (c *call) run() (*http.Response, error) {
 		}
 
 		rec.wait = wait
-		c.done(rec, OutcomeRetry)
+		done(rec, OutcomeRetry)
 		if resp != nil {
 			discard(resp)
 		}
@@ -305,7 +312,7 @@ func (c *call) run() (*http.Response, error) {
 			if lastErr != nil {
 				cause = errors.Join(err, lastErr)
 			}
-			c.outcome = retry.ReasonCanceled
+			end.outcome = retry.ReasonCanceled
 			return nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: cause, Key: c.key}
 		}
 	}
@@ -313,20 +320,20 @@ func (c *call) run() (*http.Response, error) {
 
 // attempt prepares and sends attempt n, which starts at start; sent is false
 // when its preparation failed (err is then the *PrepareError) and it was not
-// sent. Its context is a child of the caller's (through what the
+// sent. octx is the context the observers' AttemptStart returned. Its context is a child of the caller's (through what the
 // observers' AttemptStart returned), canceled when the caller's is, when the
 // attempt's time limit
 // ends (the per-attempt timeout or the overall deadline, whichever is first;
 // cause ErrAttemptTimeout), and when the attempt is over: by endAttempt
 // after an error or a discarded response, or when the caller closes the
 // body of the response that deliver hands over.
-func (c *call) attempt(ctx context.Context, n int, start time.Time) (resp *http.Response, err error, sent bool) {
+func (c *call) attempt(ctx context.Context, n int, start time.Time) (resp *http.Response, err error, octx context.Context, sent bool) {
 	t := c.t
-	c.octx = ctx
+	octx = ctx
 	if t.obs.attemptStart {
-		c.octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key, NotRetrying: c.notRetrying})
+		octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key, NotRetrying: c.notRetrying})
 	}
-	actx, cancel := context.WithCancelCause(c.octx)
+	actx, cancel := context.WithCancelCause(octx)
 	c.cancel = cancel
 	// The time limit is a timer, not a deadline of the context: deliver
 	// stops it, so that it bounds the wait for the response headers and
@@ -368,7 +375,7 @@ func (c *call) attempt(ctx context.Context, n int, start time.Time) (resp *http.
 				r.Body.Close() // never sent: still ours to close
 			}
 			c.endAttempt()
-			return nil, err, false
+			return nil, err, octx, false
 		}
 	}
 
@@ -381,22 +388,22 @@ func (c *call) attempt(ctx context.Context, n int, start time.Time) (resp *http.
 			err = attemptTimedOut(limit, err)
 		}
 		c.endAttempt()
-		return nil, err, true
+		return nil, err, octx, true
 	}
 	if resp == nil {
 		c.endAttempt()
-		return nil, errors.New("saferetry: base RoundTripper returned neither a response nor an error"), true
+		return nil, errors.New("saferetry: base RoundTripper returned neither a response nor an error"), octx, true
 	}
-	return resp, nil, true
+	return resp, nil, octx, true
 }
 
-// done records attempt a's outcome and tells the observers.
-func (c *call) done(a attemptRecord, outcome string) {
-	c.outcome = outcome
+// done tells the observers attempt a's outcome; ctx is the attempt's
+// context as AttemptStart made it.
+func (c *call) done(ctx context.Context, a attemptRecord, outcome string) {
 	if !c.t.obs.attemptDone {
 		return
 	}
-	c.t.obs.doneAttempt(c.octx, AttemptDoneInfo{
+	c.t.obs.doneAttempt(ctx, AttemptDoneInfo{
 		Request: c.req, Attempt: a.n, Key: c.key, Decision: a.dec, Response: a.resp, Err: a.err,
 		Elapsed: a.elapsed, Total: a.total, Outcome: outcome, Wait: a.wait,
 		BudgetDenied: a.budgetDenied, BudgetLeft: a.budgetLeft,
