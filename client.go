@@ -183,6 +183,7 @@ func (c *call) run(end *callEnd) (*http.Response, error) {
 		retryCost int
 		prevWait  time.Duration
 		lastErr   error
+		prevClass string // the class of the outcome the next attempt retries
 	)
 	defer func() {
 		if c.body != nil { // never sent: still ours to close
@@ -194,7 +195,7 @@ func (c *call) run(end *callEnd) (*http.Response, error) {
 		if n > 1 {
 			attemptStart = time.Now()
 		}
-		resp, err, octx, sent := c.attempt(ctx, n, attemptStart)
+		resp, err, octx, sent := c.attempt(ctx, n, prevClass, attemptStart)
 		now := time.Now()
 		done := func(rec attemptRecord, outcome string) {
 			end.outcome = outcome
@@ -302,6 +303,7 @@ func (c *call) run(end *callEnd) (*http.Response, error) {
 
 		rec.wait = wait
 		done(rec, OutcomeRetry)
+		prevClass = d.Class
 		if resp != nil {
 			discard(resp)
 		}
@@ -318,7 +320,8 @@ func (c *call) run(end *callEnd) (*http.Response, error) {
 	}
 }
 
-// attempt prepares and sends attempt n, which starts at start; sent is false
+// attempt prepares and sends attempt n, which starts at start and retries an
+// outcome of class reason ("" for the first); sent is false
 // when its preparation failed (err is then the *PrepareError) and it was not
 // sent. octx is the context the observers' AttemptStart returned. Its context is a child of the caller's (through what the
 // observers' AttemptStart returned), canceled when the caller's is, when the
@@ -327,11 +330,11 @@ func (c *call) run(end *callEnd) (*http.Response, error) {
 // cause ErrAttemptTimeout), and when the attempt is over: by endAttempt
 // after an error or a discarded response, or when the caller closes the
 // body of the response that deliver hands over.
-func (c *call) attempt(ctx context.Context, n int, start time.Time) (resp *http.Response, err error, octx context.Context, sent bool) {
+func (c *call) attempt(ctx context.Context, n int, reason string, start time.Time) (resp *http.Response, err error, octx context.Context, sent bool) {
 	t := c.t
 	octx = ctx
 	if t.obs.attemptStart {
-		octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key, NotRetrying: c.notRetrying})
+		octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key, RetryReason: reason, NotRetrying: c.notRetrying})
 	}
 	actx, cancel := context.WithCancelCause(octx)
 	c.cancel = cancel

@@ -313,7 +313,7 @@ func (l *eventLog) observer(name string) Observer {
 		AttemptStart: func(ctx context.Context, a AttemptStartInfo) context.Context {
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			l.events = append(l.events, event{kind: name + ":start", attempt: a.Attempt, tag: ctx.Value(tagKey{})})
+			l.events = append(l.events, event{kind: name + ":start", attempt: a.Attempt, class: a.RetryReason, tag: ctx.Value(tagKey{})})
 			return context.WithValue(ctx, tagKey{}, name+strconv.Itoa(a.Attempt))
 		},
 		AttemptDone: func(ctx context.Context, a AttemptDoneInfo) {
@@ -353,16 +353,18 @@ func TestObserversSeeEveryAttemptAndCall(t *testing.T) {
 	resp.Body.Close()
 
 	want := []event{}
+	prev := ""
 	for n, st := range []struct {
 		class, outcome string
 		status         int
 	}{{"status_503", OutcomeRetry, 503}, {"status_502", OutcomeRetry, 502}, {retry.ClassOK, OutcomeFinal, 200}} {
 		a, b := "a"+strconv.Itoa(n+1), "b"+strconv.Itoa(n+1)
 		want = append(want,
-			event{kind: "a:start", attempt: n + 1},
-			event{kind: "b:start", attempt: n + 1, tag: a}, // composed: b sees a's context
+			event{kind: "a:start", attempt: n + 1, class: prev},         // the class it retries
+			event{kind: "b:start", attempt: n + 1, class: prev, tag: a}, // composed: b sees a's context
 			event{kind: "a:done", attempt: n + 1, class: st.class, outcome: st.outcome, status: st.status, tag: b},
 			event{kind: "b:done", attempt: n + 1, class: st.class, outcome: st.outcome, status: st.status, tag: b})
+		prev = st.class
 	}
 	want = append(want, event{kind: "a:call", attempt: 3, outcome: OutcomeFinal}, event{kind: "b:call", attempt: 3, outcome: OutcomeFinal})
 	assert.Equal(t, want, l.events)

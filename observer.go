@@ -60,6 +60,10 @@ type AttemptStartInfo struct {
 	Request *http.Request // the caller's request (read-only)
 	Attempt int           // 1 for the first attempt
 	Key     string        // the idempotency key every attempt carries, "" for none
+	// RetryReason is the Decision.Class of the previous attempt's outcome,
+	// which this attempt retries ("status_503", "conn_refused"); "" for
+	// the first attempt.
+	RetryReason string
 	// NotRetrying is why this request will not be retried whatever its
 	// outcome (retry.ReasonBodyNotRewindable for a body too large to
 	// buffer), "" when it may be.
