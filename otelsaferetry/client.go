@@ -1,0 +1,247 @@
+package otelsaferetry
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/saferetry/saferetry"
+	"github.com/saferetry/saferetry/keygen"
+)
+
+// Attribute keys of this package, outside the semantic conventions.
+const (
+	// AttemptClassKey is the class of an attempt's outcome
+	// (retry.Decision.Class: "ok", "status_503", "conn_refused", ...).
+	AttemptClassKey = attribute.Key("saferetry.attempt.class")
+	// AttemptOutcomeKey is what the loop did after an attempt:
+	// saferetry.OutcomeFinal, saferetry.OutcomeRetry, or the retry.Reason*
+	// constant that ended the loop.
+	AttemptOutcomeKey = attribute.Key("saferetry.attempt.outcome")
+	// RetryReasonKey is the class of the outcome a retry retries.
+	RetryReasonKey = attribute.Key("saferetry.retry.reason")
+	// StopReasonKey is why a call gave up (a retry.Reason* constant).
+	StopReasonKey = attribute.Key("saferetry.stop.reason")
+	// KeyDigestKey is the digest of the idempotency key (keygen.Digest),
+	// never the key itself.
+	KeyDigestKey = attribute.Key("saferetry.idempotency_key.digest")
+)
+
+// Client metric names.
+const (
+	ClientAttempts      = "saferetry.client.attempts"       // counter, {attempt}
+	ClientRetries       = "saferetry.client.retries"        // counter, {retry}, by saferetry.retry.reason
+	ClientBudgetDenials = "saferetry.client.budget.denials" // counter, {denial}
+	ClientExhausted     = "saferetry.client.exhausted"      // counter, {call}, by saferetry.stop.reason
+	ClientRetryWait     = "saferetry.client.retry.wait"     // histogram, s
+)
+
+// waitBuckets are the wait histogram's boundaries, in seconds: from the
+// 50 ms base of transient retries to the 30 s Retry-After cap.
+var waitBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30}
+
+type client struct {
+	tracer        trace.Tracer
+	attempts      metric.Int64Counter
+	retries       metric.Int64Counter
+	budgetDenials metric.Int64Counter
+	exhausted     metric.Int64Counter
+	wait          metric.Float64Histogram
+}
+
+func newClient(c config) *client {
+	m := c.meter()
+	cl := &client{tracer: c.tracer()}
+	var err error
+	if cl.attempts, err = m.Int64Counter(ClientAttempts, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts sent by the saferetry Transport, by outcome class and what the loop did next.")); err != nil {
+		otel.Handle(err)
+	}
+	if cl.retries, err = m.Int64Counter(ClientRetries, metric.WithUnit("{retry}"),
+		metric.WithDescription("Retries decided, by the class of the outcome retried.")); err != nil {
+		otel.Handle(err)
+	}
+	if cl.budgetDenials, err = m.Int64Counter(ClientBudgetDenials, metric.WithUnit("{denial}"),
+		metric.WithDescription("Retries the retry budget refused.")); err != nil {
+		otel.Handle(err)
+	}
+	if cl.exhausted, err = m.Int64Counter(ClientExhausted, metric.WithUnit("{call}"),
+		metric.WithDescription("Calls that gave up without a final answer, by reason.")); err != nil {
+		otel.Handle(err)
+	}
+	if cl.wait, err = m.Float64Histogram(ClientRetryWait, metric.WithUnit("s"),
+		metric.WithDescription("Sleep chosen before a retry."),
+		metric.WithExplicitBucketBoundaries(waitBuckets...)); err != nil {
+		otel.Handle(err)
+	}
+	return cl
+}
+
+// ClientObserver returns a saferetry.Observer that records the client
+// metrics and one span per attempt. It does not inject the span into the
+// request headers: ClientOptions adds that. It is safe for concurrent use.
+func ClientObserver(opts ...Option) saferetry.Observer {
+	return newClient(newConfig(opts)).observer()
+}
+
+// ClientOptions returns the saferetry options that instrument a Transport:
+// the observer of ClientObserver, and a saferetry.PrepareFunc that injects
+// each attempt's span context into its headers with the configured
+// propagators (traceparent with the default W3C propagator), so that the
+// server's span is the attempt's child. Give them to saferetry.NewTransport
+// with the other options: the preparation runs before any PrepareFunc given
+// after it (a signature must come last, over the trace headers).
+func ClientOptions(opts ...Option) []saferetry.Option {
+	c := newConfig(opts)
+	cl := newClient(c)
+	prop := c.propagators
+	inject := func(r *http.Request, _ int) error {
+		prop.Inject(r.Context(), propagation.HeaderCarrier(r.Header))
+		return nil
+	}
+	return []saferetry.Option{saferetry.WithObserver(cl.observer()), saferetry.WithPrepare(inject)}
+}
+
+func (cl *client) observer() saferetry.Observer {
+	return saferetry.Observer{AttemptStart: cl.attemptStart, AttemptDone: cl.attemptDone, CallDone: cl.callDone}
+}
+
+// spanKey keeps the attempt's span in its context, so that AttemptDone ends
+// this span even when a later observer put another one in the context.
+type spanKey struct{}
+
+func (cl *client) attemptStart(ctx context.Context, a saferetry.AttemptStartInfo) context.Context {
+	r := a.Request
+	method := methodAttr(r.Method)
+	attrs := make([]attribute.KeyValue, 0, 8)
+	attrs = append(attrs, semconv.HTTPRequestMethodKey.String(method), semconv.ServerAddress(r.URL.Hostname()))
+	if p := port(r.URL); p > 0 {
+		attrs = append(attrs, semconv.ServerPort(p))
+	}
+	attrs = append(attrs, semconv.URLFull(redactedURL(r.URL)))
+	if a.Attempt > 1 {
+		attrs = append(attrs, semconv.HTTPRequestResendCount(a.Attempt-1), RetryReasonKey.String(a.RetryReason))
+	}
+	if a.Key != "" {
+		attrs = append(attrs, KeyDigestKey.String(keygen.Digest(a.Key)))
+	}
+	name := method
+	if name == "_OTHER" {
+		name = "HTTP"
+	}
+	ctx, span := cl.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	return context.WithValue(ctx, spanKey{}, span)
+}
+
+func (cl *client) attemptDone(ctx context.Context, a saferetry.AttemptDoneInfo) {
+	r := a.Request
+	host := semconv.ServerAddress(r.URL.Hostname())
+	method := semconv.HTTPRequestMethodKey.String(methodAttr(r.Method))
+	class := AttemptClassKey.String(a.Decision.Class)
+	cl.attempts.Add(ctx, 1, metric.WithAttributes(method, host, class, AttemptOutcomeKey.String(a.Outcome)))
+	if a.Outcome == saferetry.OutcomeRetry {
+		reason := RetryReasonKey.String(a.Decision.Class)
+		cl.retries.Add(ctx, 1, metric.WithAttributes(method, host, reason))
+		cl.wait.Record(ctx, a.Wait.Seconds(), metric.WithAttributes(host, reason))
+	}
+	if a.BudgetDenied {
+		cl.budgetDenials.Add(ctx, 1, metric.WithAttributes(host, RetryReasonKey.String(a.Decision.Class)))
+	}
+
+	span, ok := ctx.Value(spanKey{}).(trace.Span)
+	if !ok {
+		return
+	}
+	span.SetAttributes(class, AttemptOutcomeKey.String(a.Outcome))
+	switch {
+	case a.Response != nil:
+		code := a.Response.StatusCode
+		span.SetAttributes(semconv.HTTPResponseStatusCode(code))
+		if code >= 400 {
+			// A client span with a 4xx or 5xx is an error (HTTP semantic
+			// conventions).
+			span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(code)))
+			span.SetStatus(codes.Error, "")
+		}
+	case a.Err != nil:
+		span.SetAttributes(semconv.ErrorTypeKey.String(a.Decision.Class))
+		span.SetStatus(codes.Error, a.Err.Error())
+	}
+	span.End()
+}
+
+func (cl *client) callDone(ctx context.Context, c saferetry.CallDoneInfo) {
+	if c.Outcome == saferetry.OutcomeFinal {
+		return
+	}
+	r := c.Request
+	cl.exhausted.Add(ctx, 1, metric.WithAttributes(semconv.HTTPRequestMethodKey.String(methodAttr(r.Method)),
+		semconv.ServerAddress(r.URL.Hostname()), StopReasonKey.String(c.Outcome)))
+}
+
+// methodAttr is the http.request.method value: the known methods as they
+// are, "" as GET, any other as "_OTHER" (HTTP semantic conventions).
+func methodAttr(m string) string {
+	switch m {
+	case "":
+		return http.MethodGet
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return m
+	}
+	return "_OTHER"
+}
+
+// port is the URL's port, or the scheme's default.
+func port(u *url.URL) int {
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return 0
+		}
+		return n
+	}
+	switch u.Scheme {
+	case "http":
+		return 80
+	case "https":
+		return 443
+	}
+	return 0
+}
+
+// sensitiveQuery are the query parameters whose values url.full redacts
+// (HTTP semantic conventions).
+var sensitiveQuery = []string{"AWSAccessKeyId", "Signature", "sig", "X-Goog-Signature"}
+
+// redactedURL is u without credentials: user info and the values of
+// sensitive query parameters replaced by "REDACTED".
+func redactedURL(u *url.URL) string {
+	c := *u
+	if c.User != nil {
+		c.User = url.UserPassword("REDACTED", "REDACTED")
+	}
+	if c.RawQuery != "" {
+		q := c.Query()
+		changed := false
+		for _, k := range sensitiveQuery {
+			if q.Has(k) {
+				q.Set(k, "REDACTED")
+				changed = true
+			}
+		}
+		if changed {
+			c.RawQuery = q.Encode()
+		}
+	}
+	return c.String()
+}

@@ -1,0 +1,192 @@
+package otelsaferetry
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/saferetry/saferetry"
+	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/jitter"
+	"github.com/saferetry/saferetry/keygen"
+	"github.com/saferetry/saferetry/retry"
+)
+
+// quick are the Transport options of these tests: microsecond waits, an
+// unlimited budget, no logs.
+func quick(opts ...saferetry.Option) []saferetry.Option {
+	return append([]saferetry.Option{
+		saferetry.WithBackoff(jitter.Config{Base: time.Microsecond, ThrottleBase: time.Microsecond, Cap: time.Microsecond}),
+		saferetry.WithBudget(budget.Unlimited()),
+		saferetry.WithLogger(slog.New(slog.DiscardHandler)),
+	}, opts...)
+}
+
+// server answers with the given statuses in order (the last repeats) and
+// keeps the headers of every request.
+type server struct {
+	mu       sync.Mutex
+	statuses []int
+	headers  []http.Header
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	s.mu.Lock()
+	n := len(s.headers)
+	s.headers = append(s.headers, r.Header.Clone())
+	st := s.statuses[min(n, len(s.statuses)-1)]
+	s.mu.Unlock()
+	w.WriteHeader(st)
+}
+
+func TestClientSpansOnePerAttemptChildOfTheCaller(t *testing.T) {
+	tel := newTelemetry(t)
+	srv := &server{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	opts := append(tel.options(), WithPropagators(propagation.TraceContext{}))
+	tr := saferetry.NewTransport(nil, append(quick(), ClientOptions(opts...)...)...)
+
+	ctx, parent := tel.tp.Tracer("test").Start(context.Background(), "caller")
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/pay?Signature=secret", strings.NewReader("x"))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	parent.End()
+
+	key := srv.headers[0].Get("Idempotency-Key")
+	require.NotEmpty(t, key)
+	var attempts []trace.SpanContext
+	for _, s := range tel.spans.Ended() {
+		if s.Name() == "caller" {
+			continue
+		}
+		attempts = append(attempts, s.SpanContext())
+		assert.Equal(t, "POST", s.Name())
+		assert.Equal(t, trace.SpanKindClient, s.SpanKind())
+		assert.Equal(t, parent.SpanContext().SpanID(), s.Parent().SpanID(), "a child of the caller's span")
+		assert.Equal(t, parent.SpanContext().TraceID(), s.SpanContext().TraceID())
+		a := attrMap(s.Attributes())
+		assert.Equal(t, keygen.Digest(key), a[KeyDigestKey].AsString())
+		for _, kv := range s.Attributes() {
+			assert.NotContains(t, kv.Value.Emit(), key, "never the raw key: %s", kv.Key)
+			assert.NotContains(t, kv.Value.Emit(), "secret", "sensitive query redacted: %s", kv.Key)
+		}
+		assert.Equal(t, "POST", a[semconv.HTTPRequestMethodKey].AsString())
+		assert.Equal(t, "127.0.0.1", a[semconv.ServerAddressKey].AsString())
+	}
+	require.Len(t, attempts, 2)
+	ended := tel.spans.Ended()
+	first, second := attrMap(ended[0].Attributes()), attrMap(ended[1].Attributes())
+	assert.Equal(t, int64(503), first[semconv.HTTPResponseStatusCodeKey].AsInt64())
+	assert.Equal(t, "status_503", first[AttemptClassKey].AsString())
+	assert.Equal(t, saferetry.OutcomeRetry, first[AttemptOutcomeKey].AsString())
+	assert.Equal(t, codes.Error, ended[0].Status().Code)
+	_, resent := first[semconv.HTTPRequestResendCountKey]
+	assert.False(t, resent, "the first attempt is no resend")
+	assert.Equal(t, int64(1), second[semconv.HTTPRequestResendCountKey].AsInt64())
+	assert.Equal(t, "status_503", second[RetryReasonKey].AsString(), "the reason of the resend")
+	assert.Equal(t, int64(200), second[semconv.HTTPResponseStatusCodeKey].AsInt64())
+	assert.Equal(t, saferetry.OutcomeFinal, second[AttemptOutcomeKey].AsString())
+	assert.Equal(t, codes.Unset, ended[1].Status().Code)
+
+	// Each attempt's traceparent names the attempt's own span.
+	for i, h := range srv.headers {
+		got := propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(h))
+		assert.Equal(t, attempts[i].SpanID(), trace.SpanContextFromContext(got).SpanID(), "attempt %d", i+1)
+	}
+}
+
+func TestClientMetrics(t *testing.T) {
+	tel := newTelemetry(t)
+	srv := &server{statuses: []int{503, 502, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	tr := saferetry.NewTransport(nil, append(quick(), saferetry.WithObserver(ClientObserver(tel.options()...)))...)
+	resp, err := tr.RoundTrip(mustGet(t, ts.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	// A call that gives up: the only 14 tokens buy one retry, then the
+	// budget says no.
+	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 14})
+	tr = saferetry.NewTransport(nil, append(quick(saferetry.WithBudget(bucket)), saferetry.WithObserver(ClientObserver(tel.options()...)))...)
+	_, err = tr.RoundTrip(mustGet(t, "http://"+closedAddr(t)+"/"))
+	require.ErrorIs(t, err, retry.ErrExhausted)
+
+	m := tel.collect(t)
+	assert.Equal(t, map[string]int64{"status_503": 1, "status_502": 1, "ok": 1, retry.ClassConnRefused: 2},
+		counts(t, m[ClientAttempts], AttemptClassKey))
+	assert.Equal(t, map[string]int64{saferetry.OutcomeRetry: 3, saferetry.OutcomeFinal: 1, retry.ReasonBudget: 1},
+		counts(t, m[ClientAttempts], AttemptOutcomeKey))
+	assert.Equal(t, map[string]int64{"status_503": 1, "status_502": 1, retry.ClassConnRefused: 1},
+		counts(t, m[ClientRetries], RetryReasonKey))
+	assert.Equal(t, map[string]int64{retry.ClassConnRefused: 1}, counts(t, m[ClientBudgetDenials], RetryReasonKey))
+	assert.Equal(t, map[string]int64{retry.ReasonBudget: 1}, counts(t, m[ClientExhausted], StopReasonKey))
+
+	wait := m[ClientRetryWait]
+	assert.Equal(t, "s", wait.Unit)
+	h, ok := wait.Data.(metricdata.Histogram[float64])
+	require.True(t, ok)
+	var n uint64
+	for _, dp := range h.DataPoints {
+		n += dp.Count
+		assert.Less(t, dp.Sum, 0.001, "microsecond waits, in seconds")
+	}
+	assert.Equal(t, uint64(3), n)
+}
+
+func TestObserverAloneInjectsNothing(t *testing.T) {
+	tel := newTelemetry(t)
+	srv := &server{statuses: []int{200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	opts := append(tel.options(), WithPropagators(propagation.TraceContext{}))
+	tr := saferetry.NewTransport(nil, append(quick(), saferetry.WithObserver(ClientObserver(opts...)))...)
+	resp, err := tr.RoundTrip(mustGet(t, ts.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Empty(t, srv.headers[0].Get("Traceparent"))
+	assert.Len(t, tel.spans.Ended(), 1)
+}
+
+func TestRedactedURL(t *testing.T) {
+	req := mustGet(t, "https://user:pw@a.example:8443/p?Signature=s&x=1")
+	assert.Equal(t, "https://REDACTED:REDACTED@a.example:8443/p?Signature=REDACTED&x=1", redactedURL(req.URL))
+	assert.Equal(t, 8443, port(req.URL))
+	assert.Equal(t, "_OTHER", methodAttr("BREW"))
+	assert.Equal(t, "GET", methodAttr(""))
+}
+
+func mustGet(t *testing.T, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	return req
+}
+
+// closedAddr returns an address nothing listens on.
+func closedAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
