@@ -90,11 +90,18 @@ var Contenders = []Contender{
 //     every request then has a cancellable context with a deadline, which
 //     turns on net/http's cancellation machinery, as saferetry's attempt
 //     context does.
+//   - saferetry-observer: saferetry with one Observer whose functions do
+//     nothing: the cost of the observer mechanism.
+//   - saferetry-otel: saferetry with otelsaferetry.ClientOptions over real
+//     OpenTelemetry SDK providers (see newSafeRetryOTel): the cost of the
+//     OTel instrumentation per request.
 var HappyVariants = []Contender{
 	{Name: "bare-timeout", ClientTimeout: 30 * time.Second, Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper { return base }},
 	{Name: "saferetry-nodeadline", Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper {
 		return saferetry.NewTransport(base, saferetry.WithLogger(DiscardLogger), saferetry.WithDeadlineHeader(false))
 	}},
+	{Name: "saferetry-observer", Wrap: newSafeRetryObserved},
+	{Name: "saferetry-otel", Wrap: newSafeRetryOTel},
 }
 
 func newRetryableHTTP(base http.RoundTripper, w Waits) http.RoundTripper {
