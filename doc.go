@@ -76,6 +76,16 @@
 // MaxElapsed when the context has no deadline); WithDeadlineHeader(false)
 // never sends it.
 //
+// # Plugging in
+//
+// WithRetryPolicy widens or narrows the allow-list per outcome with
+// retry.Rule values; no rule lifts the safety rules above (nor the attempt
+// limit, the deadline, the budget). WithPrepare re-signs or re-authorises
+// each attempt's own copy just before it is sent (PrepareFunc). WithObserver
+// installs an Observer that sees every attempt and call; the slog records of
+// WithLogger are written by such an observer, and the otelsaferetry module
+// turns one into OpenTelemetry metrics and spans.
+//
 // # Order with other resilience layers
 //
 // Put retries outermost: Retry, then circuit breaker, then rate limiter,

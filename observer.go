@@ -30,8 +30,8 @@ const (
 // request's path: they must be fast and must not block. They may be called
 // concurrently for different requests. They must not read or close a
 // response body, nor modify the request, the response or the headers they
-// are given; they never see the raw key in a log (use keygen.Digest). A
-// panic in them is not recovered.
+// are given. The Key they are given is the raw key: never log or export it,
+// use keygen.Digest. A panic in them is not recovered.
 type Observer struct {
 	// AttemptStart is called before each attempt is prepared (WithPrepare)
 	// and sent. The context it returns, which must be ctx or derived from
