@@ -1,0 +1,115 @@
+package saferetry_test
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/saferetry/saferetry"
+	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/jitter"
+	"github.com/saferetry/saferetry/retry"
+)
+
+// quiet are the options of these examples: short waits, no logs, a budget
+// of their own.
+var quiet = []saferetry.Option{
+	saferetry.WithBackoff(jitter.Config{Base: time.Millisecond, ThrottleBase: time.Millisecond}),
+	saferetry.WithLogger(slog.New(slog.DiscardHandler)),
+	saferetry.WithBudget(budget.Unlimited()),
+}
+
+// Retry 500 on one host only, and never retry 503 on a path whose backend
+// sheds load on purpose.
+func ExampleWithRetryPolicy() {
+	srv := flakyServer() // 503, 503, then 200
+	defer srv.Close()
+	noRetryOnReports := retry.OnRequest(func(r *http.Request) bool {
+		return strings.HasPrefix(r.URL.Path, "/reports/")
+	}, retry.Status(retry.Deny, http.StatusServiceUnavailable))
+	retry500OnLedger := retry.OnRequest(func(r *http.Request) bool {
+		return r.URL.Host == "ledger.internal"
+	}, retry.Status(retry.Allow, http.StatusInternalServerError))
+
+	client := &http.Client{Transport: saferetry.NewTransport(nil,
+		append(quiet, saferetry.WithRetryPolicy(noRetryOnReports, retry500OnLedger))...)}
+	resp, err := client.Get(srv.URL + "/reports/daily")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode)
+	// Output: 503
+}
+
+// Sign every attempt with a fresh timestamp: a retry is signed anew.
+func ExampleWithPrepare() {
+	secret := []byte("webhook-secret")
+	srv := flakyServer()
+	defer srv.Close()
+	sign := func(r *http.Request, attempt int) error {
+		body, err := r.GetBody() // a fresh copy of the body, to hash
+		if err != nil {
+			return err
+		}
+		defer body.Close()
+		payload, err := io.ReadAll(body)
+		if err != nil {
+			return err
+		}
+		mac := hmac.New(sha256.New, secret)
+		fmt.Fprintf(mac, "%d.%s", time.Now().Unix(), payload)
+		r.Header.Set("X-Signature", hex.EncodeToString(mac.Sum(nil)))
+		fmt.Println("signed attempt", attempt)
+		return nil
+	}
+	client := &http.Client{Transport: saferetry.NewTransport(nil, append(quiet, saferetry.WithPrepare(sign))...)}
+	resp, err := client.Post(srv.URL, "application/json", strings.NewReader(`{"event":"paid"}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode)
+	// Output:
+	// signed attempt 1
+	// signed attempt 2
+	// signed attempt 3
+	// 200
+}
+
+// Count retries by the class of the outcome retried.
+func ExampleWithObserver() {
+	srv := flakyServer()
+	defer srv.Close()
+	retries := map[string]int{}
+	obs := saferetry.Observer{
+		AttemptDone: func(_ context.Context, a saferetry.AttemptDoneInfo) {
+			if a.Outcome == saferetry.OutcomeRetry {
+				retries[a.Decision.Class]++ // one goroutine here; use a lock or atomics when shared
+			}
+		},
+		CallDone: func(_ context.Context, c saferetry.CallDoneInfo) {
+			fmt.Println("attempts:", c.Attempts, "outcome:", c.Outcome)
+		},
+	}
+	client := &http.Client{Transport: saferetry.NewTransport(nil, append(quiet, saferetry.WithObserver(obs))...)}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(retries)
+	// Output:
+	// attempts: 3 outcome: final
+	// map[status_503:2]
+}
