@@ -88,3 +88,8 @@ func ParseKey(h http.Header, name string) (key string, present bool, err error) 
 // FormatKey returns key as a header value that ParseKey reads back; it is
 // keygen.FormatHeader. It does not validate key.
 func FormatKey(key string) string { return keygen.FormatHeader(key) }
+
+// LogDigest returns the short digest under which the middleware, the
+// Completer and the Reaper name keys, principals and downstream keys in
+// their logs; it is keygen.Digest.
+func LogDigest(s string) string { return keygen.Digest(s) }

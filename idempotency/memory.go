@@ -18,8 +18,8 @@ var ErrUnitDone = errors.New("idempotency: unit already committed or rolled back
 // memory, for tests and single-process servers: records do not survive a
 // restart and are not shared between processes. The zero value is not
 // usable; call NewMemoryStore. Safe for concurrent use; every operation
-// takes one mutex, so claims are atomic. Returned records share no memory
-// with the store (a fresh claim's Request is the claimant's own slice).
+// takes one mutex, so claims are atomic. The store copies what it is given
+// and what it returns: records share no memory with the store.
 type MemoryStore struct {
 	mu      sync.Mutex
 	records map[Scope]*memRecord
@@ -119,18 +119,10 @@ func cloneResponse(r Response) *Response {
 }
 
 // Claim implements Store.Claim. It honours ctx only before taking the lock.
-// The record returned for a new claim holds c.Request itself (the caller's
-// own bytes, not the store's copy); every other record returned is a copy.
 func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, false, err
 	}
-	return m.claim(c, false)
-}
-
-// claim is Claim; with owned, a new record keeps c.Request itself (its
-// caller never writes to it again) instead of a copy.
-func (m *MemoryStore) claim(c Claim, owned bool) (Record, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[c.Scope]
@@ -161,19 +153,12 @@ func (m *MemoryStore) claim(c Claim, owned bool) (Record, bool, error) {
 		Owner:              c.Owner,
 		Generation:         gen,
 		LeaseUntil:         c.Now.Add(c.LeaseFor),
-		Request:            c.Request,
+		Request:            bytes.Clone(c.Request),
 		CreatedAt:          c.Now,
 		UpdatedAt:          c.Now,
 	}}
-	if !owned {
-		rec.Request = bytes.Clone(c.Request)
-	}
 	m.records[c.Scope] = rec
-	// The copy returned needs no clone of its own: its only slice is the
-	// claimant's own request, which the store does not share.
-	ret := rec.Record
-	ret.Request = c.Request
-	return ret, true, nil
+	return cloneRecord(rec), true, nil
 }
 
 // Get implements Store.Get.
@@ -223,19 +208,6 @@ func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) e
 // Complete implements Store.Complete.
 func (m *MemoryStore) Complete(ctx context.Context, l Lease, resp Response, now time.Time) error {
 	return m.fenced(ctx, l, func(rec *memRecord) { complete(rec, cloneResponse(resp), now) })
-}
-
-// completeOwned is Complete keeping resp itself, for a caller that never
-// touches it again (the middleware).
-func (m *MemoryStore) completeOwned(l Lease, resp *Response, now time.Time) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	rec, err := m.owned(l)
-	if err != nil {
-		return err
-	}
-	complete(rec, resp, now)
-	return nil
 }
 
 // complete settles rec with resp, which becomes the store's own.
@@ -333,8 +305,8 @@ type memoryUnit struct {
 	hooks  []func()
 }
 
-// memoryOp is one buffered write of a unit: a completion with resp (which
-// is the store's own), or else a recovery point.
+// memoryOp is one buffered write of a unit: a completion with resp (the
+// unit's own copy), or else a recovery point.
 type memoryOp struct {
 	resp  *Response
 	point string
@@ -359,16 +331,6 @@ func (u *memoryUnit) SetRecoveryPoint(_ context.Context, point string, data []by
 
 func (u *memoryUnit) Complete(_ context.Context, resp Response, now time.Time) error {
 	return u.add(memoryOp{resp: cloneResponse(resp), now: now})
-}
-
-// ownedCompleter is implemented by units that can keep a response without
-// copying it, for a caller that never touches it again (the middleware).
-type ownedCompleter interface {
-	completeOwned(resp *Response, now time.Time) error
-}
-
-func (u *memoryUnit) completeOwned(resp *Response, now time.Time) error {
-	return u.add(memoryOp{resp: resp, now: now})
 }
 
 // OnCommit registers f to run under the store's lock at a successful Commit.
