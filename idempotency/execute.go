@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -53,11 +52,12 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context
 	hctx, cancel := context.WithCancelCause(withRun(r.Context(), run))
 	defer cancel(nil)
 	run.cancel = cancel
-	hb := h.startHeartbeat(bg, run, cancel)
-
-	cw := &capture{w: w, header: make(http.Header)}
+	x := &invocation{cw: capture{w: w, header: make(http.Header)}}
+	hb := h.startHeartbeat(&x.hb, bg, run, cancel)
+	cw := &x.cw
 	r2 := r.WithContext(hctx)
-	r2.Body = io.NopCloser(bytes.NewReader(req.body))
+	x.body.Reset(req.body)
+	r2.Body = &x.body
 	r2.ContentLength = int64(len(req.body))
 
 	returned := false
@@ -80,6 +80,21 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context
 	hb.stop()
 	return h.finish(bg, w, req, run, cw)
 }
+
+// invocation is the middleware's side of one execution of the handler,
+// which the handler never sees: its response capture, its request body and
+// the heartbeat of its lease (one allocation for the three).
+type invocation struct {
+	cw   capture
+	body bodyReader
+	hb   heartbeat
+}
+
+// bodyReader is the handler's request body: the bytes the middleware read,
+// with a Close that does nothing.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
 
 // verdict is what the outcome of a handler that returned means for its
 // record.
@@ -185,7 +200,7 @@ func (h *handler) response(bg context.Context, scope Scope, cw *capture) Respons
 	resp := Response{Status: cw.statusCode(), Header: make(http.Header, len(cw.header))}
 	for k, v := range cw.header {
 		if k = http.CanonicalHeaderKey(k); h.cfg.replayHeaders[k] {
-			resp.Header[k] = append([]string(nil), v...)
+			resp.Header[k] = v // the store copies what it keeps
 		}
 	}
 	if n := cw.body.Len(); n > h.cfg.maxStoredBody {

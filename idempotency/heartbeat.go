@@ -22,12 +22,12 @@ type heartbeat struct {
 	stopped bool
 }
 
-// startHeartbeat starts the heartbeat of run: a beat every lease/3 until
+// startHeartbeat starts hb, the heartbeat of run: a beat every lease/3 until
 // stopped; a lost lease cancels the handler's context with cause
 // ErrLeaseLost, and failures that last until less than lease/3 of the lease
 // is left cancel it with cause ErrLeaseExpired (and mark the run expired).
-func (h *handler) startHeartbeat(bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
-	hb := &heartbeat{h: h, run: run, bg: bg, cancel: cancel}
+func (h *handler) startHeartbeat(hb *heartbeat, bg context.Context, run *Run, cancel context.CancelCauseFunc) *heartbeat {
+	hb.h, hb.run, hb.bg, hb.cancel = h, run, bg, cancel
 	hb.mu.Lock() // the first beat reschedules through hb.timer: set it first
 	hb.timer = time.AfterFunc(h.cfg.lease/3, hb.beat)
 	hb.mu.Unlock()

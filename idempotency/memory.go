@@ -44,10 +44,10 @@ type memResponse struct {
 	body   []byte
 }
 
-// keep sets the response to resp. The store keeps resp.Body; of the header
-// it keeps only the strings, never a slice or map of the caller's.
+// keep sets the response to a copy of resp: a copy of its body, and of its
+// header only the strings, never a slice or map of the caller's.
 func (r *memResponse) keep(resp *Response) {
-	*r = memResponse{set: true, status: resp.Status, body: resp.Body}
+	*r = memResponse{set: true, status: resp.Status, body: bytes.Clone(resp.Body)}
 	if resp.Header == nil {
 		return
 	}
@@ -112,10 +112,6 @@ func cloneRecord(r *memRecord) Record {
 	c.Request = bytes.Clone(r.Request)
 	c.Response = r.resp.response()
 	return c
-}
-
-func cloneResponse(r Response) *Response {
-	return &Response{Status: r.Status, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
 }
 
 // Claim implements Store.Claim. It honours ctx only before taking the lock.
@@ -207,10 +203,10 @@ func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) e
 
 // Complete implements Store.Complete.
 func (m *MemoryStore) Complete(ctx context.Context, l Lease, resp Response, now time.Time) error {
-	return m.fenced(ctx, l, func(rec *memRecord) { complete(rec, cloneResponse(resp), now) })
+	return m.fenced(ctx, l, func(rec *memRecord) { complete(rec, &resp, now) })
 }
 
-// complete settles rec with resp, which becomes the store's own.
+// complete settles rec with a copy of resp.
 func complete(rec *memRecord, resp *Response, now time.Time) {
 	rec.State = Completed
 	rec.resp.keep(resp)
@@ -306,9 +302,10 @@ type memoryUnit struct {
 }
 
 // memoryOp is one buffered write of a unit: a completion with resp (the
-// unit's own copy), or else a recovery point.
+// unit's own copy, kept as the store keeps it) when resp.set, or else a
+// recovery point.
 type memoryOp struct {
-	resp  *Response
+	resp  memResponse
 	point string
 	data  []byte
 	now   time.Time
@@ -330,7 +327,9 @@ func (u *memoryUnit) SetRecoveryPoint(_ context.Context, point string, data []by
 }
 
 func (u *memoryUnit) Complete(_ context.Context, resp Response, now time.Time) error {
-	return u.add(memoryOp{resp: cloneResponse(resp), now: now})
+	op := memoryOp{now: now}
+	op.resp.keep(&resp)
+	return u.add(op)
 }
 
 // OnCommit registers f to run under the store's lock at a successful Commit.
@@ -352,8 +351,8 @@ func (u *memoryUnit) Commit() error {
 		return err
 	}
 	for _, op := range u.ops {
-		if op.resp != nil {
-			complete(rec, op.resp, op.now)
+		if op.resp.set {
+			rec.State, rec.resp, rec.CompletedAt, rec.UpdatedAt = Completed, op.resp, op.now, op.now
 		} else {
 			rec.RecoveryPoint, rec.RecoveryData, rec.UpdatedAt = op.point, op.data, op.now
 		}
