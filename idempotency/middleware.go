@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/saferetry/saferetry/keygen"
 )
 
 // notReplayableHeader marks a stored Response whose body exceeded the
@@ -36,7 +38,7 @@ func boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 //
 // A request is guarded when its method is guarded (WithMethods; default POST
 // and PATCH) and it carries a key (WithKeyHeader; default Idempotency-Key,
-// parsed by ParseKey). Other requests pass through untouched, except that a
+// parsed by keygen.ParseHeader). Other requests pass through untouched, except that a
 // guarded method without a key gets 400 CodeKeyMissing under
 // WithKeyRequired. The scope of a key is (principal, method, route, key)
 // (WithPrincipal, WithRoute); its fingerprint is Fingerprint of the request.
@@ -146,18 +148,19 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	key, present, err := ParseKey(r.Header, h.cfg.header)
-	if err != nil {
-		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, err.Error(), nil)
-		return
-	}
-	if !present {
+	vals := r.Header.Values(h.cfg.header)
+	if len(vals) == 0 {
 		if h.cfg.required {
 			writeProblem(w, http.StatusBadRequest, CodeKeyMissing,
 				"this endpoint requires the "+h.cfg.header+" header", nil)
 			return
 		}
 		h.next.ServeHTTP(w, r)
+		return
+	}
+	key, err := keygen.ParseHeader(vals)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, h.cfg.header+": "+err.Error(), nil)
 		return
 	}
 	principal, err := h.cfg.principal(r)
@@ -233,7 +236,7 @@ func readAll(r io.Reader, b []byte, limit int64) ([]byte, error) {
 }
 
 func (h *handler) log(ctx context.Context, level slog.Level, msg string, s Scope, attrs ...any) {
-	attrs = append(attrs, "method", s.Method, "route", s.Route, "key_digest", LogDigest(s.Key))
+	attrs = append(attrs, "method", s.Method, "route", s.Route, "key_digest", keygen.Digest(s.Key))
 	h.cfg.logger.Log(ctx, level, msg, attrs...)
 }
 
@@ -249,12 +252,8 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		return
 	}
 	ctx := r.Context()
-	var owner string
-	if h.cfg.newOwner != nil { // a test's
-		owner, req.execID = h.cfg.newOwner(), newExecID()
-	} else {
-		owner, req.execID = newIDs()
-	}
+	owner := h.cfg.newOwner()
+	req.execID = newExecID()
 	req.stored = StoredRequest{
 		ID:     req.execID,
 		Method: r.Method, URL: r.URL.RequestURI(), Host: r.Host,

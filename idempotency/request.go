@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-
-	"github.com/google/uuid"
 )
 
 // StoredRequest is the request the middleware saves in Record.Request when it
@@ -82,38 +80,6 @@ func DecodeRequest(b []byte) (StoredRequest, error) {
 		return StoredRequest{}, errors.Join(ErrBadRequestRecord, err)
 	}
 	return s, nil
-}
-
-// newOwner returns a random owner token, a UUIDv4 string: what
-// uuid.NewString returns, in one allocation instead of two.
-func newOwner() string {
-	var u uuid.UUID
-	_, _ = rand.Read(u[:])      // never fails (crypto/rand panics instead, on a broken system)
-	u[6] = (u[6] & 0x0f) | 0x40 // version 4
-	u[8] = (u[8] & 0x3f) | 0x80 // variant RFC 4122
-	return u.String()
-}
-
-// newIDs returns a fresh owner token (as newOwner) and StoredRequest.ID
-// (as newExecID) together, from one read of crypto/rand into one string.
-func newIDs() (owner, execID string) {
-	var r [24]byte
-	_, _ = rand.Read(r[:])      // never fails (crypto/rand panics instead, on a broken system)
-	r[6] = (r[6] & 0x0f) | 0x40 // version 4
-	r[8] = (r[8] & 0x3f) | 0x80 // variant RFC 4122
-	var b [36 + 16]byte
-	hex.Encode(b[0:8], r[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], r[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], r[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], r[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:36], r[10:16])
-	hex.Encode(b[36:], r[16:24])
-	s := string(b[:])
-	return s[:36], s[36:]
 }
 
 // newExecID returns a StoredRequest.ID: 64 random bits in hex.
