@@ -1,6 +1,10 @@
 package idempotency
 
 import (
+	"io"
+	"math"
+	"net/http"
+
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
@@ -87,4 +91,50 @@ func newExecID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics instead, on a broken system)
 	return hex.EncodeToString(b[:])
+}
+
+var errTooLarge = errors.New("idempotency: request body too large")
+
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	// Sized by the declared length when there is one (one byte more, so
+	// that reading the end needs no second buffer), as io.ReadAll otherwise;
+	// never more than 64 KiB before the bytes arrive, whatever a client
+	// declares.
+	limit = min(limit, math.MaxInt64-1) // limit+1 below must not overflow
+	size := int64(512)
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		size = min(n+1, 64<<10)
+	}
+	b, err := readAll(r.Body, make([]byte, 0, size), limit+1)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, errTooLarge
+	}
+	return b, nil
+}
+
+// readAll is io.ReadAll appending to b, reading no more than limit bytes in
+// all (as through an io.LimitedReader).
+func readAll(r io.Reader, b []byte, limit int64) ([]byte, error) {
+	for {
+		if int64(len(b)) >= limit {
+			return b, nil
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append grow the buffer
+		}
+		n, err := r.Read(b[len(b):min(int64(cap(b)), limit)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+	}
 }
