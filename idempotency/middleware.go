@@ -21,8 +21,9 @@ const notReplayableHeader = "Saferetry-Not-Replayable"
 // response.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// storeTimeout bounds each store call the middleware makes after the handler
-// returned (complete, release, end lease), when the client may be gone.
+// storeTimeout bounds each store call of the middleware's that runs on a
+// context detached from the client (the claim; after the handler: begin,
+// complete, release, end lease), on every store alike.
 const storeTimeout = 10 * time.Second
 
 // boundedCtx returns ctx bounded by storeTimeout. ctx must already be
@@ -101,7 +102,8 @@ func boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // store that is not a Transactor, a completion that fails for another reason
 // than a lost lease is logged and the handler's response is still sent (the
 // work was done); the record then stays in progress until its lease expires.
-// Every store call after the handler returned is bounded by 10 seconds.
+// The claim and every store call after the handler returned are bounded by
+// 10 seconds.
 //
 // The handler's context keeps the request's values and deadline and is
 // canceled when the client goes away, but the store calls after the handler
