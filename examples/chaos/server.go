@@ -24,6 +24,7 @@ import (
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
+	"github.com/saferetry/saferetry/keygen"
 )
 
 // backend is the database of the payments API: the idempotency records and
@@ -283,7 +284,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad payment", http.StatusBadRequest)
 		return
 	}
-	key, _, _ := idempotency.ParseKey(r.Header, "")
+	key, _ := keygen.ParseHeader(r.Header.Values(idempotency.DefaultKeyHeader))
 	var row *sql.Row
 	if tx, ok := sqlstore.Tx(ctx); ok {
 		row = tx.QueryRowContext(ctx, a.insert, key, acct, p.Order, p.AmountCents, time.Now().UnixNano())
