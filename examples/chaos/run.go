@@ -33,6 +33,7 @@ type config struct {
 	Think          time.Duration
 	Unsafe         bool // run without the idempotency middleware (proves the check can fail)
 	Verbose        bool // print the server's warnings
+	Keep           bool // keep the temporary SQLite file or the PostgreSQL schema after the run
 }
 
 func defaultConfig() config {
@@ -110,7 +111,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 	}
 	sum.Seed = seed
 
-	be, err := openBackend(ctx, cfg.Store, cfg.DSN)
+	be, err := openBackend(ctx, cfg.Store, cfg.DSN, cfg.Keep)
 	if err != nil {
 		return sum, fmt.Errorf("opening the %s store: %w", cfg.Store, err)
 	}
