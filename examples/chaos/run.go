@@ -186,7 +186,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 			phase = string(e.kind)
 		}
 		el := time.Since(start).Truncate(100 * time.Millisecond)
-		return fmt.Sprintf("%5.1fs/%v %-9s logical %5d ok %5d  attempts %5d retries %4d denied %3d  replays %4d",
+		return fmt.Sprintf("%5.1fs/%v %-16s logical %5d ok %5d  attempts %5d retries %4d denied %3d  replays %4d",
 			el.Seconds(), cfg.Duration, phase, fl.done.Load(), fl.succeeded.Load(),
 			counter.attempts.Load(), counter.retries.Load(), counter.denials.Load(), layer.replays.Load())
 	})

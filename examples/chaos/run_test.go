@@ -217,7 +217,7 @@ func TestSQLiteTempFileKeep(t *testing.T) {
 		require.FileExists(t, path)
 		be.close()
 		if keep {
-			require.Contains(t, be.where, "kept (-keep)")
+			require.Contains(t, be.where, "kept by -keep")
 			require.FileExists(t, path)
 			require.NoError(t, os.RemoveAll(filepath.Dir(path)))
 		} else {

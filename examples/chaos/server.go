@@ -65,7 +65,7 @@ func openSQLite(ctx context.Context, path string, keep bool) (*backend, error) {
 			return nil, err
 		}
 		path = filepath.Join(dir, "payments.db")
-		where = path + ", kept (-keep)"
+		where = path + ", kept by -keep"
 		if !keep {
 			cleanup = func() { _ = os.RemoveAll(dir) }
 			where = path + ", deleted at exit; -keep keeps it"
@@ -111,7 +111,7 @@ func openPostgres(ctx context.Context, dsn string, keep bool) (*backend, error) 
 	}
 	where := "schema " + schema + ", dropped at exit; -keep keeps it"
 	if keep {
-		where = "schema " + schema + ", kept (-keep)"
+		where = "schema " + schema + ", kept by -keep"
 	}
 	dropSchema := func() {
 		if keep {
