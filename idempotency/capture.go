@@ -1,16 +1,30 @@
 package idempotency
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
+	"net"
 	"net/http"
 )
+
+// ErrHijackGuarded is the error with which the response writer of a guarded
+// request refuses to hijack its connection (http.Hijacker, or
+// http.ResponseController.Hijack): the middleware stores what the handler
+// answers through the writer and sends it only once the record is
+// committed, so bytes written to a hijacked connection could never be
+// replayed. The handler may answer over HTTP after the refusal as usual. To
+// upgrade a connection (WebSocket, say), serve that route without the
+// middleware.
+var ErrHijackGuarded = errors.New("idempotency: the connection of a guarded request cannot be hijacked")
 
 // capture buffers a handler's whole response so that the record commits
 // before the client sees any of it. It implements http.Flusher, but a Flush
 // is deferred until the response is released after the commit: a guarded
 // handler cannot stream. Unwrap exposes the underlying writer to
-// http.ResponseController (deadlines); hijacking a guarded request bypasses
-// the capture and is not supported.
+// http.ResponseController (deadlines); Hijack always fails with
+// ErrHijackGuarded, so that http.ResponseController never reaches the
+// underlying writer's.
 type capture struct {
 	w           http.ResponseWriter
 	header      http.Header
@@ -47,6 +61,9 @@ func (c *capture) Write(p []byte) (int, error) {
 
 // Flush records the request to flush; the flush happens after the commit.
 func (c *capture) Flush() { c.flushed = true }
+
+// Hijack refuses: it returns ErrHijackGuarded.
+func (c *capture) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, ErrHijackGuarded }
 
 // Unwrap returns the underlying http.ResponseWriter.
 func (c *capture) Unwrap() http.ResponseWriter { return c.w }

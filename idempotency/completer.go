@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"github.com/saferetry/saferetry/keygen"
+
 	"bytes"
 	"context"
 	"errors"
@@ -95,7 +97,7 @@ type CompleterReport struct {
 // listed; a client retry is never delayed by it.
 //
 // Its log records name a request by method, route, key_digest and
-// principal_digest (LogDigest: never the raw key or principal), generation,
+// principal_digest (keygen.Digest: never the raw key or principal), generation,
 // recovery point and creation time.
 //
 // A Completer is safe for concurrent use, and several completers (in
@@ -165,9 +167,6 @@ func NewCompleter(s Store, cfg CompleterConfig) *Completer {
 	}
 	c.mcfg.lease, c.mcfg.logger = cfg.Lease, cfg.Logger
 	c.mcfg.now = func() time.Time { return c.now() }
-	if c.mcfg.newOwner == nil {
-		c.mcfg.newOwner = newOwner
-	}
 	for route := range cfg.Routes {
 		if mux := patternMux(route); mux != nil {
 			c.muxes[route] = mux
@@ -363,7 +362,7 @@ func (c *Completer) record(s Scope, res result) {
 func (c *Completer) log(ctx context.Context, level slog.Level, msg string, rec Record, attrs ...slog.Attr) {
 	attrs = append([]slog.Attr{
 		slog.String("method", rec.Scope.Method), slog.String("route", rec.Scope.Route),
-		slog.String("key_digest", LogDigest(rec.Scope.Key)), slog.String("principal_digest", LogDigest(rec.Scope.Principal)),
+		slog.String("key_digest", keygen.Digest(rec.Scope.Key)), slog.String("principal_digest", keygen.Digest(rec.Scope.Principal)),
 		slog.Int64("generation", rec.Generation), slog.String("recovery_point", rec.RecoveryPoint),
 		slog.Time("created_at", rec.CreatedAt),
 	}, attrs...)

@@ -29,6 +29,10 @@ type Run struct {
 	RecoveryPoint string
 	RecoveryData  []byte
 
+	// What the phases and the unit need. The middleware's own parts of an
+	// execution (heartbeat, response capture, request body) are not here:
+	// the Run is reachable from the handler's context, which may outlive the
+	// request.
 	store    Store
 	tx       Transactor
 	bg       context.Context // not canceled with the client: the request unit lives in it
@@ -37,10 +41,6 @@ type Run struct {
 	execID   string                  // StoredRequest.ID: the base of downstream keys
 	created  time.Time               // the record's CreatedAt: the fallback base without an ID
 	cancel   context.CancelCauseFunc // cancels the handler's context
-	hb       heartbeat               // extends the lease while the handler runs
-	cw       capture                 // buffers the handler's response
-	body     bodyReader              // the handler's request body
-	vctx     runCtx                  // the handler's context's parent: the Run on the request's context
 
 	mu         sync.Mutex
 	leaseUntil time.Time
@@ -207,29 +207,10 @@ func FromContext(ctx context.Context) (*Run, bool) {
 	return r, ok
 }
 
-// withRun returns ctx carrying r, which FromContext finds. The context
-// lives in r: no allocation.
+// withRun returns ctx carrying r, which FromContext finds.
 func withRun(ctx context.Context, r *Run) context.Context {
-	r.vctx = runCtx{Context: ctx, run: r}
-	return &r.vctx
+	return context.WithValue(ctx, runKey{}, r)
 }
-
-// runCtx is its Context plus a Run, what context.WithValue(ctx, runKey{},
-// run) would be. Everything else is its parent's: a context derived from it
-// registers with the parent's cancellation directly.
-type runCtx struct {
-	context.Context
-	run *Run
-}
-
-func (c *runCtx) Value(key any) any {
-	if _, ok := key.(runKey); ok {
-		return c.run
-	}
-	return c.Context.Value(key)
-}
-
-func (c *runCtx) String() string { return "idempotency.Run context" }
 
 // valuesCtx has the deadline and cancellation of its Context and looks values
 // up in vals first: a unit's context (begun in a context that is not

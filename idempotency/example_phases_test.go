@@ -37,7 +37,8 @@ func (c *cards) find(key string) ([]byte, bool) {
 
 // The worked example: order -> charge -> receipt. The first execution
 // creates the order and charges the card, but the processor's answer is
-// lost; the handler answers 503. The client's retry resumes: the order phase
+// lost; whatever the handler answers, its client gets 503
+// idempotency_request_incomplete. The client's retry resumes: the order phase
 // is not run again, the charge is looked up by its downstream key instead of
 // being made twice, and the receipt and response commit. A later retry is a
 // replay.
@@ -104,7 +105,7 @@ func ExampleRun_External() {
 	// Output:
 	// creating the order
 	// charging the card
-	// 503  card processor unreachable
+	// 503  {"type":"https://saferetry.dev/problems/idempotency_request_incomplete","title":"The request could not be finished yet","status":503,"code":"idempotency_request_incomplete","detail":"a call to another service made for this request has an unknown outcome; retry with the same key to finish it"}
 	// looking the charge up
 	// writing the receipt
 	// 201  {"order":"ord_1","charge":"ch_1"}

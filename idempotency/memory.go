@@ -18,8 +18,8 @@ var ErrUnitDone = errors.New("idempotency: unit already committed or rolled back
 // memory, for tests and single-process servers: records do not survive a
 // restart and are not shared between processes. The zero value is not
 // usable; call NewMemoryStore. Safe for concurrent use; every operation
-// takes one mutex, so claims are atomic. Returned records share no memory
-// with the store (a fresh claim's Request is the claimant's own slice).
+// takes one mutex, so claims are atomic. The store copies what it is given
+// and what it returns: records share no memory with the store.
 type MemoryStore struct {
 	mu      sync.Mutex
 	records map[Scope]*memRecord
@@ -44,10 +44,10 @@ type memResponse struct {
 	body   []byte
 }
 
-// keep sets the response to resp. The store keeps resp.Body; of the header
-// it keeps only the strings, never a slice or map of the caller's.
+// keep sets the response to a copy of resp: a copy of its body, and of its
+// header only the strings, never a slice or map of the caller's.
 func (r *memResponse) keep(resp *Response) {
-	*r = memResponse{set: true, status: resp.Status, body: resp.Body}
+	*r = memResponse{set: true, status: resp.Status, body: bytes.Clone(resp.Body)}
 	if resp.Header == nil {
 		return
 	}
@@ -114,23 +114,11 @@ func cloneRecord(r *memRecord) Record {
 	return c
 }
 
-func cloneResponse(r Response) *Response {
-	return &Response{Status: r.Status, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
-}
-
 // Claim implements Store.Claim. It honours ctx only before taking the lock.
-// The record returned for a new claim holds c.Request itself (the caller's
-// own bytes, not the store's copy); every other record returned is a copy.
 func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, false, err
 	}
-	return m.claim(c, false)
-}
-
-// claim is Claim; with owned, a new record keeps c.Request itself (its
-// caller never writes to it again) instead of a copy.
-func (m *MemoryStore) claim(c Claim, owned bool) (Record, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[c.Scope]
@@ -161,19 +149,12 @@ func (m *MemoryStore) claim(c Claim, owned bool) (Record, bool, error) {
 		Owner:              c.Owner,
 		Generation:         gen,
 		LeaseUntil:         c.Now.Add(c.LeaseFor),
-		Request:            c.Request,
+		Request:            bytes.Clone(c.Request),
 		CreatedAt:          c.Now,
 		UpdatedAt:          c.Now,
 	}}
-	if !owned {
-		rec.Request = bytes.Clone(c.Request)
-	}
 	m.records[c.Scope] = rec
-	// The copy returned needs no clone of its own: its only slice is the
-	// claimant's own request, which the store does not share.
-	ret := rec.Record
-	ret.Request = c.Request
-	return ret, true, nil
+	return cloneRecord(rec), true, nil
 }
 
 // Get implements Store.Get.
@@ -222,23 +203,10 @@ func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) e
 
 // Complete implements Store.Complete.
 func (m *MemoryStore) Complete(ctx context.Context, l Lease, resp Response, now time.Time) error {
-	return m.fenced(ctx, l, func(rec *memRecord) { complete(rec, cloneResponse(resp), now) })
+	return m.fenced(ctx, l, func(rec *memRecord) { complete(rec, &resp, now) })
 }
 
-// completeOwned is Complete keeping resp itself, for a caller that never
-// touches it again (the middleware).
-func (m *MemoryStore) completeOwned(l Lease, resp *Response, now time.Time) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	rec, err := m.owned(l)
-	if err != nil {
-		return err
-	}
-	complete(rec, resp, now)
-	return nil
-}
-
-// complete settles rec with resp, which becomes the store's own.
+// complete settles rec with a copy of resp.
 func complete(rec *memRecord, resp *Response, now time.Time) {
 	rec.State = Completed
 	rec.resp.keep(resp)
@@ -333,10 +301,11 @@ type memoryUnit struct {
 	hooks  []func()
 }
 
-// memoryOp is one buffered write of a unit: a completion with resp (which
-// is the store's own), or else a recovery point.
+// memoryOp is one buffered write of a unit: a completion with resp (the
+// unit's own copy, kept as the store keeps it) when resp.set, or else a
+// recovery point.
 type memoryOp struct {
-	resp  *Response
+	resp  memResponse
 	point string
 	data  []byte
 	now   time.Time
@@ -358,17 +327,9 @@ func (u *memoryUnit) SetRecoveryPoint(_ context.Context, point string, data []by
 }
 
 func (u *memoryUnit) Complete(_ context.Context, resp Response, now time.Time) error {
-	return u.add(memoryOp{resp: cloneResponse(resp), now: now})
-}
-
-// ownedCompleter is implemented by units that can keep a response without
-// copying it, for a caller that never touches it again (the middleware).
-type ownedCompleter interface {
-	completeOwned(resp *Response, now time.Time) error
-}
-
-func (u *memoryUnit) completeOwned(resp *Response, now time.Time) error {
-	return u.add(memoryOp{resp: resp, now: now})
+	op := memoryOp{now: now}
+	op.resp.keep(&resp)
+	return u.add(op)
 }
 
 // OnCommit registers f to run under the store's lock at a successful Commit.
@@ -390,8 +351,8 @@ func (u *memoryUnit) Commit() error {
 		return err
 	}
 	for _, op := range u.ops {
-		if op.resp != nil {
-			complete(rec, op.resp, op.now)
+		if op.resp.set {
+			rec.State, rec.resp, rec.CompletedAt, rec.UpdatedAt = Completed, op.resp, op.now, op.now
 		} else {
 			rec.RecoveryPoint, rec.RecoveryData, rec.UpdatedAt = op.point, op.data, op.now
 		}

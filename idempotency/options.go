@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"github.com/google/uuid"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -71,7 +73,7 @@ type config struct {
 	now          func() time.Time
 	sleep        func(ctx context.Context, d time.Duration) error
 	pollInterval time.Duration
-	newOwner     func() string
+	newOwner     func() string // a fresh owner token (Claim.Owner)
 }
 
 // AuthorizationPrincipal is the default principal function: "authz:" and the
@@ -124,6 +126,7 @@ func defaultConfig() config {
 		now:            time.Now,
 		sleep:          sleepCtx,
 		pollInterval:   100 * time.Millisecond,
+		newOwner:       uuid.NewString,
 	}
 	c.replayHeaders = headerSet(DefaultReplayHeaders)
 	return c

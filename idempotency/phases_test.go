@@ -227,7 +227,10 @@ func TestExternalIntentIsLookedUpOnResume(t *testing.T) {
 	h := New(mem, withClock(clock), WithLogger(discard))(s)
 
 	first := send(t, h, "order-42", `{}`)
-	require.Equal(t, http.StatusBadGateway, first.Code)
+	// The shop answered 502; its client gets 503 CodeRequestIncomplete, which
+	// a client retries, while the charge's outcome is unknown.
+	require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
+	require.Contains(t, first.Body.String(), CodeRequestIncomplete)
 	rec, err := mem.Get(t.Context(), payScope)
 	require.NoError(t, err)
 	require.Equal(t, "intent:charge", rec.RecoveryPoint)
@@ -277,7 +280,7 @@ func TestExternalIntentIsLookedUpOnResume(t *testing.T) {
 		w.Write(out)
 	})
 	h2 := New(mem2, withClock(clock), WithLogger(discard))(next)
-	require.Equal(t, http.StatusBadGateway, send(t, h2, "k2", `{}`).Code)
+	require.Equal(t, http.StatusServiceUnavailable, send(t, h2, "k2", `{}`).Code, "the 502 while the outcome is unknown")
 	clock.Advance(time.Millisecond)
 	a := send(t, h2, "k2", `{}`)
 	require.Equal(t, http.StatusCreated, a.Code)
@@ -698,13 +701,16 @@ func FuzzDecodeRecovery(f *testing.F) {
 	})
 }
 
-// A storable answer (a 402 after a charge call that timed out, or even a
-// 201) given while an External call's outcome is unknown is never stored:
-// the client gets 503 CodeRequestIncomplete, the record is kept with the
+// An answer given while an External call's outcome is unknown is never
+// stored and never sent: whether its status is storable (a 402 after a charge
+// call that timed out, or even a 201) or not (409, 429, 500, 502, which the
+// Transport would not retry or would retry as a fresh failure), the client
+// gets 503 CodeRequestIncomplete, the record is kept with the
 // intent and its lease ended, the failure is logged at Error, and the retry
 // resumes with lookup and finds the charge that did go through.
 func TestNoResponseStoredWhileAnExternalOutcomeIsUnknown(t *testing.T) {
-	for _, status := range []int{http.StatusPaymentRequired, http.StatusCreated} {
+	for _, status := range []int{http.StatusPaymentRequired, http.StatusCreated,
+		http.StatusConflict, http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway} {
 		t.Run(http.StatusText(status), func(t *testing.T) {
 			mem := NewMemoryStore()
 			proc := newProcessor()

@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"github.com/saferetry/saferetry/keygen"
+
 	"context"
 	"errors"
 	"log/slog"
@@ -61,7 +63,7 @@ type Report struct {
 	// an external call whose outcome is unknown (Run.External) when there
 	// is one, before anything is deleted: every unfinished record a run
 	// deletes is in this list and in the log. The log names it by method,
-	// route, key_digest and principal_digest (LogDigest, never the raw
+	// route, key_digest and principal_digest (keygen.Digest, never the raw
 	// values), owner, generation, recovery point, created_at and
 	// lease_until; this list holds the full records (the pending call's
 	// downstream key is in DecodeRecovery(RecoveryData)), for a program to
@@ -254,8 +256,8 @@ func (r *Reaper) logUnfinished(ctx context.Context, rec Record) {
 	attrs := []slog.Attr{
 		slog.String("method", rec.Scope.Method),
 		slog.String("route", rec.Scope.Route),
-		slog.String("key_digest", LogDigest(rec.Scope.Key)),
-		slog.String("principal_digest", LogDigest(rec.Scope.Principal)),
+		slog.String("key_digest", keygen.Digest(rec.Scope.Key)),
+		slog.String("principal_digest", keygen.Digest(rec.Scope.Principal)),
 		slog.String("owner", rec.Owner),
 		slog.Int64("generation", rec.Generation),
 		slog.String("recovery_point", rec.RecoveryPoint),
@@ -267,7 +269,7 @@ func (r *Reaper) logUnfinished(ctx context.Context, rec Record) {
 	// effect to check first: name its downstream key.
 	if data, err := DecodeRecovery(rec.RecoveryData); err == nil && data.Pending != nil {
 		attrs = append(attrs, slog.String("pending_phase", data.Pending.Phase),
-			slog.String("downstream_key_digest", LogDigest(data.Pending.DownstreamKey)))
+			slog.String("downstream_key_digest", keygen.Digest(data.Pending.DownstreamKey)))
 	}
 	r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn,
 		"idempotency reaper: unfinished request past the cleanup horizon is being deleted; check its side effects",

@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"github.com/saferetry/saferetry/keygen"
+
 	"bytes"
 	"context"
 	"errors"
@@ -155,18 +157,18 @@ func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, warns)
-	require.Contains(t, out, "key_digest="+LogDigest("stuck")+" ")
-	require.Contains(t, out, "principal_digest="+LogDigest("p")+" ")
+	require.Contains(t, out, "key_digest="+keygen.Digest("stuck")+" ")
+	require.Contains(t, out, "principal_digest="+keygen.Digest("p")+" ")
 	require.Contains(t, out, "recovery_point=charged")
 	require.Contains(t, out, "unfinished=2")
-	require.Contains(t, out, "key_digest="+LogDigest("stuck-2")+" ")
+	require.Contains(t, out, "key_digest="+keygen.Digest("stuck-2")+" ")
 	require.Contains(t, out, "recovery_point=intent:charge")
-	require.Contains(t, out, "pending_phase=charge downstream_key_digest="+LogDigest("stuck-2-charge-0a1b"))
+	require.Contains(t, out, "pending_phase=charge downstream_key_digest="+keygen.Digest("stuck-2-charge-0a1b"))
 	// Never the raw key, principal or downstream key.
 	require.NotContains(t, out, "stuck-2-charge")
 	require.NotContains(t, out, "=stuck")
 	require.NotContains(t, out, "principal=")
-	require.Equal(t, "ca978112ca1b", LogDigest("a"), "first 6 bytes of SHA-256, hex")
+	require.Equal(t, "ca978112ca1b", keygen.Digest("a"), "first 6 bytes of SHA-256, hex")
 }
 
 func TestReapOnceCountsUnfinishedItLeftAsSkipped(t *testing.T) {
@@ -380,7 +382,7 @@ func TestReapOnceLogsEveryUnfinishedRecordItDeletes(t *testing.T) {
 			require.Zero(t, rep.Skipped)
 			require.Equal(t, 1, s.Len())
 			for i := range n {
-				require.Contains(t, buf.String(), "key_digest="+LogDigest(fmt.Sprintf("stuck-%03d", i))+" ")
+				require.Contains(t, buf.String(), "key_digest="+keygen.Digest(fmt.Sprintf("stuck-%03d", i))+" ")
 			}
 			require.Equal(t, n, strings.Count(buf.String(), "level=WARN"), "each logged once")
 		})
@@ -406,6 +408,6 @@ func TestReapOnceNeverDeletesAnUnlistedUnfinishedRecord(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.More)
 	require.True(t, exists(t, s, "unlisted"), "deleted without being logged")
-	require.NotContains(t, buf.String(), LogDigest("unlisted"))
+	require.NotContains(t, buf.String(), keygen.Digest("unlisted"))
 	require.Equal(t, 2, rep.Skipped)
 }

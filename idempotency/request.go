@@ -1,13 +1,15 @@
 package idempotency
 
 import (
+	"io"
+	"math"
+	"net/http"
+
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-
-	"github.com/google/uuid"
 )
 
 // StoredRequest is the request the middleware saves in Record.Request when it
@@ -84,41 +86,55 @@ func DecodeRequest(b []byte) (StoredRequest, error) {
 	return s, nil
 }
 
-// newOwner returns a random owner token, a UUIDv4 string: what
-// uuid.NewString returns, in one allocation instead of two.
-func newOwner() string {
-	var u uuid.UUID
-	_, _ = rand.Read(u[:])      // never fails (crypto/rand panics instead, on a broken system)
-	u[6] = (u[6] & 0x0f) | 0x40 // version 4
-	u[8] = (u[8] & 0x3f) | 0x80 // variant RFC 4122
-	return u.String()
-}
-
-// newIDs returns a fresh owner token (as newOwner) and StoredRequest.ID
-// (as newExecID) together, from one read of crypto/rand into one string.
-func newIDs() (owner, execID string) {
-	var r [24]byte
-	_, _ = rand.Read(r[:])      // never fails (crypto/rand panics instead, on a broken system)
-	r[6] = (r[6] & 0x0f) | 0x40 // version 4
-	r[8] = (r[8] & 0x3f) | 0x80 // variant RFC 4122
-	var b [36 + 16]byte
-	hex.Encode(b[0:8], r[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], r[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], r[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], r[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:36], r[10:16])
-	hex.Encode(b[36:], r[16:24])
-	s := string(b[:])
-	return s[:36], s[36:]
-}
-
 // newExecID returns a StoredRequest.ID: 64 random bits in hex.
 func newExecID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics instead, on a broken system)
 	return hex.EncodeToString(b[:])
+}
+
+var errTooLarge = errors.New("idempotency: request body too large")
+
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	// Sized by the declared length when there is one (one byte more, so
+	// that reading the end needs no second buffer), as io.ReadAll otherwise;
+	// never more than 64 KiB before the bytes arrive, whatever a client
+	// declares.
+	limit = min(limit, math.MaxInt64-1) // limit+1 below must not overflow
+	size := int64(512)
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		size = min(n+1, 64<<10)
+	}
+	b, err := readAll(r.Body, make([]byte, 0, size), limit+1)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, errTooLarge
+	}
+	return b, nil
+}
+
+// readAll is io.ReadAll appending to b, reading no more than limit bytes in
+// all (as through an io.LimitedReader).
+func readAll(r io.Reader, b []byte, limit int64) ([]byte, error) {
+	for {
+		if int64(len(b)) >= limit {
+			return b, nil
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append grow the buffer
+		}
+		n, err := r.Read(b[len(b):min(int64(cap(b)), limit)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+	}
 }

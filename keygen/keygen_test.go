@@ -188,6 +188,7 @@ func TestContext(t *testing.T) {
 	_, ok := FromContext(ctx)
 	require.False(t, ok)
 
+	//lint:ignore SA1012 a nil context is the input under test
 	k, ok := FromContext(nil)
 	require.False(t, ok)
 	require.Empty(t, k)
@@ -216,6 +217,7 @@ func TestContext(t *testing.T) {
 	_, other := EnsureContext(ctx)
 	require.NotEqual(t, k4, other, "a context without a key gets a fresh one")
 
+	//lint:ignore SA1012 a nil context is the input under test
 	ctx5, k5 := EnsureContext(nil)
 	got, ok = FromContext(ctx5)
 	require.True(t, ok)

@@ -16,16 +16,16 @@ import (
 type faultKind string
 
 const (
-	faultCalm     faultKind = "calm"      // nothing goes wrong
-	faultLatency  faultKind = "latency"   // toxiproxy: responses delayed 200..600 ms (beyond the attempt timeout)
-	faultReset    faultKind = "reset"     // toxiproxy: connection reset as the response starts back (after the commit)
-	faultResetReq faultKind = "reset-req" // toxiproxy: connection reset as the request goes out (never reaches the server)
-	faultTimeout  faultKind = "timeout"   // toxiproxy: responses black-holed, the connection closed after 2 s
-	fault503      faultKind = "503"       // HTTP layer: 503 before the handler (half carry Retry-After: 1)
-	fault429      faultKind = "429"       // HTTP layer: 429 with Retry-After: 1 before the handler
-	faultLost     faultKind = "lost"      // HTTP layer: the handler commits, then a 502/503/504 replaces its response
-	faultAbort    faultKind = "abort"     // HTTP layer: the handler commits, then the connection is closed with no response
-	faultSlow     faultKind = "slow"      // handler: stalls longer than the attempt timeout before doing its work
+	faultCalm           faultKind = "calm"             // nothing goes wrong
+	faultLatency        faultKind = "latency"          // toxiproxy: responses delayed 200..600 ms (beyond the attempt timeout)
+	faultReset          faultKind = "reset"            // toxiproxy: connection reset as the response starts back (after the commit)
+	faultResetReq       faultKind = "reset-req"        // toxiproxy: connection reset as the request goes out (never reaches the server)
+	faultTimeout        faultKind = "timeout"          // toxiproxy: responses black-holed, the connection closed after 2 s
+	fault503            faultKind = "503"              // HTTP layer: 503 before the handler (half carry Retry-After: 1)
+	fault429            faultKind = "429"              // HTTP layer: 429 with Retry-After: 1 before the handler
+	fault5xxAfterCommit faultKind = "5xx-after-commit" // HTTP layer: the handler commits, then a 502/503/504 replaces its response
+	faultAbort          faultKind = "abort"            // HTTP layer: the handler commits, then the connection is closed with no response
+	faultSlow           faultKind = "slow"             // handler: stalls longer than the attempt timeout before doing its work
 )
 
 // faultInfo describes a kind for -help and the default share of traffic an
@@ -44,9 +44,9 @@ var faultCatalog = []faultInfo{
 	{faultTimeout, 0.3, "toxiproxy timeout: answers black-holed, connection closed after 2 s (work done, answer lost)"},
 	{fault503, 0.5, "HTTP layer: 503 before the handler runs, half with Retry-After: 1 (a storm)"},
 	{fault429, 0.5, "HTTP layer: 429 with Retry-After: 1 before the handler runs (throttling)"},
-	{faultLost, 0.3, "HTTP layer: the handler commits, then a 502/503/504 replaces its answer"},
+	{fault5xxAfterCommit, 0.3, "HTTP layer: the handler commits, then a 502/503/504 replaces its answer"},
 	{faultAbort, 0.3, "HTTP layer: the handler commits, then the connection is closed, no answer"},
-	{faultSlow, 0.1, "handler stalls 1.5x the attempt timeout: a retry comes while it runs (on\n                      SQLite its transaction holds the one write lock: a brownout)"},
+	{faultSlow, 0.1, "handler stalls 1.5x the attempt timeout: a retry comes while it runs (on\n                            SQLite its transaction holds the one write lock: a brownout)"},
 }
 
 func lookupFault(k faultKind) (faultInfo, bool) {
@@ -60,7 +60,7 @@ func lookupFault(k faultKind) (faultInfo, bool) {
 
 // defaultFaults is the -faults default: calm a quarter of the time, every
 // fault kind equally often in the rest.
-const defaultFaults = "calm=3,latency=1,reset=1,reset-req=1,timeout=1,503=1,429=1,lost=1,abort=1,slow=1"
+const defaultFaults = "calm=3,latency=1,reset=1,reset-req=1,timeout=1,503=1,429=1,5xx-after-commit=1,abort=1,slow=1"
 
 // mixEntry is one item of a fault mix: a kind, its weight (how often its
 // episodes come up) and the share of traffic an episode hits.
@@ -198,13 +198,13 @@ func faultHelp() string {
 	var b strings.Builder
 	kinds := append([]faultInfo(nil), faultCatalog...)
 	sort.SliceStable(kinds, func(i, j int) bool { return kinds[i].kind == faultCalm })
-	fmt.Fprintf(&b, "    %-10s %5s  %s\n", "kind", "share", "what an episode does")
+	fmt.Fprintf(&b, "    %-16s %5s  %s\n", "kind", "share", "what an episode does")
 	for _, f := range kinds {
 		share := ""
 		if f.kind != faultCalm {
 			share = fmt.Sprintf("%.0f%%", f.share*100)
 		}
-		fmt.Fprintf(&b, "    %-10s %5s  %s\n", f.kind, share, f.what)
+		fmt.Fprintf(&b, "    %-16s %5s  %s\n", f.kind, share, f.what)
 	}
 	return b.String()
 }

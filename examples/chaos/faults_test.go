@@ -23,10 +23,10 @@ func TestParseFaultsDefault(t *testing.T) {
 }
 
 func TestParseFaults(t *testing.T) {
-	mix, err := parseFaults(" reset=2@0.5 , lost=1, calm=0 ")
+	mix, err := parseFaults(" reset=2@0.5 , 5xx-after-commit=1, calm=0 ")
 	require.NoError(t, err)
-	require.Equal(t, faultMix{{kind: faultReset, weight: 2, share: 0.5}, {kind: faultLost, weight: 1, share: 0.3}}, mix)
-	require.Equal(t, "reset=2@0.5,lost=1", mix.String())
+	require.Equal(t, faultMix{{kind: faultReset, weight: 2, share: 0.5}, {kind: fault5xxAfterCommit, weight: 1, share: 0.3}}, mix)
+	require.Equal(t, "reset=2@0.5,5xx-after-commit=1", mix.String())
 
 	for _, none := range []string{"none", "", "  "} {
 		mix, err := parseFaults(none)
@@ -35,19 +35,19 @@ func TestParseFaults(t *testing.T) {
 	}
 
 	for spec, reason := range map[string]string{
-		"reset":                  "want kind=weight",
-		"bogus=1":                "unknown kind",
-		"reset=1,reset=2":        "twice",
-		"reset=-1":               "weight",
-		"reset=1001":             "weight",
-		"reset=x":                "weight",
-		"reset=1@0":              "share",
-		"reset=1@1.5":            "share",
-		"reset=1@NaN":            "share",
-		"calm=1@0.5":             "calm takes no share",
-		"calm=0,reset=0":         "total weight is 0",
-		"reset=1,,lost=1":        "want kind=weight",
-		strings.Repeat("a", 100): "want kind=weight",
+		"reset":                       "want kind=weight",
+		"bogus=1":                     "unknown kind",
+		"reset=1,reset=2":             "twice",
+		"reset=-1":                    "weight",
+		"reset=1001":                  "weight",
+		"reset=x":                     "weight",
+		"reset=1@0":                   "share",
+		"reset=1@1.5":                 "share",
+		"reset=1@NaN":                 "share",
+		"calm=1@0.5":                  "calm takes no share",
+		"calm=0,reset=0":              "total weight is 0",
+		"reset=1,,5xx-after-commit=1": "want kind=weight",
+		strings.Repeat("a", 100):      "want kind=weight",
 	} {
 		_, err := parseFaults(spec)
 		require.ErrorIs(t, err, ErrFaultSpec, spec)
@@ -59,7 +59,7 @@ func TestParseFaults(t *testing.T) {
 }
 
 func FuzzParseFaults(f *testing.F) {
-	for _, s := range []string{defaultFaults, "none", "reset=2@0.5", "calm=0", "x=1", "lost=1@1,abort=3@0.01", "=,@"} {
+	for _, s := range []string{defaultFaults, "none", "reset=2@0.5", "calm=0", "x=1", "5xx-after-commit=1@1,abort=3@0.01", "=,@"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {

@@ -90,11 +90,11 @@ func (f *faultLayer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.observe(rec)
 
 	switch kind {
-	case faultLost:
+	case fault5xxAfterCommit:
 		f.count(kind)
-		// The work is done and committed; the answer never arrives.
+		// The work is done and committed; a 5xx replaces its answer.
 		status := []int{http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout}[rand.IntN(3)]
-		http.Error(w, "upstream answer lost (injected)", status)
+		http.Error(w, "answer replaced by a 5xx after the commit (injected)", status)
 		return
 	case faultAbort:
 		f.count(kind)

@@ -33,6 +33,7 @@ type config struct {
 	Think          time.Duration
 	Unsafe         bool // run without the idempotency middleware (proves the check can fail)
 	Verbose        bool // print the server's warnings
+	Keep           bool // keep the temporary SQLite file or the PostgreSQL schema after the run
 }
 
 func defaultConfig() config {
@@ -110,7 +111,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 	}
 	sum.Seed = seed
 
-	be, err := openBackend(ctx, cfg.Store, cfg.DSN)
+	be, err := openBackend(ctx, cfg.Store, cfg.DSN, cfg.Keep)
 	if err != nil {
 		return sum, fmt.Errorf("opening the %s store: %w", cfg.Store, err)
 	}
@@ -185,7 +186,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 			phase = string(e.kind)
 		}
 		el := time.Since(start).Truncate(100 * time.Millisecond)
-		return fmt.Sprintf("%5.1fs/%v %-9s logical %5d ok %5d  attempts %5d retries %4d denied %3d  replays %4d",
+		return fmt.Sprintf("%5.1fs/%v %-16s logical %5d ok %5d  attempts %5d retries %4d denied %3d  replays %4d",
 			el.Seconds(), cfg.Duration, phase, fl.done.Load(), fl.succeeded.Load(),
 			counter.attempts.Load(), counter.retries.Load(), counter.denials.Load(), layer.replays.Load())
 	})

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 const pgSkip = "SAFERETRY_PG_DSN not set: skipping PostgreSQL tests"
 
 // unsafeFaults loses half the answers after the commit, in every episode.
-const unsafeFaults = "lost=1@0.5,abort=1@0.5"
+const unsafeFaults = "5xx-after-commit=1@0.5,abort=1@0.5"
 
 // shortConfig is the default configuration with a short chaos phase and a
 // fixed fault schedule.
@@ -155,6 +156,11 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, "reset=1", cfg.Faults.String())
 	require.Equal(t, "postgres://example/db", cfg.DSN)
 	require.True(t, cfg.Unsafe)
+	require.False(t, cfg.Keep)
+
+	cfg, err = parseFlags([]string{"-keep"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.True(t, cfg.Keep)
 
 	var help bytes.Buffer
 	_, err = parseFlags([]string{"-help"}, &help)
@@ -199,4 +205,24 @@ func TestVerify(t *testing.T) {
 	var clean summary
 	verify(ls[:1], map[string][]int64{"a": {1}}, &clean)
 	require.False(t, clean.failed())
+}
+
+// The temporary SQLite file is deleted when the run ends, and the report
+// says so; with -keep it stays, and the report says that instead.
+func TestSQLiteTempFileKeep(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		be, err := openBackend(context.Background(), "sqlite", "", keep)
+		require.NoError(t, err)
+		path, _, _ := strings.Cut(be.where, ",")
+		require.FileExists(t, path)
+		be.close()
+		if keep {
+			require.Contains(t, be.where, "kept by -keep")
+			require.FileExists(t, path)
+			require.NoError(t, os.RemoveAll(filepath.Dir(path)))
+		} else {
+			require.Contains(t, be.where, "deleted at exit; -keep keeps it")
+			require.NoFileExists(t, path)
+		}
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
+	"github.com/saferetry/saferetry/keygen"
 )
 
 // backend is the database of the payments API: the idempotency records and
@@ -39,19 +40,21 @@ type backend struct {
 
 // openBackend opens a fresh database: a SQLite file in a new temporary
 // directory, or a new schema in the PostgreSQL database of dsn, so that runs
-// never see each other's rows.
-func openBackend(ctx context.Context, kind, dsn string) (*backend, error) {
+// never see each other's rows. close deletes the temporary directory or drops
+// the schema, unless keep is set.
+func openBackend(ctx context.Context, kind, dsn string, keep bool) (*backend, error) {
 	switch kind {
 	case "sqlite":
-		return openSQLite(ctx, dsn)
+		return openSQLite(ctx, dsn, keep)
 	case "postgres":
-		return openPostgres(ctx, dsn)
+		return openPostgres(ctx, dsn, keep)
 	}
 	return nil, fmt.Errorf("unknown store %q (want sqlite or postgres)", kind)
 }
 
-func openSQLite(ctx context.Context, path string) (*backend, error) {
+func openSQLite(ctx context.Context, path string, keep bool) (*backend, error) {
 	cleanup := func() {}
+	where := path
 	if path != "" {
 		if _, err := os.Stat(path); err == nil {
 			return nil, fmt.Errorf("%s exists: -dsn for sqlite must name a new file, so that the run counts only its own rows", path)
@@ -63,7 +66,11 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 			return nil, err
 		}
 		path = filepath.Join(dir, "payments.db")
-		cleanup = func() { _ = os.RemoveAll(dir) }
+		where = path + ", kept by -keep"
+		if !keep {
+			cleanup = func() { _ = os.RemoveAll(dir) }
+			where = path + ", deleted at exit; -keep keeps it"
+		}
 	}
 	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(path))
 	if err != nil {
@@ -72,7 +79,7 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 	}
 	db.SetMaxOpenConns(8)
 	db.SetMaxIdleConns(8)
-	b := &backend{db: db, dialect: sqlstore.SQLite, where: path,
+	b := &backend{db: db, dialect: sqlstore.SQLite, where: where,
 		close: func() { _ = db.Close(); cleanup() }}
 	if err := b.migrate(ctx, `CREATE TABLE IF NOT EXISTS payments (
 		id           INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -88,7 +95,7 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 	return b, nil
 }
 
-func openPostgres(ctx context.Context, dsn string) (*backend, error) {
+func openPostgres(ctx context.Context, dsn string, keep bool) (*backend, error) {
 	if dsn == "" {
 		return nil, errors.New("-store postgres needs -dsn (or SAFERETRY_PG_DSN), e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	}
@@ -103,7 +110,15 @@ func openPostgres(ctx context.Context, dsn string) (*backend, error) {
 		_ = admin.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
+	where := "schema " + schema + ", dropped at exit; -keep keeps it"
+	if keep {
+		where = "schema " + schema + ", kept by -keep"
+	}
 	dropSchema := func() {
+		if keep {
+			_ = admin.Close()
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, _ = admin.ExecContext(ctx, "DROP SCHEMA "+schema+" CASCADE")
@@ -119,7 +134,7 @@ func openPostgres(ctx context.Context, dsn string) (*backend, error) {
 	// client gave up cancels the set-up, so a cold pool never warms.
 	db.SetMaxOpenConns(32)
 	db.SetMaxIdleConns(32)
-	b := &backend{db: db, dialect: sqlstore.Postgres, where: "schema " + schema,
+	b := &backend{db: db, dialect: sqlstore.Postgres, where: where,
 		close: func() { _ = db.Close(); dropSchema() }}
 	if err := b.migrate(ctx, `CREATE TABLE IF NOT EXISTS payments (
 		id           BIGSERIAL PRIMARY KEY,
@@ -283,7 +298,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad payment", http.StatusBadRequest)
 		return
 	}
-	key, _, _ := idempotency.ParseKey(r.Header, "")
+	key, _ := keygen.ParseHeader(r.Header.Values(idempotency.DefaultKeyHeader))
 	var row *sql.Row
 	if tx, ok := sqlstore.Tx(ctx); ok {
 		row = tx.QueryRowContext(ctx, a.insert, key, acct, p.Order, p.AmountCents, time.Now().UnixNano())

@@ -144,8 +144,25 @@ func TestRunWritesTablesAndCSV(t *testing.T) {
 	assert.Equal(t, []string{"second", "logical", "no budget", "token bucket (default)", "ratio 20% + floor"}, recs[0])
 	assert.Greater(t, len(recs), 60)
 
+	for _, png := range []string{"occ-calls.png", "occ-time.png", "outage.png"} {
+		assert.FileExists(t, filepath.Join(dir, png))
+	}
+
 	assert.Error(t, run([]string{"-runs", "0", "-out", dir}, &out, io.Discard))
 	assert.Error(t, run([]string{"-nope"}, &out, io.Discard))
+}
+
+// -h and -help print the usage and exit 0, like the chaos demo's; a bad
+// command line exits 2.
+func TestExitStatus(t *testing.T) {
+	for _, arg := range []string{"-h", "-help"} {
+		var stderr bytes.Buffer
+		assert.Equal(t, 0, realMain([]string{arg}, io.Discard, &stderr), arg)
+		assert.Contains(t, stderr.String(), "-runs", arg)
+		assert.NotContains(t, stderr.String(), "help requested", arg)
+	}
+	assert.Equal(t, 2, realMain([]string{"-nope"}, io.Discard, io.Discard))
+	assert.Equal(t, 2, realMain([]string{"-runs", "0"}, io.Discard, io.Discard))
 }
 
 func readCSV(t *testing.T, path string) [][]string {

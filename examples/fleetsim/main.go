@@ -30,6 +30,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,9 +43,30 @@ import (
 var writePlots func(dir string, occ []OCCRow, oc OutageConfig, outage []OutageResult) ([]string, error)
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "fleetsim:", err)
-		os.Exit(1)
+	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError is a command line that fleetsim cannot run.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// realMain runs the command and returns its exit status: 0 on success and
+// for -h or -help (the usage is what was asked for), 2 for a bad command
+// line, 1 for any other error.
+func realMain(args []string, stdout, stderr io.Writer) int {
+	err := run(args, stdout, stderr)
+	var usage usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &usage):
+		fmt.Fprintln(stderr, "fleetsim:", err)
+		return 2
+	default:
+		fmt.Fprintln(stderr, "fleetsim:", err)
+		return 1
 	}
 }
 
@@ -55,10 +77,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of every random stream")
 	out := fs.String("out", "", "output directory for CSV and PNG files (default: a new temporary directory)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
 	}
 	if *runs < 1 {
-		return fmt.Errorf("-runs must be at least 1, got %d", *runs)
+		return usageError{fmt.Errorf("-runs must be at least 1, got %d", *runs)}
 	}
 	dir := *out
 	if dir == "" {

@@ -77,13 +77,6 @@ func validTable(name string) bool {
 	return len(name) > 0 && len(name) <= maxTableLen && identRE.MatchString(name)
 }
 
-// Record states as stored in the state column. They equal the numeric values
-// of idempotency.InProgress and idempotency.Completed.
-const (
-	stateInProgress = 1
-	stateCompleted  = 2
-)
-
 // columns is the list every query that reads a whole record selects, in the
 // order scanRecord expects.
 const columns = `principal, method, route, idem_key, state, fingerprint, fingerprint_version,

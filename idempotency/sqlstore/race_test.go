@@ -66,12 +66,12 @@ func TestClaimRaceHasOneWinner(t *testing.T) {
 
 		// Absent record.
 		recs, oks := raceClaims(t, s, sc, "fp", t0, n)
-		w := requireOneWinner(t, recs, oks, 1)
+		requireOneWinner(t, recs, oks, 1)
 
 		// Expired lease: one takeover.
 		later := t0.Add(time.Minute)
 		recs, oks = raceClaims(t, s, sc, "fp", later, n)
-		w = requireOneWinner(t, recs, oks, 2)
+		w := requireOneWinner(t, recs, oks, 2)
 
 		// Completed record past the replay window: one fresh start.
 		require.NoError(t, s.Complete(t.Context(), w.Lease(), idempotency.Response{Status: 201}, later))

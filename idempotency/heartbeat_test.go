@@ -1,0 +1,221 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Heartbeats keep a long handler's lease alive (no takeover), stop when it
+// returns, and a lost lease cancels the handler's context with cause
+// ErrLeaseLost. testing/synctest provides the fake time.
+func TestHeartbeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemoryStore()
+		var calls atomic.Int64
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if calls.Add(1) == 1 {
+				time.Sleep(95 * time.Second) // three leases long
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		h := New(mem, WithLease(30*time.Second), WithLogger(discard))(next)
+		done := make(chan int)
+		go func() { done <- send(t, h, "k", `{}`).Code }()
+		time.Sleep(61 * time.Second)
+		synctest.Wait()
+		rec, err := mem.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		require.NoError(t, err)
+		require.True(t, rec.LeaseUntil.After(time.Now()), "heartbeats did not extend the lease")
+		// A duplicate after two lease lengths still finds it in progress.
+		dup := send(t, h, "k", `{}`)
+		require.Equal(t, http.StatusConflict, dup.Code)
+		require.Equal(t, http.StatusCreated, <-done)
+		require.EqualValues(t, 1, calls.Load())
+	})
+
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemoryStore()
+		cause := make(chan error, 1)
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-r.Context().Done()
+			cause <- context.Cause(r.Context())
+			http.Error(w, "canceled", http.StatusServiceUnavailable)
+		})
+		h := New(mem, WithLease(30*time.Second), WithLogger(discard))(next)
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- send(t, h, "k", `{}`) }()
+		synctest.Wait()
+		// Someone else removes the record (as a successor would take it).
+		rec, err := mem.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		require.NoError(t, err)
+		require.NoError(t, mem.Release(t.Context(), rec.Lease()))
+		time.Sleep(11 * time.Second) // the next heartbeat finds the lease lost
+		require.ErrorIs(t, <-cause, ErrLeaseLost)
+		require.Equal(t, http.StatusServiceUnavailable, (<-done).Code)
+	})
+}
+
+// beatFails is a MemoryStore whose heartbeats fail (store unreachable)
+// while fail reports true for the beat's number (1, 2, ...).
+type beatFails struct {
+	*MemoryStore
+	beats atomic.Int64
+	fail  func(n int64) bool
+}
+
+func (b *beatFails) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+	if b.fail(b.beats.Add(1)) {
+		return errBoom
+	}
+	return b.MemoryStore.Heartbeat(ctx, l, until)
+}
+
+// Heartbeats that keep failing cancel the handler with cause
+// ErrLeaseExpired before its lease can run out (a successor could otherwise
+// run the request a second time alongside it) and no phase may start; what
+// it did is still completed, fenced, so that it is never repeated. One
+// failed beat alone cancels nothing. testing/synctest provides the fake time.
+func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &beatFails{MemoryStore: NewMemoryStore(), fail: func(int64) bool { return true }}
+		start := time.Now()
+		var (
+			cause      error
+			canceledAt time.Duration
+			phaseErr   error
+		)
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-r.Context().Done():
+				cause, canceledAt = context.Cause(r.Context()), time.Since(start)
+			case <-time.After(2 * time.Minute):
+			}
+			run, _ := FromContext(r.Context())
+			_, phaseErr = run.Phase(r.Context(), "late", func(context.Context) ([]byte, error) { return []byte("x"), nil })
+			w.WriteHeader(http.StatusCreated) // a handler that ignores its cancellation
+			io.WriteString(w, "charged")
+		})
+		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		a := send(t, h, "k", `{}`)
+
+		require.ErrorIs(t, cause, ErrLeaseExpired)
+		require.ErrorIs(t, cause, ErrLeaseLost, "ErrLeaseExpired matches ErrLeaseLost")
+		require.Greater(t, canceledAt, 10*time.Second, "one failed heartbeat does not cancel")
+		require.Less(t, canceledAt, 30*time.Second, "canceled before the lease ran out")
+		require.ErrorIs(t, phaseErr, ErrLeaseExpired, "no phase may start after the cancellation")
+		var pe *PhaseError
+		require.ErrorAs(t, phaseErr, &pe)
+		require.Equal(t, "lease", pe.Op)
+		// No successor took the record over: the fenced completion stores
+		// the work that was done, so a retry replays it instead of charging
+		// again (releasing the key here would invite a duplicate).
+		require.Equal(t, http.StatusCreated, a.Code, a.Body.String())
+		rec, err := store.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		require.NoError(t, err)
+		require.Equal(t, Completed, rec.State)
+		require.Equal(t, "charged", string(rec.Response.Body))
+	})
+
+	synctest.Test(t, func(t *testing.T) {
+		store := &beatFails{MemoryStore: NewMemoryStore(), fail: func(n int64) bool { return n == 1 || n == 3 }}
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(95 * time.Second) // beats 1 and 3 fail, 2 and 4 get through
+			if err := context.Cause(r.Context()); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		require.Equal(t, http.StatusCreated, send(t, h, "k", `{}`).Code)
+		rec, err := store.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		require.NoError(t, err)
+		require.Equal(t, Completed, rec.State)
+	})
+}
+
+// beatLog is a MemoryStore that records when each key's lease was extended.
+type beatLog struct {
+	*MemoryStore
+	start time.Time
+	mu    sync.Mutex
+	beats map[string][]time.Duration
+}
+
+func (b *beatLog) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+	b.mu.Lock()
+	b.beats[l.Scope.Key] = append(b.beats[l.Scope.Key], time.Since(b.start))
+	b.mu.Unlock()
+	return b.MemoryStore.Heartbeat(ctx, l, until)
+}
+
+// A run beats at lease/3 after it started and every lease/3 after that,
+// until its handler returns: a run that ends before its first beat never
+// beats. testing/synctest provides the fake time.
+func TestHeartbeatEveryThirdOfTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &beatLog{MemoryStore: NewMemoryStore(), start: time.Now(), beats: map[string][]time.Duration{}}
+		runFor := map[string]time.Duration{"z": time.Second, "a": 5 * time.Second, "b": 15 * time.Second, "c": 35 * time.Second, "d": 9 * time.Second}
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(runFor[r.Header.Get("Idempotency-Key")])
+			w.WriteHeader(http.StatusCreated)
+		})
+		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		require.Equal(t, http.StatusCreated, send(t, h, "z", `{}`).Code)
+		store.start = time.Now()
+		var wg sync.WaitGroup
+		for _, k := range []string{"a", "b", "c", "d"} {
+			wg.Go(func() { require.Equal(t, http.StatusCreated, send(t, h, k, `{}`).Code) })
+			time.Sleep(time.Second) // a at 0 s, b at 1 s, c at 2 s, d at 3 s
+		}
+		wg.Wait()
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		require.Equal(t, map[string][]time.Duration{
+			"b": {11 * time.Second},
+			"c": {12 * time.Second, 22 * time.Second, 32 * time.Second},
+		}, store.beats, "a and d ended before their first beat")
+	})
+}
+
+// A handler used outside a testing/synctest bubble, then inside two
+// bubbles in turn, then outside again (a user's tests sharing one handler)
+// beats on each clock: every run's timer is made on the clock of the
+// goroutine that runs it.
+func TestHeartbeatsAcrossSyncTestBubbles(t *testing.T) {
+	store := &beatLog{MemoryStore: NewMemoryStore(), start: time.Now(), beats: map[string][]time.Duration{}}
+	var runFor atomic.Int64
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Duration(runFor.Load()))
+		w.WriteHeader(http.StatusCreated)
+	})
+	h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+	for i := range 200 {
+		require.Equal(t, http.StatusCreated, send(t, h, fmt.Sprint("outside-", i), `{}`).Code)
+	}
+	for _, key := range []string{"bubble-1", "bubble-2"} {
+		synctest.Test(t, func(t *testing.T) {
+			store.mu.Lock()
+			store.start = time.Now()
+			store.mu.Unlock()
+			runFor.Store(int64(35 * time.Second))
+			require.Equal(t, http.StatusCreated, send(t, h, key, `{}`).Code)
+			runFor.Store(0)
+		})
+	}
+	require.Equal(t, http.StatusCreated, send(t, h, "outside-after", `{}`).Code)
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	require.Equal(t, []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second}, store.beats["bubble-1"])
+	require.Equal(t, []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second}, store.beats["bubble-2"])
+}
