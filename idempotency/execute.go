@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // outcome is how an execution ended, for the Completer's report.
@@ -48,6 +49,7 @@ func (h *handler) newRun(bg context.Context, scope Scope, rec Record, stored []b
 // are not in the Run, so that a context of the handler's that outlives the
 // request does not keep them alive.
 func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context, req request, rec Record) outcome {
+	start := time.Now()
 	run := h.newRun(bg, req.scope, rec, req.stored, req.execID)
 	hctx, cancel := context.WithCancelCause(withRun(r.Context(), run))
 	defer cancel(nil)
@@ -78,7 +80,17 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context
 	h.next.ServeHTTP(cw, r2)
 	returned = true
 	hb.stop()
-	return h.finish(bg, w, req, run, cw)
+	o := h.finish(bg, w, req, run, cw)
+	if f := h.cfg.obs.Executed; f != nil {
+		f(bg, Event{Scope: req.scope, Outcome: o.String(), Status: cw.statusCode(),
+			Generation: run.Lease.Generation, Duration: time.Since(start)})
+	}
+	return o
+}
+
+// String returns the Outcome* constant of o.
+func (o outcome) String() string {
+	return [...]string{OutcomeCompleted, OutcomeReleased, OutcomeKept, OutcomeLost, OutcomeFailed}[o]
 }
 
 // invocation is the middleware's side of one execution of the handler,
@@ -171,7 +183,9 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, req request,
 		return outcomeReleased
 	}
 	transactional := unit != nil || h.tx != nil
+	start := time.Now()
 	err = h.complete(bg, lease, unit, h.response(bg, scope, cw))
+	h.storeCall(bg, OpComplete, scope, start, err)
 	switch {
 	case err == nil:
 		cw.release()
@@ -262,9 +276,10 @@ func (h *handler) answerLost(bg context.Context, w http.ResponseWriter, scope Sc
 	ctx, cancel := boundedCtx(bg)
 	defer cancel()
 	rec, err := h.store.Get(ctx, scope)
-	if err == nil && rec.State == Completed && h.answerSettled(w, fp, rec) {
+	if err == nil && rec.State == Completed && h.answerSettled(bg, w, fp, rec) {
 		return
 	}
+	observe(h.cfg.obs.Conflict, bg, Event{Scope: scope, Status: http.StatusConflict, Code: CodeInProgress})
 	writeProblem(w, http.StatusConflict, CodeInProgress,
 		"another execution took over this idempotency key; retry later with the same key", nil)
 }
@@ -295,7 +310,9 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 	if keep {
 		err = h.store.Heartbeat(ctx, lease, h.cfg.now())
 	} else {
+		start := time.Now()
 		err = h.store.Release(ctx, lease)
+		h.storeCall(bg, OpRelease, lease.Scope, start, err)
 	}
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
 		h.log(bg, slog.LevelError, "idempotency: giving up the key failed; it stays claimed until its lease expires",

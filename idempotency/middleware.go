@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -236,13 +237,17 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			return
 		}
 		if acquired {
+			if f := h.cfg.obs.Claimed; f != nil {
+				// A takeover's record holds the first execution's request.
+				f(ctx, Event{Scope: req.scope, Generation: rec.Generation, Takeover: !bytes.Equal(rec.Request, req.stored)})
+			}
 			h.run(w, r, bg, req, rec)
 			return
 		}
 		// Someone else holds or completed the key: answer from the record,
 		// polling while it is in progress and the wait allows.
 		for {
-			if h.answerSettled(w, req.fp, rec) {
+			if h.answerSettled(ctx, w, req.fp, rec) {
 				return
 			}
 			now := h.cfg.now()
@@ -251,11 +256,14 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			}
 			left := waitUntil.Sub(now)
 			if left <= 0 || h.cfg.sleep(ctx, min(left, h.cfg.pollInterval)) != nil {
+				observe(h.cfg.obs.Conflict, ctx, Event{Scope: req.scope, Status: http.StatusConflict, Code: CodeInProgress})
 				writeProblem(w, http.StatusConflict, CodeInProgress,
 					"a request with this idempotency key is being processed; retry later with the same key", nil)
 				return
 			}
+			start := time.Now()
 			rec, err = h.store.Get(ctx, req.scope)
+			h.storeCall(ctx, OpGet, req.scope, start, err)
 			if errors.Is(err, ErrNotFound) && claims < 3 {
 				break // released: claim again
 			}
@@ -272,26 +280,30 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 func (h *handler) claim(bg context.Context, c Claim) (Record, bool, error) {
 	ctx, cancel := boundedCtx(bg)
 	defer cancel()
-	return h.store.Claim(ctx, c)
+	start := time.Now()
+	rec, acquired, err := h.store.Claim(ctx, c)
+	h.storeCall(bg, OpClaim, c.Scope, start, err)
+	return rec, acquired, err
 }
 
 // answerSettled answers a record that the caller does not own when it is
 // completed or belongs to a different request, and reports whether it did.
-func (h *handler) answerSettled(w http.ResponseWriter, fp string, rec Record) bool {
+func (h *handler) answerSettled(ctx context.Context, w http.ResponseWriter, fp string, rec Record) bool {
 	same := rec.Fingerprint == fp && rec.FingerprintVersion == FingerprintVersion
 	switch {
 	case !same && rec.State != Absent:
+		observe(h.cfg.obs.Conflict, ctx, Event{Scope: rec.Scope, Status: h.cfg.mismatchStatus, Code: CodeKeyReused})
 		writeProblem(w, h.cfg.mismatchStatus, CodeKeyReused,
 			"this idempotency key was already used for a different request; use a new key for a new request", nil)
 		return true
 	case rec.State == Completed:
-		h.replay(w, rec)
+		h.replay(ctx, w, rec)
 		return true
 	}
 	return false
 }
 
-func (h *handler) replay(w http.ResponseWriter, rec Record) {
+func (h *handler) replay(ctx context.Context, w http.ResponseWriter, rec Record) {
 	resp := rec.Response
 	if resp == nil {
 		h.log(context.Background(), slog.LevelError, "idempotency: completed record without a response", rec.Scope)
@@ -299,6 +311,7 @@ func (h *handler) replay(w http.ResponseWriter, rec Record) {
 		return
 	}
 	if resp.Header.Get(notReplayableHeader) != "" {
+		observe(h.cfg.obs.Conflict, ctx, Event{Scope: rec.Scope, Status: http.StatusConflict, Code: CodeResponseNotReplayable})
 		writeProblem(w, http.StatusConflict, CodeResponseNotReplayable,
 			"the request with this idempotency key completed, but its response was too large to store; it is not executed again",
 			func(p *Problem) { p.OriginalStatus = resp.Status })
@@ -316,6 +329,7 @@ func (h *handler) replay(w http.ResponseWriter, rec Record) {
 	if status < 100 || status > 999 {
 		status = http.StatusInternalServerError
 	}
+	observe(h.cfg.obs.Replayed, ctx, Event{Scope: rec.Scope, Status: status})
 	w.WriteHeader(status)
 	_, _ = w.Write(resp.Body)
 }

@@ -68,6 +68,7 @@ type config struct {
 	route          func(*http.Request) string
 	header         string
 	logger         *slog.Logger
+	obs            Observer
 
 	// test hooks
 	now          func() time.Time

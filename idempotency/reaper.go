@@ -46,6 +46,9 @@ type ReaperConfig struct {
 	Interval      time.Duration // time between runs of Start's loop (DefaultReapInterval)
 	MaxUnfinished int           // unfinished records listed per page (DefaultReapMaxUnfinished)
 	Logger        *slog.Logger  // nil: slog.Default()
+	// Observer's Unfinished is called for each unfinished record listed,
+	// with its age (its other functions are not called). Default none.
+	Observer Observer
 }
 
 // Report is what one ReapOnce did.
@@ -177,6 +180,7 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (Report, error) {
 			logged[rec.Scope] = rec.Generation
 			rep.Unfinished = append(rep.Unfinished, rec)
 			r.logUnfinished(ctx, rec)
+			observe(r.cfg.Observer.Unfinished, ctx, Event{Scope: rec.Scope, Generation: rec.Generation, Duration: now.Sub(rec.CreatedAt)})
 			fresh++
 		}
 		full := len(page) >= limit

@@ -1,0 +1,161 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+// seen records every event an Observer gets, by function.
+type seen struct {
+	mu     sync.Mutex
+	events []string
+	byKind map[string][]idempotency.Event
+}
+
+func (s *seen) add(kind string) func(context.Context, idempotency.Event) {
+	return func(_ context.Context, e idempotency.Event) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.byKind == nil {
+			s.byKind = map[string][]idempotency.Event{}
+		}
+		s.events = append(s.events, kind)
+		s.byKind[kind] = append(s.byKind[kind], e)
+	}
+}
+
+func (s *seen) observer() idempotency.Observer {
+	return idempotency.Observer{
+		Claimed: s.add("claimed"), Executed: s.add("executed"), Replayed: s.add("replayed"),
+		Conflict: s.add("conflict"), StoreCall: s.add("store"), Unfinished: s.add("unfinished"),
+	}
+}
+
+func (s *seen) take() ([]string, map[string][]idempotency.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ev, by := s.events, s.byKind
+	s.events, s.byKind = nil, nil
+	return ev, by
+}
+
+func created(w http.ResponseWriter, _ *http.Request) {
+	w.WriteHeader(http.StatusCreated)
+	w.Write([]byte(`{"id":1}`))
+}
+
+func TestObserverSeesClaimExecutionReplayAndConflicts(t *testing.T) {
+	s := &seen{}
+	other := &seen{}
+	srv := serve(t, idempotency.NewMemoryStore(), http.HandlerFunc(created),
+		idempotency.WithObserver(s.observer()), idempotency.WithObserver(other.observer()))
+
+	first := post(t, srv, "k1", `{"amount":10}`)
+	require.Equal(t, http.StatusCreated, first.Status)
+	ev, by := s.take()
+	assert.Equal(t, []string{"store", "claimed", "store", "executed"}, ev)
+	assert.Equal(t, idempotency.OpClaim, by["store"][0].Op)
+	assert.Equal(t, idempotency.OpComplete, by["store"][1].Op)
+	assert.NoError(t, by["store"][1].Err)
+	assert.False(t, by["claimed"][0].Takeover)
+	assert.Equal(t, int64(1), by["claimed"][0].Generation)
+	ex := by["executed"][0]
+	assert.Equal(t, idempotency.OutcomeCompleted, ex.Outcome)
+	assert.Equal(t, http.StatusCreated, ex.Status)
+	assert.Equal(t, "k1", ex.Scope.Key)
+	assert.Positive(t, ex.Duration)
+	ev2, _ := other.take()
+	assert.Equal(t, ev, ev2, "observers compose: the second sees every event too")
+
+	requireReplay(t, post(t, srv, "k1", `{"amount":10}`), first)
+	ev, by = s.take()
+	assert.Equal(t, []string{"store", "replayed"}, ev)
+	assert.Equal(t, http.StatusCreated, by["replayed"][0].Status)
+
+	requireProblem(t, post(t, srv, "k1", `{"amount":99}`), http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
+	ev, by = s.take()
+	assert.Equal(t, []string{"store", "conflict"}, ev)
+	assert.Equal(t, idempotency.CodeKeyReused, by["conflict"][0].Code)
+	assert.Equal(t, http.StatusUnprocessableEntity, by["conflict"][0].Status)
+}
+
+func TestObserverSeesInProgressConflictAndRelease(t *testing.T) {
+	s := &seen{}
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		w.WriteHeader(http.StatusServiceUnavailable) // not stored: the key is released
+	})
+	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithObserver(s.observer()),
+		idempotency.WithInProgressWait(0))
+	done := make(chan answer)
+	go func() { a, _ := tryDo(http.MethodPost, srv.URL+"/payments", "k2", `{}`); done <- a }()
+	<-entered
+	requireProblem(t, post(t, srv, "k2", `{}`), http.StatusConflict, idempotency.CodeInProgress)
+	close(release)
+	require.Equal(t, http.StatusServiceUnavailable, (<-done).Status)
+
+	_, by := s.take()
+	require.Len(t, by["conflict"], 1)
+	assert.Equal(t, idempotency.CodeInProgress, by["conflict"][0].Code)
+	assert.Equal(t, http.StatusConflict, by["conflict"][0].Status)
+	require.Len(t, by["executed"], 1)
+	assert.Equal(t, idempotency.OutcomeReleased, by["executed"][0].Outcome)
+	assert.Equal(t, http.StatusServiceUnavailable, by["executed"][0].Status)
+	var ops []string
+	for _, e := range by["store"] {
+		ops = append(ops, e.Op)
+	}
+	assert.Contains(t, ops, idempotency.OpRelease)
+}
+
+// slowFailingStore fails every call after a measurable delay.
+type slowFailingStore struct{ failingStore }
+
+func (slowFailingStore) Claim(context.Context, idempotency.Claim) (idempotency.Record, bool, error) {
+	time.Sleep(2 * time.Millisecond)
+	return idempotency.Record{}, false, errStore
+}
+
+func TestObserverSeesStoreErrorsWithTheirLatency(t *testing.T) {
+	s := &seen{}
+	srv := serve(t, slowFailingStore{}, http.HandlerFunc(created), idempotency.WithObserver(s.observer()))
+	requireProblem(t, post(t, srv, "k3", `{}`), http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
+	ev, by := s.take()
+	assert.Equal(t, []string{"store"}, ev)
+	assert.Equal(t, idempotency.OpClaim, by["store"][0].Op)
+	assert.True(t, errors.Is(by["store"][0].Err, errStore))
+	assert.GreaterOrEqual(t, by["store"][0].Duration, 2*time.Millisecond)
+}
+
+func TestObserverSeesATakeover(t *testing.T) {
+	s := &seen{}
+	store := idempotency.NewMemoryStore()
+	body := `{"amount":10}`
+	scope := idempotency.Scope{Method: http.MethodPost, Route: "POST /payments", Key: "k4"}
+	// A first execution whose lease expired an hour ago, for the same request.
+	_, ok, err := store.Claim(t.Context(), idempotency.Claim{
+		Scope: scope, Owner: "crashed", Now: time.Now().Add(-time.Hour), LeaseFor: time.Second,
+		Fingerprint:        idempotency.Fingerprint(http.MethodPost, "POST /payments", "/payments", "", "application/json", []byte(body)),
+		FingerprintVersion: idempotency.FingerprintVersion, ReplayWindow: time.Hour,
+	})
+	require.NoError(t, err)
+	require.True(t, ok)
+	srv := serve(t, store, http.HandlerFunc(created), idempotency.WithObserver(s.observer()))
+	require.Equal(t, http.StatusCreated, post(t, srv, "k4", body).Status)
+	_, by := s.take()
+	require.Len(t, by["claimed"], 1)
+	assert.True(t, by["claimed"][0].Takeover)
+	assert.Equal(t, int64(2), by["claimed"][0].Generation)
+	assert.Equal(t, int64(2), by["executed"][0].Generation)
+}
