@@ -39,13 +39,13 @@ func quick(opts ...saferetry.Option) []saferetry.Option {
 
 // server answers with the given statuses in order (the last repeats) and
 // keeps the headers of every request.
-type server struct {
+type scriptServer struct {
 	mu       sync.Mutex
 	statuses []int
 	headers  []http.Header
 }
 
-func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (s *scriptServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
 	s.mu.Lock()
 	n := len(s.headers)
@@ -57,7 +57,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func TestClientSpansOnePerAttemptChildOfTheCaller(t *testing.T) {
 	tel := newTelemetry(t)
-	srv := &server{statuses: []int{503, 200}}
+	srv := &scriptServer{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
 	opts := append(tel.options(), WithPropagators(propagation.TraceContext{}))
@@ -116,7 +116,7 @@ func TestClientSpansOnePerAttemptChildOfTheCaller(t *testing.T) {
 
 func TestClientMetrics(t *testing.T) {
 	tel := newTelemetry(t)
-	srv := &server{statuses: []int{503, 502, 200}}
+	srv := &scriptServer{statuses: []int{503, 502, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
 	tr := saferetry.NewTransport(nil, append(quick(), saferetry.WithObserver(ClientObserver(tel.options()...)))...)
@@ -155,7 +155,7 @@ func TestClientMetrics(t *testing.T) {
 
 func TestObserverAloneInjectsNothing(t *testing.T) {
 	tel := newTelemetry(t)
-	srv := &server{statuses: []int{200}}
+	srv := &scriptServer{statuses: []int{200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
 	opts := append(tel.options(), WithPropagators(propagation.TraceContext{}))

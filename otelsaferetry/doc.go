@@ -10,6 +10,10 @@
 //
 //	tr := saferetry.NewTransport(nil, otelsaferetry.ClientOptions()...)
 //
+//	obs := otelsaferetry.ServerObserver()
+//	mw := idempotency.New(store, idempotency.WithObserver(obs))
+//	reaper := idempotency.NewReaper(store, idempotency.ReaperConfig{Observer: obs})
+//
 // The meter and tracer come from the global providers unless
 // WithMeterProvider or WithTracerProvider says otherwise; the instrumentation
 // scope is this package's import path, at Version().

@@ -1,0 +1,126 @@
+package otelsaferetry
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+// Attribute keys of the server metrics, outside the semantic conventions.
+const (
+	// ExecutionOutcomeKey is how an execution ended (idempotency.Outcome*).
+	ExecutionOutcomeKey = attribute.Key("saferetry.execution.outcome")
+	// ProblemCodeKey is the problem code of a conflict answer
+	// (idempotency.CodeInProgress, CodeKeyReused, CodeResponseNotReplayable).
+	ProblemCodeKey = attribute.Key("saferetry.problem.code")
+	// StoreOperationKey is the store call (idempotency.Op*).
+	StoreOperationKey = attribute.Key("saferetry.store.operation")
+)
+
+// Server metric names.
+const (
+	ServerExecutions    = "saferetry.server.executions"     // counter, {execution}, by outcome
+	ServerTakeovers     = "saferetry.server.takeovers"      // counter, {takeover}
+	ServerReplays       = "saferetry.server.replays"        // counter, {replay}
+	ServerConflicts     = "saferetry.server.conflicts"      // counter, {conflict}, by problem code and status (409, 422)
+	ServerStoreErrors   = "saferetry.server.store.errors"   // counter, {error}, by operation
+	ServerStoreDuration = "saferetry.server.store.duration" // histogram, s, by operation
+	ServerUnfinishedAge = "saferetry.server.unfinished.age" // histogram, s: age of the reaper's unfinished records
+)
+
+// storeBuckets are the store-latency boundaries, in seconds: from an
+// in-memory call to the 10 s bound of a store call.
+var storeBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
+
+// ageBuckets are the boundaries of an unfinished record's age, in seconds:
+// a minute to a week (the reaper's default horizon is 72 h).
+var ageBuckets = []float64{60, 600, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600, 168 * 3600}
+
+type server struct {
+	executions    metric.Int64Counter
+	takeovers     metric.Int64Counter
+	replays       metric.Int64Counter
+	conflicts     metric.Int64Counter
+	storeErrors   metric.Int64Counter
+	storeDuration metric.Float64Histogram
+	unfinished    metric.Float64Histogram
+}
+
+// ServerObserver returns an idempotency.Observer that records the server
+// metrics: give it to the middleware (idempotency.WithObserver) and to the
+// reaper (idempotency.ReaperConfig.Observer). Metrics carry the request
+// method, never the route (which may be a raw path) nor the key. It is safe
+// for concurrent use.
+func ServerObserver(opts ...Option) idempotency.Observer {
+	m := newConfig(opts).meter()
+	s := &server{}
+	var err error
+	if s.executions, err = m.Int64Counter(ServerExecutions, metric.WithUnit("{execution}"),
+		metric.WithDescription("Handler executions of guarded requests, by how their record was settled.")); err != nil {
+		otel.Handle(err)
+	}
+	if s.takeovers, err = m.Int64Counter(ServerTakeovers, metric.WithUnit("{takeover}"),
+		metric.WithDescription("Claims that took over an in-progress record whose lease had expired.")); err != nil {
+		otel.Handle(err)
+	}
+	if s.replays, err = m.Int64Counter(ServerReplays, metric.WithUnit("{replay}"),
+		metric.WithDescription("Stored responses replayed.")); err != nil {
+		otel.Handle(err)
+	}
+	if s.conflicts, err = m.Int64Counter(ServerConflicts, metric.WithUnit("{conflict}"),
+		metric.WithDescription("Conflict answers: 409 in progress or not replayable, 422 key reused.")); err != nil {
+		otel.Handle(err)
+	}
+	if s.storeErrors, err = m.Int64Counter(ServerStoreErrors, metric.WithUnit("{error}"),
+		metric.WithDescription("Store calls that failed (not found and lease lost are answers, not failures).")); err != nil {
+		otel.Handle(err)
+	}
+	if s.storeDuration, err = m.Float64Histogram(ServerStoreDuration, metric.WithUnit("s"),
+		metric.WithDescription("Latency of the store calls on the request path."),
+		metric.WithExplicitBucketBoundaries(storeBuckets...)); err != nil {
+		otel.Handle(err)
+	}
+	if s.unfinished, err = m.Float64Histogram(ServerUnfinishedAge, metric.WithUnit("s"),
+		metric.WithDescription("Age of the unfinished in-progress records the reaper found."),
+		metric.WithExplicitBucketBoundaries(ageBuckets...)); err != nil {
+		otel.Handle(err)
+	}
+	return idempotency.Observer{
+		Claimed: func(ctx context.Context, e idempotency.Event) {
+			if e.Takeover {
+				s.takeovers.Add(ctx, 1, metric.WithAttributes(method(e)))
+			}
+		},
+		Executed: func(ctx context.Context, e idempotency.Event) {
+			s.executions.Add(ctx, 1, metric.WithAttributes(method(e), ExecutionOutcomeKey.String(e.Outcome),
+				semconv.HTTPResponseStatusCode(e.Status)))
+		},
+		Replayed: func(ctx context.Context, e idempotency.Event) {
+			s.replays.Add(ctx, 1, metric.WithAttributes(method(e), semconv.HTTPResponseStatusCode(e.Status)))
+		},
+		Conflict: func(ctx context.Context, e idempotency.Event) {
+			s.conflicts.Add(ctx, 1, metric.WithAttributes(method(e), ProblemCodeKey.String(e.Code),
+				semconv.HTTPResponseStatusCode(e.Status)))
+		},
+		StoreCall: func(ctx context.Context, e idempotency.Event) {
+			op := StoreOperationKey.String(e.Op)
+			s.storeDuration.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(op))
+			if e.Err != nil && !errors.Is(e.Err, idempotency.ErrNotFound) && !errors.Is(e.Err, idempotency.ErrLeaseLost) {
+				s.storeErrors.Add(ctx, 1, metric.WithAttributes(op))
+			}
+		},
+		Unfinished: func(ctx context.Context, e idempotency.Event) {
+			s.unfinished.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(method(e)))
+		},
+	}
+}
+
+func method(e idempotency.Event) attribute.KeyValue {
+	return semconv.HTTPRequestMethodKey.String(methodAttr(e.Scope.Method))
+}
