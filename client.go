@@ -195,7 +195,7 @@ func (c *call) run(end *callEnd) (*http.Response, error) {
 		if n > 1 {
 			attemptStart = time.Now()
 		}
-		resp, err, octx, sent := c.attempt(ctx, n, prevClass, attemptStart)
+		resp, octx, sent, err := c.attempt(ctx, n, prevClass, attemptStart)
 		now := time.Now()
 		done := func(rec attemptRecord, outcome string) {
 			end.outcome = outcome
@@ -321,16 +321,17 @@ func (c *call) run(end *callEnd) (*http.Response, error) {
 }
 
 // attempt prepares and sends attempt n, which starts at start and retries an
-// outcome of class reason ("" for the first); sent is false
-// when its preparation failed (err is then the *PrepareError) and it was not
-// sent. octx is the context the observers' AttemptStart returned. Its context is a child of the caller's (through what the
-// observers' AttemptStart returned), canceled when the caller's is, when the
-// attempt's time limit
-// ends (the per-attempt timeout or the overall deadline, whichever is first;
-// cause ErrAttemptTimeout), and when the attempt is over: by endAttempt
-// after an error or a discarded response, or when the caller closes the
-// body of the response that deliver hands over.
-func (c *call) attempt(ctx context.Context, n int, reason string, start time.Time) (resp *http.Response, err error, octx context.Context, sent bool) {
+// outcome of class reason ("" for the first). octx is the context the
+// observers' AttemptStart returned (ctx when none did); sent is false when
+// the preparation failed (err is then the *PrepareError) and nothing was
+// sent.
+//
+// The attempt's context is a child of octx, canceled when the caller's is,
+// when the attempt's time limit ends (the per-attempt timeout or the overall
+// deadline, whichever is first; cause ErrAttemptTimeout), and when the
+// attempt is over: by endAttempt after an error or a discarded response, or
+// when the caller closes the body of the response that deliver hands over.
+func (c *call) attempt(ctx context.Context, n int, reason string, start time.Time) (resp *http.Response, octx context.Context, sent bool, err error) {
 	t := c.t
 	octx = ctx
 	if t.obs.attemptStart {
@@ -378,7 +379,7 @@ func (c *call) attempt(ctx context.Context, n int, reason string, start time.Tim
 				r.Body.Close() // never sent: still ours to close
 			}
 			c.endAttempt()
-			return nil, err, octx, false
+			return nil, octx, false, err
 		}
 	}
 
@@ -391,13 +392,13 @@ func (c *call) attempt(ctx context.Context, n int, reason string, start time.Tim
 			err = attemptTimedOut(limit, err)
 		}
 		c.endAttempt()
-		return nil, err, octx, true
+		return nil, octx, true, err
 	}
 	if resp == nil {
 		c.endAttempt()
-		return nil, errors.New("saferetry: base RoundTripper returned neither a response nor an error"), octx, true
+		return nil, octx, true, errors.New("saferetry: base RoundTripper returned neither a response nor an error")
 	}
-	return resp, nil, octx, true
+	return resp, octx, true, nil
 }
 
 // done tells the observers attempt a's outcome; ctx is the attempt's
