@@ -59,7 +59,7 @@ func counts(t *testing.T, m metricdata.Metrics, key attribute.Key) map[string]in
 	out := map[string]int64{}
 	for _, dp := range sum.DataPoints {
 		v, _ := dp.Attributes.Value(key)
-		out[v.Emit()] += dp.Value
+		out[v.String()] += dp.Value
 	}
 	return out
 }
