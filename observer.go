@@ -38,8 +38,9 @@ type Observer struct {
 	// it, becomes the parent of the attempt's context: the one the
 	// preparation and the base transport see (r.Context()), and the one
 	// AttemptDone receives. Return ctx to add nothing; a nil return counts
-	// as ctx. It should only add values (a tracing span): the attempt is
-	// canceled with a context it returns, and such an error is not retried.
+	// as ctx. It should only add values (a tracing span): a returned context
+	// that ends (a deadline, a cancellation) ends the attempt with it, and
+	// that error is not retried.
 	AttemptStart func(ctx context.Context, info AttemptStartInfo) context.Context
 
 	// AttemptDone is called once per attempt whose AttemptStart was called,
