@@ -1,6 +1,6 @@
 module github.com/saferetry/saferetry/bench
 
-go 1.26.0
+go 1.25.0
 
 replace github.com/saferetry/saferetry => ../
 
@@ -14,8 +14,8 @@ require (
 	github.com/saferetry/saferetry v0.0.0-00010101000000-000000000000
 	github.com/saferetry/saferetry/otelsaferetry v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
-	go.opentelemetry.io/otel/sdk v1.47.0
-	go.opentelemetry.io/otel/sdk/metric v1.47.0
+	go.opentelemetry.io/otel/sdk v1.46.0
+	go.opentelemetry.io/otel/sdk/metric v1.46.0
 	go.uber.org/goleak v1.3.0
 	modernc.org/sqlite v1.59.0
 )
@@ -25,10 +25,9 @@ require (
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
-	go.opentelemetry.io/otel v1.47.0 // indirect
-	go.opentelemetry.io/otel/log v1.47.0 // indirect
-	go.opentelemetry.io/otel/metric v1.47.0 // indirect
-	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	go.opentelemetry.io/otel v1.46.0 // indirect
+	go.opentelemetry.io/otel/metric v1.46.0 // indirect
+	go.opentelemetry.io/otel/trace v1.46.0 // indirect
 )
 
 require (
@@ -47,7 +46,7 @@ require (
 	github.com/saferetry/saferetry/idempotency/sqlstore v0.0.0-00010101000000-000000000000
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 	golang.org/x/time v0.14.0 // indirect
 	modernc.org/libc v1.75.7 // indirect
