@@ -7,6 +7,7 @@
 //
 //	go run ./examples/chaos
 //	go run ./examples/chaos -duration 10s -clients 32 -faults 'calm=1,reset=2,5xx-after-commit=2'
+//	go run ./examples/chaos -metrics metrics.json
 //	go run ./examples/chaos -store postgres -dsn postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 //
 // Everything runs in one process on loopback.
@@ -46,6 +47,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule (0: random)")
 	fs.BoolVar(&cfg.Verbose, "v", false, "print the server's warnings (store failures, lost leases) as they happen")
 	fs.DurationVar(&cfg.Think, "think", cfg.Think, "mean pause between two logical requests of a client")
+	fs.StringVar(&cfg.Metrics, "metrics", "", "write the run's OpenTelemetry metrics (client and server, otelsaferetry) to this file as JSON (stdout exporter)")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temporary SQLite file (or the PostgreSQL schema) after the run, to inspect it")
 	fs.BoolVar(&cfg.Unsafe, "unsafe-no-idempotency", false, "run without the idempotency middleware (the run must then fail)")
 	fs.Usage = func() {

@@ -31,9 +31,10 @@ type config struct {
 	MaxAttempts    int
 	Seed           uint64 // fault schedule seed; 0 = random
 	Think          time.Duration
-	Unsafe         bool // run without the idempotency middleware (proves the check can fail)
-	Verbose        bool // print the server's warnings
-	Keep           bool // keep the temporary SQLite file or the PostgreSQL schema after the run
+	Unsafe         bool   // run without the idempotency middleware (proves the check can fail)
+	Verbose        bool   // print the server's warnings
+	Keep           bool   // keep the temporary SQLite file or the PostgreSQL schema after the run
+	Metrics        string // write the run's OpenTelemetry metrics to this file ("" = none)
 }
 
 func defaultConfig() config {
@@ -118,12 +119,19 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 	defer be.close()
 	sum.Where = be.where
 
+	// The run's OpenTelemetry metrics, when asked for.
+	met, err := newMetrics(cfg.Metrics)
+	if err != nil {
+		return sum, err
+	}
+	defer met.close(stderr)
+
 	// The service.
 	serverLog := newLevelCounter(cfg.Verbose, stderr)
 	layer := newFaultLayer(cfg.AttemptTimeout * 3 / 2)
 	a := newAPI(be)
 	srv := &http.Server{
-		Handler:           a.handler(layer, cfg.Unsafe, slog.New(serverLog)),
+		Handler:           a.handler(layer, cfg.Unsafe, slog.New(serverLog), met.server),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          log.New(io.Discard, "", 0),
 	}
@@ -166,6 +174,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 			saferetry.WithMaxElapsed(5 * time.Second),
 			saferetry.WithBudgetRegistry(budget.NewRegistry(nil)),
 			saferetry.WithLogger(slog.New(counter)),
+			saferetry.WithObserver(met.client),
 		},
 	}
 	defer fl.closeIdle()

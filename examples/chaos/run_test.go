@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"os"
@@ -225,4 +226,43 @@ func TestSQLiteTempFileKeep(t *testing.T) {
 			require.NoFileExists(t, path)
 		}
 	}
+}
+
+// TestRunExportsMetrics checks -metrics: the file holds the fleet's client
+// metrics and the middleware's server metrics, in the stdout exporter's
+// JSON, and the executions the server counted match the run's own count.
+func TestRunExportsMetrics(t *testing.T) {
+	cfg := shortConfig(t, 1500*time.Millisecond)
+	cfg.Metrics = filepath.Join(t.TempDir(), "metrics.json")
+	sum, out := runOK(t, cfg)
+	requireGuarantee(t, sum, out)
+
+	raw, err := os.ReadFile(cfg.Metrics)
+	require.NoError(t, err)
+	var doc struct {
+		ScopeMetrics []struct {
+			Metrics []struct {
+				Name string
+				Data struct {
+					DataPoints []struct{ Value float64 }
+				}
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal(raw, &doc), "%s", raw)
+	sums := map[string]float64{}
+	for _, sm := range doc.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sums[m.Name] += 0
+			for _, dp := range m.Data.DataPoints {
+				sums[m.Name] += dp.Value
+			}
+		}
+	}
+	for _, name := range []string{"saferetry.client.attempts", "saferetry.client.retries",
+		"saferetry.server.executions", "saferetry.server.replays", "saferetry.server.store.duration"} {
+		require.Contains(t, sums, name)
+	}
+	require.EqualValues(t, sum.Attempts, sums["saferetry.client.attempts"], "one attempt counted per Transport attempt of the chaos phase")
+	require.Positive(t, sums["saferetry.server.replays"])
 }

@@ -321,13 +321,14 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 // handler builds the service's handler chain, outermost first: the fault
 // layer, deadline propagation, the router, the idempotency middleware (unless
 // unsafe), the payments handler.
-func (a *api) handler(f *faultLayer, unsafe bool, logger *slog.Logger) http.Handler {
+func (a *api) handler(f *faultLayer, unsafe bool, logger *slog.Logger, obs idempotency.Observer) http.Handler {
 	var payments http.Handler = http.HandlerFunc(a.createPayment)
 	if !unsafe {
 		mw := idempotency.New(a.b.store,
 			idempotency.WithPrincipal(account),
 			idempotency.WithLease(serverLease),
-			idempotency.WithLogger(logger))
+			idempotency.WithLogger(logger),
+			idempotency.WithObserver(obs))
 		payments = mw(payments)
 	}
 	mux := http.NewServeMux()
