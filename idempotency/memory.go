@@ -20,9 +20,11 @@ var ErrUnitDone = errors.New("idempotency: unit already committed or rolled back
 // Defaults of the MemoryStore's limits (WithMaxRecords, WithMaxBytes).
 const (
 	// DefaultMemoryMaxRecords is the number of records a MemoryStore holds
-	// at most: 100,000, about 50 MiB of records with small bodies, or a
-	// sustained 1.1 new keys per second over the default 24-hour replay
-	// window (a server with more traffic raises it, or uses a SQL store).
+	// at most: 100,000, about 90 MiB of records with small bodies (a
+	// record costs about 900 bytes with a 64-byte request and response),
+	// or a sustained 1.1 new keys per second over the default 24-hour
+	// replay window (a server with more new keys raises it, or uses a SQL
+	// store).
 	DefaultMemoryMaxRecords = 100_000
 	// DefaultMemoryMaxBytes is the memory a MemoryStore's records may take
 	// at most, as the store counts it (MemoryStore.Bytes): 256 MiB. It
