@@ -115,9 +115,10 @@ var (
 	ErrLeaseLost = errors.New("idempotency: lease lost")
 	// ErrStoreFull is returned (wrapped) by the Claim of a bounded store
 	// (the MemoryStore, see NewMemoryStore) that has no room for the record
-	// the claim would create; nothing changed. Such a store never returns
-	// it for a claim of an existing record (a replay, a takeover) nor from
-	// its other methods. The middleware answers it with 503
+	// the claim would create: no record was created or changed (records
+	// past their replay window may have been evicted). Such a store never
+	// returns it for a claim of an existing record (a replay, a takeover)
+	// nor from its other methods. The middleware answers it with 503
 	// CodeStoreUnavailable and Retry-After: 1: the store fails closed.
 	ErrStoreFull = errors.New("idempotency: store full")
 )
