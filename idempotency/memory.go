@@ -171,7 +171,8 @@ func (r *memResponse) response() *Response {
 	return out
 }
 
-// MemoryOption configures NewMemoryStore.
+// MemoryOption configures NewMemoryStore. Options are applied in order; a
+// later one wins.
 type MemoryOption func(*MemoryStore)
 
 // WithMaxRecords sets the number of records a MemoryStore holds at most
