@@ -107,7 +107,9 @@ func BenchmarkMiddleware(b *testing.B) {
 			var steady *idempotency.MemoryStore
 			switch store {
 			case "memory":
-				h = idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(DiscardLogger))(h)
+				// No limits: b.N may pass the default's 100,000 records.
+				unbounded := idempotency.NewMemoryStore(idempotency.WithMaxRecords(math.MaxInt), idempotency.WithMaxBytes(math.MaxInt))
+				h = idempotency.New(unbounded, idempotency.WithLogger(DiscardLogger))(h)
 			case "memory-steady":
 				steady = idempotency.NewMemoryStore()
 				h = idempotency.New(steady, idempotency.WithLogger(DiscardLogger))(h)

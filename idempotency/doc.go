@@ -20,7 +20,8 @@
 // stored or released.
 //
 // The Store interface is the contract between the middleware and its
-// storage; MemoryStore implements it for tests and single-process use, the
+// storage; MemoryStore implements it for tests and single-process use
+// (bounded: when full, new keys get 503 with Retry-After, ErrStoreFull), the
 // sqlstore package for SQLite and PostgreSQL, and the idempotencytest
 // package holds the conformance suite every Store must pass. A store that
 // also implements Transactor lets the handler's own writes commit in the

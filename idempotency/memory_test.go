@@ -18,6 +18,12 @@ func TestMemoryStoreConformance(t *testing.T) {
 	idempotencytest.TestStore(t, func(*testing.T) idempotency.Store { return idempotency.NewMemoryStore() })
 }
 
+func TestMemoryStoreBounded(t *testing.T) {
+	idempotencytest.TestBoundedStore(t, func(_ *testing.T, n int) idempotency.Store {
+		return idempotency.NewMemoryStore(idempotency.WithMaxRecords(n))
+	})
+}
+
 func TestMemoryUnitOnCommit(t *testing.T) {
 	s := idempotency.NewMemoryStore()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -197,6 +197,9 @@ func (h *handler) log(ctx context.Context, level slog.Level, msg string, s Scope
 
 func (h *handler) storeUnavailable(ctx context.Context, w http.ResponseWriter, s Scope, err error) {
 	h.log(ctx, slog.LevelError, "idempotency: store unavailable", s, "err", err)
+	if errors.Is(err, ErrStoreFull) {
+		w.Header().Set("Retry-After", "1") // fail closed until records expire or are released
+	}
 	writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "", nil)
 }
 

@@ -607,16 +607,18 @@ func TestFromContext(t *testing.T) {
 		run     *idempotency.Run
 		unit    idempotency.Unit
 		unitErr error
+		rec     idempotency.Record // as the handler runs
+		recErr  error
 	)
+	store := idempotency.NewMemoryStore()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run, _ = idempotency.FromContext(r.Context())
 		unit, _, unitErr = run.Unit(r.Context())
+		rec, recErr = store.Get(r.Context(), run.Scope)
 	})
-	store := idempotency.NewMemoryStore()
 	srv := serve(t, store, h)
 	post(t, srv, "k", `{"a":1}`, "Authorization: Bearer secret")
-	rec, err := store.Get(t.Context(), run.Scope)
-	require.NoError(t, err)
+	require.NoError(t, recErr)
 	sr, err := idempotency.DecodeRequest(rec.Request)
 	require.NoError(t, err)
 	require.Regexp(t, `^[0-9a-f]{16}$`, sr.ID, "a random request ID for downstream keys")

@@ -28,7 +28,8 @@ const (
 	// retrying with the same key is safe. The handler may have started:
 	// its writes in the request's unit did not commit, and phases it
 	// committed are resumed, not repeated, by the retry. It never ran
-	// unprotected.
+	// unprotected. When the claim failed because a bounded store is full
+	// (ErrStoreFull), the answer carries Retry-After: 1.
 	CodeStoreUnavailable = "idempotency_store_unavailable"
 	// CodeRequestTooLarge (413): the request body exceeds the limit set with
 	// WithMaxRequestBody; the handler did not run.

@@ -24,11 +24,14 @@ func reapScope(key string) Scope {
 
 // seed claims key at now with a 10 s lease and completes it at now when
 // complete is true.
+// seed claims key at now and, if complete, completes it. Its claim has no
+// replay window, so that a MemoryStore keeps the completed records for the
+// reaper (it evicts those past the window of their claim by itself).
 func seed(t *testing.T, s Store, key string, now time.Time, complete bool) Record {
 	t.Helper()
 	rec, ok, err := s.Claim(t.Context(), Claim{
 		Scope: reapScope(key), Fingerprint: "fp", FingerprintVersion: 1, Owner: "o-" + key,
-		Now: now, LeaseFor: 10 * time.Second, ReplayWindow: 24 * time.Hour,
+		Now: now, LeaseFor: 10 * time.Second,
 	})
 	require.NoError(t, err)
 	require.True(t, ok)

@@ -74,7 +74,7 @@ type Record struct {
 	LeaseUntil         time.Time
 	RecoveryPoint      string // name of the last committed phase ("intent:<name>" while an External call's outcome is unknown), "" before any
 	RecoveryData       []byte // phase state saved with RecoveryPoint (opaque to stores; DecodeRecovery reads what Run.Phase writes)
-	Request            []byte // opaque encoded request saved at claim, for the completer
+	Request            []byte // opaque encoded request saved at claim, for a resume (the completer); the MemoryStore drops it when the record completes
 	Response           *Response
 	CreatedAt          time.Time
 	UpdatedAt          time.Time
@@ -113,6 +113,14 @@ var (
 	// ErrLeaseLost is returned by a conditional write whose lease no longer
 	// matches the record (expired and taken over, released, or completed).
 	ErrLeaseLost = errors.New("idempotency: lease lost")
+	// ErrStoreFull is returned (wrapped) by the Claim of a bounded store
+	// (the MemoryStore, see NewMemoryStore) that has no room for the record
+	// the claim would create: no record was created or changed (records
+	// past their replay window may have been evicted). Such a store never
+	// returns it for a claim of an existing record (a replay, a takeover)
+	// nor from its other methods. The middleware answers it with 503
+	// CodeStoreUnavailable and Retry-After: 1: the store fails closed.
+	ErrStoreFull = errors.New("idempotency: store full")
 )
 
 // Store keeps idempotency records. Implementations must be safe for

@@ -3,5 +3,6 @@
 // TestStore with a constructor, and the suite checks the contract the
 // middleware relies on (atomic claims, the replay window, lease takeover,
 // fencing, release, recovery points, the completer and reaper queries and,
-// for a Transactor, unit atomicity).
+// for a Transactor, unit atomicity). TestBoundedStore checks, for a store
+// that holds a bounded number of records, that it fails closed when full.
 package idempotencytest
