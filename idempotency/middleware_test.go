@@ -227,6 +227,14 @@ func TestKeyFormats(t *testing.T) {
 		{`"a\"b\\c"`, `a"b\c`},
 		{"  padded  ", "padded"},
 		{strings.Repeat("k", 255), strings.Repeat("k", 255)},
+		// Bare values are the key as they are: inner spaces, commas,
+		// quotes (issue 16 point 6).
+		{"order 42", "order 42"},
+		{`"a b"`, "a b"},
+		{"a, b", "a, b"},
+		{"a,b", "a,b"},
+		{`"abc`, `"abc`},
+		{`ab"c`, `ab"c`},
 	} {
 		t.Run(tc.header, func(t *testing.T) {
 			a := post(t, srv, tc.header, `{}`)
@@ -238,18 +246,15 @@ func TestKeyFormats(t *testing.T) {
 	requireReplay(t, post(t, srv, "abc-123", `{}`), answer{Status: http.StatusCreated})
 
 	for name, extra := range map[string][]string{
-		"256 characters": {"Idempotency-Key: " + strings.Repeat("k", 256)},
-		"empty":          {"Idempotency-Key: "},
-		"empty string":   {`Idempotency-Key: ""`},
-		"list":           {"Idempotency-Key: a, b"},
-		"list no space":  {"Idempotency-Key: a,b"},
-		"quoted list":    {`Idempotency-Key: "a", "b"`},
-		"two lines":      {"Idempotency-Key: a", "Idempotency-Key: b"},
-		"non-ASCII":      {"Idempotency-Key: caf\u00e9"},
-		"space inside":   {`Idempotency-Key: "a b"`},
-		"bad escape":     {`Idempotency-Key: "a\n"`},
-		"unterminated":   {`Idempotency-Key: "abc`},
-		"stray quote":    {`Idempotency-Key: ab"c`},
+		"256 characters":              {"Idempotency-Key: " + strings.Repeat("k", 256)},
+		"empty":                       {"Idempotency-Key: "},
+		"empty string":                {`Idempotency-Key: ""`},
+		"quoted list":                 {`Idempotency-Key: "a", "b"`},
+		"two lines":                   {"Idempotency-Key: a", "Idempotency-Key: b"},
+		"non-ASCII":                   {"Idempotency-Key: caf\u00e9"},
+		"tab inside":                  {"Idempotency-Key: a\tb"},
+		"outer space in an sf-string": {`Idempotency-Key: " a"`},
+		"bad escape":                  {`Idempotency-Key: "a\n"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			seen.Store("")

@@ -19,8 +19,10 @@ const (
 	CodeKeyReused = "idempotency_key_reused"
 	// CodeKeyMissing (400): the route requires a key (WithKeyRequired).
 	CodeKeyMissing = "idempotency_key_missing"
-	// CodeKeyInvalid (400): the key header is malformed, a list, empty,
-	// non-ASCII or longer than 255 bytes.
+	// CodeKeyInvalid (400): the key header breaks keygen.ParseHeader's rule
+	// (1 to 255 bytes of visible ASCII and inner spaces, bare or an RFC 9651
+	// sf-string, on one field line): empty, on two field lines, a malformed
+	// sf-string, a control character, a non-ASCII byte, or too long.
 	CodeKeyInvalid = "idempotency_key_invalid"
 	// CodeStoreUnavailable (503): the store failed (at the claim, at the
 	// commit of the handler's unit, or by failing the heartbeats until the
