@@ -56,9 +56,10 @@ func boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 //     true; 409 CodeResponseNotReplayable if the body was over the cap.
 //   - Any state, different fingerprint: CodeKeyReused, 422 by default
 //     (WithMismatchStatus).
-//   - Malformed key: 400 CodeKeyInvalid. Body over WithMaxRequestBody: 413
-//     CodeRequestTooLarge. Principal error (or an empty principal under
-//     WithPrincipalRequired): 401 CodePrincipalUnavailable.
+//   - Malformed key: 400 CodeKeyInvalid. No principal (by default: no
+//     Authorization header): 401 CodePrincipalMissing, unless
+//     WithAnonymousKeys. Principal error: 401 CodePrincipalUnavailable. Body
+//     over WithMaxRequestBody: 413 CodeRequestTooLarge.
 //   - Store error: 503 CodeStoreUnavailable; the handler never runs
 //     unprotected (a nil store answers this way to every guarded request).
 //   - The handler answered while an External call's outcome is unknown (its
@@ -164,8 +165,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	principal, err := h.cfg.principal(r)
-	if err != nil || (principal == "" && h.cfg.needPrincipal) {
+	if err != nil {
 		writeProblem(w, http.StatusUnauthorized, CodePrincipalUnavailable, "", nil)
+		return
+	}
+	if principal == "" && !h.cfg.anonymous {
+		// Fail closed: anonymous callers would share one namespace of keys.
+		writeProblem(w, http.StatusUnauthorized, CodePrincipalMissing,
+			"a request with an idempotency key must identify its caller", nil)
 		return
 	}
 	body, err := readBody(r, h.cfg.maxRequestBody)

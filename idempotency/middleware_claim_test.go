@@ -45,7 +45,7 @@ func TestClaimSurvivesClientDisconnect(t *testing.T) {
 		ran++
 		w.WriteHeader(http.StatusCreated)
 	})
-	mw := idempotency.New(store, idempotency.WithLogger(quiet))(h)
+	mw := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quiet))(h)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`)).WithContext(ctx)
@@ -84,7 +84,7 @@ func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (idempot
 // embeds it (a wrapper that may add I/O) keeps them.
 func TestAStoreEmbeddingTheMemoryStoreKeepsTheStoreTimeout(t *testing.T) {
 	store := &deadlineStore{MemoryStore: idempotency.NewMemoryStore()}
-	mw := idempotency.New(store, idempotency.WithLogger(quiet))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quiet))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`))

@@ -60,6 +60,7 @@ func TestConcurrentRequestsOneExecution(t *testing.T) {
 			<-start
 			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":100}`))
 			req.Header.Set("Idempotency-Key", "pay-200")
+			req.Header.Set("Authorization", "Bearer test-client")
 			req.Header.Set("Content-Type", "application/json")
 			resp, err := client.Do(req)
 			if err != nil {
@@ -174,9 +175,9 @@ func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
 	srv := serve(t, idempotency.NewMemoryStore(), h)
 	a := post(t, srv, "k", `{}`, "Authorization: Bearer alice")
 	requireFresh(t, post(t, srv, "k", `{}`, "Authorization: Bearer bob"))
-	requireFresh(t, post(t, srv, "k", `{}`))
+	requireProblem(t, post(t, srv, "k", `{}`, "Authorization:"), http.StatusUnauthorized, idempotency.CodePrincipalMissing)
 	requireReplay(t, post(t, srv, "k", `{}`, "Authorization: Bearer alice"), a)
-	require.EqualValues(t, 3, h.n.Load())
+	require.EqualValues(t, 2, h.n.Load())
 
 	p, err := idempotency.AuthorizationPrincipal(&http.Request{Header: http.Header{}})
 	require.NoError(t, err)
@@ -187,18 +188,20 @@ func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
 	require.NotContains(t, p, "Bearer")
 }
 
-// WithPrincipalRequired refuses an empty principal (by default: no
-// Authorization header) instead of sharing one scope among such callers.
-func TestPrincipalRequired(t *testing.T) {
+// WithAnonymousKeys is the explicit opt-in to the old behaviour: every
+// caller without a principal shares the scope "", so the second anonymous
+// caller with the first one's key gets the first one's stored response.
+func TestWithAnonymousKeysSharesOneScope(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithPrincipalRequired(true))
-	requireProblem(t, post(t, srv, "k", `{}`), http.StatusUnauthorized, idempotency.CodePrincipalUnavailable)
-	require.Zero(t, h.n.Load())
-	a := post(t, srv, "k", `{}`, "Authorization: Bearer alice")
-	require.Equal(t, http.StatusCreated, a.Status)
-	requireReplay(t, post(t, srv, "k", `{}`, "Authorization: Bearer alice"), a)
-	// Requests without a key are not guarded and pass through.
-	require.Equal(t, http.StatusCreated, post(t, srv, "", `{}`).Status)
+	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithAnonymousKeys())
+	first := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
+	require.Equal(t, http.StatusCreated, first.Status, first.Body)
+	requireFresh(t, first)
+	requireReplay(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:"), first)
+	require.EqualValues(t, 1, h.n.Load())
+	// Identified callers keep scopes of their own.
+	requireFresh(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice"))
+	require.EqualValues(t, 2, h.n.Load())
 }
 
 func TestPrincipalError(t *testing.T) {
@@ -297,6 +300,7 @@ func TestStoredAndReleasedStatuses(t *testing.T) {
 			send := func() answer {
 				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{}`))
 				req.Header.Set("Idempotency-Key", "k")
+				req.Header.Set("Authorization", "Bearer test-client")
 				resp, err := client.Do(req)
 				require.NoError(t, err)
 				defer resp.Body.Close()
@@ -533,6 +537,7 @@ func TestStoredHeadersAreNobodyElses(t *testing.T) {
 	send := func() *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"a":1}`))
 		r.Header.Set("Idempotency-Key", "k")
+		r.Header.Set("Authorization", "Bearer test-client")
 		w := httptest.NewRecorder()
 		mw.ServeHTTP(w, r)
 		return w
@@ -667,9 +672,31 @@ func TestHandlerContextFollowsTheRequestContext(t *testing.T) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://x/pay", strings.NewReader(`{}`))
 	require.NoError(t, err)
 	req.Header.Set("Idempotency-Key", "k-ctx")
+	req.Header.Set("Authorization", "Bearer test-client")
 	done := make(chan struct{})
 	go func() { defer close(done); h.ServeHTTP(httptest.NewRecorder(), req) }()
 	cancel(gone) // before or while the handler waits: either way it must see the cause
 	require.ErrorIs(t, <-got, gone)
 	<-done
+}
+
+// Issue 16 point 3: without an Authorization header the default principal
+// is "", so by default anonymous callers must not share one namespace: a
+// second anonymous caller who sends the first one's key (event-derived keys
+// are guessable) gets 401, never the first caller's stored response; only
+// WithAnonymousKeys brings the shared scope back.
+func TestAnonymousCallersDoNotShareKeys(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	first := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
+	requireProblem(t, first, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
+	second := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
+	requireProblem(t, second, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
+	require.Zero(t, h.n.Load(), "the handler ran for an anonymous guarded request")
+	// An identified caller is served as before, and requests without a key
+	// are not guarded.
+	a := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice")
+	require.Equal(t, http.StatusCreated, a.Status, a.Body)
+	requireReplay(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice"), a)
+	require.Equal(t, http.StatusCreated, post(t, srv, "", `{}`, "Authorization:").Status)
 }

@@ -39,8 +39,14 @@ const (
 	// handler did not run.
 	CodeRequestUnreadable = "idempotency_request_unreadable"
 	// CodePrincipalUnavailable (401): the principal function returned an
-	// error (or "" under WithPrincipalRequired); the handler did not run.
+	// error; the handler did not run.
 	CodePrincipalUnavailable = "idempotency_principal_unavailable"
+	// CodePrincipalMissing (401): the request carries a key but no principal
+	// (the principal function returned ""; by default, no Authorization
+	// header), and the server does not let anonymous callers share one
+	// scope of keys (WithAnonymousKeys); the handler did not run. Send the
+	// request with credentials, the same ones on every retry.
+	CodePrincipalMissing = "idempotency_principal_missing"
 	// CodeRequestIncomplete (503): the handler answered while the outcome of
 	// a call it made to another service (Run.External) was unknown, so its
 	// answer was not stored; the record stays in progress, ready to resume.
@@ -81,6 +87,7 @@ var problemTitles = map[string]string{
 	CodeRequestTooLarge:       "The request body is too large",
 	CodeRequestUnreadable:     "The request body could not be read",
 	CodePrincipalUnavailable:  "The caller could not be identified",
+	CodePrincipalMissing:      "A request with an idempotency key must identify its caller",
 	CodeResponseNotReplayable: "The stored response cannot be replayed",
 	CodeRequestIncomplete:     "The request could not be finished yet",
 }
