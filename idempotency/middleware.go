@@ -106,10 +106,19 @@ func boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // The claim and every store call after the handler returned are bounded by
 // 10 seconds.
 //
-// The handler's context keeps the request's values and deadline and is
-// canceled when the client goes away, but the store calls after the handler
-// (complete, release) run even then. The handler sees the full request
-// body. Its response writer buffers everything: Flush is deferred until the
+// The handler's context keeps the request's values and deadline (its own,
+// or the one deadline.Middleware set from the client's propagated time), but
+// once the key is claimed it is not canceled when the client goes away: the
+// work runs to its end, its response is stored, and the client's retry gets
+// the replay instead of running the work a second time (a handler that
+// writes through a transaction bound to its context would otherwise fail
+// with "context canceled", release the key, and run again on the retry).
+// It ends only when the deadline passes, the lease is lost (cause
+// ErrLeaseLost or ErrLeaseExpired, above), or the server shuts down: with
+// WithShutdown(ctx), when ctx ends (cause context.Cause(ctx)). Without
+// WithShutdown, http.Server.Shutdown waits for such handlers as for any
+// other, and http.Server.Close does not stop them. The handler sees the
+// full request body. Its response writer buffers everything: Flush is deferred until the
 // record is committed, 1xx responses are dropped, and hijacking fails with
 // ErrHijackGuarded (what the handler then answers is handled as any answer).
 //
@@ -243,7 +252,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			return
 		}
 		if acquired {
-			h.run(w, r, bg, req, rec)
+			// The key is ours: the handler runs to its end even if the
+			// client goes away (detach), so that its response is stored
+			// and the client's retry replays it instead of running the
+			// work again.
+			hctx, cancel := detach(ctx, bg)
+			h.run(w, r, bg, hctx, req, rec)
+			cancel()
 			return
 		}
 		// Someone else holds or completed the key: answer from the record,

@@ -50,8 +50,10 @@ func TestClaimSurvivesClientDisconnect(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`)).WithContext(ctx)
 	req.Header.Set("Idempotency-Key", "k-disconnect")
-	go func() { <-store.claimed; cancel() }()
+	canceled := make(chan struct{})
+	go func() { <-store.claimed; cancel(); close(canceled) }()
 	mw.ServeHTTP(httptest.NewRecorder(), req)
+	<-canceled // before store.claimed is replaced below
 
 	rec, err := store.Get(context.Background(), idempotency.Scope{Method: "POST", Route: "/payments", Key: "k-disconnect"})
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -646,38 +648,75 @@ func TestFromContext(t *testing.T) {
 	require.False(t, ok)
 }
 
-// The handler's context is the request's: its values and deadline, and its
-// cancellation with the request's cause when the client goes away; the Run
-// is in it too.
-func TestHandlerContextFollowsTheRequestContext(t *testing.T) {
-	type key struct{}
-	gone := fmt.Errorf("client went away")
-	deadline := time.Now().Add(time.Hour)
-	got := make(chan error, 1)
-	h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(http.HandlerFunc(
-		func(w http.ResponseWriter, r *http.Request) {
-			ctx := r.Context()
-			d, ok := ctx.Deadline()
-			_, hasRun := idempotency.FromContext(ctx)
-			if !ok || !d.Equal(deadline) || ctx.Value(key{}) != "v" || !hasRun {
-				got <- fmt.Errorf("deadline %v %v, value %v, run %v", d, ok, ctx.Value(key{}), hasRun)
-				return
-			}
-			<-ctx.Done()
-			got <- context.Cause(ctx)
-		}))
-	base, cancelDeadline := context.WithDeadline(context.WithValue(context.Background(), key{}, "v"), deadline)
-	defer cancelDeadline()
-	ctx, cancel := context.WithCancelCause(base)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://x/pay", strings.NewReader(`{}`))
-	require.NoError(t, err)
-	req.Header.Set("Idempotency-Key", "k-ctx")
-	req.Header.Set("Authorization", "Bearer test-client")
-	done := make(chan struct{})
-	go func() { defer close(done); h.ServeHTTP(httptest.NewRecorder(), req) }()
-	cancel(gone) // before or while the handler waits: either way it must see the cause
-	require.ErrorIs(t, <-got, gone)
-	<-done
+// The handler's context keeps the request's values and deadline and
+// carries the Run, but once the key is claimed the client going away does
+// not cancel it (issue 16 point 5): only the deadline (or a lost lease, or
+// WithShutdown) ends it. Fake time: the one-hour deadline passes at once.
+func TestHandlerContextOutlivesTheClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type key struct{}
+		deadline := time.Now().Add(time.Hour)
+		got := make(chan error, 1)
+		h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(http.HandlerFunc(
+			func(w http.ResponseWriter, r *http.Request) {
+				ctx := r.Context()
+				d, ok := ctx.Deadline()
+				_, hasRun := idempotency.FromContext(ctx)
+				if !ok || !d.Equal(deadline) || ctx.Value(key{}) != "v" || !hasRun {
+					got <- fmt.Errorf("deadline %v %v, value %v, run %v", d, ok, ctx.Value(key{}), hasRun)
+					return
+				}
+				<-ctx.Done()
+				got <- context.Cause(ctx)
+			}))
+		base, cancelDeadline := context.WithDeadline(context.WithValue(context.Background(), key{}, "v"), deadline)
+		defer cancelDeadline()
+		ctx, cancel := context.WithCancelCause(base)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://x/pay", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "k-ctx")
+		req.Header.Set("Authorization", "Bearer test-client")
+		done := make(chan struct{})
+		start := time.Now()
+		go func() { defer close(done); h.ServeHTTP(httptest.NewRecorder(), req) }()
+		synctest.Wait()
+		cancel(errors.New("client went away"))
+		require.ErrorIs(t, <-got, context.DeadlineExceeded, "only the deadline ends the handler")
+		require.Equal(t, time.Hour, time.Since(start), "it ran until its deadline")
+		<-done
+	})
+}
+
+// WithShutdown ends the handlers of claimed requests, with the shutdown
+// context's cause, when the server stops.
+func TestWithShutdownCancelsTheHandler(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		shutdown, stop := context.WithCancelCause(context.Background())
+		stopping := errors.New("server shutting down")
+		got := make(chan error, 1)
+		h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet), idempotency.WithShutdown(shutdown))(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				<-r.Context().Done()
+				got <- context.Cause(r.Context())
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}))
+		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "k-shutdown")
+		req.Header.Set("Authorization", "Bearer test-client")
+		rec := httptest.NewRecorder()
+		done := make(chan struct{})
+		go func() { defer close(done); h.ServeHTTP(rec, req) }()
+		synctest.Wait()
+		select {
+		case err := <-got:
+			t.Fatalf("the handler ended before the shutdown: %v", err)
+		default:
+		}
+		stop(stopping)
+		require.ErrorIs(t, <-got, stopping)
+		<-done
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	})
 }
 
 // Issue 16 point 3: without an Authorization header the default principal

@@ -68,6 +68,7 @@ type config struct {
 	route          func(*http.Request) string
 	header         string
 	logger         *slog.Logger
+	shutdown       context.Context
 
 	// test hooks
 	now          func() time.Time
@@ -326,6 +327,28 @@ func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name != "" {
 			c.header = http.CanonicalHeaderKey(name)
+		}
+	}
+}
+
+// WithShutdown sets the context whose end stops the handlers of claimed
+// requests when the server shuts down: their contexts are canceled with
+// context.Cause(ctx). Once a key is claimed, the handler's context is not
+// canceled when the client goes away (the work runs to its end and its
+// response is stored for the client's retry); it ends only when its lease
+// is lost, its deadline passes, or ctx ends. Pass the context you cancel to
+// shut down, the one you give http.Server.BaseContext, for example: the
+// middleware cannot see BaseContext's cancellation through a request whose
+// client-side cancellation it drops. What a handler stopped this way
+// answers is handled as any answer (a 5xx releases the key, or keeps it for
+// a resume after a committed phase). Default none: handlers run to their end
+// or their deadline, which http.Server.Shutdown waits for. nil keeps the
+// default. It applies to the Completer's executions too when given among its
+// options.
+func WithShutdown(ctx context.Context) Option {
+	return func(c *config) {
+		if ctx != nil {
+			c.shutdown = ctx
 		}
 	}
 }
