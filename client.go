@@ -25,8 +25,10 @@ import (
 var ErrAttemptTimeout = errors.New("saferetry: attempt timed out")
 
 // ErrInvalidKey is matched (errors.Is) by the error RoundTrip returns, before
-// any network I/O, when the caller's idempotency key header is invalid: not
-// 1 to 255 printable ASCII characters without spaces, or sent more than once.
+// any network I/O, when the caller's idempotency key header is invalid under
+// keygen.ParseHeader: not 1 to 255 bytes of visible ASCII and inner spaces
+// (a control character, a non-ASCII byte, too long, a malformed sf-string),
+// or sent on more than one field line.
 // errors.As with *keygen.InvalidKeyError gives the reason. It is the same
 // sentinel as keygen.ErrInvalidKey.
 var ErrInvalidKey = keygen.ErrInvalidKey

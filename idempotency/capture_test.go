@@ -25,7 +25,7 @@ func rawPost(t *testing.T, addr, key string) (*http.Response, string, error) {
 	require.NoError(t, err)
 	defer conn.Close()
 	require.NoError(t, conn.SetDeadline(time.Now().Add(timeout)))
-	_, err = io.WriteString(conn, "POST /payments HTTP/1.1\r\nHost: test\r\nIdempotency-Key: "+key+
+	_, err = io.WriteString(conn, "POST /payments HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer test-client\r\nIdempotency-Key: "+key+
 		"\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
 	require.NoError(t, err)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)

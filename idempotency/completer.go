@@ -51,7 +51,7 @@ type CompleterConfig struct {
 	Logger *slog.Logger
 	// Options are the middleware's options, so that responses are stored as
 	// the middleware stores them: WithStore5xx, WithReplayHeaders,
-	// WithMaxStoredBody. Options about keys, principals, methods, routes
+	// WithMaxStoredBody; and WithShutdown. Options about keys, principals, methods, routes
 	// and waiting do not apply. Lease and Logger above win over WithLease
 	// and WithLogger.
 	Options []Option
@@ -206,7 +206,7 @@ type execution struct {
 
 func (e *execution) do(w http.ResponseWriter, r *http.Request) {
 	e.ran = true
-	e.out = e.h.run(w, r, context.WithoutCancel(r.Context()), e.req, e.rec)
+	e.out = e.h.run(w, r, context.WithoutCancel(r.Context()), r.Context(), e.req, e.rec)
 }
 
 // discardWriter is the response writer of a completer's execution: there is

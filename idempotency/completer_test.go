@@ -88,7 +88,7 @@ func TestCompleterFinishesAnAbandonedRequest(t *testing.T) {
 
 	// The client's retry, through the middleware, replays it.
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", New(mem, withClock(clock), WithLogger(discard))(s))
+	mux.Handle("POST /payments", New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(s))
 	replay := send(t, mux, "order-42", `{"amount":4200}`)
 	require.Equal(t, http.StatusCreated, replay.Code)
 	requireReplayed(t, replay, `{"order":"ord_1","charge":"ch_1","receipt":"rcpt_ord_1_ch_1"}`)
@@ -239,7 +239,7 @@ func TestCompleterBacksOffFromRecordsItFailsToFinish(t *testing.T) {
 	// A client retry resumes at once, backoff or not.
 	healthy.Store(true)
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", New(mem, withClock(clock), WithLogger(discard))(h))
+	mux.Handle("POST /payments", New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(h))
 	clock.Advance(time.Millisecond)
 	require.Equal(t, http.StatusCreated, send(t, mux, "order-42", `{}`).Code)
 	require.Equal(t, CompleterReport{}, run())
@@ -483,7 +483,7 @@ func TestCompleterFencesTheStalledOwner(t *testing.T) {
 		s.ServeHTTP(w, r)
 	})
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", New(mem, withClock(clock), WithLogger(discard))(zombie))
+	mux.Handle("POST /payments", New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(zombie))
 	done := make(chan *httptest.ResponseRecorder)
 	go func() { done <- send(t, mux, "order-42", `{}`) }()
 	<-stalled

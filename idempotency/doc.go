@@ -17,7 +17,12 @@
 // stored and replayed with Idempotent-Replayed: true). Conflicts are RFC
 // 9457 problem+json answers with stable codes (CodeInProgress,
 // CodeKeyReused, ...). New documents every answer and which outcomes are
-// stored or released.
+// stored or released. A request with a key but no principal is refused
+// (401 CodePrincipalMissing) unless the server opts in to one shared
+// anonymous scope with WithAnonymousKeys. Once a key is claimed, the
+// handler's context is not canceled when the client goes away, so that its
+// response is stored for the client's retry; it ends on a lost lease, the
+// request's deadline, or WithShutdown's context.
 //
 // The Store interface is the contract between the middleware and its
 // storage; MemoryStore implements it for tests and single-process use

@@ -146,6 +146,7 @@ func TestEndToEnd(t *testing.T) {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://payments.test/payments", strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Idempotency-Key", key)
+			req.Header.Set("Authorization", "Bearer test-client")
 			resp, err := client.Do(req)
 			if err != nil {
 				return result{err: err}

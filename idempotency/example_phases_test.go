@@ -89,6 +89,7 @@ func ExampleRun_External() {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":4200}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", "order-42-pay")
+		req.Header.Set("Authorization", "Bearer shop-client") // the default principal: a digest of it
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			fmt.Println(err)

@@ -39,20 +39,27 @@ func (h *handler) newRun(bg context.Context, scope Scope, rec Record, stored []b
 
 // run executes the handler as the owner of rec and answers through w.
 // bg is r's context without its cancellation: store calls keep going when
-// the client disconnects.
+// the client disconnects. parent is the context the handler's derives from:
+// for the middleware, detach's (the client going away does not end it);
+// for the Completer, its own.
 //
-// The handler's context carries the Run and has the request's values,
-// deadline and cancellation, plus cancellation with cause ErrLeaseLost (or
-// ErrLeaseExpired) from the heartbeat. No unit of work is open yet: Run.Unit
-// (or sqlstore.Tx) begins the request's unit when the handler first asks
-// for it, else the completion begins one. The capture and the request body
-// are not in the Run, so that a context of the handler's that outlives the
-// request does not keep them alive.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context, req request, rec Record) outcome {
+// The handler's context carries the Run and has parent's values, deadline
+// and cancellation, plus cancellation with cause ErrLeaseLost (or
+// ErrLeaseExpired) from the heartbeat and, under WithShutdown, with the
+// shutdown context's cause when it ends. No unit of work is open yet:
+// Run.Unit (or sqlstore.Tx) begins the request's unit when the handler
+// first asks for it, else the completion begins one. The capture and the
+// request body are not in the Run, so that a context of the handler's that
+// outlives the request does not keep them alive.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context.Context, req request, rec Record) outcome {
 	start := time.Now()
 	run := h.newRun(bg, req.scope, rec, req.stored, req.execID)
-	hctx, cancel := context.WithCancelCause(withRun(r.Context(), run))
+	hctx, cancel := context.WithCancelCause(withRun(parent, run))
 	defer cancel(nil)
+	if sd := h.cfg.shutdown; sd != nil && sd.Done() != nil {
+		stop := context.AfterFunc(sd, func() { cancel(context.Cause(sd)) })
+		defer stop()
+	}
 	run.cancel = cancel
 	x := &invocation{cw: capture{w: w, header: make(http.Header)}}
 	hb := h.startHeartbeat(&x.hb, bg, run, cancel)
@@ -91,6 +98,20 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg context.Context
 // String returns the Outcome* constant of o.
 func (o outcome) String() string {
 	return [...]string{OutcomeCompleted, OutcomeReleased, OutcomeKept, OutcomeLost, OutcomeFailed}[o]
+}
+
+// detach returns the context in which the handler of a claimed request
+// runs: bg (the request's context ctx without its cancellation, so with all
+// its values) with ctx's deadline, if it has one, applied again (its own, or
+// the one deadline.Middleware set from the client's propagated time). The
+// client going away does not end it: the work runs to its end, its response
+// is stored, and the client's retry replays it instead of running the work
+// again. The caller must call the returned cancel when the handler returns.
+func detach(ctx, bg context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(bg, d)
+	}
+	return bg, func() {}
 }
 
 // invocation is the middleware's side of one execution of the handler,

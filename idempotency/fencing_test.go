@@ -40,6 +40,9 @@ func withClock(c *fakeClock) Option {
 
 var discard = slog.New(slog.DiscardHandler)
 
+// send serves one guarded POST through h in process. It sends no
+// credentials: the internal tests' records have the principal
+// "", so their middleware opts in with WithAnonymousKeys.
 func send(t *testing.T, h http.Handler, key, body string) *httptest.ResponseRecorder {
 	t.Helper()
 	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
@@ -91,7 +94,7 @@ func TestFencingStalledOwner(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, "charged by "+who)
 			})
-			h := New(store, withClock(clock), WithLease(30*time.Second), WithLogger(discard))(next)
+			h := New(store, WithAnonymousKeys(), withClock(clock), WithLease(30*time.Second), WithLogger(discard))(next)
 
 			aDone := make(chan *httptest.ResponseRecorder)
 			go func() { aDone <- send(t, h, "k", `{"amount":1}`) }()
@@ -162,7 +165,7 @@ func TestInProgressWait(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "done")
 	})
-	h := New(mem, withClock(clock), WithInProgressWait(2*time.Second), WithLogger(discard),
+	h := New(mem, WithAnonymousKeys(), withClock(clock), WithInProgressWait(2*time.Second), WithLogger(discard),
 		func(c *config) { c.sleep = fakeSleep; c.pollInterval = 500 * time.Millisecond })(next)
 
 	first := make(chan *httptest.ResponseRecorder)
@@ -188,7 +191,7 @@ func TestInProgressWait(t *testing.T) {
 	next2 := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-gate2 })
 	onSleep.Store(func() {})
 	slept.Store(0)
-	h2 := New(mem, withClock(clock), WithInProgressWait(2*time.Second), WithLogger(discard),
+	h2 := New(mem, WithAnonymousKeys(), withClock(clock), WithInProgressWait(2*time.Second), WithLogger(discard),
 		func(c *config) { c.sleep = fakeSleep; c.pollInterval = 500 * time.Millisecond })(next2)
 	go2 := make(chan struct{})
 	go func() { send(t, h2, "k2", `{}`); close(go2) }()

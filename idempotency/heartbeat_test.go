@@ -28,7 +28,7 @@ func TestHeartbeat(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		h := New(mem, WithLease(30*time.Second), WithLogger(discard))(next)
+		h := New(mem, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
 		done := make(chan int)
 		go func() { done <- send(t, h, "k", `{}`).Code }()
 		time.Sleep(61 * time.Second)
@@ -51,7 +51,7 @@ func TestHeartbeat(t *testing.T) {
 			cause <- context.Cause(r.Context())
 			http.Error(w, "canceled", http.StatusServiceUnavailable)
 		})
-		h := New(mem, WithLease(30*time.Second), WithLogger(discard))(next)
+		h := New(mem, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
 		done := make(chan *httptest.ResponseRecorder)
 		go func() { done <- send(t, h, "k", `{}`) }()
 		synctest.Wait()
@@ -105,7 +105,7 @@ func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
 			w.WriteHeader(http.StatusCreated) // a handler that ignores its cancellation
 			io.WriteString(w, "charged")
 		})
-		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		h := New(store, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
 		a := send(t, h, "k", `{}`)
 
 		require.ErrorIs(t, cause, ErrLeaseExpired)
@@ -136,7 +136,7 @@ func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		h := New(store, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
 		require.Equal(t, http.StatusCreated, send(t, h, "k", `{}`).Code)
 		rec, err := store.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
 		require.NoError(t, err)
@@ -170,7 +170,7 @@ func TestHeartbeatEveryThirdOfTheLease(t *testing.T) {
 			time.Sleep(runFor[r.Header.Get("Idempotency-Key")])
 			w.WriteHeader(http.StatusCreated)
 		})
-		h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+		h := New(store, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
 		require.Equal(t, http.StatusCreated, send(t, h, "z", `{}`).Code)
 		store.start = time.Now()
 		var wg sync.WaitGroup
@@ -199,7 +199,7 @@ func TestHeartbeatsAcrossSyncTestBubbles(t *testing.T) {
 		time.Sleep(time.Duration(runFor.Load()))
 		w.WriteHeader(http.StatusCreated)
 	})
-	h := New(store, WithLease(30*time.Second), WithLogger(discard))(next)
+	h := New(store, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
 	for i := range 200 {
 		require.Equal(t, http.StatusCreated, send(t, h, fmt.Sprint("outside-", i), `{}`).Code)
 	}

@@ -44,7 +44,9 @@ type answer struct {
 }
 
 // do sends one request; key "" sends no key header; extra header lines are
-// "Name: value".
+// "Name: value". It sends "Authorization: Bearer test-client" (so the
+// default principal is not empty) unless extra sets Authorization; an empty
+// value ("Authorization:") sends no Authorization header at all.
 func do(t *testing.T, method, url, key, body string, extra ...string) answer {
 	t.Helper()
 	a, err := tryDo(method, url, key, body, extra...)
@@ -61,9 +63,17 @@ func tryDo(method, url, key, body string, extra ...string) (answer, error) {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	req.Header.Set("Authorization", "Bearer test-client")
+	authorized := false
 	for _, e := range extra {
 		name, value, _ := strings.Cut(e, ":")
-		req.Header.Add(name, strings.TrimSpace(value))
+		if http.CanonicalHeaderKey(name) == "Authorization" && !authorized {
+			req.Header.Del(name)
+			authorized = true
+		}
+		if value = strings.TrimSpace(value); value != "" || http.CanonicalHeaderKey(name) != "Authorization" {
+			req.Header.Add(name, value)
+		}
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

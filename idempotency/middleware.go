@@ -57,9 +57,10 @@ func boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 //     true; 409 CodeResponseNotReplayable if the body was over the cap.
 //   - Any state, different fingerprint: CodeKeyReused, 422 by default
 //     (WithMismatchStatus).
-//   - Malformed key: 400 CodeKeyInvalid. Body over WithMaxRequestBody: 413
-//     CodeRequestTooLarge. Principal error (or an empty principal under
-//     WithPrincipalRequired): 401 CodePrincipalUnavailable.
+//   - Malformed key: 400 CodeKeyInvalid. No principal (by default: no
+//     Authorization header): 401 CodePrincipalMissing, unless
+//     WithAnonymousKeys. Principal error: 401 CodePrincipalUnavailable. Body
+//     over WithMaxRequestBody: 413 CodeRequestTooLarge.
 //   - Store error: 503 CodeStoreUnavailable; the handler never runs
 //     unprotected (a nil store answers this way to every guarded request).
 //   - The handler answered while an External call's outcome is unknown (its
@@ -106,10 +107,19 @@ func boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // The claim and every store call after the handler returned are bounded by
 // 10 seconds.
 //
-// The handler's context keeps the request's values and deadline and is
-// canceled when the client goes away, but the store calls after the handler
-// (complete, release) run even then. The handler sees the full request
-// body. Its response writer buffers everything: Flush is deferred until the
+// The handler's context keeps the request's values and deadline (its own,
+// or the one deadline.Middleware set from the client's propagated time), but
+// once the key is claimed it is not canceled when the client goes away: the
+// work runs to its end, its response is stored, and the client's retry gets
+// the replay instead of running the work a second time (a handler that
+// writes through a transaction bound to its context would otherwise fail
+// with "context canceled", release the key, and run again on the retry).
+// It ends only when the deadline passes, the lease is lost (cause
+// ErrLeaseLost or ErrLeaseExpired, above), or the server shuts down: with
+// WithShutdown(ctx), when ctx ends (cause context.Cause(ctx)). Without
+// WithShutdown, http.Server.Shutdown waits for such handlers as for any
+// other, and http.Server.Close does not stop them. The handler sees the
+// full request body. Its response writer buffers everything: Flush is deferred until the
 // record is committed, 1xx responses are dropped, and hijacking fails with
 // ErrHijackGuarded (what the handler then answers is handled as any answer).
 //
@@ -165,8 +175,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	principal, err := h.cfg.principal(r)
-	if err != nil || (principal == "" && h.cfg.needPrincipal) {
+	if err != nil {
 		writeProblem(w, http.StatusUnauthorized, CodePrincipalUnavailable, "", nil)
+		return
+	}
+	if principal == "" && !h.cfg.anonymous {
+		// Fail closed: anonymous callers would share one namespace of keys.
+		writeProblem(w, http.StatusUnauthorized, CodePrincipalMissing,
+			"a request with an idempotency key must identify its caller", nil)
 		return
 	}
 	body, err := readBody(r, h.cfg.maxRequestBody)
@@ -244,7 +260,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 				// A takeover's record holds the first execution's request.
 				f(ctx, Event{Scope: req.scope, Generation: rec.Generation, Takeover: !bytes.Equal(rec.Request, req.stored)})
 			}
-			h.run(w, r, bg, req, rec)
+			// The key is ours: the handler runs to its end even if the
+			// client goes away (detach), so that its response is stored
+			// and the client's retry replays it instead of running the
+			// work again.
+			hctx, cancel := detach(ctx, bg)
+			h.run(w, r, bg, hctx, req, rec)
+			cancel()
 			return
 		}
 		// Someone else holds or completed the key: answer from the record,

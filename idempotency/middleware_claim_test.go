@@ -45,13 +45,15 @@ func TestClaimSurvivesClientDisconnect(t *testing.T) {
 		ran++
 		w.WriteHeader(http.StatusCreated)
 	})
-	mw := idempotency.New(store, idempotency.WithLogger(quiet))(h)
+	mw := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quiet))(h)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`)).WithContext(ctx)
 	req.Header.Set("Idempotency-Key", "k-disconnect")
-	go func() { <-store.claimed; cancel() }()
+	canceled := make(chan struct{})
+	go func() { <-store.claimed; cancel(); close(canceled) }()
 	mw.ServeHTTP(httptest.NewRecorder(), req)
+	<-canceled // before store.claimed is replaced below
 
 	rec, err := store.Get(context.Background(), idempotency.Scope{Method: "POST", Route: "/payments", Key: "k-disconnect"})
 	require.NoError(t, err)
@@ -84,7 +86,7 @@ func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (idempot
 // embeds it (a wrapper that may add I/O) keeps them.
 func TestAStoreEmbeddingTheMemoryStoreKeepsTheStoreTimeout(t *testing.T) {
 	store := &deadlineStore{MemoryStore: idempotency.NewMemoryStore()}
-	mw := idempotency.New(store, idempotency.WithLogger(quiet))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quiet))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`))

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -60,6 +62,7 @@ func TestConcurrentRequestsOneExecution(t *testing.T) {
 			<-start
 			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":100}`))
 			req.Header.Set("Idempotency-Key", "pay-200")
+			req.Header.Set("Authorization", "Bearer test-client")
 			req.Header.Set("Content-Type", "application/json")
 			resp, err := client.Do(req)
 			if err != nil {
@@ -174,9 +177,9 @@ func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
 	srv := serve(t, idempotency.NewMemoryStore(), h)
 	a := post(t, srv, "k", `{}`, "Authorization: Bearer alice")
 	requireFresh(t, post(t, srv, "k", `{}`, "Authorization: Bearer bob"))
-	requireFresh(t, post(t, srv, "k", `{}`))
+	requireProblem(t, post(t, srv, "k", `{}`, "Authorization:"), http.StatusUnauthorized, idempotency.CodePrincipalMissing)
 	requireReplay(t, post(t, srv, "k", `{}`, "Authorization: Bearer alice"), a)
-	require.EqualValues(t, 3, h.n.Load())
+	require.EqualValues(t, 2, h.n.Load())
 
 	p, err := idempotency.AuthorizationPrincipal(&http.Request{Header: http.Header{}})
 	require.NoError(t, err)
@@ -187,18 +190,20 @@ func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
 	require.NotContains(t, p, "Bearer")
 }
 
-// WithPrincipalRequired refuses an empty principal (by default: no
-// Authorization header) instead of sharing one scope among such callers.
-func TestPrincipalRequired(t *testing.T) {
+// WithAnonymousKeys is the explicit opt-in to the old behaviour: every
+// caller without a principal shares the scope "", so the second anonymous
+// caller with the first one's key gets the first one's stored response.
+func TestWithAnonymousKeysSharesOneScope(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithPrincipalRequired(true))
-	requireProblem(t, post(t, srv, "k", `{}`), http.StatusUnauthorized, idempotency.CodePrincipalUnavailable)
-	require.Zero(t, h.n.Load())
-	a := post(t, srv, "k", `{}`, "Authorization: Bearer alice")
-	require.Equal(t, http.StatusCreated, a.Status)
-	requireReplay(t, post(t, srv, "k", `{}`, "Authorization: Bearer alice"), a)
-	// Requests without a key are not guarded and pass through.
-	require.Equal(t, http.StatusCreated, post(t, srv, "", `{}`).Status)
+	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithAnonymousKeys())
+	first := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
+	require.Equal(t, http.StatusCreated, first.Status, first.Body)
+	requireFresh(t, first)
+	requireReplay(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:"), first)
+	require.EqualValues(t, 1, h.n.Load())
+	// Identified callers keep scopes of their own.
+	requireFresh(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice"))
+	require.EqualValues(t, 2, h.n.Load())
 }
 
 func TestPrincipalError(t *testing.T) {
@@ -227,6 +232,14 @@ func TestKeyFormats(t *testing.T) {
 		{`"a\"b\\c"`, `a"b\c`},
 		{"  padded  ", "padded"},
 		{strings.Repeat("k", 255), strings.Repeat("k", 255)},
+		// Bare values are the key as they are: inner spaces, commas,
+		// quotes (issue 16 point 6).
+		{"order 42", "order 42"},
+		{`"a b"`, "a b"},
+		{"a, b", "a, b"},
+		{"a,b", "a,b"},
+		{`"abc`, `"abc`},
+		{`ab"c`, `ab"c`},
 	} {
 		t.Run(tc.header, func(t *testing.T) {
 			a := post(t, srv, tc.header, `{}`)
@@ -238,18 +251,15 @@ func TestKeyFormats(t *testing.T) {
 	requireReplay(t, post(t, srv, "abc-123", `{}`), answer{Status: http.StatusCreated})
 
 	for name, extra := range map[string][]string{
-		"256 characters": {"Idempotency-Key: " + strings.Repeat("k", 256)},
-		"empty":          {"Idempotency-Key: "},
-		"empty string":   {`Idempotency-Key: ""`},
-		"list":           {"Idempotency-Key: a, b"},
-		"list no space":  {"Idempotency-Key: a,b"},
-		"quoted list":    {`Idempotency-Key: "a", "b"`},
-		"two lines":      {"Idempotency-Key: a", "Idempotency-Key: b"},
-		"non-ASCII":      {"Idempotency-Key: caf\u00e9"},
-		"space inside":   {`Idempotency-Key: "a b"`},
-		"bad escape":     {`Idempotency-Key: "a\n"`},
-		"unterminated":   {`Idempotency-Key: "abc`},
-		"stray quote":    {`Idempotency-Key: ab"c`},
+		"256 characters":              {"Idempotency-Key: " + strings.Repeat("k", 256)},
+		"empty":                       {"Idempotency-Key: "},
+		"empty string":                {`Idempotency-Key: ""`},
+		"quoted list":                 {`Idempotency-Key: "a", "b"`},
+		"two lines":                   {"Idempotency-Key: a", "Idempotency-Key: b"},
+		"non-ASCII":                   {"Idempotency-Key: caf\u00e9"},
+		"tab inside":                  {"Idempotency-Key: a\tb"},
+		"outer space in an sf-string": {`Idempotency-Key: " a"`},
+		"bad escape":                  {`Idempotency-Key: "a\n"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			seen.Store("")
@@ -292,6 +302,7 @@ func TestStoredAndReleasedStatuses(t *testing.T) {
 			send := func() answer {
 				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{}`))
 				req.Header.Set("Idempotency-Key", "k")
+				req.Header.Set("Authorization", "Bearer test-client")
 				resp, err := client.Do(req)
 				require.NoError(t, err)
 				defer resp.Body.Close()
@@ -528,6 +539,7 @@ func TestStoredHeadersAreNobodyElses(t *testing.T) {
 	send := func() *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"a":1}`))
 		r.Header.Set("Idempotency-Key", "k")
+		r.Header.Set("Authorization", "Bearer test-client")
 		w := httptest.NewRecorder()
 		mw.ServeHTTP(w, r)
 		return w
@@ -638,35 +650,94 @@ func TestFromContext(t *testing.T) {
 	require.False(t, ok)
 }
 
-// The handler's context is the request's: its values and deadline, and its
-// cancellation with the request's cause when the client goes away; the Run
-// is in it too.
-func TestHandlerContextFollowsTheRequestContext(t *testing.T) {
-	type key struct{}
-	gone := fmt.Errorf("client went away")
-	deadline := time.Now().Add(time.Hour)
-	got := make(chan error, 1)
-	h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(http.HandlerFunc(
-		func(w http.ResponseWriter, r *http.Request) {
-			ctx := r.Context()
-			d, ok := ctx.Deadline()
-			_, hasRun := idempotency.FromContext(ctx)
-			if !ok || !d.Equal(deadline) || ctx.Value(key{}) != "v" || !hasRun {
-				got <- fmt.Errorf("deadline %v %v, value %v, run %v", d, ok, ctx.Value(key{}), hasRun)
-				return
-			}
-			<-ctx.Done()
-			got <- context.Cause(ctx)
-		}))
-	base, cancelDeadline := context.WithDeadline(context.WithValue(context.Background(), key{}, "v"), deadline)
-	defer cancelDeadline()
-	ctx, cancel := context.WithCancelCause(base)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://x/pay", strings.NewReader(`{}`))
-	require.NoError(t, err)
-	req.Header.Set("Idempotency-Key", "k-ctx")
-	done := make(chan struct{})
-	go func() { defer close(done); h.ServeHTTP(httptest.NewRecorder(), req) }()
-	cancel(gone) // before or while the handler waits: either way it must see the cause
-	require.ErrorIs(t, <-got, gone)
-	<-done
+// The handler's context keeps the request's values and deadline and
+// carries the Run, but once the key is claimed the client going away does
+// not cancel it (issue 16 point 5): only the deadline (or a lost lease, or
+// WithShutdown) ends it. Fake time: the one-hour deadline passes at once.
+func TestHandlerContextOutlivesTheClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type key struct{}
+		deadline := time.Now().Add(time.Hour)
+		got := make(chan error, 1)
+		h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(http.HandlerFunc(
+			func(w http.ResponseWriter, r *http.Request) {
+				ctx := r.Context()
+				d, ok := ctx.Deadline()
+				_, hasRun := idempotency.FromContext(ctx)
+				if !ok || !d.Equal(deadline) || ctx.Value(key{}) != "v" || !hasRun {
+					got <- fmt.Errorf("deadline %v %v, value %v, run %v", d, ok, ctx.Value(key{}), hasRun)
+					return
+				}
+				<-ctx.Done()
+				got <- context.Cause(ctx)
+			}))
+		base, cancelDeadline := context.WithDeadline(context.WithValue(context.Background(), key{}, "v"), deadline)
+		defer cancelDeadline()
+		ctx, cancel := context.WithCancelCause(base)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://x/pay", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "k-ctx")
+		req.Header.Set("Authorization", "Bearer test-client")
+		done := make(chan struct{})
+		start := time.Now()
+		go func() { defer close(done); h.ServeHTTP(httptest.NewRecorder(), req) }()
+		synctest.Wait()
+		cancel(errors.New("client went away"))
+		require.ErrorIs(t, <-got, context.DeadlineExceeded, "only the deadline ends the handler")
+		require.Equal(t, time.Hour, time.Since(start), "it ran until its deadline")
+		<-done
+	})
+}
+
+// WithShutdown ends the handlers of claimed requests, with the shutdown
+// context's cause, when the server stops.
+func TestWithShutdownCancelsTheHandler(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		shutdown, stop := context.WithCancelCause(context.Background())
+		stopping := errors.New("server shutting down")
+		got := make(chan error, 1)
+		h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet), idempotency.WithShutdown(shutdown))(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				<-r.Context().Done()
+				got <- context.Cause(r.Context())
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}))
+		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "k-shutdown")
+		req.Header.Set("Authorization", "Bearer test-client")
+		rec := httptest.NewRecorder()
+		done := make(chan struct{})
+		go func() { defer close(done); h.ServeHTTP(rec, req) }()
+		synctest.Wait()
+		select {
+		case err := <-got:
+			t.Fatalf("the handler ended before the shutdown: %v", err)
+		default:
+		}
+		stop(stopping)
+		require.ErrorIs(t, <-got, stopping)
+		<-done
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	})
+}
+
+// Issue 16 point 3: without an Authorization header the default principal
+// is "", so by default anonymous callers must not share one namespace: a
+// second anonymous caller who sends the first one's key (event-derived keys
+// are guessable) gets 401, never the first caller's stored response; only
+// WithAnonymousKeys brings the shared scope back.
+func TestAnonymousCallersDoNotShareKeys(t *testing.T) {
+	h := &payments{}
+	srv := serve(t, idempotency.NewMemoryStore(), h)
+	first := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
+	requireProblem(t, first, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
+	second := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
+	requireProblem(t, second, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
+	require.Zero(t, h.n.Load(), "the handler ran for an anonymous guarded request")
+	// An identified caller is served as before, and requests without a key
+	// are not guarded.
+	a := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice")
+	require.Equal(t, http.StatusCreated, a.Status, a.Body)
+	requireReplay(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice"), a)
+	require.Equal(t, http.StatusCreated, post(t, srv, "", `{}`, "Authorization:").Status)
 }

@@ -151,8 +151,9 @@ func TestObserverSeesATakeover(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.True(t, ok)
-	srv := serve(t, store, http.HandlerFunc(created), idempotency.WithObserver(s.observer()))
-	require.Equal(t, http.StatusCreated, post(t, srv, "k4", body).Status)
+	// The requests below carry no credentials: the anonymous scope ("").
+	srv := serve(t, store, http.HandlerFunc(created), idempotency.WithObserver(s.observer()), idempotency.WithAnonymousKeys())
+	require.Equal(t, http.StatusCreated, post(t, srv, "k4", body, "Authorization:").Status)
 	_, by := s.take()
 	require.Len(t, by["claimed"], 1)
 	assert.True(t, by["claimed"][0].Takeover)

@@ -54,7 +54,7 @@ type Option func(*config)
 
 type config struct {
 	principal      func(*http.Request) (string, error)
-	needPrincipal  bool
+	anonymous      bool
 	methods        map[string]bool
 	required       bool
 	mismatchStatus int
@@ -69,6 +69,7 @@ type config struct {
 	header         string
 	logger         *slog.Logger
 	obs            Observer
+	shutdown       context.Context
 
 	// test hooks
 	now          func() time.Time
@@ -82,16 +83,14 @@ type config struct {
 // by newlines), or "" when the header is absent. It never fails.
 //
 // It is a stand-in, not authentication: the middleware does not verify the
-// credential. Its risks: it fails open, since every caller without an
-// Authorization header shares one scope (""), so an anonymous caller who
-// knows or guesses another anonymous caller's key (an event-derived key is
-// guessable) receives that caller's stored response (WithPrincipalRequired
-// refuses such requests instead); anyone can invent a header value and get
-// a scope of their own, so it isolates nothing from a caller who holds or
-// guesses the same header; and a caller whose token rotates becomes a new
-// principal, so a retry sent with a refreshed token runs again. Production
-// servers should pass WithPrincipal a function returning the account their
-// authentication verified.
+// credential. A request without an Authorization header has no principal,
+// so by default its key is refused (401 CodePrincipalMissing; see
+// WithAnonymousKeys). Its other risks: anyone can invent a header value and
+// get a scope of their own, so it isolates nothing from a caller who holds
+// or guesses the same header; and a caller whose token rotates becomes a
+// new principal, so a retry sent with a refreshed token runs again.
+// Production servers should pass WithPrincipal a function returning the
+// account their authentication verified.
 func AuthorizationPrincipal(r *http.Request) (string, error) {
 	vals := r.Header.Values("Authorization")
 	if len(vals) == 0 {
@@ -160,14 +159,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // authentication verified (an account ID), never a value the client can set
 // freely (an unverified header): scopes are only as separate as principals
 // are authentic. When f returns an error the middleware answers 401
-// CodePrincipalUnavailable and the handler does not run. nil keeps the
-// default. f must be safe for concurrent use.
+// CodePrincipalUnavailable and the handler does not run; when it returns ""
+// (no principal), 401 CodePrincipalMissing unless WithAnonymousKeys is set.
+// nil keeps the default. f must be safe for concurrent use.
 //
-// Default: AuthorizationPrincipal, which fails open: a request without an
-// Authorization header gets the principal "", one scope shared by every
-// such caller, so that anonymous callers who reuse (or guess) each other's
-// keys get each other's stored responses. Use WithPrincipalRequired to
-// refuse an empty principal.
+// Default: AuthorizationPrincipal, under which a request without an
+// Authorization header has no principal.
 func WithPrincipal(f func(*http.Request) (string, error)) Option {
 	return func(c *config) {
 		if f != nil {
@@ -176,13 +173,23 @@ func WithPrincipal(f func(*http.Request) (string, error)) Option {
 	}
 }
 
-// WithPrincipalRequired makes an empty principal an error: a guarded request
-// with a key whose principal function returns "" (by default, one without
-// an Authorization header) gets 401 CodePrincipalUnavailable and the
-// handler does not run. Default false: "" is one shared scope (see
-// WithPrincipal).
-func WithPrincipalRequired(required bool) Option {
-	return func(c *config) { c.needPrincipal = required }
+// WithAnonymousKeys lets guarded requests that have no principal (the
+// principal function returns ""; by default, requests without an
+// Authorization header) use idempotency keys, all in one scope: the
+// principal "". Default off: such a request gets 401 CodePrincipalMissing
+// and the handler does not run (requests without a key are not guarded and
+// still pass through).
+//
+// The risk, which is why it is off by default: every anonymous caller
+// shares one namespace of keys. An anonymous caller who sends the key of
+// another, by chance or on purpose (event-derived keys such as
+// keygen.Event("order-confirm", orderID) are guessable), receives that
+// caller's stored response, whatever it holds, or holds up or spoils the
+// other's request (409 CodeInProgress, CodeKeyReused). Use it only where
+// the stored responses reveal nothing about their caller and clients use
+// unguessable (random) keys.
+func WithAnonymousKeys() Option {
+	return func(c *config) { c.anonymous = true }
 }
 
 // WithMethods sets the guarded methods (case-insensitive). Requests with
@@ -321,6 +328,28 @@ func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name != "" {
 			c.header = http.CanonicalHeaderKey(name)
+		}
+	}
+}
+
+// WithShutdown sets the context whose end stops the handlers of claimed
+// requests when the server shuts down: their contexts are canceled with
+// context.Cause(ctx). Once a key is claimed, the handler's context is not
+// canceled when the client goes away (the work runs to its end and its
+// response is stored for the client's retry); it ends only when its lease
+// is lost, its deadline passes, or ctx ends. Pass the context you cancel to
+// shut down, the one you give http.Server.BaseContext, for example: the
+// middleware cannot see BaseContext's cancellation through a request whose
+// client-side cancellation it drops. What a handler stopped this way
+// answers is handled as any answer (a 5xx releases the key, or keeps it for
+// a resume after a committed phase). Default none: handlers run to their end
+// or their deadline, which http.Server.Shutdown waits for. nil keeps the
+// default. It applies to the Completer's executions too when given among its
+// options.
+func WithShutdown(ctx context.Context) Option {
+	return func(c *config) {
+		if ctx != nil {
+			c.shutdown = ctx
 		}
 	}
 }

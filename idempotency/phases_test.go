@@ -170,7 +170,7 @@ func TestPhasesResumeAfterAFailure(t *testing.T) {
 			s := newShop()
 			s.fail[point] = 1
 			clock := &fakeClock{t: t0}
-			h := New(mem, withClock(clock), WithLogger(discard))(s)
+			h := New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(s)
 
 			if point == "panic-after-order" {
 				require.Panics(t, func() { send(t, h, "order-42", `{"amount":4200}`) })
@@ -224,7 +224,7 @@ func TestExternalIntentIsLookedUpOnResume(t *testing.T) {
 	s := newShop()
 	s.fail["lose-answer"] = 1
 	clock := &fakeClock{t: t0}
-	h := New(mem, withClock(clock), WithLogger(discard))(s)
+	h := New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(s)
 
 	first := send(t, h, "order-42", `{}`)
 	// The shop answered 502; its client gets 503 CodeRequestIncomplete, which
@@ -279,7 +279,7 @@ func TestExternalIntentIsLookedUpOnResume(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		w.Write(out)
 	})
-	h2 := New(mem2, withClock(clock), WithLogger(discard))(next)
+	h2 := New(mem2, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(next)
 	require.Equal(t, http.StatusServiceUnavailable, send(t, h2, "k2", `{}`).Code, "the 502 while the outcome is unknown")
 	clock.Advance(time.Millisecond)
 	a := send(t, h2, "k2", `{}`)
@@ -346,7 +346,7 @@ func TestPhaseFencing(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				fmt.Fprint(w, "done by ", who)
 			})
-			h := New(mem, withClock(clock), WithLease(30*time.Second), WithLogger(discard))(next)
+			h := New(mem, WithAnonymousKeys(), withClock(clock), WithLease(30*time.Second), WithLogger(discard))(next)
 
 			aDone := make(chan *httptest.ResponseRecorder)
 			go func() { aDone <- send(t, h, "order-42", `{}`) }()
@@ -393,7 +393,7 @@ func TestPhaseFencing(t *testing.T) {
 			rec, _ := mem.Get(r.Context(), run.Scope)
 			fmt.Fprint(w, rec.LeaseUntil.Sub(clock.Now()))
 		})
-		h := New(mem, withClock(clock), WithLease(30*time.Second), WithLogger(discard))(next)
+		h := New(mem, WithAnonymousKeys(), withClock(clock), WithLease(30*time.Second), WithLogger(discard))(next)
 		a := send(t, h, "k", `{}`)
 		require.Equal(t, http.StatusOK, a.Code, a.Body.String())
 		require.Equal(t, "30s", a.Body.String(), "the lease was renewed before the phase")
@@ -479,7 +479,7 @@ func TestPhaseMisuse(t *testing.T) {
 				run, _ := FromContext(r.Context())
 				err = f(r.Context(), run)
 			})
-			send(t, New(NewMemoryStore(), WithLogger(discard))(next), "k", `{}`)
+			send(t, New(NewMemoryStore(), WithAnonymousKeys(), WithLogger(discard))(next), "k", `{}`)
 			require.ErrorIs(t, err, ErrPhaseMisuse)
 			var pe *PhaseError
 			require.ErrorAs(t, err, &pe)
@@ -490,7 +490,7 @@ func TestPhaseMisuse(t *testing.T) {
 	t.Run("after the handler returned", func(t *testing.T) {
 		var run *Run
 		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { run, _ = FromContext(r.Context()) })
-		send(t, New(NewMemoryStore(), WithLogger(discard))(next), "k", `{}`)
+		send(t, New(NewMemoryStore(), WithAnonymousKeys(), WithLogger(discard))(next), "k", `{}`)
 		_, err := run.Phase(t.Context(), "late", noop)
 		require.ErrorIs(t, err, ErrRunDone)
 		_, err = run.External(t.Context(), "late", func(context.Context, string) ([]byte, error) { return nil, nil }, nil)
@@ -512,7 +512,7 @@ func TestPhaseMisuse(t *testing.T) {
 			_, err = run.Phase(r.Context(), "order", noop)
 		})
 		clock := &fakeClock{t: t0}
-		h := New(mem, withClock(clock), WithLogger(discard))(next)
+		h := New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(next)
 		send(t, h, "k", `{}`)
 		clock.Advance(time.Millisecond)
 		send(t, h, "k", `{}`)
@@ -539,7 +539,7 @@ func TestPhaseFunctionError(t *testing.T) {
 		})
 		http.Error(w, "no", http.StatusConflict)
 	})
-	send(t, New(mem, WithLogger(discard))(next), "k", `{}`)
+	send(t, New(mem, WithAnonymousKeys(), WithLogger(discard))(next), "k", `{}`)
 	require.ErrorIs(t, err, boom)
 	var pe *PhaseError
 	require.ErrorAs(t, err, &pe)
@@ -557,7 +557,7 @@ func TestPhasesOnAPlainStore(t *testing.T) {
 	s := newShop()
 	s.fail["after-order"] = 1
 	clock := &fakeClock{t: t0}
-	h := New(plain{mem}, withClock(clock), WithLogger(discard))(s)
+	h := New(plain{mem}, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(s)
 	require.Equal(t, http.StatusBadGateway, send(t, h, "order-42", `{}`).Code)
 	rec, err := mem.Get(t.Context(), payScope)
 	require.NoError(t, err)
@@ -614,7 +614,7 @@ func TestDownstreamKey(t *testing.T) {
 	// downstream key; the executions of one request share theirs.
 	mem2 := NewMemoryStore()
 	var seen []string
-	h2 := New(mem2, withClock(clock), WithLogger(discard))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h2 := New(mem2, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run, _ := FromContext(r.Context())
 		seen = append(seen, run.DownstreamKey("charge"))
 		if len(seen)%2 == 1 {
@@ -734,7 +734,7 @@ func TestNoResponseStoredWhileAnExternalOutcomeIsUnknown(t *testing.T) {
 				w.Write(out)
 			})
 			log, buf := bufLogger()
-			h := New(mem, withClock(clock), WithLogger(log))(next)
+			h := New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(log))(next)
 
 			first := send(t, h, "order-42", `{}`)
 			require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())

@@ -19,8 +19,10 @@ const (
 	CodeKeyReused = "idempotency_key_reused"
 	// CodeKeyMissing (400): the route requires a key (WithKeyRequired).
 	CodeKeyMissing = "idempotency_key_missing"
-	// CodeKeyInvalid (400): the key header is malformed, a list, empty,
-	// non-ASCII or longer than 255 bytes.
+	// CodeKeyInvalid (400): the key header breaks keygen.ParseHeader's rule
+	// (1 to 255 bytes of visible ASCII and inner spaces, bare or an RFC 9651
+	// sf-string, on one field line): empty, on two field lines, a malformed
+	// sf-string, a control character, a non-ASCII byte, or too long.
 	CodeKeyInvalid = "idempotency_key_invalid"
 	// CodeStoreUnavailable (503): the store failed (at the claim, at the
 	// commit of the handler's unit, or by failing the heartbeats until the
@@ -38,8 +40,14 @@ const (
 	// handler did not run.
 	CodeRequestUnreadable = "idempotency_request_unreadable"
 	// CodePrincipalUnavailable (401): the principal function returned an
-	// error (or "" under WithPrincipalRequired); the handler did not run.
+	// error; the handler did not run.
 	CodePrincipalUnavailable = "idempotency_principal_unavailable"
+	// CodePrincipalMissing (401): the request carries a key but no principal
+	// (the principal function returned ""; by default, no Authorization
+	// header), and the server does not let anonymous callers share one
+	// scope of keys (WithAnonymousKeys); the handler did not run. Send the
+	// request with credentials, the same ones on every retry.
+	CodePrincipalMissing = "idempotency_principal_missing"
 	// CodeRequestIncomplete (503): the handler answered while the outcome of
 	// a call it made to another service (Run.External) was unknown, so its
 	// answer was not stored; the record stays in progress, ready to resume.
@@ -80,6 +88,7 @@ var problemTitles = map[string]string{
 	CodeRequestTooLarge:       "The request body is too large",
 	CodeRequestUnreadable:     "The request body could not be read",
 	CodePrincipalUnavailable:  "The caller could not be identified",
+	CodePrincipalMissing:      "A request with an idempotency key must identify its caller",
 	CodeResponseNotReplayable: "The stored response cannot be replayed",
 	CodeRequestIncomplete:     "The request could not be finished yet",
 }

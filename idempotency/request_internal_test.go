@@ -16,7 +16,7 @@ import (
 func TestMaxRequestBodyOfMaxInt64ReadsTheBody(t *testing.T) {
 	const body = `{"amount_cents":1999}`
 	var got []byte
-	h := New(NewMemoryStore(), WithMaxRequestBody(math.MaxInt64))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := New(NewMemoryStore(), WithAnonymousKeys(), WithMaxRequestBody(math.MaxInt64))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, _ = io.ReadAll(r.Body)
 		w.WriteHeader(http.StatusCreated)
 	}))

@@ -31,9 +31,14 @@
 //
 // # Validation
 //
-// [Validate] accepts 1 to [MaxLen] (255) bytes of printable ASCII
-// (0x21 to 0x7E): no spaces, no control characters, no non-ASCII bytes.
-// Every non-empty result of [Event] and every result of [Random] is valid.
+// [Validate] accepts 1 to [MaxLen] (255) bytes of visible ASCII and inner
+// spaces (0x20 to 0x7E; no space first or last): no control characters, no
+// non-ASCII bytes. That is what real clients send (stripe-go sends any key
+// of up to 255 characters after trimming spaces, such as "order 42" or
+// "invoice,2024-7"). [ParseHeader] reads a key from its header (one field
+// line, bare or an RFC 9651 sf-string) and [FormatHeader] writes one; the
+// Transport and the middleware both use them. Every non-empty result of
+// [Event] and every result of [Random] is valid and is sent bare.
 //
 // All functions are safe for concurrent use.
 package keygen

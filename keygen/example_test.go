@@ -21,7 +21,8 @@ func ExampleEvent() {
 
 func ExampleValidate() {
 	fmt.Println(keygen.Validate("order-confirm-42"))
-	err := keygen.Validate("order 42")
+	fmt.Println(keygen.Validate("order 42"))
+	err := keygen.Validate("order\t42")
 	fmt.Println(errors.Is(err, keygen.ErrInvalidKey))
 	var ike *keygen.InvalidKeyError
 	if errors.As(err, &ike) {
@@ -30,7 +31,8 @@ func ExampleValidate() {
 	fmt.Println(err)
 	// Output:
 	// <nil>
+	// <nil>
 	// true
 	// invalid character 5
-	// keygen: invalid idempotency key "order 42": invalid character 0x20 at byte 5 (want printable ASCII 0x21..0x7E)
+	// keygen: invalid idempotency key "order\t42": invalid character 0x09 at byte 5 (want visible ASCII or a space, 0x20..0x7E)
 }

@@ -12,9 +12,9 @@ func FuzzValidate(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, key string) {
 		err := Validate(key)
-		valid := len(key) >= 1 && len(key) <= MaxLen
+		valid := len(key) >= 1 && len(key) <= MaxLen && key[0] != ' ' && key[len(key)-1] != ' '
 		for i := 0; valid && i < len(key); i++ {
-			valid = key[i] >= 0x21 && key[i] <= 0x7E
+			valid = key[i] >= 0x20 && key[i] <= 0x7E
 		}
 		if valid != (err == nil) {
 			t.Fatalf("Validate(%q) = %v, reference says valid=%v", key, err, valid)
@@ -30,9 +30,12 @@ func FuzzValidate(f *testing.F) {
 			t.Fatalf("message too long: %d bytes", len(err.Error()))
 		}
 		if ike.Reason == ReasonInvalidChar {
-			if c := key[ike.Pos]; c >= 0x21 && c <= 0x7E {
+			if c := key[ike.Pos]; c >= 0x20 && c <= 0x7E {
 				t.Fatalf("Pos %d points at valid byte %q", ike.Pos, c)
 			}
+		}
+		if ike.Reason == ReasonOuterSpace && (key[ike.Pos] != ' ' || ike.Pos != 0 && ike.Pos != len(key)-1) {
+			t.Fatalf("Pos %d of %q is not an outer space", ike.Pos, key)
 		}
 	})
 }
@@ -48,6 +51,11 @@ func FuzzEvent(f *testing.F) {
 		for _, k := range []string{k1, k2} {
 			if err := Validate(k); err != nil {
 				t.Fatalf("Event output %q does not validate: %v", k, err)
+			}
+			// Event keys are a subset of valid keys: bare header values
+			// with no space, quote, backslash or comma.
+			if strings.ContainsAny(k, " \"\\,") || FormatHeader(k) != k {
+				t.Fatalf("Event output %q needs quoting", k)
 			}
 			if k != Event(a, b) && k != Event(c, d) {
 				t.Fatal("Event is not deterministic")

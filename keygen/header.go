@@ -4,14 +4,28 @@ import "strings"
 
 // ParseHeader reads an idempotency key from the values of its header as
 // received (http.Header.Values). It is the one wire rule that the client
-// Transport and the server middleware share: exactly one field line holding
-// either a bare value (printable ASCII without '"' and ',') or an RFC 9651
-// sf-string ("..." with only \" and \\ escapes), optionally surrounded by
-// spaces or tabs; the unquoted key must then pass [Validate]. It returns the
-// unquoted key, or an *[InvalidKeyError] matching [ErrInvalidKey] with
-// ReasonEmpty (no value), ReasonList (two field lines, or a comma list),
-// ReasonMalformedString, ReasonQuote, or a Validate reason. Safe for
-// concurrent use; never panics.
+// Transport and the server middleware share:
+//
+//   - The header must come on exactly one field line: two Idempotency-Key
+//     field lines are refused (ReasonList), even when they hold the same
+//     value, because a receiver that joins them cannot tell one key from two.
+//     Within the one line a comma is part of the key: "invoice,2024-7" sent
+//     bare is the key invoice,2024-7, not a list.
+//   - The spaces and tabs around the value are trimmed (HTTP's optional
+//     whitespace).
+//   - A value that starts and ends with '"' (and has at least two bytes) is
+//     an RFC 9651 sf-string: the key is its content, in which '"' and '\' are
+//     escaped as \" and \\ and every other byte is 0x20..0x7E; anything else
+//     is ReasonMalformedString.
+//   - Any other value is the key as it is, quotes, backslashes, commas and
+//     inner spaces included: "order 42" is the key order 42.
+//
+// The key must then pass [Validate] (1 to 255 bytes of 0x20..0x7E, no
+// outer space). It returns the key, or an *[InvalidKeyError] matching
+// [ErrInvalidKey] with ReasonEmpty (no value), ReasonList,
+// ReasonMalformedString or a Validate reason. [FormatHeader] writes every
+// valid key so that ParseHeader reads it back. Safe for concurrent use;
+// never panics.
 func ParseHeader(vals []string) (string, error) {
 	switch len(vals) {
 	case 0:
@@ -20,24 +34,13 @@ func ParseHeader(vals []string) (string, error) {
 	default:
 		return "", newInvalid(strings.Join(vals, ", "), ReasonList, -1)
 	}
-	raw := vals[0]
-	v := strings.Trim(raw, " \t")
-	if strings.HasPrefix(v, `"`) {
+	v := strings.Trim(vals[0], " \t")
+	if isSFString(v) {
 		s, ok := parseSFString(v)
 		if !ok {
-			if strings.Contains(v, ",") {
-				return "", newInvalid(raw, ReasonList, -1)
-			}
-			return "", newInvalid(raw, ReasonMalformedString, -1)
+			return "", newInvalid(vals[0], ReasonMalformedString, -1)
 		}
 		v = s
-	} else {
-		if strings.Contains(v, ",") {
-			return "", newInvalid(raw, ReasonList, -1)
-		}
-		if strings.Contains(v, `"`) {
-			return "", newInvalid(raw, ReasonQuote, strings.IndexByte(raw, '"'))
-		}
 	}
 	if err := Validate(v); err != nil {
 		return "", err
@@ -45,8 +48,14 @@ func ParseHeader(vals []string) (string, error) {
 	return v, nil
 }
 
-// parseSFString parses v, which starts with '"', as a complete RFC 9651
-// sf-string: the closing quote must be the last byte.
+// isSFString reports whether the trimmed header value v is read as an
+// sf-string: it starts and ends with '"'.
+func isSFString(v string) bool {
+	return len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"'
+}
+
+// parseSFString parses v, which starts and ends with '"', as a complete RFC
+// 9651 sf-string: the closing quote must be the last byte.
 func parseSFString(v string) (string, bool) {
 	var b strings.Builder
 	for i := 1; i < len(v); i++ {
@@ -69,10 +78,13 @@ func parseSFString(v string) (string, bool) {
 	return "", false
 }
 
-// FormatHeader returns key as a header value that [ParseHeader] reads back:
-// the key itself when it contains no '"', ',' or '\', otherwise an RFC 9651
-// sf-string with '"' and '\' escaped. It does not validate key. Keys from
-// [Random] and [Event] never need quoting.
+// FormatHeader returns key as a header value that [ParseHeader] reads back
+// as key, for every key that passes [Validate]: the key itself (inner
+// spaces included) when it contains no '"', ',' or '\', otherwise an RFC
+// 9651 sf-string with '"' and '\' escaped, which also keeps a comma from
+// being taken for a list separator by intermediaries that treat the header
+// as a list. It does not validate key. Keys from [Random] and [Event] never
+// need quoting. Safe for concurrent use.
 func FormatHeader(key string) string {
 	if !strings.ContainsAny(key, `",\`) {
 		return key

@@ -16,18 +16,21 @@ const (
 	ReasonEmpty = "empty"
 	// ReasonTooLong: the key is longer than MaxLen bytes.
 	ReasonTooLong = "too long"
-	// ReasonInvalidChar: the key has a byte outside printable ASCII
-	// 0x21..0x7E (a space, a control character, DEL or a non-ASCII byte).
+	// ReasonInvalidChar: the key has a byte outside visible ASCII and the
+	// space, 0x20..0x7E (a control character such as a tab or a newline,
+	// DEL, or a non-ASCII byte).
 	ReasonInvalidChar = "invalid character"
-	// ReasonList: the key header was sent on more than one field line, or
-	// its value is a comma-separated list (see ParseHeader).
+	// ReasonOuterSpace: the key begins or ends with a space. ParseHeader
+	// trims the spaces around a bare header value, so such a key could not
+	// be sent bare and read back.
+	ReasonOuterSpace = "leading or trailing space"
+	// ReasonList: the key header was sent on more than one field line (see
+	// ParseHeader).
 	ReasonList = "list"
-	// ReasonMalformedString: a quoted header value is not a valid RFC 9651
-	// sf-string (unterminated, a bad escape, a byte outside 0x20..0x7E, or
-	// anything after the closing quote).
+	// ReasonMalformedString: a header value that starts and ends with a
+	// double quote is not a valid RFC 9651 sf-string (a bad escape, an
+	// unescaped '"' inside, or a byte outside 0x20..0x7E).
 	ReasonMalformedString = "malformed string"
-	// ReasonQuote: a bare header value contains a double quote.
-	ReasonQuote = "quote in bare value"
 )
 
 // displayLen is the number of key bytes kept in InvalidKeyError.Key.
@@ -41,13 +44,15 @@ type InvalidKeyError struct {
 	// Go-quoted with non-ASCII and control bytes escaped, followed by "..."
 	// when it was truncated.
 	Key string
-	// Reason is one of ReasonEmpty, ReasonTooLong, ReasonInvalidChar, or
-	// for header values ReasonList, ReasonMalformedString, ReasonQuote.
+	// Reason is one of ReasonEmpty, ReasonTooLong, ReasonInvalidChar,
+	// ReasonOuterSpace, or for header values ReasonList and
+	// ReasonMalformedString.
 	Reason string
 	// Pos is the byte offset of the first invalid byte for
-	// ReasonInvalidChar, and -1 otherwise.
+	// ReasonInvalidChar, of the offending space for ReasonOuterSpace, and -1
+	// otherwise.
 	Pos int
-	// Char is the first invalid byte for ReasonInvalidChar, and 0 otherwise.
+	// Char is the byte at Pos (0 when Pos is -1).
 	Char byte
 	// Len is the length of the rejected key in bytes.
 	Len int
@@ -60,7 +65,9 @@ func (e *InvalidKeyError) Error() string {
 	case ReasonTooLong:
 		return fmt.Sprintf("keygen: invalid idempotency key %s: too long (%d bytes, max %d)", e.Key, e.Len, MaxLen)
 	case ReasonInvalidChar:
-		return fmt.Sprintf("keygen: invalid idempotency key %s: invalid character 0x%02X at byte %d (want printable ASCII 0x21..0x7E)", e.Key, e.Char, e.Pos)
+		return fmt.Sprintf("keygen: invalid idempotency key %s: invalid character 0x%02X at byte %d (want visible ASCII or a space, 0x20..0x7E)", e.Key, e.Char, e.Pos)
+	case ReasonOuterSpace:
+		return fmt.Sprintf("keygen: invalid idempotency key %s: %s at byte %d", e.Key, e.Reason, e.Pos)
 	default:
 		return fmt.Sprintf("keygen: invalid idempotency key %s: %s", e.Key, e.Reason)
 	}
@@ -69,11 +76,17 @@ func (e *InvalidKeyError) Error() string {
 // Is reports whether target is [ErrInvalidKey].
 func (e *InvalidKeyError) Is(target error) bool { return target == ErrInvalidKey }
 
-// Validate checks key against the rules every idempotency key must meet:
-// 1 to [MaxLen] bytes, each one printable ASCII 0x21..0x7E (so no spaces,
-// no control characters, no non-ASCII). It returns nil for a valid key and
-// otherwise an *[InvalidKeyError] that matches [ErrInvalidKey]; the checks run
-// in the order empty, too long, invalid character. Safe for concurrent use.
+// Validate checks key against the one rule every idempotency key must meet,
+// the rule of the Transport, the middleware and docs/CONTRACT.md alike: 1 to
+// [MaxLen] (255) bytes, each one visible ASCII or a space (0x20..0x7E), and
+// neither the first nor the last byte a space. So "order 42",
+// "invoice,2024-7" and `a"b\c` are valid keys (stripe-go sends any such
+// key); control characters (tabs and newlines included), DEL and non-ASCII
+// bytes are not. A key is what [ParseHeader] returns after trimming the
+// spaces around a header value, which is why a key cannot begin or end with
+// one. It returns nil for a valid key and otherwise an *[InvalidKeyError]
+// that matches [ErrInvalidKey]; the checks run in the order empty, too long,
+// invalid character, outer space. Safe for concurrent use.
 func Validate(key string) error {
 	if key == "" {
 		return newInvalid(key, ReasonEmpty, -1)
@@ -82,9 +95,15 @@ func Validate(key string) error {
 		return newInvalid(key, ReasonTooLong, -1)
 	}
 	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7E {
+		if c := key[i]; c < 0x20 || c > 0x7E {
 			return newInvalid(key, ReasonInvalidChar, i)
 		}
+	}
+	if key[0] == ' ' {
+		return newInvalid(key, ReasonOuterSpace, 0)
+	}
+	if key[len(key)-1] == ' ' {
+		return newInvalid(key, ReasonOuterSpace, len(key)-1)
 	}
 	return nil
 }

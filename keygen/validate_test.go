@@ -22,8 +22,13 @@ func TestValidate(t *testing.T) {
 		{"empty", "", ReasonEmpty, -1},
 		{"256 chars", strings.Repeat("k", 256), ReasonTooLong, -1},
 		{"huge with control chars", strings.Repeat("\x00", 1<<20), ReasonTooLong, -1},
-		{"space", "order 42", ReasonInvalidChar, 5},
-		{"leading space", " x", ReasonInvalidChar, 0},
+		{"inner space", "order 42", "", 0},
+		{"comma", "invoice,2024-7", "", 0},
+		{"quote and backslash", `a"b\c`, "", 0},
+		{"every visible byte and a space", visibleASCII(), "", 0},
+		{"leading space", " x", ReasonOuterSpace, 0},
+		{"trailing space", "x ", ReasonOuterSpace, 1},
+		{"only a space", " ", ReasonOuterSpace, 0},
 		{"tab", "a\tb", ReasonInvalidChar, 1},
 		{"control char", "ab\x01", ReasonInvalidChar, 2},
 		{"newline", "a\r\nInjected: 1", ReasonInvalidChar, 1},
@@ -58,12 +63,25 @@ func TestValidate(t *testing.T) {
 
 func TestInvalidKeyErrorMessages(t *testing.T) {
 	require.Equal(t,
-		`keygen: invalid idempotency key "a\x01b": invalid character 0x01 at byte 1 (want printable ASCII 0x21..0x7E)`,
+		`keygen: invalid idempotency key "a\x01b": invalid character 0x01 at byte 1 (want visible ASCII or a space, 0x20..0x7E)`,
 		Validate("a\x01b").Error())
 	require.Equal(t, `keygen: invalid idempotency key "": empty`, Validate("").Error())
+	require.Equal(t, `keygen: invalid idempotency key "order 42 ": leading or trailing space at byte 8`, Validate("order 42 ").Error())
 	long := strings.Repeat("z", 300)
 	require.Equal(t,
 		`keygen: invalid idempotency key "`+strings.Repeat("z", 40)+`"...: too long (300 bytes, max 255)`,
 		Validate(long).Error())
 	require.False(t, errors.Is(Validate(""), errors.New("keygen: invalid idempotency key")))
+}
+
+// visibleASCII returns every byte 0x21..0x7E with a space in the middle.
+func visibleASCII() string {
+	var b []byte
+	for c := byte(0x21); c <= 0x7E; c++ {
+		b = append(b, c)
+		if c == 'M' {
+			b = append(b, ' ')
+		}
+	}
+	return string(b)
 }

@@ -35,7 +35,7 @@ func TestServerMetrics(t *testing.T) {
 	obs := ServerObserver(tel.options()...)
 	store := idempotency.NewMemoryStore()
 	entered, release := make(chan struct{}), make(chan struct{})
-	h := idempotency.New(store, idempotency.WithLogger(quietLog), idempotency.WithObserver(obs),
+	h := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quietLog), idempotency.WithObserver(obs),
 		idempotency.WithInProgressWait(0))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		if string(b) == "slow" {
@@ -56,7 +56,7 @@ func TestServerMetrics(t *testing.T) {
 	require.Equal(t, http.StatusCreated, <-done)
 
 	// A store that fails: 503, one store error.
-	failing := idempotency.New(failStore{}, idempotency.WithLogger(quietLog), idempotency.WithObserver(obs))(http.NotFoundHandler())
+	failing := idempotency.New(failStore{}, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quietLog), idempotency.WithObserver(obs))(http.NotFoundHandler())
 	require.Equal(t, http.StatusServiceUnavailable, send(t, failing, "c", "x"))
 
 	// The reaper finds one record in progress for 100 hours.
@@ -116,7 +116,7 @@ func TestServerTakeoverMetric(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.True(t, ok)
-	h := idempotency.New(store, idempotency.WithLogger(quietLog), idempotency.WithObserver(ServerObserver(tel.options()...)))(
+	h := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quietLog), idempotency.WithObserver(ServerObserver(tel.options()...)))(
 		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	require.Equal(t, http.StatusCreated, send(t, h, "k", body))
 	assert.Equal(t, map[string]int64{"POST": 1}, counts(t, tel.collect(t)[ServerTakeovers], "http.request.method"))

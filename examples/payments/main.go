@@ -335,7 +335,9 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 	// a key read another account's stored payment). Here a fixed table of
 	// bearer tokens stands in for real authentication (sessions, OAuth,
 	// mTLS); a request with no or an unknown token gets 401 and runs
-	// nothing.
+	// nothing. (A principal function that returned "" would get 401 too:
+	// the middleware refuses a key without a principal unless the server
+	// opts in to one shared anonymous scope with WithAnonymousKeys.)
 	tokens := map[string]string{"tok_demo_acct_1": "acct_1"}
 	mw := idempotency.New(store,
 		idempotency.WithPrincipal(func(r *http.Request) (string, error) {
@@ -345,7 +347,6 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 			}
 			return "", errors.New("no valid bearer token")
 		}),
-		idempotency.WithPrincipalRequired(true), // belt and braces: never the shared "" scope
 		idempotency.WithKeyRequired(true),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	mux := http.NewServeMux()

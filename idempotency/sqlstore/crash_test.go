@@ -420,7 +420,7 @@ func TestPhaseFencingSQL(t *testing.T) {
 			phaseErr <- err
 			w.WriteHeader(http.StatusServiceUnavailable)
 		})
-		srv := httptest.NewServer(idempotency.New(s, idempotency.WithLogger(slog.New(slog.DiscardHandler)))(h))
+		srv := httptest.NewServer(idempotency.New(s, idempotency.WithAnonymousKeys(), idempotency.WithLogger(slog.New(slog.DiscardHandler)))(h))
 		t.Cleanup(srv.Close)
 		done := make(chan error, 1)
 		go func() { _, err := pay(srv.URL, "k-fence"); done <- err }()
@@ -510,7 +510,7 @@ func TestPhaseTransactionsSQL(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		srv := httptest.NewServer(idempotency.New(s, idempotency.WithLogger(slog.New(slog.DiscardHandler)))(h))
+		srv := httptest.NewServer(idempotency.New(s, idempotency.WithAnonymousKeys(), idempotency.WithLogger(slog.New(slog.DiscardHandler)))(h))
 		t.Cleanup(srv.Close)
 		done := make(chan payAnswer, 1)
 		go func() { a, _ := pay(srv.URL, "slow"); done <- a }()
