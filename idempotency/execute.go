@@ -48,7 +48,7 @@ func (h *handler) newRun(bg context.Context, scope Scope, rec Record, stored []b
 // ErrLeaseExpired) from the heartbeat and, under WithShutdown, with the
 // shutdown context's cause when it ends. No unit of work is open yet:
 // Run.Unit (or sqlstore.Tx) begins the request's unit when the handler
-// first asks for it, else the completion begins one. The capture and the
+// first asks for it; else the completion is one Store.Complete. The capture and the
 // request body are not in the Run, so that a context of the handler's that
 // outlives the request does not keep them alive.
 func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context.Context, req request, rec Record) outcome {
@@ -203,7 +203,7 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, req request,
 		}
 		return outcomeReleased
 	}
-	transactional := unit != nil || h.tx != nil
+	transactional := unit != nil
 	start := time.Now()
 	err = h.complete(bg, lease, unit, h.response(bg, scope, cw))
 	h.storeCall(bg, OpComplete, scope, start, err)
@@ -220,8 +220,9 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, req request,
 		// Nothing of the handler's unit committed.
 		return h.unavailable(bg, w, lease, point, err)
 	default:
-		// The work was done and cannot be undone: send it. The record stays
-		// in progress until its lease expires.
+		// The handler wrote nothing through a unit: its work was done and
+		// cannot be undone, so send it. The record stays in progress until
+		// its lease expires.
 		h.log(bg, slog.LevelError, "idempotency: storing the response failed; sending it unstored", scope, "err", err)
 		cw.release()
 		return outcomeFailed
@@ -249,22 +250,15 @@ func (h *handler) response(bg context.Context, scope Scope, cw *capture) Respons
 }
 
 // complete stores resp as the record's response, fenced on lease: in the
-// request's unit when the handler began one; else, when the store is a
-// Transactor, in a unit begun now; else with Store.Complete. In a unit, an
-// error means that nothing of it committed.
+// request's unit when the handler began one (an error then means that
+// nothing of the unit committed); else with Store.Complete, one conditional
+// write and no transaction (on a SQL store, one statement in autocommit).
 func (h *handler) complete(bg context.Context, lease Lease, unit Unit, resp Response) error {
 	ctx, cancel := boundedCtx(bg)
 	defer cancel()
 	now := h.cfg.now()
-	if unit == nil && h.tx == nil {
-		return h.store.Complete(ctx, lease, resp, now)
-	}
 	if unit == nil {
-		u, _, err := h.tx.Begin(ctx, lease)
-		if err != nil {
-			return err
-		}
-		unit = u
+		return h.store.Complete(ctx, lease, resp, now)
 	}
 	err := unit.Complete(ctx, resp, now)
 	if err == nil {

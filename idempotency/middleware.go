@@ -93,17 +93,18 @@ func boundedCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // did).
 //
 // With a store that implements Transactor (the MemoryStore and the SQL
-// store do), the stored response commits in a Unit: the request's unit,
-// begun when the handler first asks for it (Run.Unit, or sqlstore.Tx for the
-// SQL store), so that the handler's writes made through it and the record
-// commit or fail together; or one begun at completion when the handler never
-// asked. The unit is not begun before the handler runs: a handler holds no
-// transaction (on SQLite, no write lock) while it works, runs atomic phases
-// (Run.Phase, Run.External) or calls other services. A failed Begin or
-// commit answers 503 and sends nothing of the handler's response. With a
-// store that is not a Transactor, a completion that fails for another reason
-// than a lost lease is logged and the handler's response is still sent (the
-// work was done); the record then stays in progress until its lease expires.
+// store do), a handler can ask for its request's Unit (Run.Unit, or
+// sqlstore.Tx for the SQL store): the stored response then commits in that
+// unit, so that the handler's writes made through it and the record commit
+// or fail together, and a failed commit answers 503 and sends nothing of the
+// handler's response. The unit is begun only when the handler first asks:
+// a handler holds no transaction (on SQLite, no write lock) while it works,
+// runs atomic phases (Run.Phase, Run.External) or calls other services. A
+// handler that never asked is completed with Store.Complete, one fenced
+// write without a transaction; if that fails for another reason than a lost
+// lease, the failure is logged and the handler's response is still sent
+// (the work was done), and the record stays in progress until its lease
+// expires.
 // The claim and every store call after the handler returned are bounded by
 // 10 seconds.
 //

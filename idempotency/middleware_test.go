@@ -417,9 +417,10 @@ func TestFailingStore(t *testing.T) {
 }
 
 // The request's unit is begun lazily: a store whose Begin fails lets the
-// handler run under its claim, but the answer is 503 and the key is
-// released, whether the handler asked for its unit (and got the error) or
-// the completion began it; nothing of the handler's response is sent.
+// handler run under its claim. When the handler asked for its unit (and got
+// the error), the answer is 503, the key is released and nothing of the
+// handler's response is sent. When it never asked, no unit is begun at all:
+// the completion is one Store.Complete, and the response is stored and sent.
 func TestBeginFailure(t *testing.T) {
 	for _, asks := range []bool{false, true} {
 		t.Run(fmt.Sprintf("handler asks=%v", asks), func(t *testing.T) {
@@ -440,16 +441,21 @@ func TestBeginFailure(t *testing.T) {
 			})
 			srv := serve(t, store, h)
 			a := post(t, srv, "k", `{}`)
+			if !asks {
+				require.Equal(t, http.StatusCreated, a.Status)
+				require.Equal(t, "secret result", a.Body)
+				replay := post(t, srv, "k", `{}`)
+				require.Equal(t, "true", replay.Header.Get(idempotency.ReplayedHeader), "the response was stored without a unit")
+				return
+			}
 			requireProblem(t, a, http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
 			require.NotContains(t, a.Body, "secret result")
 			require.Equal(t, 0, store.Len(), "the claim was not released")
-			if asks {
-				require.ErrorIs(t, unitErr.Load().(error), errStore)
-				var pe *idempotency.PhaseError
-				require.ErrorAs(t, phaseErr.Load().(error), &pe)
-				require.Equal(t, "begin", pe.Op)
-				require.ErrorIs(t, pe, errStore)
-			}
+			require.ErrorIs(t, unitErr.Load().(error), errStore)
+			var pe *idempotency.PhaseError
+			require.ErrorAs(t, phaseErr.Load().(error), &pe)
+			require.Equal(t, "begin", pe.Op)
+			require.ErrorIs(t, pe, errStore)
 		})
 	}
 }
@@ -469,7 +475,13 @@ func (f failingCommit) Begin(ctx context.Context, l idempotency.Lease) (idempote
 
 func TestCommitFailureAnswers503(t *testing.T) {
 	store := failingCommit{idempotency.NewMemoryStore()}
-	h := &payments{}
+	p := &payments{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		run, _ := idempotency.FromContext(r.Context())
+		_, _, err := run.Unit(r.Context()) // the handler writes through its unit
+		require.NoError(t, err)
+		p.ServeHTTP(w, r)
+	})
 	srv := serve(t, store, h)
 	a := post(t, srv, "k", `{}`)
 	requireProblem(t, a, http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
@@ -740,4 +752,26 @@ func TestAnonymousCallersDoNotShareKeys(t *testing.T) {
 	require.Equal(t, http.StatusCreated, a.Status, a.Body)
 	requireReplay(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice"), a)
 	require.Equal(t, http.StatusCreated, post(t, srv, "", `{}`, "Authorization:").Status)
+}
+
+// failingComplete is a memory store whose Store.Complete fails.
+type failingComplete struct{ *idempotency.MemoryStore }
+
+func (failingComplete) Complete(context.Context, idempotency.Lease, idempotency.Response, time.Time) error {
+	return errStore
+}
+
+// A handler that never asked for its unit is completed with Store.Complete
+// (no transaction). If that fails, the work was done all the same: its
+// response is sent, and the record stays in progress until its lease
+// expires (a retry meanwhile gets 409 in progress, never a second run).
+func TestCompleteFailureWithoutAUnitSendsTheResponse(t *testing.T) {
+	store := failingComplete{idempotency.NewMemoryStore()}
+	h := &payments{}
+	srv := serve(t, store, h, idempotency.WithInProgressWait(0))
+	a := post(t, srv, "k", `{}`)
+	require.Equal(t, http.StatusCreated, a.Status)
+	require.Contains(t, a.Body, `"payment":1`)
+	requireProblem(t, post(t, srv, "k", `{}`), http.StatusConflict, idempotency.CodeInProgress)
+	require.Equal(t, int64(1), h.n.Load(), "the handler ran once")
 }
