@@ -232,7 +232,7 @@ func classifyErr(in Input) Decision {
 	switch {
 	case strings.Contains(text, "GOAWAY"):
 		return Decision{Class: ClassH2GoAway, Retry: in.Idempotent}
-	case strings.Contains(text, "REFUSED_STREAM"):
+	case inChain(err, isRefusedStream):
 		return Decision{Class: ClassH2RefusedStream, NeverSent: true, Retry: true}
 	case errors.Is(err, syscall.ECONNRESET):
 		return Decision{Class: ClassConnReset, Retry: in.Idempotent}
@@ -242,6 +242,52 @@ func classifyErr(in Input) Decision {
 		return Decision{Class: ClassTimeout, Retry: in.Idempotent}
 	}
 	return Decision{Class: ClassNotRetryable}
+}
+
+// isRefusedStream reports whether e is an HTTP/2 stream error with code
+// REFUSED_STREAM, as net/http's bundled HTTP/2 transport (and
+// golang.org/x/net/http2) format it: its own message is "stream error:
+// stream ID <n>; REFUSED_STREAM", optionally followed by "; <cause>". The
+// message must have that form from its first byte: a refused stream means
+// that the request was never processed, so even an unkeyed POST may be sent
+// again, and text a server chose (an HTTP/1 status line echoed in a parse
+// error, GOAWAY debug data) must never pass for it.
+func isRefusedStream(e error) bool {
+	rest, ok := strings.CutPrefix(e.Error(), "stream error: stream ID ")
+	if !ok {
+		return false
+	}
+	digits := 0
+	for digits < len(rest) && rest[digits] >= '0' && rest[digits] <= '9' {
+		digits++
+	}
+	if digits == 0 {
+		return false
+	}
+	rest = rest[digits:]
+	return rest == "; REFUSED_STREAM" || strings.HasPrefix(rest, "; REFUSED_STREAM; ")
+}
+
+// inChain reports whether match holds for err or any error it wraps
+// (errors.Unwrap, including joined errors).
+func inChain(err error, match func(error) bool) bool {
+	if err == nil {
+		return false
+	}
+	if match(err) {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return inChain(u.Unwrap(), match)
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if inChain(e, match) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // isDial reports whether err comes from establishing the connection, so the
