@@ -341,9 +341,9 @@ func (c *call) attempt(ctx context.Context, n int, reason string, start time.Tim
 	}
 	actx, cancel := context.WithCancelCause(octx)
 	c.cancel = cancel
-	// The time limit is a timer, not a deadline of the context: deliver
-	// stops it, so that it bounds the wait for the response headers and
-	// never the reading of the delivered body. When the caller's own
+	// The time limit is a timer, not a deadline of the context: it is
+	// stopped as soon as the response headers are in, so that it bounds the
+	// wait for them and never the reading of the delivered body. When the caller's own
 	// deadline comes first, that deadline alone ends the attempt, and the
 	// error stays the caller's.
 	limit := deadline.AttemptTimeout(start, c.overall, t.cfg.attemptTimeout)
@@ -400,6 +400,21 @@ func (c *call) attempt(ctx context.Context, n int, reason string, start time.Tim
 		c.endAttempt()
 		return nil, octx, true, errors.New("saferetry: base RoundTripper returned neither a response nor an error")
 	}
+	// The headers are in: stop the time limit now, so that it cannot cut
+	// the body while the loop classifies the outcome and runs the rules and
+	// observers. If it fired first, the attempt's context is canceled and
+	// the body dead: the attempt timed out.
+	if c.timer != nil {
+		fired := !c.timer.Stop()
+		c.timer = nil
+		if fired {
+			if resp.Body != nil {
+				resp.Body.Close()
+			}
+			c.endAttempt()
+			return nil, octx, true, attemptTimedOut(limit, context.Canceled)
+		}
+	}
 	return resp, octx, true, nil
 }
 
@@ -439,16 +454,10 @@ func (c *call) endAttempt() {
 	}
 }
 
-// deliver hands resp to the caller. The attempt's time limit stops first, so
-// that it can no longer cut the body (one that already ran out canceled the
-// attempt before the hand-over: the body's reads then fail with
-// ErrAttemptTimeout); the attempt's context ends when the caller closes the
-// body.
+// deliver hands resp to the caller. The attempt's time limit was stopped
+// when its headers arrived (attempt), so it cannot cut the body; the
+// attempt's context ends when the caller closes the body.
 func (c *call) deliver(resp *http.Response) *http.Response {
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
 	cancel := c.cancel
 	c.cancel = nil
 	switch {
@@ -528,19 +537,11 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	name := t.cfg.keyHeader
 	wantsKey := t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch)
 	addKey := false
-	vals := req.Header[t.keyName]
-	if len(vals) == 0 && wantsKey {
-		// A header set directly in the map under a non-canonical name
-		// (req.Header["idempotency-key"]) is still the caller's key: never
-		// add a second one beside it. (Only looked for where a key would
-		// be added: the per-request cost stays off GETs.)
-		for k, v := range req.Header {
-			if len(v) > 0 && strings.EqualFold(k, name) {
-				vals = v
-				break
-			}
-		}
-	}
+	// A header set directly in the map under a non-canonical name
+	// (req.Header["idempotency-key"]) is still the caller's key: never add
+	// a second one beside it, and check every spelling together, as the
+	// server will see them (one field line each).
+	vals := keyValues(req.Header, t.keyName, name)
 	if len(vals) > 0 {
 		// The caller's key: checked with the same wire rule as the server
 		// (one field line, a bare token or an sf-string, 1..255 printable
@@ -598,4 +599,17 @@ type attemptRecord struct {
 	wait         time.Duration
 	budgetDenied bool
 	budgetLeft   int
+}
+
+// keyValues returns the values of the key header under every spelling of
+// its name (canonical is its canonical form): on the wire each is a field
+// line of the same field. The caller's slices are never modified.
+func keyValues(h http.Header, canonical, name string) []string {
+	vals := h[canonical]
+	for k, v := range h {
+		if k != canonical && len(v) > 0 && strings.EqualFold(k, name) {
+			vals = append(vals[:len(vals):len(vals)], v...)
+		}
+	}
+	return vals
 }

@@ -709,6 +709,9 @@ func TestInvalidCallerKeysFailBeforeAnyIO(t *testing.T) {
 		"non-ASCII":  func(h http.Header) { h.Set("Idempotency-Key", "caf\u00e9") },
 		"twice":      func(h http.Header) { h.Add("Idempotency-Key", "a"); h.Add("Idempotency-Key", "b") },
 		"bad escape": func(h http.Header) { h.Set("Idempotency-Key", `"a\qb"`) },
+		// Two spellings of the name go out as two field lines of one field:
+		// the server refuses them as a list, so the Transport does too.
+		"two spellings": func(h http.Header) { h.Set("Idempotency-Key", "k1"); h["idempotency-key"] = []string{"k1"} },
 	} {
 		req := post(t, context.Background(), ts.URL, "x")
 		set(req.Header)
@@ -1280,3 +1283,60 @@ func TestCallerDeadlineIsNotAnAttemptTimeout(t *testing.T) {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// The attempt's time limit stops as soon as the response headers arrive:
+// time the loop then spends in rules and observers cannot cut the body of
+// the response it hands over (a slow observer once made a 200's body read
+// fail with ErrAttemptTimeout).
+func TestSlowObserverDoesNotCutTheDeliveredBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			time.Sleep(10 * time.Millisecond)
+			io.WriteString(w, "hello")
+		}))
+		tr := newBubbleTransport(base, WithAttemptTimeout(100*time.Millisecond), WithObserver(Observer{
+			AttemptDone: func(context.Context, AttemptDoneInfo) { time.Sleep(150 * time.Millisecond) },
+		}))
+		resp, err := tr.RoundTrip(get(t, url))
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, "hello", string(body))
+	})
+}
+
+// lateThenFast ignores the context: its first answer comes after d, its
+// later ones at once.
+type lateThenFast struct {
+	d     time.Duration
+	calls atomic.Int32
+}
+
+func (b *lateThenFast) RoundTrip(r *http.Request) (*http.Response, error) {
+	body := "fresh"
+	if b.calls.Add(1) == 1 {
+		time.Sleep(b.d)
+		body = "late"
+	}
+	return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader(body)), Header: http.Header{}, Request: r}, nil
+}
+
+// A response whose headers arrive after the attempt's limit fired is not
+// handed over (its attempt's context is canceled, its body dead): the attempt
+// timed out, and an idempotent request is retried.
+func TestResponseAfterTheLimitFiredIsATimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &lateThenFast{d: 2 * time.Second}
+		tr := newBubbleTransport(base, WithAttemptTimeout(time.Second))
+		resp, err := tr.RoundTrip(get(t, "http://example.test/"))
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, "fresh", string(body))
+		assert.Equal(t, int32(2), base.calls.Load())
+	})
+}
