@@ -80,6 +80,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 		hb.stop()
 		unit, _ := run.close()
 		rollback(unit)
+		hb.settle()
 		h.log(bg, slog.LevelWarn, "idempotency: handler panicked; giving up the key", req.scope,
 			"recovery_point", run.currentPoint())
 		h.abort(bg, run.Lease, run.currentPoint())
@@ -87,7 +88,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 	h.next.ServeHTTP(cw, r2)
 	returned = true
 	hb.stop()
-	o := h.finish(bg, w, req, run, cw)
+	o := h.finish(bg, w, req, run, cw, hb)
 	if f := h.cfg.obs.Executed; f != nil {
 		f(bg, Event{Scope: req.scope, Outcome: o.String(), Status: cw.statusCode(),
 			Generation: run.Lease.Generation, Duration: time.Since(start)})
@@ -174,19 +175,25 @@ func (h *handler) stores(status int) bool {
 // completed: the completion is fenced on owner and generation, so it fails
 // with ErrLeaseLost if a successor took over and stores the work (never to
 // be repeated) if none did.
-func (h *handler) finish(bg context.Context, w http.ResponseWriter, req request, run *Run, cw *capture) outcome {
+//
+// Before it gives the key up (abort), it waits for a heartbeat still in
+// flight (hb.settle), once the request's unit is rolled back: a late beat
+// would extend again a lease that abort ends at once for a resume.
+func (h *handler) finish(bg context.Context, w http.ResponseWriter, req request, run *Run, cw *capture, hb *heartbeat) outcome {
 	scope, fp := req.scope, req.fp
 	unit, err := run.close()
 	lease, point := run.Lease, run.currentPoint()
 	if err != nil {
 		// The handler asked for its unit and the store could not begin it:
 		// whatever the handler answered, nothing of its unit committed.
+		hb.settle()
 		return h.unavailable(bg, w, lease, point, err)
 	}
 	status := cw.statusCode()
 	switch h.decide(status, point) {
 	case verdictIncomplete:
 		rollback(unit)
+		hb.settle()
 		h.log(bg, slog.LevelError, "idempotency: the handler answered while an external call's outcome is unknown; "+
 			"its response is neither stored nor sent and the record is kept for a resume", scope,
 			"status", status, "recovery_point", point, "generation", lease.Generation)
@@ -196,6 +203,7 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, req request,
 		return outcomeKept
 	case verdictRelease:
 		rollback(unit)
+		hb.settle()
 		kept := h.abort(bg, lease, point)
 		cw.release()
 		if kept {
@@ -218,6 +226,7 @@ func (h *handler) finish(bg context.Context, w http.ResponseWriter, req request,
 		return outcomeLost
 	case transactional:
 		// Nothing of the handler's unit committed.
+		hb.settle()
 		return h.unavailable(bg, w, lease, point, err)
 	default:
 		// The handler wrote nothing through a unit: its work was done and

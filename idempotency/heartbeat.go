@@ -17,9 +17,10 @@ type heartbeat struct {
 	bg     context.Context
 	cancel context.CancelCauseFunc
 
-	mu      sync.Mutex
-	timer   *time.Timer
-	stopped bool
+	mu       sync.Mutex
+	timer    *time.Timer
+	stopped  bool
+	inFlight sync.WaitGroup // a beat that started before stop
 }
 
 // startHeartbeat starts hb, the heartbeat of run: a beat every lease/3 until
@@ -46,6 +47,22 @@ func (hb *heartbeat) stop() {
 	hb.timer.Stop()
 }
 
+// settle waits for a beat still in flight after stop. Call it once nothing
+// of the request holds a lock a beat may wait for (its unit rolled back),
+// before ending the lease at once: a late beat would extend it again.
+func (hb *heartbeat) settle() { hb.inFlight.Wait() }
+
+// begin reports whether a beat may start, and counts it in flight.
+func (hb *heartbeat) begin() bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if hb.stopped {
+		return false
+	}
+	hb.inFlight.Add(1)
+	return true
+}
+
 func (hb *heartbeat) isStopped() bool {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
@@ -58,9 +75,10 @@ func (hb *heartbeat) beat() {
 	lease := run.Lease
 	interval := h.cfg.lease / 3
 	margin := h.cfg.lease / 3
-	if hb.isStopped() {
+	if !hb.begin() {
 		return
 	}
+	defer hb.inFlight.Done()
 	start := h.cfg.now()
 	// Half the margin: a beat that hangs gives up while the lease
 	// still has time left for the next one.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -218,4 +219,60 @@ func TestHeartbeatsAcrossSyncTestBubbles(t *testing.T) {
 	defer store.mu.Unlock()
 	require.Equal(t, []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second}, store.beats["bubble-1"])
 	require.Equal(t, []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second}, store.beats["bubble-2"])
+}
+
+// lateBeatStore holds the middleware's first heartbeat (a beat extends the
+// lease past now) until the lease is ended at once (a heartbeat to now, as
+// abort does for a resume) or 100 ms pass.
+type lateBeatStore struct {
+	*MemoryStore
+	once, ended sync.Once
+	inFlight    chan struct{}
+	release     chan struct{}
+}
+
+func (s *lateBeatStore) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+	if !until.After(time.Now()) { // abort ending the lease: write it, then let the beat go
+		err := s.MemoryStore.Heartbeat(ctx, l, until)
+		s.ended.Do(func() { close(s.release) })
+		return err
+	}
+	first := false
+	s.once.Do(func() { first = true })
+	if first {
+		close(s.inFlight)
+		select {
+		case <-s.release:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return s.MemoryStore.Heartbeat(ctx, l, until)
+}
+
+// A record kept for a resume (a phase committed, then an unstored answer)
+// has its lease ended at once, so that the client's retry takes it over. A
+// heartbeat still in flight when the handler returned must not extend it
+// again afterwards: the middleware waits for it before ending the lease.
+func TestLateHeartbeatDoesNotReExtendAnEndedLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &lateBeatStore{MemoryStore: NewMemoryStore(), inFlight: make(chan struct{}), release: make(chan struct{})}
+		mw := New(s, WithAnonymousKeys(), WithLease(300*time.Millisecond))
+		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			run, _ := FromContext(r.Context())
+			_, err := run.Phase(r.Context(), "p1", func(context.Context) ([]byte, error) { return []byte("x"), nil })
+			require.NoError(t, err)
+			<-s.inFlight                                  // the first beat is in flight
+			w.WriteHeader(http.StatusInternalServerError) // unstored: the record is kept, its lease ended
+		}))
+		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader("a"))
+		req.Header.Set("Idempotency-Key", "k")
+		rr := httptest.NewRecorder()
+		h.ServeHTTP(rr, req)
+		synctest.Wait() // the late beat, if any, has landed
+		rec, err := s.Get(context.Background(), Scope{Method: http.MethodPost, Route: "/pay", Key: "k"})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusInternalServerError, rr.Code)
+		require.Equal(t, InProgress, rec.State)
+		require.False(t, rec.LeaseUntil.After(time.Now()), "the ended lease was extended again by %v", rec.LeaseUntil.Sub(time.Now()))
+	})
 }

@@ -266,8 +266,8 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			// and the client's retry replays it instead of running the
 			// work again.
 			hctx, cancel := detach(ctx, bg)
+			defer cancel() // also when the handler panics
 			h.run(w, r, bg, hctx, req, rec)
-			cancel()
 			return
 		}
 		// Someone else holds or completed the key: answer from the record,
@@ -281,7 +281,10 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 				break // the lease expired (LeaseUntil < now): claim again to take it over
 			}
 			left := waitUntil.Sub(now)
-			if left <= 0 || h.cfg.sleep(ctx, min(left, h.cfg.pollInterval)) != nil {
+			if left > 0 && h.cfg.sleep(ctx, min(left, h.cfg.pollInterval)) != nil {
+				return // the client went away while it waited: nobody to answer
+			}
+			if left <= 0 {
 				observe(h.cfg.obs.Conflict, ctx, Event{Scope: req.scope, Status: http.StatusConflict, Code: CodeInProgress})
 				writeProblem(w, http.StatusConflict, CodeInProgress,
 					"a request with this idempotency key is being processed; retry later with the same key", nil)
@@ -289,6 +292,9 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			}
 			start := time.Now()
 			rec, err = h.store.Get(ctx, req.scope)
+			if ctx.Err() != nil {
+				return // the client went away: not a store outage
+			}
 			h.storeCall(ctx, OpGet, req.scope, start, err)
 			if errors.Is(err, ErrNotFound) && claims < 3 {
 				break // released: claim again
