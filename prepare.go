@@ -36,8 +36,10 @@ var ErrKeyChanged = errors.New("saferetry: prepare changed the idempotency key h
 // in a *retry.ExhaustedError whose Reason is retry.ReasonPrepare and whose
 // Attempts counts the attempts sent before it; errors.As finds the
 // PrepareError and errors.Is the function's own error through it. When an
-// earlier attempt may have reached the server, its outcome is unknown: send
-// the request again later with the same key (ExhaustedError.Key).
+// earlier attempt may have reached the server, its outcome is unknown (its
+// response, if it had one, was drained and closed before the wait that
+// preceded this attempt): send the request again later with the same key
+// (ExhaustedError.Key).
 type PrepareError struct {
 	Attempt int   // the attempt that was being prepared, 1 for the first
 	Err     error // the function's error, or ErrKeyChanged

@@ -331,10 +331,11 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 		}
 	}
 	var err error
+	start := time.Now()
 	if keep {
 		err = h.store.Heartbeat(ctx, lease, h.cfg.now())
+		h.storeCall(bg, OpHeartbeat, lease.Scope, start, err)
 	} else {
-		start := time.Now()
 		err = h.store.Release(ctx, lease)
 		h.storeCall(bg, OpRelease, lease.Scope, start, err)
 	}

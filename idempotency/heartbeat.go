@@ -84,8 +84,10 @@ func (hb *heartbeat) beat() {
 	// still has time left for the next one.
 	ctx, c := context.WithTimeout(bg, margin/2)
 	until := start.Add(h.cfg.lease)
+	t0 := time.Now()
 	err := h.store.Heartbeat(ctx, lease, until)
 	c()
+	h.storeCall(bg, OpHeartbeat, lease.Scope, t0, err)
 	if hb.isStopped() {
 		return // the handler is done: this late beat changes nothing
 	}

@@ -20,6 +20,9 @@ const (
 	OpGet      = "get"
 	OpComplete = "complete"
 	OpRelease  = "release"
+	// OpHeartbeat is a heartbeat that extends a running handler's lease,
+	// or the one that ends a kept record's lease at once.
+	OpHeartbeat = "heartbeat"
 )
 
 // Observer sees what the middleware (WithObserver) and the reaper
@@ -51,9 +54,13 @@ type Observer struct {
 	// by default, WithMismatchStatus: the key was used for another
 	// request), CodeResponseNotReplayable (409); Status is the status sent.
 	Conflict func(ctx context.Context, e Event)
-	// StoreCall is called after each store call of the request path: Op
-	// (an Op* constant), Duration (its latency) and Err (nil on success;
-	// ErrNotFound and ErrLeaseLost are answers, not failures).
+	// StoreCall is called after the request path's store calls: the
+	// claim, the reads while waiting on a record in progress, the
+	// completion outside a unit (or the unit's completion and commit), the
+	// release, and every heartbeat: Op (an Op* constant), Duration (its
+	// latency) and Err (nil on success; ErrNotFound and ErrLeaseLost are
+	// answers, not failures). A unit's Begin, a phase's recovery point and
+	// the reads made to answer a lost lease are not reported.
 	StoreCall func(ctx context.Context, e Event)
 	// Unfinished is called by the reaper for each unfinished record it
 	// lists (see Report.Unfinished): Duration is its age (the run's now

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -159,4 +162,30 @@ func TestObserverSeesATakeover(t *testing.T) {
 	assert.True(t, by["claimed"][0].Takeover)
 	assert.Equal(t, int64(2), by["claimed"][0].Generation)
 	assert.Equal(t, int64(2), by["executed"][0].Generation)
+}
+
+// Heartbeats are store calls too: a handler that outlives a third of its
+// lease is seen beating (OpHeartbeat), each beat with its latency.
+func TestObserverSeesHeartbeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &seen{}
+		h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithAnonymousKeys(),
+			idempotency.WithLease(3*time.Second), idempotency.WithObserver(s.observer()))(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				time.Sleep(2500 * time.Millisecond) // two beats: at 1 s and 2 s
+				created(w, r)
+			}))
+		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader("{}"))
+		req.Header.Set("Idempotency-Key", "k")
+		rr := httptest.NewRecorder()
+		h.ServeHTTP(rr, req)
+		require.Equal(t, http.StatusCreated, rr.Code)
+		_, by := s.take()
+		var ops []string
+		for _, e := range by["store"] {
+			ops = append(ops, e.Op)
+			require.NoError(t, e.Err)
+		}
+		assert.Equal(t, []string{idempotency.OpClaim, idempotency.OpHeartbeat, idempotency.OpHeartbeat, idempotency.OpComplete}, ops)
+	})
 }

@@ -1,8 +1,6 @@
 package idempotency
 
 import (
-	"github.com/google/uuid"
-
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Defaults of the middleware options.
