@@ -339,8 +339,12 @@ func newMemRecord(c Claim, gen int64) *memRecord {
 
 // makeRoom evicts up to sweepPerClaim records expired at now, then as many
 // more as a new record of size bytes needs, and fails with ErrStoreFull when
-// that is not enough. m.mu must be held.
+// that is not enough (ErrRecordTooLarge when no room could ever be enough).
+// m.mu must be held.
 func (m *MemoryStore) makeRoom(size int, now time.Time) error {
+	if size > m.maxBytes {
+		return fmt.Errorf("%w: a new record of %d bytes, at most %d", ErrRecordTooLarge, size, m.maxBytes)
+	}
 	for range sweepPerClaim {
 		if !m.evictExpired(now) {
 			break

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,9 +66,26 @@ func TestMemoryStoreMaxBytes(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 
-	// A record larger than the whole limit never fits.
+	// A record larger than the whole limit never fits: not a full store
+	// (which would pass) but a request too large for it.
 	_, _, err = idempotency.NewMemoryStore(idempotency.WithMaxBytes(1000)).Claim(t.Context(), boundsClaim("big", req, boundsT0))
-	require.ErrorIs(t, err, idempotency.ErrStoreFull)
+	require.ErrorIs(t, err, idempotency.ErrRecordTooLarge)
+	require.NotErrorIs(t, err, idempotency.ErrStoreFull)
+}
+
+// Through the middleware, a request whose record could never fit in the
+// store is a 413, not a 503 to retry forever; smaller ones still run.
+func TestMemoryStoreRecordTooLargeIs413(t *testing.T) {
+	store := idempotency.NewMemoryStore(idempotency.WithMaxBytes(4096))
+	var runs atomic.Int32
+	srv := serve(t, store, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	requireProblem(t, post(t, srv, "big", `{"note":"`+strings.Repeat("x", 8000)+`"}`),
+		http.StatusRequestEntityTooLarge, idempotency.CodeRequestTooLarge)
+	require.Equal(t, http.StatusCreated, post(t, srv, "small", `{}`).Status)
+	require.Equal(t, int32(1), runs.Load())
 }
 
 // Bad limits keep the defaults: the defaults hold as many records as they

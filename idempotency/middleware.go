@@ -252,6 +252,11 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		// progress, with nobody to finish or release it, until its lease
 		// expired.
 		rec, acquired, err := h.claim(bg, claim)
+		if errors.Is(err, ErrRecordTooLarge) {
+			writeProblem(w, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
+				"this request is too large for the server's idempotency store", nil)
+			return
+		}
 		if err != nil {
 			h.storeUnavailable(ctx, w, req.scope, err)
 			return

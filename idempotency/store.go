@@ -121,6 +121,12 @@ var (
 	// nor from its other methods. The middleware answers it with 503
 	// CodeStoreUnavailable and Retry-After: 1: the store fails closed.
 	ErrStoreFull = errors.New("idempotency: store full")
+	// ErrRecordTooLarge is returned (wrapped) by the Claim of a bounded
+	// store for a record larger than the store could ever hold (the
+	// MemoryStore's WithMaxBytes): nothing was created or changed. Unlike
+	// ErrStoreFull it does not pass: the middleware answers it with 413
+	// CodeRequestTooLarge, never as an outage a client would retry.
+	ErrRecordTooLarge = errors.New("idempotency: record larger than the store's limit")
 )
 
 // Store keeps idempotency records. Implementations must be safe for
