@@ -3,11 +3,12 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
-	"net/http"
 	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -247,8 +248,10 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 		if !errors.Is(err, sql.ErrNoRows) {
 			return idempotency.Record{}, false, opErr("claim", err)
 		}
-		// Someone else holds the record. This read decides nothing: it only
-		// fetches what to answer.
+		// Someone else holds the record, and the statement could not see
+		// it: a concurrent insert committed after it began (or, for a
+		// takeover-only claim, the UPDATE matched nothing). This read
+		// decides nothing: it only fetches what to answer.
 		rec, err = s.Get(ctx, c.Scope)
 		if err == nil {
 			return rec, false, nil
@@ -274,26 +277,26 @@ type rowQueryer interface {
 func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim) (idempotency.Record, error) {
 	now := nanos(c.Now)
 	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
+	sc := c.Scope
 	if c.TakeoverOnly {
-		return scanRecord(q.QueryRowContext(ctx, s.q.takeover,
-			c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
-			c.Owner, leaseUntil, now, c.Fingerprint, int64(c.FingerprintVersion)))
+		return scanScope(sc, q.QueryRowContext(ctx, s.q.takeover,
+			scopeHash(sc), c.Owner, leaseUntil, now, c.Fingerprint, int64(c.FingerprintVersion)))
 	}
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = subSat(now, c.ReplayWindow)
 	}
-	return scanRecord(q.QueryRowContext(ctx, s.q.claim,
-		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
+	return scanScope(sc, q.QueryRowContext(ctx, s.q.claim,
+		scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route), []byte(sc.Key),
 		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
-		cutoff, now))
+		cutoff))
 }
 
 // Get implements idempotency.Store.Get. It returns idempotency.ErrNotFound
 // when no record exists, *OpError with Op "get" on database errors.
 func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Record, error) {
 	rec, err := retried(func() (idempotency.Record, error) {
-		return scanRecord(s.db.QueryRowContext(ctx, s.q.get, sc.Principal, sc.Method, sc.Route, sc.Key))
+		return scanScope(sc, s.db.QueryRowContext(ctx, s.q.get, scopeHash(sc)))
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return idempotency.Record{}, idempotency.ErrNotFound
@@ -319,9 +322,8 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 // Release implements idempotency.Store.Release: it deletes the in-progress
 // record l owns. idempotency.ErrLeaseLost when l does not own it.
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
-	sc := l.Scope
 	return retriedErr(func() error {
-		res, err := s.db.ExecContext(ctx, s.q.release, sc.Principal, sc.Method, sc.Route, sc.Key, l.Owner, l.Generation)
+		res, err := s.db.ExecContext(ctx, s.q.release, scopeHash(l.Scope), l.Owner, l.Generation)
 		return changed("release", res, err)
 	})
 }
@@ -394,25 +396,18 @@ type execer interface {
 }
 
 func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease, until time.Time) error {
-	sc := l.Scope
-	res, err := ex.ExecContext(ctx, s.q.heartbeat, sc.Principal, sc.Method, sc.Route, sc.Key, nanos(until), l.Owner, l.Generation)
+	res, err := ex.ExecContext(ctx, s.q.heartbeat, scopeHash(l.Scope), nanos(until), l.Owner, l.Generation)
 	return changed("heartbeat", res, err)
 }
 
 func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
-	header, err := encodeHeader(resp.Header)
-	if err != nil {
-		return opErr("complete", err)
-	}
-	sc := l.Scope
-	res, err := ex.ExecContext(ctx, s.q.complete, sc.Principal, sc.Method, sc.Route, sc.Key,
-		int64(resp.Status), header, nullBytes(resp.Body), nanos(now), l.Owner, l.Generation)
+	res, err := ex.ExecContext(ctx, s.q.complete, scopeHash(l.Scope),
+		int64(resp.Status), nullBytes(encodeHeader(resp.Header)), nullBytes(resp.Body), nanos(now), l.Owner, l.Generation)
 	return changed("complete", res, err)
 }
 
 func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string, data []byte, now time.Time) error {
-	sc := l.Scope
-	res, err := ex.ExecContext(ctx, s.q.setPoint, sc.Principal, sc.Method, sc.Route, sc.Key,
+	res, err := ex.ExecContext(ctx, s.q.setPoint, scopeHash(l.Scope),
 		point, nullBytes(data), nanos(now), l.Owner, l.Generation)
 	return changed("set_recovery_point", res, err)
 }
@@ -435,21 +430,52 @@ func changed(op string, res sql.Result, err error) error {
 
 type scanner interface{ Scan(dest ...any) error }
 
+// errScopeMismatch is the cause of the *OpError a read returns when the row
+// found under a scope's digest holds other scope parts: a SHA-256 collision,
+// or a row written by something other than this package.
+var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
+
+// scanScope scans a record read by sc's digest and checks that it is sc's.
+func scanScope(sc idempotency.Scope, row scanner) (idempotency.Record, error) {
+	rec, err := scanRecord(row)
+	if err == nil && rec.Scope != sc {
+		return idempotency.Record{}, errScopeMismatch
+	}
+	return rec, err
+}
+
+// scopeHash returns the record's primary key: the SHA-256 of the scope's
+// four parts (principal, method, route, key), each preceded by its length as
+// an 8-byte big-endian integer, so that no two scopes share the input
+// whatever bytes their parts hold. On PostgreSQL 11 or later the same value
+// is sha256(int8send(octet_length(p1)) || p1 || ...) over the parts as bytea.
+func scopeHash(sc idempotency.Scope) []byte {
+	h := sha256.New()
+	var n [8]byte
+	for _, p := range [...]string{sc.Principal, sc.Method, sc.Route, sc.Key} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+		h.Write(n[:])
+		_, _ = io.WriteString(h, p)
+	}
+	return h.Sum(nil)
+}
+
 func scanRecord(sc scanner) (idempotency.Record, error) {
 	var (
 		r                                     idempotency.Record
 		state, fpVersion                      int64
 		leaseUntil, created, updated, complAt int64
 		status                                sql.NullInt64
-		header                                sql.NullString
-		recoveryData, request, body           []byte
+		principal, method, route, key         []byte
+		header, recoveryData, request, body   []byte
 	)
-	err := sc.Scan(&r.Scope.Principal, &r.Scope.Method, &r.Scope.Route, &r.Scope.Key, &state,
+	err := sc.Scan(&principal, &method, &route, &key, &state,
 		&r.Fingerprint, &fpVersion, &r.Owner, &r.Generation, &leaseUntil, &r.RecoveryPoint,
 		&recoveryData, &request, &status, &header, &body, &created, &updated, &complAt)
 	if err != nil {
 		return idempotency.Record{}, err
 	}
+	r.Scope = idempotency.Scope{Principal: string(principal), Method: string(method), Route: string(route), Key: string(key)}
 	r.State = idempotency.State(state)
 	r.FingerprintVersion = int(fpVersion)
 	r.LeaseUntil = fromNanos(leaseUntil)
@@ -466,30 +492,6 @@ func scanRecord(sc scanner) (idempotency.Record, error) {
 		r.Response = &idempotency.Response{Status: int(status.Int64), Header: h, Body: body}
 	}
 	return r, nil
-}
-
-// encodeHeader stores a nil header as NULL and any other (even empty) as a
-// JSON object, so that nil-ness survives the round trip.
-func encodeHeader(h http.Header) (any, error) {
-	if h == nil {
-		return nil, nil
-	}
-	b, err := json.Marshal(h)
-	if err != nil {
-		return nil, err
-	}
-	return string(b), nil
-}
-
-func decodeHeader(s sql.NullString) (http.Header, error) {
-	if !s.Valid {
-		return nil, nil
-	}
-	h := http.Header{}
-	if err := json.Unmarshal([]byte(s.String), &h); err != nil {
-		return nil, fmt.Errorf("decoding stored response header: %w", err)
-	}
-	return h, nil
 }
 
 // nullBytes passes nil as SQL NULL and anything else as a blob.

@@ -49,7 +49,7 @@ func TestOpenRejectsBadArguments(t *testing.T) {
 	require.Equal(t, sqlstore.Postgres, s.Dialect())
 	require.Contains(t, s.Schema(), "CREATE TABLE IF NOT EXISTS _Idem_2 (")
 	require.Contains(t, s.Schema(), "BYTEA")
-	require.Contains(t, s.Schema(), "PRIMARY KEY (principal, method, route, idem_key)")
+	require.Contains(t, s.Schema(), "scope_hash          BYTEA    NOT NULL PRIMARY KEY")
 	s, err = sqlstore.Open(db, sqlstore.SQLite)
 	require.NoError(t, err)
 	require.Equal(t, sqlstore.DefaultTable, s.Table())
