@@ -36,7 +36,17 @@ var (
 	// transaction is gone (the middleware then answers 503 and gives the key
 	// up, so the client's retry runs the request again).
 	ErrSerialization = errors.New("sqlstore: serialization failure or deadlock")
+	// ErrSQLiteBusyTimeout is returned by Open for a SQLite database whose
+	// connection waits less than MinSQLiteBusyTimeoutMillis for the write
+	// lock (SQLite's default, and database/sql's with a bare file name, is
+	// 0: fail at once). Such a store answers 503 to a share of concurrent
+	// requests with SQLITE_BUSY as soon as two of them write at once.
+	ErrSQLiteBusyTimeout = errors.New(`sqlstore: SQLite database without a busy timeout; open it with sql.Open("sqlite", sqlstore.SQLiteDSN(path))`)
 )
+
+// MinSQLiteBusyTimeoutMillis is the smallest busy_timeout Open accepts on a
+// SQLite database (SQLiteDSN sets SQLiteBusyTimeoutMillis).
+const MinSQLiteBusyTimeoutMillis = 1000
 
 // OpError wraps a database error with the Store operation that met it
 // ("claim", "get", "heartbeat", "complete", "release", "set_recovery_point",
@@ -148,9 +158,16 @@ var (
 
 // Open returns a Store over db, which must be opened with a driver for d
 // (for example sql.Open("pgx", dsn) or sql.Open("sqlite", SQLiteDSN(path))).
-// Open does not touch the database; call Migrate (or run Schema's DDL
-// yourself) before use. Errors: ErrNilDB, ErrUnknownDialect,
-// ErrInvalidTable.
+// Open does not change the database; call Migrate (or run Schema's DDL
+// yourself) before use. With SQLite it reads the connection's busy timeout
+// (PRAGMA busy_timeout) and refuses a database that waits less than
+// MinSQLiteBusyTimeoutMillis for the write lock with an error wrapping
+// ErrSQLiteBusyTimeout, which names SQLiteDSN: open the database with
+// SQLiteDSN, or set busy_timeout in the DSN so that every connection of the
+// pool has it (a PRAGMA run through the *sql.DB reaches one connection
+// only). Errors: ErrNilDB, ErrUnknownDialect, ErrInvalidTable,
+// ErrSQLiteBusyTimeout, or an *OpError with Op "open" when the pragma
+// cannot be read.
 func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, ErrNilDB
@@ -166,6 +183,15 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	}
 	if !validTable(c.table) {
 		return nil, fmt.Errorf("%w: %q", ErrInvalidTable, c.table)
+	}
+	if d == SQLite {
+		var ms int64
+		if err := db.QueryRowContext(context.Background(), "PRAGMA busy_timeout").Scan(&ms); err != nil {
+			return nil, opErr("open", err)
+		}
+		if ms < MinSQLiteBusyTimeoutMillis {
+			return nil, fmt.Errorf("%w (busy_timeout is %d ms, at least %d needed)", ErrSQLiteBusyTimeout, ms, MinSQLiteBusyTimeoutMillis)
+		}
 	}
 	return &Store{db: db, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
 }
