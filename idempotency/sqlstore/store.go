@@ -209,24 +209,6 @@ func (s *Store) Table() string { return s.table }
 // Dialect returns the Store's dialect.
 func (s *Store) Dialect() Dialect { return s.dialect }
 
-// Migrate creates the table and its indexes if they do not exist. It is
-// idempotent and safe to run from every process at start-up (on PostgreSQL,
-// concurrent first runs may race on the catalog; run it from one place or
-// retry). Errors are *OpError with Op "migrate".
-func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return opErr("migrate", err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	for _, stmt := range splitStatements(s.Schema()) {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return opErr("migrate", err)
-		}
-	}
-	return opErr("migrate", tx.Commit())
-}
-
 // splitStatements splits the DDL on the semicolons that end its lines (the
 // schema text has no semicolon inside a statement).
 func splitStatements(ddl string) []string {
