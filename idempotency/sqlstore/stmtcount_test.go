@@ -102,9 +102,30 @@ type countingConn struct {
 	log  *stmtLog
 }
 
+// Prepare prepares q; SQLite prepares in the process, so only the
+// prepared statement's executions count.
 func (c countingConn) Prepare(q string) (driver.Stmt, error) {
-	c.log.add(q)
-	return c.conn.Prepare(q)
+	st, err := c.conn.Prepare(q)
+	if err != nil {
+		return nil, err
+	}
+	return countingStmt{Stmt: st, q: q, log: c.log}, nil
+}
+
+type countingStmt struct {
+	driver.Stmt
+	q   string
+	log *stmtLog
+}
+
+func (s countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.log.add(s.q)
+	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+}
+
+func (s countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.log.add(s.q)
+	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
 }
 
 func (c countingConn) Close() error { return c.conn.Close() }

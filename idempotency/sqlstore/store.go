@@ -146,6 +146,7 @@ func WithTable(name string) Option {
 // arguments.
 type Store struct {
 	db      *sql.DB
+	stmts   *stmtCache // s.db's prepared statements
 	dialect Dialect
 	table   string
 	q       queries
@@ -193,7 +194,7 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("%w (busy_timeout is %d ms, at least %d needed)", ErrSQLiteBusyTimeout, ms, MinSQLiteBusyTimeoutMillis)
 		}
 	}
-	return &Store{db: db, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
+	return &Store{db: db, stmts: &stmtCache{db: db}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
 }
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
@@ -249,7 +250,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 	// The loop only repeats when the row that beat our insert vanished
 	// (released or reaped) before we could read it: then we claim again.
 	for range 3 {
-		rec, err := retried(func() (idempotency.Record, error) { return s.claimRow(ctx, s.db, c) })
+		rec, err := retried(func() (idempotency.Record, error) { return s.claimRow(ctx, s.stmts, c) })
 		if err == nil {
 			return rec, rec.Owner == c.Owner, nil
 		}
@@ -304,7 +305,7 @@ func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim)
 // when no record exists, *OpError with Op "get" on database errors.
 func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Record, error) {
 	rec, err := retried(func() (idempotency.Record, error) {
-		return scanScope(sc, s.db.QueryRowContext(ctx, s.q.get, scopeHash(sc)))
+		return scanScope(sc, s.stmts.QueryRowContext(ctx, s.q.get, scopeHash(sc)))
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return idempotency.Record{}, idempotency.ErrNotFound
@@ -318,20 +319,20 @@ func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Reco
 // Heartbeat implements idempotency.Store.Heartbeat: it sets the lease end to
 // until. idempotency.ErrLeaseLost when l does not own an in-progress record.
 func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
-	return retriedErr(func() error { return s.heartbeat(ctx, s.db, l, until) })
+	return retriedErr(func() error { return s.heartbeat(ctx, s.stmts, l, until) })
 }
 
 // Complete implements idempotency.Store.Complete outside any transaction.
 // idempotency.ErrLeaseLost when l does not own an in-progress record.
 func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
-	return retriedErr(func() error { return s.complete(ctx, s.db, l, resp, now) })
+	return retriedErr(func() error { return s.complete(ctx, s.stmts, l, resp, now) })
 }
 
 // Release implements idempotency.Store.Release: it deletes the in-progress
 // record l owns. idempotency.ErrLeaseLost when l does not own it.
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 	return retriedErr(func() error {
-		res, err := s.db.ExecContext(ctx, s.q.release, scopeHash(l.Scope), l.Owner, l.Generation)
+		res, err := s.stmts.ExecContext(ctx, s.q.release, scopeHash(l.Scope), l.Owner, l.Generation)
 		return changed("release", res, err)
 	})
 }
@@ -340,7 +341,7 @@ func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 // transaction. idempotency.ErrLeaseLost when l does not own an in-progress
 // record.
 func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string, data []byte, now time.Time) error {
-	return retriedErr(func() error { return s.setPoint(ctx, s.db, l, point, data, now) })
+	return retriedErr(func() error { return s.setPoint(ctx, s.stmts, l, point, data, now) })
 }
 
 // Abandoned implements idempotency.Store.Abandoned: up to limit in-progress
