@@ -119,4 +119,3 @@ func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
 		require.Equal(t, 2, idx, "the new table has its two indexes")
 	})
 }
-
