@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
 // TestMiddlewareAnyPathAndExactReplay drives the real middleware over each
@@ -58,4 +59,27 @@ func TestMiddlewareAnyPathAndExactReplay(t *testing.T) {
 			require.EqualValues(t, 1, runs.Load(), "handler runs for %s", path[:min(len(path), 12)])
 		}
 	})
+}
+
+// TestScopeHashMatchesDocumentedSQL checks the package documentation's
+// PostgreSQL expression for the primary key against the rows the Store
+// wrote, for scopes of odd bytes and lengths.
+func TestScopeHashMatchesDocumentedSQL(t *testing.T) {
+	s, db := newStore(t, backends[1])
+	for i, sc := range []idempotency.Scope{
+		{Principal: "acct", Method: "POST", Route: "/pay/\xff", Key: "k"},
+		{Principal: "", Method: "", Route: "", Key: ""},
+		{Principal: "a\x00", Method: "POST", Route: strings.Repeat("r", 5000), Key: "order 42"},
+	} {
+		_, won, err := s.Claim(t.Context(), claimAt(sc, "o", "fp", t0))
+		require.NoError(t, err)
+		require.True(t, won, "scope %d", i)
+	}
+	var rows, same int
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*), COUNT(*) FILTER (WHERE scope_hash =
+	sha256(int8send(octet_length(principal)) || principal || int8send(octet_length(method)) || method ||
+	       int8send(octet_length(route)) || route || int8send(octet_length(idem_key)) || idem_key))
+	FROM `+sqlstore.DefaultTable).Scan(&rows, &same))
+	require.Equal(t, 3, rows)
+	require.Equal(t, 3, same)
 }
