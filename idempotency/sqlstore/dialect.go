@@ -159,7 +159,8 @@ const claimWins = `((t.state = 2 AND t.completed_at < $12)
 // set to CASE WHEN claimWins THEN <the claim's value> ELSE <its own value>
 // END, and RETURNING gives the row either way. The statement holds the
 // database's write lock anyway (it may insert), so the rewrite of an
-// unchanged row costs no extra round trip or lock.
+// unchanged row costs no extra round trip or lock; it does write the row's
+// page to the WAL again, which a checkpoint folds back.
 //
 // Either way the caller won when the returned owner is its own.
 func claimSQL(d Dialect, table string) string {
