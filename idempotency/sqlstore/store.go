@@ -240,8 +240,11 @@ func trimSpace(s string) string {
 // request stored; a ReplayWindow of 0 or less never expires a record); an
 // in-progress record whose lease ended before Now with the same fingerprint
 // and fingerprint version is taken over (generation+1, recovery point, data and
-// request kept). Otherwise the existing record is read and returned with
-// acquired false. With c.TakeoverOnly the statement is one conditional
+// request kept). Otherwise the same statement returns the existing record,
+// with acquired false; it reads the record a second time only when the
+// statement could not see its current version (on PostgreSQL, a concurrent
+// insert or takeover that committed after the statement began). With
+// c.TakeoverOnly the statement is one conditional
 // UPDATE ... RETURNING instead, which only takes over such an expired
 // in-progress record: it never inserts and never restarts a completed record
 // (whatever ReplayWindow), and with no record it returns a zero Record and
@@ -251,16 +254,19 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 	// (released or reaped) before we could read it: then we claim again.
 	for range 3 {
 		rec, err := retried(func() (idempotency.Record, error) { return s.claimRow(ctx, s.stmts, c) })
-		if err == nil {
+		if err == nil && (rec.Owner == c.Owner || !wouldWin(rec, c)) {
 			return rec, rec.Owner == c.Owner, nil
 		}
-		if !errors.Is(err, sql.ErrNoRows) {
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return idempotency.Record{}, false, opErr("claim", err)
 		}
 		// Someone else holds the record, and the statement could not see
-		// it: a concurrent insert committed after it began (or, for a
-		// takeover-only claim, the UPDATE matched nothing). This read
-		// decides nothing: it only fetches what to answer.
+		// its current version: on PostgreSQL a concurrent insert or
+		// takeover committed after the statement's snapshot was taken, so
+		// the statement returned no row, or the row as it was before (one
+		// this claim would have won, had it still been so); for a
+		// takeover-only claim, the UPDATE matched nothing. This read decides
+		// nothing: it only fetches what to answer.
 		rec, err = s.Get(ctx, c.Scope)
 		if err == nil {
 			return rec, false, nil
@@ -273,6 +279,22 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 		}
 	}
 	return idempotency.Record{}, false, opErr("claim", errors.New("record kept vanishing between claim and read"))
+}
+
+// wouldWin reports whether c wins rec by the claim statement's condition
+// (claimWins). A record that a claim returned without being won, yet
+// satisfies it, is an older version than the one the statement's conflict
+// check saw: another claim won it meanwhile.
+func wouldWin(rec idempotency.Record, c idempotency.Claim) bool {
+	now := nanos(c.Now)
+	switch rec.State {
+	case idempotency.Completed:
+		return c.ReplayWindow > 0 && nanos(rec.CompletedAt) < subSat(now, c.ReplayWindow)
+	case idempotency.InProgress:
+		return nanos(rec.LeaseUntil) < now && rec.Fingerprint == c.Fingerprint &&
+			rec.FingerprintVersion == c.FingerprintVersion
+	}
+	return false
 }
 
 // rowQueryer is what the claim statement needs: *sql.DB or *sql.Tx.
