@@ -162,7 +162,10 @@ const claimWins = `((t.state = 2 AND t.completed_at < $12)
 // unchanged row costs no extra round trip or lock; it does write the row's
 // page to the WAL again, which a checkpoint folds back.
 //
-// Either way the caller won when the returned owner is its own.
+// Either way the statement returns the record and, last, whether the claim
+// won it: on PostgreSQL whether the upsert returned it; on SQLite, where the
+// returned row is always the current one, whether its owner is now the
+// claimant's (owner tokens are fresh per claim).
 func claimSQL(d Dialect, table string) string {
 	insert := fmt.Sprintf(`INSERT INTO %[1]s AS t (scope_hash, principal, method, route, idem_key, state, fingerprint,
 	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
@@ -190,9 +193,9 @@ ON CONFLICT (scope_hash) DO UPDATE SET`, table)
 WHERE %[4]s
 RETURNING %[2]s
 )
-SELECT %[2]s FROM claimed
+SELECT %[2]s, TRUE FROM claimed
 UNION ALL
-SELECT %[2]s FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`, table, columns, insert, claimWins)
+SELECT %[2]s, FALSE FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`, table, columns, insert, claimWins)
 	}
 	// w is claimWins; r is "won, and restarts a completed record".
 	w := claimWins
@@ -213,7 +216,7 @@ SELECT %[2]s FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM clai
 	response_header = CASE WHEN %[3]s THEN NULL ELSE t.response_header END,
 	response_body = CASE WHEN %[3]s THEN NULL ELSE t.response_body END,
 	completed_at = CASE WHEN %[3]s THEN 0 ELSE t.completed_at END
-RETURNING %[1]s`, columns, insert, w, r)
+RETURNING %[1]s, owner = $8`, columns, insert, w, r)
 }
 
 func buildQueries(d Dialect, table string) queries {
@@ -228,7 +231,7 @@ func buildQueries(d Dialect, table string) queries {
 		// completed record.
 		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $2, generation = generation + 1, lease_until = $3, updated_at = $4
 WHERE scope_hash = $1 AND state = 1 AND lease_until < $4 AND fingerprint = $5 AND fingerprint_version = $6
-RETURNING %[2]s`, table, columns),
+RETURNING %[2]s, TRUE`, table, columns),
 
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, columns),
 

@@ -14,7 +14,8 @@ import (
 // claim did not win, or sql.ErrNoRows when it could not see that one
 // (PostgreSQL: inserted after the statement began).
 func ClaimIn(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim) (idempotency.Record, error) {
-	return s.claimRow(ctx, tx, c)
+	rec, _, err := s.claimRow(ctx, tx, c)
+	return rec, err
 }
 
 // HeartbeatIn runs the Store's heartbeat statement inside tx.

@@ -253,9 +253,13 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 	// The loop only repeats when the row that beat our insert vanished
 	// (released or reaped) before we could read it: then we claim again.
 	for range 3 {
-		rec, err := retried(func() (idempotency.Record, error) { return s.claimRow(ctx, s.stmts, c) })
-		if err == nil && (rec.Owner == c.Owner || !wouldWin(rec, c)) {
-			return rec, rec.Owner == c.Owner, nil
+		var won bool
+		rec, err := retried(func() (r idempotency.Record, err error) {
+			r, won, err = s.claimRow(ctx, s.stmts, c)
+			return r, err
+		})
+		if err == nil && (won || !wouldWin(rec, c)) {
+			return rec, won, nil
 		}
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return idempotency.Record{}, false, opErr("claim", err)
@@ -303,24 +307,28 @@ type rowQueryer interface {
 }
 
 // claimRow runs the claim statement once on q (the takeover-only UPDATE
-// when c.TakeoverOnly) and scans the row it returns: sql.ErrNoRows when the
-// claim did not win.
-func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim) (idempotency.Record, error) {
+// when c.TakeoverOnly) and scans the row it returns and whether the claim
+// won it: sql.ErrNoRows when the statement returned nothing (the
+// takeover-only claim did not win, or the claim could not see the record
+// that beat it).
+func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim) (rec idempotency.Record, won bool, err error) {
 	now := nanos(c.Now)
 	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
 	sc := c.Scope
 	if c.TakeoverOnly {
-		return scanScope(sc, q.QueryRowContext(ctx, s.q.takeover,
-			scopeHash(sc), c.Owner, leaseUntil, now, c.Fingerprint, int64(c.FingerprintVersion)))
+		rec, err = scanScope(sc, q.QueryRowContext(ctx, s.q.takeover,
+			scopeHash(sc), c.Owner, leaseUntil, now, c.Fingerprint, int64(c.FingerprintVersion)), &won)
+		return rec, won, err
 	}
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = subSat(now, c.ReplayWindow)
 	}
-	return scanScope(sc, q.QueryRowContext(ctx, s.q.claim,
+	rec, err = scanScope(sc, q.QueryRowContext(ctx, s.q.claim,
 		scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route), []byte(sc.Key),
 		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
-		cutoff))
+		cutoff), &won)
+	return rec, won, err
 }
 
 // Get implements idempotency.Store.Get. It returns idempotency.ErrNotFound
@@ -466,9 +474,10 @@ type scanner interface{ Scan(dest ...any) error }
 // or a row written by something other than this package.
 var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
 
-// scanScope scans a record read by sc's digest and checks that it is sc's.
-func scanScope(sc idempotency.Scope, row scanner) (idempotency.Record, error) {
-	rec, err := scanRecord(row)
+// scanScope scans a record read by sc's digest (and the extra columns that
+// follow it into extra) and checks that it is sc's.
+func scanScope(sc idempotency.Scope, row scanner, extra ...any) (idempotency.Record, error) {
+	rec, err := scanRecord(row, extra...)
 	if err == nil && rec.Scope != sc {
 		return idempotency.Record{}, errScopeMismatch
 	}
@@ -491,7 +500,8 @@ func scopeHash(sc idempotency.Scope) []byte {
 	return h.Sum(nil)
 }
 
-func scanRecord(sc scanner) (idempotency.Record, error) {
+// scanRecord scans the columns of a record, then extra.
+func scanRecord(sc scanner, extra ...any) (idempotency.Record, error) {
 	var (
 		r                                     idempotency.Record
 		state, fpVersion                      int64
@@ -500,9 +510,9 @@ func scanRecord(sc scanner) (idempotency.Record, error) {
 		principal, method, route, key         []byte
 		header, recoveryData, request, body   []byte
 	)
-	err := sc.Scan(&principal, &method, &route, &key, &state,
+	err := sc.Scan(append([]any{&principal, &method, &route, &key, &state,
 		&r.Fingerprint, &fpVersion, &r.Owner, &r.Generation, &leaseUntil, &r.RecoveryPoint,
-		&recoveryData, &request, &status, &header, &body, &created, &updated, &complAt)
+		&recoveryData, &request, &status, &header, &body, &created, &updated, &complAt}, extra...)...)
 	if err != nil {
 		return idempotency.Record{}, err
 	}
