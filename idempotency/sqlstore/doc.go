@@ -121,7 +121,8 @@
 // in-progress conflict is one (the claim); a fresh key is the claim and
 // the completion, one conditional UPDATE in autocommit (Store.Complete), or
 // in the handler's unit when it asked for one (then BEGIN and COMMIT are its
-// transaction's). The Store prepares its statements once per connection.
+// transaction's). On SQLite the Store prepares its statements once per connection (pgx
+// caches its own on PostgreSQL).
 //
 // # Transactions
 //

@@ -146,7 +146,7 @@ func WithTable(name string) Option {
 // arguments.
 type Store struct {
 	db      *sql.DB
-	stmts   *stmtCache // s.db's prepared statements
+	stmts   *stmtCache // runs the stand-alone statements on db
 	dialect Dialect
 	table   string
 	q       queries
@@ -194,7 +194,7 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("%w (busy_timeout is %d ms, at least %d needed)", ErrSQLiteBusyTimeout, ms, MinSQLiteBusyTimeoutMillis)
 		}
 	}
-	return &Store{db: db, stmts: &stmtCache{db: db}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
+	return &Store{db: db, stmts: &stmtCache{db: db, prepare: d == SQLite}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
 }
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
