@@ -118,11 +118,13 @@
 // returns idempotency.ErrLeaseLost when it changed nothing.
 //
 // Statements per guarded request, beyond the handler's own: a replay or an
-// in-progress conflict is one (the claim); a fresh key is the claim and
-// the completion, one conditional UPDATE in autocommit (Store.Complete), or
-// in the handler's unit when it asked for one (then BEGIN and COMMIT are its
-// transaction's). On SQLite the Store prepares its statements once per connection (pgx
-// caches its own on PostgreSQL).
+// in-progress conflict is one (the claim). A fresh key is the claim plus the
+// completion: inside the handler's unit when it asked for one (the UPDATE,
+// with BEGIN and COMMIT of its transaction), otherwise Store.Complete, one
+// conditional UPDATE in autocommit (the middleware of this release still
+// begins a unit for such a handler: BEGIN, UPDATE, COMMIT). On SQLite the
+// Store prepares its statements once per connection; pgx caches its own on
+// PostgreSQL.
 //
 // # Transactions
 //
