@@ -58,6 +58,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"UnitLeaseLostAtCommit", testUnitLeaseLost},
 		{"UnitRaceWithTakeover", testUnitRace},
 	}
+	tests = append(tests, bytesTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStore(t)

@@ -77,7 +77,7 @@ func post(t *testing.T, srv *httptest.Server, query, key, body string) answer {
 func countRecords(t *testing.T, db *sql.DB, key string) int {
 	t.Helper()
 	var n int
-	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+sqlstore.DefaultTable+` WHERE idem_key = '`+key+`'`).Scan(&n))
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+sqlstore.DefaultTable+` WHERE idem_key = $1`, []byte(key)).Scan(&n))
 	return n
 }
 
@@ -124,7 +124,7 @@ func TestCouplingSuccessStoresRowAndResponse(t *testing.T) {
 		require.Equal(t, http.StatusCreated, first.status)
 		require.True(t, hasOrder(t, db, "ord_201"))
 		var state, status int
-		require.NoError(t, db.QueryRow(`SELECT state, response_status FROM `+sqlstore.DefaultTable+` WHERE idem_key = 'k-201'`).Scan(&state, &status))
+		require.NoError(t, db.QueryRow(`SELECT state, response_status FROM `+sqlstore.DefaultTable+` WHERE idem_key = $1`, []byte("k-201")).Scan(&state, &status))
 		require.Equal(t, int(idempotency.Completed), state)
 		require.Equal(t, http.StatusCreated, status)
 

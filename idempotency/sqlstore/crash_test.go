@@ -240,7 +240,7 @@ func readRecord(t *testing.T, db *sql.DB, key string) recordRow {
 	t.Helper()
 	var r recordRow
 	require.NoError(t, db.QueryRow(`SELECT state, recovery_point, recovery_data, generation FROM `+sqlstore.DefaultTable+
-		` WHERE idem_key = '`+key+`'`).Scan(&r.state, &r.point, &r.data, &r.generation))
+		` WHERE idem_key = $1`, []byte(key)).Scan(&r.state, &r.point, &r.data, &r.generation))
 	return r
 }
 

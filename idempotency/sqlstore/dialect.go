@@ -84,16 +84,22 @@ const columns = `principal, method, route, idem_key, state, fingerprint, fingerp
 	response_status, response_header, response_body, created_at, updated_at, completed_at`
 
 // schema returns the DDL for table in dialect d. Every statement is
-// idempotent (IF NOT EXISTS). Times are INTEGER/BIGINT nanoseconds since the
-// Unix epoch, UTC, so that comparisons are exact in both dialects; 0 means
-// "not set" (completed_at of an in-progress record).
+// idempotent (IF NOT EXISTS). The primary key is scope_hash, the SHA-256 of
+// the length-prefixed scope parts (see scopeHash): 32 bytes whatever the
+// parts hold, so that any bytes of any length work as a principal, method,
+// route or key (PostgreSQL refuses invalid UTF-8 and NUL in TEXT, and B-tree
+// index rows over 2704 bytes). The parts are kept as bytes beside it. Times
+// are INTEGER/BIGINT nanoseconds since the Unix epoch, UTC, so that
+// comparisons are exact in both dialects; 0 means "not set" (completed_at of
+// an in-progress record).
 func schema(d Dialect, table string) string {
 	blob := d.blobType()
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
-	principal           TEXT     NOT NULL,
-	method              TEXT     NOT NULL,
-	route               TEXT     NOT NULL,
-	idem_key            TEXT     NOT NULL,
+	scope_hash          %[2]s    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
+	principal           %[2]s    NOT NULL,
+	method              %[2]s    NOT NULL,
+	route               %[2]s    NOT NULL,
+	idem_key            %[2]s    NOT NULL,
 	state               SMALLINT NOT NULL CHECK (state IN (1, 2)), -- 1 in progress, 2 completed
 	fingerprint         TEXT     NOT NULL,
 	fingerprint_version INTEGER  NOT NULL,
@@ -104,12 +110,11 @@ func schema(d Dialect, table string) string {
 	recovery_data       %[2]s,
 	request             %[2]s,
 	response_status     INTEGER,
-	response_header     TEXT,              -- JSON object of header name to values
+	response_header     %[2]s,            -- length-prefixed names and values, byte for byte
 	response_body       %[2]s,
 	created_at          BIGINT   NOT NULL,
 	updated_at          BIGINT   NOT NULL,
-	completed_at        BIGINT   NOT NULL DEFAULT 0, -- 0 until completed
-	PRIMARY KEY (principal, method, route, idem_key)
+	completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
 );
 CREATE INDEX IF NOT EXISTS %[1]s_lease_idx ON %[1]s (state, lease_until);
 CREATE INDEX IF NOT EXISTS %[1]s_updated_idx ON %[1]s (updated_at);
@@ -121,20 +126,48 @@ type queries struct {
 	claim, takeover, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
 }
 
-func buildQueries(d Dialect, table string) queries {
-	q := queries{
-		// One atomic statement decides the claim. The WHERE of DO UPDATE
-		// admits exactly two ways to win an existing row: a completed record
-		// that fell out of the replay window ($11) starts over, and an
-		// in-progress record whose lease expired before now ($12) with the
-		// same fingerprint (and fingerprint version) is taken over (recovery point, request and
-		// creation time kept). Either way the generation is bumped. When the
-		// WHERE is false nothing is returned and the caller reads the row.
-		claim: fmt.Sprintf(`INSERT INTO %[1]s AS t (principal, method, route, idem_key, state, fingerprint,
+// claimWins is the condition under which a claim wins an existing row t
+// against the candidate row excluded: a completed record that fell out of
+// the replay window ($12, the cutoff) starts over, and an in-progress record
+// whose lease expired before now ($11) with the same fingerprint (and
+// fingerprint version) is taken over.
+const claimWins = `((t.state = 2 AND t.completed_at < $12)
+	OR (t.state = 1 AND t.lease_until < $11 AND t.fingerprint = excluded.fingerprint
+	    AND t.fingerprint_version = excluded.fingerprint_version))`
+
+// claimSQL returns the claim statement: one statement that both decides the
+// claim and returns the row to answer from, whoever won.
+//
+// PostgreSQL: the INSERT ... ON CONFLICT DO UPDATE ... WHERE claimWins runs
+// in a CTE; its RETURNING row (a new record, a restart or a takeover) is the
+// answer, and when it returns nothing the outer SELECT returns the existing
+// row as the statement's snapshot saw it. The one case where that is
+// empty too is a conflicting row inserted by a transaction that committed
+// after the statement began (ON CONFLICT waits for it and sees it; the
+// snapshot does not): the statement then returns no row, and Claim reads the
+// record once more.
+//
+// SQLite has no data-modifying CTEs, and its RETURNING returns only rows
+// the statement wrote, so DO UPDATE always writes the row: every column is
+// set to CASE WHEN claimWins THEN <the claim's value> ELSE <its own value>
+// END, and RETURNING gives the row either way. The statement holds the
+// database's write lock anyway (it may insert), so the rewrite of an
+// unchanged row costs no extra round trip or lock; it does write the row's
+// page to the WAL again, which a checkpoint folds back.
+//
+// Either way the statement returns the record and, last, whether the claim
+// won it: on PostgreSQL whether the upsert returned it; on SQLite, where the
+// returned row is always the current one, whether its owner is now the
+// claimant's (owner tokens are fresh per claim).
+func claimSQL(d Dialect, table string) string {
+	insert := fmt.Sprintf(`INSERT INTO %[1]s AS t (scope_hash, principal, method, route, idem_key, state, fingerprint,
 	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
 	response_status, response_header, response_body, created_at, updated_at, completed_at)
-VALUES ($1, $2, $3, $4, 1, $5, $6, $7, 1, $8, '', NULL, $9, NULL, NULL, NULL, $10, $10, 0)
-ON CONFLICT (principal, method, route, idem_key) DO UPDATE SET
+VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10, NULL, NULL, NULL, $11, $11, 0)
+ON CONFLICT (scope_hash) DO UPDATE SET`, table)
+	if d == Postgres {
+		return fmt.Sprintf(`WITH claimed AS (
+%[3]s
 	state = 1,
 	owner = excluded.owner,
 	generation = t.generation + 1,
@@ -150,45 +183,67 @@ ON CONFLICT (principal, method, route, idem_key) DO UPDATE SET
 	response_header = NULL,
 	response_body = NULL,
 	completed_at = 0
-WHERE (t.state = 2 AND t.completed_at < $11)
-   OR (t.state = 1 AND t.lease_until < $12 AND t.fingerprint = excluded.fingerprint
-       AND t.fingerprint_version = excluded.fingerprint_version)
-RETURNING %[2]s`, table, columns),
+WHERE %[4]s
+RETURNING %[2]s
+)
+SELECT %[2]s, TRUE FROM claimed
+UNION ALL
+SELECT %[2]s, FALSE FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`, table, columns, insert, claimWins)
+	}
+	// w is claimWins; r is "won, and restarts a completed record".
+	w := claimWins
+	r := "(" + claimWins + " AND t.state = 2)"
+	return fmt.Sprintf(`%[2]s
+	state = CASE WHEN %[3]s THEN 1 ELSE t.state END,
+	owner = CASE WHEN %[3]s THEN excluded.owner ELSE t.owner END,
+	generation = CASE WHEN %[3]s THEN t.generation + 1 ELSE t.generation END,
+	lease_until = CASE WHEN %[3]s THEN excluded.lease_until ELSE t.lease_until END,
+	updated_at = CASE WHEN %[3]s THEN excluded.updated_at ELSE t.updated_at END,
+	fingerprint = CASE WHEN %[4]s THEN excluded.fingerprint ELSE t.fingerprint END,
+	fingerprint_version = CASE WHEN %[4]s THEN excluded.fingerprint_version ELSE t.fingerprint_version END,
+	recovery_point = CASE WHEN %[4]s THEN '' ELSE t.recovery_point END,
+	recovery_data = CASE WHEN %[4]s THEN NULL ELSE t.recovery_data END,
+	request = CASE WHEN %[4]s THEN excluded.request ELSE t.request END,
+	created_at = CASE WHEN %[4]s THEN excluded.created_at ELSE t.created_at END,
+	response_status = CASE WHEN %[3]s THEN NULL ELSE t.response_status END,
+	response_header = CASE WHEN %[3]s THEN NULL ELSE t.response_header END,
+	response_body = CASE WHEN %[3]s THEN NULL ELSE t.response_body END,
+	completed_at = CASE WHEN %[3]s THEN 0 ELSE t.completed_at END
+RETURNING %[1]s, owner = $8`, columns, insert, w, r)
+}
+
+func buildQueries(d Dialect, table string) queries {
+	q := queries{
+		claim: claimSQL(d, table),
 
 		// A takeover-only claim (idempotency.Claim.TakeoverOnly): one
 		// conditional UPDATE that wins only an in-progress record whose lease
-		// ended before now ($7) with the same fingerprint and version, exactly
+		// ended before now ($4) with the same fingerprint and version, exactly
 		// as the claim's takeover branch does (owner, generation + 1, lease,
 		// update time; the rest kept). It never inserts and never restarts a
 		// completed record.
-		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $5, generation = generation + 1, lease_until = $6, updated_at = $7
-WHERE principal = $1 AND method = $2 AND route = $3 AND idem_key = $4
-  AND state = 1 AND lease_until < $7 AND fingerprint = $8 AND fingerprint_version = $9
-RETURNING %[2]s`, table, columns),
+		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $2, generation = generation + 1, lease_until = $3, updated_at = $4
+WHERE scope_hash = $1 AND state = 1 AND lease_until < $4 AND fingerprint = $5 AND fingerprint_version = $6
+RETURNING %[2]s, TRUE`, table, columns),
 
-		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
-WHERE principal = $1 AND method = $2 AND route = $3 AND idem_key = $4`, table, columns),
+		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, columns),
 
-		heartbeat: fmt.Sprintf(`UPDATE %[1]s SET lease_until = $5
-WHERE principal = $1 AND method = $2 AND route = $3 AND idem_key = $4
-  AND owner = $6 AND generation = $7 AND state = 1`, table),
+		heartbeat: fmt.Sprintf(`UPDATE %[1]s SET lease_until = $2
+WHERE scope_hash = $1 AND owner = $3 AND generation = $4 AND state = 1`, table),
 
-		complete: fmt.Sprintf(`UPDATE %[1]s SET state = 2, response_status = $5, response_header = $6,
-	response_body = $7, completed_at = $8, updated_at = $8
-WHERE principal = $1 AND method = $2 AND route = $3 AND idem_key = $4
-  AND owner = $9 AND generation = $10 AND state = 1`, table),
+		complete: fmt.Sprintf(`UPDATE %[1]s SET state = 2, response_status = $2, response_header = $3,
+	response_body = $4, completed_at = $5, updated_at = $5
+WHERE scope_hash = $1 AND owner = $6 AND generation = $7 AND state = 1`, table),
 
 		release: fmt.Sprintf(`DELETE FROM %[1]s
-WHERE principal = $1 AND method = $2 AND route = $3 AND idem_key = $4
-  AND owner = $5 AND generation = $6 AND state = 1`, table),
+WHERE scope_hash = $1 AND owner = $2 AND generation = $3 AND state = 1`, table),
 
-		setPoint: fmt.Sprintf(`UPDATE %[1]s SET recovery_point = $5, recovery_data = $6, updated_at = $7
-WHERE principal = $1 AND method = $2 AND route = $3 AND idem_key = $4
-  AND owner = $8 AND generation = $9 AND state = 1`, table),
+		setPoint: fmt.Sprintf(`UPDATE %[1]s SET recovery_point = $2, recovery_data = $3, updated_at = $4
+WHERE scope_hash = $1 AND owner = $5 AND generation = $6 AND state = 1`, table),
 
 		abandoned: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
 WHERE state = 1 AND lease_until < $1
-ORDER BY lease_until, created_at, principal, method, route, idem_key
+ORDER BY lease_until, created_at, scope_hash
 LIMIT $2`, table, columns),
 
 		// Bounded: at most $2 rows per statement, chosen by primary key. The
@@ -203,8 +258,8 @@ LIMIT $2`, table, columns),
 		// inserts afresh once it is gone. SQLite serialises writers, so no
 		// row changes under the statement there; the outer conditions are
 		// kept for the same meaning.
-		deleteBefore: fmt.Sprintf(`DELETE FROM %[1]s WHERE (principal, method, route, idem_key) IN (
-	SELECT principal, method, route, idem_key FROM %[1]s
+		deleteBefore: fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
+	SELECT scope_hash FROM %[1]s
 	WHERE updated_at < $1 AND (state = 2 OR lease_until < $1)
 	ORDER BY updated_at
 	LIMIT $2%[2]s)

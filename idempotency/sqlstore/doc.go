@@ -9,7 +9,7 @@
 //
 //	db, err := sql.Open("pgx", "postgres://app@db/app")   // or sql.Open("sqlite", sqlstore.SQLiteDSN("idem.db"))
 //	store, err := sqlstore.Open(db, sqlstore.Postgres)     // or sqlstore.SQLite
-//	err = store.Migrate(ctx)                               // CREATE TABLE IF NOT EXISTS ...
+//	err = store.Migrate(ctx)                               // CREATE TABLE IF NOT EXISTS ... (and upgrades an older layout)
 //	mw := idempotency.New(store, idempotency.WithPrincipal(accountID))
 //
 // # Schema
@@ -19,10 +19,11 @@
 // the default table it is:
 //
 //	CREATE TABLE IF NOT EXISTS idempotency_records (
-//		principal           TEXT     NOT NULL,
-//		method              TEXT     NOT NULL,
-//		route               TEXT     NOT NULL,
-//		idem_key            TEXT     NOT NULL,
+//		scope_hash          BYTEA    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
+//		principal           BYTEA    NOT NULL,
+//		method              BYTEA    NOT NULL,
+//		route               BYTEA    NOT NULL,
+//		idem_key            BYTEA    NOT NULL,
 //		state               SMALLINT NOT NULL CHECK (state IN (1, 2)), -- 1 in progress, 2 completed
 //		fingerprint         TEXT     NOT NULL,
 //		fingerprint_version INTEGER  NOT NULL,
@@ -33,12 +34,11 @@
 //		recovery_data       BYTEA,
 //		request             BYTEA,
 //		response_status     INTEGER,
-//		response_header     TEXT,              -- JSON object of header name to values
+//		response_header     BYTEA,            -- length-prefixed names and values, byte for byte
 //		response_body       BYTEA,
 //		created_at          BIGINT   NOT NULL,
 //		updated_at          BIGINT   NOT NULL,
-//		completed_at        BIGINT   NOT NULL DEFAULT 0, -- 0 until completed
-//		PRIMARY KEY (principal, method, route, idem_key)
+//		completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
 //	);
 //	CREATE INDEX IF NOT EXISTS idempotency_records_lease_idx ON idempotency_records (state, lease_until);
 //	CREATE INDEX IF NOT EXISTS idempotency_records_updated_idx ON idempotency_records (updated_at);
@@ -48,26 +48,83 @@
 // never depends on a database clock or time zone: the store uses only the
 // times its callers pass.
 //
+// Any bytes of any length work as a principal, method, route or key (a path
+// such as /pay/%ff, /pay/%00 or a 4000-byte segment, used as the route): the
+// primary key is the SHA-256 of the four parts, each preceded by its length
+// as an 8-byte big-endian integer, and the parts themselves are kept as
+// bytes, never as TEXT (PostgreSQL refuses invalid UTF-8 and NUL in TEXT, and
+// B-tree index rows over 2704 bytes). On PostgreSQL 11 or later the key of a
+// row is
+//
+//	sha256(int8send(octet_length(principal)) || principal || int8send(octet_length(method)) || method ||
+//	       int8send(octet_length(route)) || route || int8send(octet_length(idem_key)) || idem_key)
+//
+// A stored response is replayed byte for byte: status, every allow-listed
+// header value (invalid UTF-8 included: a Latin-1 file name in
+// Content-Disposition stays as it was) and the body.
+//
+// # Upgrading from the TEXT-keyed layout
+//
+// Releases before the scope digest keyed the table on (principal, method,
+// route, idem_key) as TEXT and stored the response header as JSON. Migrate
+// upgrades such a table in one transaction: it renames it to <table>_v1,
+// drops its two indexes, creates the new table and copies every record into
+// it (digest computed, header re-encoded; in-progress records keep their
+// owner, generation, lease and recovery point). Drop <table>_v1 yourself once
+// you no longer need it. The copy is one INSERT per record, inside the
+// transaction that holds the renamed table, so its time grows with the
+// records kept (up to the cleanup horizon's worth); run Migrate from one
+// process. Servers of the earlier release that still use the
+// table fail closed from then on (503, never an unguarded run); a request
+// that such a server had claimed and not yet completed stays in progress
+// until its lease expires, and its retry then takes it over. So upgrade all
+// servers of a fleet together, or accept a few 503s and retries during the
+// roll-out. If you otherwise run the DDL with your own tool, run Migrate
+// once for this upgrade; or rename the old table and its indexes, create the
+// new one, and accept that the old records are not replayed (a retry of a
+// request completed before the upgrade then runs again).
+//
 // # Claims and fences
 //
-// A claim is one statement, never a read followed by a write:
+// A claim is one statement, never a read followed by a write, and the same
+// statement returns the record to answer from when the claim loses. On
+// PostgreSQL:
 //
-//	INSERT ... VALUES (...)
-//	ON CONFLICT (principal, method, route, idem_key) DO UPDATE SET ...
-//	WHERE (completed AND completed_at < now - replay window)
-//	   OR (in progress AND lease_until < now AND fingerprint = excluded.fingerprint)
-//	RETURNING ...
+//	WITH claimed AS (
+//		INSERT ... VALUES (...)
+//		ON CONFLICT (scope_hash) DO UPDATE SET ...
+//		WHERE (completed AND completed_at < now - replay window)
+//		   OR (in progress AND lease_until < now AND fingerprint = excluded.fingerprint)
+//		RETURNING ...)
+//	SELECT ... FROM claimed
+//	UNION ALL
+//	SELECT ... FROM table WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
 //
-// A returned row means the caller won: a new record (generation 1), a
-// replaced stale completed record, or a takeover of an expired lease
-// (generation + 1, recovery point kept). No row means someone else holds
-// the record; the store then reads it only to say what to answer. The
+// SQLite has no data-modifying CTE, so its DO UPDATE keeps every column as
+// it is unless the same condition holds, and RETURNING returns the row
+// either way. The caller won when the returned owner is its own: a new
+// record (generation 1), a replaced stale completed record, or a takeover
+// of an expired lease (generation + 1, recovery point kept). Otherwise the
+// row is the record someone else holds or completed, and a replay or an
+// in-progress answer costs this one statement. The one case that needs a
+// second read is a conflicting insert that committed after the statement
+// began on PostgreSQL (the conflict sees it, the statement's snapshot does
+// not). The
 // completer's takeover-only claim (idempotency.Claim.TakeoverOnly) is a
 // single conditional UPDATE ... RETURNING with the same takeover condition:
 // it never inserts a record and never restarts a completed one. Every later
 // write (heartbeat, recovery point, completion, release) is an UPDATE or
 // DELETE conditional on owner, generation and the in-progress state, and
 // returns idempotency.ErrLeaseLost when it changed nothing.
+//
+// Statements per guarded request, beyond the handler's own: a replay or an
+// in-progress conflict is one (the claim). A fresh key is the claim plus the
+// completion: inside the handler's unit when it asked for one (the UPDATE,
+// with BEGIN and COMMIT of its transaction), otherwise Store.Complete, one
+// conditional UPDATE in autocommit (the middleware of this release still
+// begins a unit for such a handler: BEGIN, UPDATE, COMMIT). On SQLite the
+// Store prepares its statements once per connection; pgx caches its own on
+// PostgreSQL.
 //
 // # Transactions
 //
@@ -124,10 +181,29 @@
 // cleanup horizon are compared across servers the same way, where skew
 // matters far less.
 //
+// # PostgreSQL through pgx's native pool
+//
+// An application that already holds a *pgxpool.Pool gives the Store a
+// *sql.DB over the same pool with stdlib.OpenDBFromPool (package
+// github.com/jackc/pgx/v5/stdlib); the Store's and the application's
+// connections then come from one pool and one configuration:
+//
+//	pool, err := pgxpool.New(ctx, dsn)
+//	db := stdlib.OpenDBFromPool(pool)
+//	store, err := sqlstore.Open(db, sqlstore.Postgres)
+//
+// Close the *sql.DB before the pool. To count or trace the Store's
+// statements, set a pgx QueryTracer on the pool's or connection's config
+// (pgx.ParseConfig, then stdlib.OpenDB(*cfg)).
+//
 // # SQLite
 //
 // Open SQLite with SQLiteDSN (WAL, a busy timeout, BEGIN IMMEDIATE
-// transactions, foreign keys on) and keep more than one open connection. One
+// transactions, foreign keys on) and keep more than one open connection.
+// Open refuses a database whose busy timeout is under a second
+// (ErrSQLiteBusyTimeout, which names SQLiteDSN), such as one opened with
+// sql.Open("sqlite", "keys.db"): without it, concurrent requests fail with
+// SQLITE_BUSY instead of waiting for the lock. One
 // writer at a time holds SQLite's lock. A request's unit of work takes it when
 // it begins (the middleware begins the unit when the handler first asks for
 // Tx) and keeps it until it commits; meanwhile other requests' claims and

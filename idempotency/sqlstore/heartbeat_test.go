@@ -55,7 +55,7 @@ func TestHeartbeatBehindTheHandlersOwnUnit(t *testing.T) {
 		require.Less(t, time.Since(start), 3*time.Second, "not stalled behind its own lock for the busy timeout")
 		require.True(t, hasOrder(t, db, "ord_hb"))
 		var state int
-		require.NoError(t, db.QueryRow(`SELECT state FROM `+sqlstore.DefaultTable+` WHERE idem_key = 'k-hb'`).Scan(&state))
+		require.NoError(t, db.QueryRow(`SELECT state FROM `+sqlstore.DefaultTable+` WHERE idem_key = $1`, []byte("k-hb")).Scan(&state))
 		require.Equal(t, int(idempotency.Completed), state)
 	})
 }

@@ -68,6 +68,18 @@ func pgDSN(t testing.TB) string {
 // cleanup.
 func openPG(t testing.TB) *sql.DB {
 	t.Helper()
+	db, err := sql.Open("pgx", pgSchemaDSN(t))
+	require.NoError(t, err)
+	db.SetMaxOpenConns(20)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, db.Ping())
+	return db
+}
+
+// pgSchemaDSN creates a fresh schema for the test, dropped at cleanup, and
+// returns SAFERETRY_PG_DSN with a search_path that points at it.
+func pgSchemaDSN(t testing.TB) string {
+	t.Helper()
 	dsn := pgDSN(t)
 	schema := "t_" + randHex(8)
 	admin, err := sql.Open("pgx", dsn)
@@ -76,12 +88,7 @@ func openPG(t testing.TB) *sql.DB {
 	_, err = admin.Exec("CREATE SCHEMA " + schema)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE") })
-	db, err := sql.Open("pgx", withParam(dsn, "search_path", schema))
-	require.NoError(t, err)
-	db.SetMaxOpenConns(20)
-	t.Cleanup(func() { _ = db.Close() })
-	require.NoError(t, db.Ping())
-	return db
+	return withParam(dsn, "search_path", schema)
 }
 
 // withParam appends a query parameter to a URL-style DSN.

@@ -29,6 +29,13 @@ const SQLiteBusyTimeoutMillis = 10000
 // the whole request. SQLite admits one writer at a time however many
 // connections there are: requests that write serialise on the lock, up to
 // the busy timeout.
+//
+// Open refuses a SQLite database whose busy timeout is under
+// MinSQLiteBusyTimeoutMillis (ErrSQLiteBusyTimeout): sql.Open("sqlite",
+// "keys.db") has none, and under concurrent requests a share of them would
+// fail with SQLITE_BUSY and answer 503. The other settings cannot be read
+// back from a connection; without _txlock=immediate a unit that reads before
+// it writes can still fail with SQLITE_BUSY, so use this DSN.
 func SQLiteDSN(path string) string {
 	r := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
 	return "file:" + r.Replace(path) +

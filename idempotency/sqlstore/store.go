@@ -2,12 +2,13 @@ package sqlstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
-	"encoding/json"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
-	"net/http"
 	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -35,7 +36,17 @@ var (
 	// transaction is gone (the middleware then answers 503 and gives the key
 	// up, so the client's retry runs the request again).
 	ErrSerialization = errors.New("sqlstore: serialization failure or deadlock")
+	// ErrSQLiteBusyTimeout is returned by Open for a SQLite database whose
+	// connection waits less than MinSQLiteBusyTimeoutMillis for the write
+	// lock (SQLite's default, and database/sql's with a bare file name, is
+	// 0: fail at once). Such a store answers 503 to a share of concurrent
+	// requests with SQLITE_BUSY as soon as two of them write at once.
+	ErrSQLiteBusyTimeout = errors.New(`sqlstore: SQLite database without a busy timeout; open it with sql.Open("sqlite", sqlstore.SQLiteDSN(path))`)
 )
+
+// MinSQLiteBusyTimeoutMillis is the smallest busy_timeout Open accepts on a
+// SQLite database (SQLiteDSN sets SQLiteBusyTimeoutMillis).
+const MinSQLiteBusyTimeoutMillis = 1000
 
 // OpError wraps a database error with the Store operation that met it
 // ("claim", "get", "heartbeat", "complete", "release", "set_recovery_point",
@@ -135,6 +146,7 @@ func WithTable(name string) Option {
 // arguments.
 type Store struct {
 	db      *sql.DB
+	stmts   *stmtCache // runs the stand-alone statements on db
 	dialect Dialect
 	table   string
 	q       queries
@@ -147,9 +159,16 @@ var (
 
 // Open returns a Store over db, which must be opened with a driver for d
 // (for example sql.Open("pgx", dsn) or sql.Open("sqlite", SQLiteDSN(path))).
-// Open does not touch the database; call Migrate (or run Schema's DDL
-// yourself) before use. Errors: ErrNilDB, ErrUnknownDialect,
-// ErrInvalidTable.
+// Open does not change the database; call Migrate (or run Schema's DDL
+// yourself) before use. With SQLite it reads the connection's busy timeout
+// (PRAGMA busy_timeout) and refuses a database that waits less than
+// MinSQLiteBusyTimeoutMillis for the write lock with an error wrapping
+// ErrSQLiteBusyTimeout, which names SQLiteDSN: open the database with
+// SQLiteDSN, or set busy_timeout in the DSN so that every connection of the
+// pool has it (a PRAGMA run through the *sql.DB reaches one connection
+// only). Errors: ErrNilDB, ErrUnknownDialect, ErrInvalidTable,
+// ErrSQLiteBusyTimeout, or an *OpError with Op "open" when the pragma
+// cannot be read.
 func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, ErrNilDB
@@ -166,7 +185,16 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if !validTable(c.table) {
 		return nil, fmt.Errorf("%w: %q", ErrInvalidTable, c.table)
 	}
-	return &Store{db: db, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
+	if d == SQLite {
+		var ms int64
+		if err := db.QueryRowContext(context.Background(), "PRAGMA busy_timeout").Scan(&ms); err != nil {
+			return nil, opErr("open", err)
+		}
+		if ms < MinSQLiteBusyTimeoutMillis {
+			return nil, fmt.Errorf("%w (busy_timeout is %d ms, at least %d needed)", ErrSQLiteBusyTimeout, ms, MinSQLiteBusyTimeoutMillis)
+		}
+	}
+	return &Store{db: db, stmts: &stmtCache{db: db, prepare: d == SQLite}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
 }
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
@@ -181,24 +209,6 @@ func (s *Store) Table() string { return s.table }
 
 // Dialect returns the Store's dialect.
 func (s *Store) Dialect() Dialect { return s.dialect }
-
-// Migrate creates the table and its indexes if they do not exist. It is
-// idempotent and safe to run from every process at start-up (on PostgreSQL,
-// concurrent first runs may race on the catalog; run it from one place or
-// retry). Errors are *OpError with Op "migrate".
-func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return opErr("migrate", err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	for _, stmt := range splitStatements(s.Schema()) {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return opErr("migrate", err)
-		}
-	}
-	return opErr("migrate", tx.Commit())
-}
 
 // splitStatements splits the DDL on the semicolons that end its lines (the
 // schema text has no semicolon inside a statement).
@@ -230,8 +240,11 @@ func trimSpace(s string) string {
 // request stored; a ReplayWindow of 0 or less never expires a record); an
 // in-progress record whose lease ended before Now with the same fingerprint
 // and fingerprint version is taken over (generation+1, recovery point, data and
-// request kept). Otherwise the existing record is read and returned with
-// acquired false. With c.TakeoverOnly the statement is one conditional
+// request kept). Otherwise the same statement returns the existing record,
+// with acquired false; it reads the record a second time only when the
+// statement could not see its current version (on PostgreSQL, a concurrent
+// insert or takeover that committed after the statement began). With
+// c.TakeoverOnly the statement is one conditional
 // UPDATE ... RETURNING instead, which only takes over such an expired
 // in-progress record: it never inserts and never restarts a completed record
 // (whatever ReplayWindow), and with no record it returns a zero Record and
@@ -240,15 +253,24 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 	// The loop only repeats when the row that beat our insert vanished
 	// (released or reaped) before we could read it: then we claim again.
 	for range 3 {
-		rec, err := retried(func() (idempotency.Record, error) { return s.claimRow(ctx, s.db, c) })
-		if err == nil {
-			return rec, rec.Owner == c.Owner, nil
+		var won bool
+		rec, err := retried(func() (r idempotency.Record, err error) {
+			r, won, err = s.claimRow(ctx, s.stmts, c)
+			return r, err
+		})
+		if err == nil && (won || !wouldWin(rec, c)) {
+			return rec, won, nil
 		}
-		if !errors.Is(err, sql.ErrNoRows) {
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return idempotency.Record{}, false, opErr("claim", err)
 		}
-		// Someone else holds the record. This read decides nothing: it only
-		// fetches what to answer.
+		// Someone else holds the record, and the statement could not see
+		// its current version: on PostgreSQL a concurrent insert or
+		// takeover committed after the statement's snapshot was taken, so
+		// the statement returned no row, or the row as it was before (one
+		// this claim would have won, had it still been so); for a
+		// takeover-only claim, the UPDATE matched nothing. This read decides
+		// nothing: it only fetches what to answer.
 		rec, err = s.Get(ctx, c.Scope)
 		if err == nil {
 			return rec, false, nil
@@ -263,37 +285,57 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Rec
 	return idempotency.Record{}, false, opErr("claim", errors.New("record kept vanishing between claim and read"))
 }
 
+// wouldWin reports whether c wins rec by the claim statement's condition
+// (claimWins). A record that a claim returned without being won, yet
+// satisfies it, is an older version than the one the statement's conflict
+// check saw: another claim won it meanwhile.
+func wouldWin(rec idempotency.Record, c idempotency.Claim) bool {
+	now := nanos(c.Now)
+	switch rec.State {
+	case idempotency.Completed:
+		return c.ReplayWindow > 0 && nanos(rec.CompletedAt) < subSat(now, c.ReplayWindow)
+	case idempotency.InProgress:
+		return nanos(rec.LeaseUntil) < now && rec.Fingerprint == c.Fingerprint &&
+			rec.FingerprintVersion == c.FingerprintVersion
+	}
+	return false
+}
+
 // rowQueryer is what the claim statement needs: *sql.DB or *sql.Tx.
 type rowQueryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // claimRow runs the claim statement once on q (the takeover-only UPDATE
-// when c.TakeoverOnly) and scans the row it returns: sql.ErrNoRows when the
-// claim did not win.
-func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim) (idempotency.Record, error) {
+// when c.TakeoverOnly) and scans the row it returns and whether the claim
+// won it: sql.ErrNoRows when the statement returned nothing (the
+// takeover-only claim did not win, or the claim could not see the record
+// that beat it).
+func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim) (rec idempotency.Record, won bool, err error) {
 	now := nanos(c.Now)
 	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
+	sc := c.Scope
 	if c.TakeoverOnly {
-		return scanRecord(q.QueryRowContext(ctx, s.q.takeover,
-			c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
-			c.Owner, leaseUntil, now, c.Fingerprint, int64(c.FingerprintVersion)))
+		rec, err = scanScope(sc, q.QueryRowContext(ctx, s.q.takeover,
+			scopeHash(sc), c.Owner, leaseUntil, now, c.Fingerprint, int64(c.FingerprintVersion)), &won)
+		return rec, won, err
 	}
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = subSat(now, c.ReplayWindow)
 	}
-	return scanRecord(q.QueryRowContext(ctx, s.q.claim,
-		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
+	rec, err = scanScope(sc, q.QueryRowContext(ctx, s.q.claim,
+		scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route), []byte(sc.Key),
 		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
-		cutoff, now))
+		cutoff), &won)
+	return rec, won, err
 }
 
 // Get implements idempotency.Store.Get. It returns idempotency.ErrNotFound
 // when no record exists, *OpError with Op "get" on database errors.
 func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Record, error) {
 	rec, err := retried(func() (idempotency.Record, error) {
-		return scanRecord(s.db.QueryRowContext(ctx, s.q.get, sc.Principal, sc.Method, sc.Route, sc.Key))
+		return scanScope(sc, s.stmts.QueryRowContext(ctx, s.q.get, scopeHash(sc)))
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return idempotency.Record{}, idempotency.ErrNotFound
@@ -307,21 +349,20 @@ func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Reco
 // Heartbeat implements idempotency.Store.Heartbeat: it sets the lease end to
 // until. idempotency.ErrLeaseLost when l does not own an in-progress record.
 func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
-	return retriedErr(func() error { return s.heartbeat(ctx, s.db, l, until) })
+	return retriedErr(func() error { return s.heartbeat(ctx, s.stmts, l, until) })
 }
 
 // Complete implements idempotency.Store.Complete outside any transaction.
 // idempotency.ErrLeaseLost when l does not own an in-progress record.
 func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
-	return retriedErr(func() error { return s.complete(ctx, s.db, l, resp, now) })
+	return retriedErr(func() error { return s.complete(ctx, s.stmts, l, resp, now) })
 }
 
 // Release implements idempotency.Store.Release: it deletes the in-progress
 // record l owns. idempotency.ErrLeaseLost when l does not own it.
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
-	sc := l.Scope
 	return retriedErr(func() error {
-		res, err := s.db.ExecContext(ctx, s.q.release, sc.Principal, sc.Method, sc.Route, sc.Key, l.Owner, l.Generation)
+		res, err := s.stmts.ExecContext(ctx, s.q.release, scopeHash(l.Scope), l.Owner, l.Generation)
 		return changed("release", res, err)
 	})
 }
@@ -330,7 +371,7 @@ func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 // transaction. idempotency.ErrLeaseLost when l does not own an in-progress
 // record.
 func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string, data []byte, now time.Time) error {
-	return retriedErr(func() error { return s.setPoint(ctx, s.db, l, point, data, now) })
+	return retriedErr(func() error { return s.setPoint(ctx, s.stmts, l, point, data, now) })
 }
 
 // Abandoned implements idempotency.Store.Abandoned: up to limit in-progress
@@ -394,25 +435,18 @@ type execer interface {
 }
 
 func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease, until time.Time) error {
-	sc := l.Scope
-	res, err := ex.ExecContext(ctx, s.q.heartbeat, sc.Principal, sc.Method, sc.Route, sc.Key, nanos(until), l.Owner, l.Generation)
+	res, err := ex.ExecContext(ctx, s.q.heartbeat, scopeHash(l.Scope), nanos(until), l.Owner, l.Generation)
 	return changed("heartbeat", res, err)
 }
 
 func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
-	header, err := encodeHeader(resp.Header)
-	if err != nil {
-		return opErr("complete", err)
-	}
-	sc := l.Scope
-	res, err := ex.ExecContext(ctx, s.q.complete, sc.Principal, sc.Method, sc.Route, sc.Key,
-		int64(resp.Status), header, nullBytes(resp.Body), nanos(now), l.Owner, l.Generation)
+	res, err := ex.ExecContext(ctx, s.q.complete, scopeHash(l.Scope),
+		int64(resp.Status), nullBytes(encodeHeader(resp.Header)), nullBytes(resp.Body), nanos(now), l.Owner, l.Generation)
 	return changed("complete", res, err)
 }
 
 func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string, data []byte, now time.Time) error {
-	sc := l.Scope
-	res, err := ex.ExecContext(ctx, s.q.setPoint, sc.Principal, sc.Method, sc.Route, sc.Key,
+	res, err := ex.ExecContext(ctx, s.q.setPoint, scopeHash(l.Scope),
 		point, nullBytes(data), nanos(now), l.Owner, l.Generation)
 	return changed("set_recovery_point", res, err)
 }
@@ -435,21 +469,54 @@ func changed(op string, res sql.Result, err error) error {
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanRecord(sc scanner) (idempotency.Record, error) {
+// errScopeMismatch is the cause of the *OpError a read returns when the row
+// found under a scope's digest holds other scope parts: a SHA-256 collision,
+// or a row written by something other than this package.
+var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
+
+// scanScope scans a record read by sc's digest (and the extra columns that
+// follow it into extra) and checks that it is sc's.
+func scanScope(sc idempotency.Scope, row scanner, extra ...any) (idempotency.Record, error) {
+	rec, err := scanRecord(row, extra...)
+	if err == nil && rec.Scope != sc {
+		return idempotency.Record{}, errScopeMismatch
+	}
+	return rec, err
+}
+
+// scopeHash returns the record's primary key: the SHA-256 of the scope's
+// four parts (principal, method, route, key), each preceded by its length as
+// an 8-byte big-endian integer, so that no two scopes share the input
+// whatever bytes their parts hold. On PostgreSQL 11 or later the same value
+// is sha256(int8send(octet_length(p1)) || p1 || ...) over the parts as bytea.
+func scopeHash(sc idempotency.Scope) []byte {
+	h := sha256.New()
+	var n [8]byte
+	for _, p := range [...]string{sc.Principal, sc.Method, sc.Route, sc.Key} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+		h.Write(n[:])
+		_, _ = io.WriteString(h, p)
+	}
+	return h.Sum(nil)
+}
+
+// scanRecord scans the columns of a record, then extra.
+func scanRecord(sc scanner, extra ...any) (idempotency.Record, error) {
 	var (
 		r                                     idempotency.Record
 		state, fpVersion                      int64
 		leaseUntil, created, updated, complAt int64
 		status                                sql.NullInt64
-		header                                sql.NullString
-		recoveryData, request, body           []byte
+		principal, method, route, key         []byte
+		header, recoveryData, request, body   []byte
 	)
-	err := sc.Scan(&r.Scope.Principal, &r.Scope.Method, &r.Scope.Route, &r.Scope.Key, &state,
+	err := sc.Scan(append([]any{&principal, &method, &route, &key, &state,
 		&r.Fingerprint, &fpVersion, &r.Owner, &r.Generation, &leaseUntil, &r.RecoveryPoint,
-		&recoveryData, &request, &status, &header, &body, &created, &updated, &complAt)
+		&recoveryData, &request, &status, &header, &body, &created, &updated, &complAt}, extra...)...)
 	if err != nil {
 		return idempotency.Record{}, err
 	}
+	r.Scope = idempotency.Scope{Principal: string(principal), Method: string(method), Route: string(route), Key: string(key)}
 	r.State = idempotency.State(state)
 	r.FingerprintVersion = int(fpVersion)
 	r.LeaseUntil = fromNanos(leaseUntil)
@@ -466,30 +533,6 @@ func scanRecord(sc scanner) (idempotency.Record, error) {
 		r.Response = &idempotency.Response{Status: int(status.Int64), Header: h, Body: body}
 	}
 	return r, nil
-}
-
-// encodeHeader stores a nil header as NULL and any other (even empty) as a
-// JSON object, so that nil-ness survives the round trip.
-func encodeHeader(h http.Header) (any, error) {
-	if h == nil {
-		return nil, nil
-	}
-	b, err := json.Marshal(h)
-	if err != nil {
-		return nil, err
-	}
-	return string(b), nil
-}
-
-func decodeHeader(s sql.NullString) (http.Header, error) {
-	if !s.Valid {
-		return nil, nil
-	}
-	h := http.Header{}
-	if err := json.Unmarshal([]byte(s.String), &h); err != nil {
-		return nil, fmt.Errorf("decoding stored response header: %w", err)
-	}
-	return h, nil
 }
 
 // nullBytes passes nil as SQL NULL and anything else as a blob.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func claimAt(sc idempotency.Scope, owner, fp string, now time.Time) idempotency.
 }
 
 func TestOpenRejectsBadArguments(t *testing.T) {
-	db, err := sql.Open("sqlite", "file::memory:")
+	db, err := sql.Open("sqlite", "file::memory:?_pragma=busy_timeout(1000)")
 	require.NoError(t, err)
 	defer db.Close()
 
@@ -49,7 +50,7 @@ func TestOpenRejectsBadArguments(t *testing.T) {
 	require.Equal(t, sqlstore.Postgres, s.Dialect())
 	require.Contains(t, s.Schema(), "CREATE TABLE IF NOT EXISTS _Idem_2 (")
 	require.Contains(t, s.Schema(), "BYTEA")
-	require.Contains(t, s.Schema(), "PRIMARY KEY (principal, method, route, idem_key)")
+	require.Contains(t, s.Schema(), "scope_hash          BYTEA    NOT NULL PRIMARY KEY")
 	s, err = sqlstore.Open(db, sqlstore.SQLite)
 	require.NoError(t, err)
 	require.Equal(t, sqlstore.DefaultTable, s.Table())
@@ -365,4 +366,30 @@ func TestCanceledContextIsAnError(t *testing.T) {
 		_, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
 		require.ErrorIs(t, err, context.Canceled)
 	})
+}
+
+// TestOpenRefusesSQLiteWithoutBusyTimeout: a database opened the way
+// database/sql users open one, sql.Open("sqlite", "keys.db"), has no busy
+// timeout, so concurrent writers fail with SQLITE_BUSY (503s under load).
+// Open refuses it with an error that names SQLiteDSN, and accepts the same
+// file opened with SQLiteDSN or with a busy timeout of its own.
+func TestOpenRefusesSQLiteWithoutBusyTimeout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	for dsn, ok := range map[string]bool{
+		path: false,
+		"file:" + path + "?_pragma=busy_timeout(5)":                      false,
+		sqlstore.SQLiteDSN(path):                                         true,
+		"file:" + path + "?_pragma=busy_timeout(2000)&_txlock=immediate": true,
+	} {
+		db, err := sql.Open("sqlite", dsn)
+		require.NoError(t, err)
+		_, err = sqlstore.Open(db, sqlstore.SQLite)
+		if ok {
+			require.NoError(t, err, dsn)
+		} else {
+			require.ErrorIs(t, err, sqlstore.ErrSQLiteBusyTimeout, dsn)
+			require.Contains(t, err.Error(), "SQLiteDSN", dsn)
+		}
+		require.NoError(t, db.Close())
+	}
 }

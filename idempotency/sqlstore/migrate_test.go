@@ -1,0 +1,121 @@
+package sqlstore_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/sqlstore"
+)
+
+// v1Schema is the DDL of the TEXT-keyed layout that releases before the
+// scope digest created (%[1]s the table, %[2]s the blob type).
+const v1Schema = `CREATE TABLE %[1]s (
+	principal           TEXT     NOT NULL,
+	method              TEXT     NOT NULL,
+	route               TEXT     NOT NULL,
+	idem_key            TEXT     NOT NULL,
+	state               SMALLINT NOT NULL CHECK (state IN (1, 2)),
+	fingerprint         TEXT     NOT NULL,
+	fingerprint_version INTEGER  NOT NULL,
+	owner               TEXT     NOT NULL,
+	generation          BIGINT   NOT NULL,
+	lease_until         BIGINT   NOT NULL,
+	recovery_point      TEXT     NOT NULL DEFAULT '',
+	recovery_data       %[2]s,
+	request             %[2]s,
+	response_status     INTEGER,
+	response_header     TEXT,
+	response_body       %[2]s,
+	created_at          BIGINT   NOT NULL,
+	updated_at          BIGINT   NOT NULL,
+	completed_at        BIGINT   NOT NULL DEFAULT 0,
+	PRIMARY KEY (principal, method, route, idem_key)
+);
+CREATE INDEX %[1]s_lease_idx ON %[1]s (state, lease_until);
+CREATE INDEX %[1]s_updated_idx ON %[1]s (updated_at)`
+
+// TestMigrateUpgradesTheTextKeyedLayout fills a table of the earlier layout
+// with more records than one copy page (a completed one with a JSON header
+// and a body, an in-progress one with a recovery point, and many more), runs
+// Migrate, and checks that every record is found under its scope, that a
+// replay and a takeover work on the copied records, and that the old table
+// is kept as <table>_v1.
+func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		ctx := t.Context()
+		db := b.open(t)
+		blob := "BLOB"
+		if b.dialect == sqlstore.Postgres {
+			blob = "BYTEA"
+		}
+		for _, stmt := range strings.Split(fmt.Sprintf(v1Schema, sqlstore.DefaultTable, blob), ";") {
+			_, err := db.Exec(stmt)
+			require.NoError(t, err)
+		}
+		insert := `INSERT INTO ` + sqlstore.DefaultTable + ` VALUES ($1, 'POST', $2, $3, $4, 'fp', 1, 'owner-a', 3, $5, $6, $7, $8, $9, $10, $11, 100, 200, $12)`
+		now := t0.UnixNano()
+		mustExec := func(args ...any) {
+			_, err := db.Exec(insert, args...)
+			require.NoError(t, err)
+		}
+		mustExec("acct", "/pay", "k-done", 2, now, "", nil, []byte("req"), 201,
+			`{"Content-Type":["application/json"],"X-Two":["a","b"]}`, []byte(`{"id":1}`), now)
+		mustExec("acct", "/pay", "k-busy", 1, now-1, "charged", []byte("state"), []byte("req"), nil, nil, nil, 0)
+		const many = 1203
+		tx, err := db.Begin()
+		require.NoError(t, err)
+		for i := range many {
+			_, err := tx.Exec(insert, fmt.Sprintf("p%04d", i%7), "/r", fmt.Sprintf("k%05d", i), 2, now, "", nil, nil, 200, `{}`, nil, now)
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
+
+		s, err := sqlstore.Open(db, b.dialect)
+		require.NoError(t, err)
+		require.NoError(t, s.Migrate(ctx))
+		require.NoError(t, s.Migrate(ctx), "a second Migrate is a no-op")
+
+		done, err := s.Get(ctx, idempotency.Scope{Principal: "acct", Method: "POST", Route: "/pay", Key: "k-done"})
+		require.NoError(t, err)
+		require.Equal(t, idempotency.Completed, done.State)
+		require.Equal(t, int64(3), done.Generation)
+		require.Equal(t, 201, done.Response.Status)
+		require.Equal(t, []string{"a", "b"}, done.Response.Header.Values("X-Two"))
+		require.Equal(t, `{"id":1}`, string(done.Response.Body))
+		require.Equal(t, "req", string(done.Request))
+
+		replay, won, err := s.Claim(ctx, claimAt(done.Scope, "B", "fp", t0))
+		require.NoError(t, err)
+		require.False(t, won)
+		require.Equal(t, 201, replay.Response.Status)
+
+		busy := idempotency.Scope{Principal: "acct", Method: "POST", Route: "/pay", Key: "k-busy"}
+		taken, won, err := s.Claim(ctx, claimAt(busy, "B", "fp", t0))
+		require.NoError(t, err)
+		require.True(t, won, "the copied record's lease had expired")
+		require.Equal(t, int64(4), taken.Generation)
+		require.Equal(t, "charged", taken.RecoveryPoint)
+		require.Equal(t, "state", string(taken.RecoveryData))
+
+		for _, i := range []int{0, 499, 500, 1000, many - 1} {
+			sc := idempotency.Scope{Principal: fmt.Sprintf("p%04d", i%7), Method: "POST", Route: "/r", Key: fmt.Sprintf("k%05d", i)}
+			rec, err := s.Get(ctx, sc)
+			require.NoError(t, err, "record %d", i)
+			require.Equal(t, 200, rec.Response.Status)
+			require.NotNil(t, rec.Response.Header)
+		}
+		require.Equal(t, many+2, count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable))
+		require.Equal(t, many+2, count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable+`_v1`))
+		var idx int
+		q := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = '` + sqlstore.DefaultTable + `' AND name LIKE '%_idx'`
+		if b.dialect == sqlstore.Postgres {
+			q = `SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = '` + sqlstore.DefaultTable + `' AND indexname LIKE '%_idx'`
+		}
+		require.NoError(t, db.QueryRow(q).Scan(&idx))
+		require.Equal(t, 2, idx, "the new table has its two indexes")
+	})
+}
