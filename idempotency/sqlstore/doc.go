@@ -121,8 +121,8 @@
 // in-progress conflict is one (the claim). A fresh key is the claim plus the
 // completion: inside the handler's unit when it asked for one (the UPDATE,
 // with BEGIN and COMMIT of its transaction), otherwise Store.Complete, one
-// conditional UPDATE in autocommit (the middleware of this release still
-// begins a unit for such a handler: BEGIN, UPDATE, COMMIT). On SQLite the
+// conditional UPDATE in autocommit: two statements in all (the statement
+// tests count them). On SQLite the
 // Store prepares its statements once per connection; pgx caches its own on
 // PostgreSQL.
 //
