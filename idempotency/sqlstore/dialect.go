@@ -141,11 +141,16 @@ const claimWins = `((t.state = 2 AND t.completed_at < $12)
 // PostgreSQL: the INSERT ... ON CONFLICT DO UPDATE ... WHERE claimWins runs
 // in a CTE; its RETURNING row (a new record, a restart or a takeover) is the
 // answer, and when it returns nothing the outer SELECT returns the existing
-// row as the statement's snapshot saw it. The one case where that is
-// empty too is a conflicting row inserted by a transaction that committed
-// after the statement began (ON CONFLICT waits for it and sees it; the
-// snapshot does not): the statement then returns no row, and Claim reads the
-// record once more.
+// row, read FOR SHARE: under READ COMMITTED a locking read returns the
+// row's latest committed version, not the one the statement's snapshot saw
+// (a claim that waited behind another transaction's completion, release or
+// takeover answers what that transaction left), and it never waits, since
+// ON CONFLICT already holds the row's lock (under REPEATABLE READ a changed
+// row raises a serialization failure, which Claim retries). The one case
+// where it returns nothing is a conflicting row inserted by a transaction
+// that committed after the statement began (ON CONFLICT waits for it and
+// sees it; the snapshot does not): the statement then returns no row, and
+// Claim reads the record once more.
 //
 // SQLite has no data-modifying CTEs, and its RETURNING returns only rows
 // the statement wrote, so DO UPDATE always writes the row: every column is
@@ -188,7 +193,7 @@ RETURNING %[2]s
 )
 SELECT %[2]s, TRUE FROM claimed
 UNION ALL
-SELECT %[2]s, FALSE FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`, table, columns, insert, claimWins)
+SELECT %[2]s, FALSE FROM (SELECT %[2]s FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed) FOR SHARE) cur`, table, columns, insert, claimWins)
 	}
 	// w is claimWins; r is "won, and restarts a completed record".
 	w := claimWins
