@@ -12,9 +12,10 @@ import (
 )
 
 // Migrate creates the table and its indexes if they do not exist. It is
-// idempotent and safe to run from every process at start-up (on PostgreSQL,
-// concurrent first runs may race on the catalog; run it from one place or
-// retry).
+// idempotent: a second run changes nothing. Run it from one process (a
+// deployment step, or one instance at start-up): concurrent first runs, and
+// concurrent upgrades of an earlier layout, may race on the catalog and
+// fail (never losing a record; run it again).
 //
 // A table of the same name in the layout of earlier releases (primary key on
 // the TEXT columns principal, method, route, idem_key; the response header

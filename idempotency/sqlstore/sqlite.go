@@ -1,6 +1,13 @@
 package sqlstore
 
-import "strings"
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
 
 // SQLiteBusyTimeoutMillis is the busy_timeout that SQLiteDSN sets: how long a
 // connection waits for the database's write lock before failing with
@@ -33,11 +40,79 @@ const SQLiteBusyTimeoutMillis = 10000
 // Open refuses a SQLite database whose busy timeout is under
 // MinSQLiteBusyTimeoutMillis (ErrSQLiteBusyTimeout): sql.Open("sqlite",
 // "keys.db") has none, and under concurrent requests a share of them would
-// fail with SQLITE_BUSY and answer 503. The other settings cannot be read
-// back from a connection; without _txlock=immediate a unit that reads before
-// it writes can still fail with SQLITE_BUSY, so use this DSN.
+// fail with SQLITE_BUSY and answer 503. It also refuses one whose
+// transactions begin deferred (ErrSQLiteDeferredTx, no _txlock=immediate):
+// a unit that reads before it writes would fail with SQLITE_BUSY as soon as
+// another connection writes. Use this DSN.
 func SQLiteDSN(path string) string {
 	r := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
 	return "file:" + r.Replace(path) +
 		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate"
+}
+
+// checkSQLite refuses a SQLite pool whose connections would fail under
+// concurrent writers: one without a busy timeout, or whose transactions do
+// not take the write lock when they begin. A PRAGMA run through the *sql.DB
+// reaches one connection only, so it checks every connection the pool has
+// open plus a new one, made from the DSN as every later one is; and it
+// begins a transaction on one of them while another tries BEGIN IMMEDIATE
+// without waiting, which succeeds only if the first began deferred.
+func checkSQLite(db *sql.DB) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st := db.Stats()
+	n := max(st.OpenConnections+1, 2) // and two for the lock check
+	if st.MaxOpenConnections > 0 {
+		n = min(n, st.MaxOpenConnections)
+	}
+	conns := make([]*sql.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for range n {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return opErr("open", err)
+		}
+		conns = append(conns, c)
+		var ms int64
+		if err := c.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil {
+			return opErr("open", err)
+		}
+		if ms < MinSQLiteBusyTimeoutMillis {
+			return fmt.Errorf("%w (busy_timeout is %d ms on a connection of the pool, at least %d needed)",
+				ErrSQLiteBusyTimeout, ms, MinSQLiteBusyTimeoutMillis)
+		}
+	}
+	if len(conns) < 2 {
+		return nil // one connection: its transactions cannot meet another's in this process
+	}
+	return checkImmediate(ctx, conns[0], conns[1])
+}
+
+// checkImmediate begins a transaction on a as a unit does, then tries
+// BEGIN IMMEDIATE on b without waiting: b gets the write lock only if a's
+// transaction began deferred (ErrSQLiteDeferredTx). b's busy timeout is
+// restored after.
+func checkImmediate(ctx context.Context, a, b *sql.Conn) error {
+	var ms int64
+	if err := b.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil {
+		return opErr("open", err)
+	}
+	tx, err := a.BeginTx(ctx, nil)
+	if err != nil {
+		return opErr("open", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := b.ExecContext(ctx, "PRAGMA busy_timeout = 0"); err != nil {
+		return opErr("open", err)
+	}
+	defer func() { _, _ = b.ExecContext(context.Background(), "PRAGMA busy_timeout = "+strconv.FormatInt(ms, 10)) }()
+	if _, err := b.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return nil // a holds the write lock: its transactions begin immediate
+	}
+	_, _ = b.ExecContext(context.Background(), "ROLLBACK")
+	return ErrSQLiteDeferredTx
 }

@@ -14,7 +14,9 @@ import (
 // connection itself; through database/sql's prepared statements PostgreSQL
 // measured no faster (rather slower), so with prepare false every call runs
 // unprepared on the *sql.DB. A statement whose preparation fails runs
-// unprepared too, where it meets the same error or succeeds.
+// unprepared too, where it meets the same error or succeeds. The prepared
+// statements live as long as the *sql.DB: make one Store per table and
+// keep it, rather than a new Store per request.
 type stmtCache struct {
 	db      *sql.DB
 	prepare bool
@@ -27,13 +29,22 @@ func (c *stmtCache) stmt(ctx context.Context, q string) *sql.Stmt {
 		return nil
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if st, ok := c.stmts[q]; ok {
+	st, ok := c.stmts[q]
+	c.mu.Unlock()
+	if ok {
 		return st
 	}
+	// Prepared outside the lock: preparing may wait for a connection, and
+	// calls of statements already prepared must not queue behind it.
 	st, err := c.db.PrepareContext(ctx, q)
 	if err != nil {
 		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev, ok := c.stmts[q]; ok { // another call prepared it meanwhile
+		_ = st.Close()
+		return prev
 	}
 	if c.stmts == nil {
 		c.stmts = map[string]*sql.Stmt{}

@@ -42,6 +42,11 @@ var (
 	// 0: fail at once). Such a store answers 503 to a share of concurrent
 	// requests with SQLITE_BUSY as soon as two of them write at once.
 	ErrSQLiteBusyTimeout = errors.New(`sqlstore: SQLite database without a busy timeout; open it with sql.Open("sqlite", sqlstore.SQLiteDSN(path))`)
+	// ErrSQLiteDeferredTx is returned by Open for a SQLite database whose
+	// transactions begin deferred (without _txlock=immediate in the DSN):
+	// a unit that reads before it writes then fails with SQLITE_BUSY, not
+	// waiting for the busy timeout, as soon as another connection writes.
+	ErrSQLiteDeferredTx = errors.New(`sqlstore: SQLite transactions begin deferred; open the database with sql.Open("sqlite", sqlstore.SQLiteDSN(path)) (_txlock=immediate)`)
 )
 
 // MinSQLiteBusyTimeoutMillis is the smallest busy_timeout Open accepts on a
@@ -160,15 +165,17 @@ var (
 // Open returns a Store over db, which must be opened with a driver for d
 // (for example sql.Open("pgx", dsn) or sql.Open("sqlite", SQLiteDSN(path))).
 // Open does not change the database; call Migrate (or run Schema's DDL
-// yourself) before use. With SQLite it reads the connection's busy timeout
-// (PRAGMA busy_timeout) and refuses a database that waits less than
-// MinSQLiteBusyTimeoutMillis for the write lock with an error wrapping
-// ErrSQLiteBusyTimeout, which names SQLiteDSN: open the database with
-// SQLiteDSN, or set busy_timeout in the DSN so that every connection of the
-// pool has it (a PRAGMA run through the *sql.DB reaches one connection
-// only). Errors: ErrNilDB, ErrUnknownDialect, ErrInvalidTable,
-// ErrSQLiteBusyTimeout, or an *OpError with Op "open" when the pragma
-// cannot be read.
+// yourself) before use. With SQLite it checks the pool's connections (those
+// open and a new one): it refuses a database that waits less than
+// MinSQLiteBusyTimeoutMillis for the write lock (ErrSQLiteBusyTimeout; a
+// PRAGMA run through the *sql.DB reaches one connection only, so set
+// busy_timeout in the DSN) and one whose transactions begin deferred
+// (ErrSQLiteDeferredTx, no _txlock=immediate); both errors name SQLiteDSN,
+// which sets everything. On SQLite the Store prepares its statements on db,
+// once: make one Store per table and keep it. Errors: ErrNilDB,
+// ErrUnknownDialect, ErrInvalidTable, ErrSQLiteBusyTimeout,
+// ErrSQLiteDeferredTx, or an *OpError with Op "open" when the check cannot
+// run.
 func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, ErrNilDB
@@ -186,12 +193,8 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: %q", ErrInvalidTable, c.table)
 	}
 	if d == SQLite {
-		var ms int64
-		if err := db.QueryRowContext(context.Background(), "PRAGMA busy_timeout").Scan(&ms); err != nil {
-			return nil, opErr("open", err)
-		}
-		if ms < MinSQLiteBusyTimeoutMillis {
-			return nil, fmt.Errorf("%w (busy_timeout is %d ms, at least %d needed)", ErrSQLiteBusyTimeout, ms, MinSQLiteBusyTimeoutMillis)
+		if err := checkSQLite(db); err != nil {
+			return nil, err
 		}
 	}
 	return &Store{db: db, stmts: &stmtCache{db: db, prepare: d == SQLite}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil

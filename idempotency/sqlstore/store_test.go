@@ -30,7 +30,7 @@ func claimAt(sc idempotency.Scope, owner, fp string, now time.Time) idempotency.
 }
 
 func TestOpenRejectsBadArguments(t *testing.T) {
-	db, err := sql.Open("sqlite", "file::memory:?_pragma=busy_timeout(1000)")
+	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(t.TempDir(), "args.db")))
 	require.NoError(t, err)
 	defer db.Close()
 
@@ -392,4 +392,41 @@ func TestOpenRefusesSQLiteWithoutBusyTimeout(t *testing.T) {
 		}
 		require.NoError(t, db.Close())
 	}
+}
+
+// A busy timeout set with a PRAGMA through the *sql.DB reaches one
+// connection of the pool only: Open checks a new connection too, so that
+// such a pool (127 of 150 concurrent claims failed with SQLITE_BUSY) is
+// refused. A DSN with a busy timeout but deferred transactions (no
+// _txlock=immediate) is refused too: its units fail with SQLITE_BUSY when
+// they read before they write while another connection writes.
+func TestOpenChecksEveryConnectionAndImmediateTransactions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	db, err := sql.Open("sqlite", path)
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Exec("PRAGMA busy_timeout = 5000")
+	require.NoError(t, err)
+	_, err = sqlstore.Open(db, sqlstore.SQLite)
+	require.ErrorIs(t, err, sqlstore.ErrSQLiteBusyTimeout)
+
+	deferred, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	require.NoError(t, err)
+	defer deferred.Close()
+	_, err = sqlstore.Open(deferred, sqlstore.SQLite)
+	require.ErrorIs(t, err, sqlstore.ErrSQLiteDeferredTx)
+	require.Contains(t, err.Error(), "SQLiteDSN")
+
+	good, err := sql.Open("sqlite", sqlstore.SQLiteDSN(path))
+	require.NoError(t, err)
+	defer good.Close()
+	good.SetMaxOpenConns(4)
+	_, err = sqlstore.Open(good, sqlstore.SQLite)
+	require.NoError(t, err)
+	one, err := sql.Open("sqlite", sqlstore.SQLiteDSN(path))
+	require.NoError(t, err)
+	defer one.Close()
+	one.SetMaxOpenConns(1) // one connection: nothing to compare it with, and it must not hang
+	_, err = sqlstore.Open(one, sqlstore.SQLite)
+	require.NoError(t, err)
 }
