@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -33,8 +34,20 @@ func TestPostgresClaimBehindATakeoverAnswersTheSuccessor(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "B", taken.Owner)
 
+	got, acquired := claimBehind(t, s, db, claimAt(scope("k"), "A", "fp", later), tx.Commit)
+	require.False(t, acquired, "the claim lost to B (its owner token equals the old owner's)")
+	require.Equal(t, "B", got.Owner)
+	require.Equal(t, rec.Generation+1, got.Generation)
+}
+
+// claimBehind runs c on a connection of its own while another transaction
+// holds the record's row, waits until the claim waits for that row's lock,
+// calls commit (which ends that transaction), and returns what the claim
+// answered.
+func claimBehind(t *testing.T, s *sqlstore.Store, db *sql.DB, c idempotency.Claim, commit func() error) (idempotency.Record, bool) {
+	t.Helper()
 	one := openPGAgain(t, db, 1)
-	late, err := sqlstore.Open(one, sqlstore.Postgres)
+	late, err := sqlstore.Open(one, sqlstore.Postgres, sqlstore.WithTable(s.Table()))
 	require.NoError(t, err)
 	pid := backendPID(t, one)
 	done := make(chan struct{})
@@ -45,13 +58,59 @@ func TestPostgresClaimBehindATakeoverAnswersTheSuccessor(t *testing.T) {
 	)
 	go func() {
 		defer close(done)
-		got, acquired, claimErr = late.Claim(context.Background(), claimAt(scope("k"), "A", "fp", later))
+		got, acquired, claimErr = late.Claim(context.Background(), c)
 	}()
-	require.True(t, waitLockedOrDone(t, db, pid, done), "the claim waits for the takeover's row")
-	require.NoError(t, tx.Commit())
+	require.True(t, waitLockedOrDone(t, db, pid, done), "the claim waits for the row")
+	require.NoError(t, commit())
 	<-done
 	require.NoError(t, claimErr)
-	require.False(t, acquired, "the claim lost to B (its owner token equals the old owner's)")
+	return got, acquired
+}
+
+// On PostgreSQL the claim's statement reads the record it did not win as of
+// its own snapshot unless it locks it: a claim that waited behind another
+// transaction's write must answer the record as that transaction left it.
+
+// A's record (fingerprint X, live lease) is deleted and B claims the key
+// with fingerprint Y, in one transaction that commits after C's claim
+// began. C (fingerprint Y) must see B's record (same fingerprint: in
+// progress), never A's, which no longer exists (a 422 for a request that
+// matches the live record).
+func TestPostgresLosingClaimSeesTheRecordItWaitedFor(t *testing.T) {
+	ctx := t.Context()
+	s, db := newStore(t, backends[1])
+	_, won, err := s.Claim(ctx, claimAt(scope("k"), "A", "fpX", t0))
+	require.NoError(t, err)
+	require.True(t, won)
+	now := t0.Add(time.Second) // A's lease still live
+
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	_, err = tx.ExecContext(ctx, "DELETE FROM idempotency_records")
+	require.NoError(t, err)
+	b, err := sqlstore.ClaimIn(ctx, s, tx, claimAt(scope("k"), "B", "fpY", now))
+	require.NoError(t, err)
+	require.Equal(t, "B", b.Owner)
+
+	got, acquired := claimBehind(t, s, db, claimAt(scope("k"), "C", "fpY", now), tx.Commit)
+	require.False(t, acquired)
 	require.Equal(t, "B", got.Owner)
-	require.Equal(t, rec.Generation+1, got.Generation)
+	require.Equal(t, "fpY", got.Fingerprint)
+}
+
+// A duplicate claim that waits behind a unit whose completion is written
+// but not yet committed answers the completed record (a replay), not the
+// in-progress one its snapshot saw.
+func TestPostgresLosingClaimBehindACompletionSeesItCompleted(t *testing.T) {
+	ctx := t.Context()
+	s, db := newStore(t, backends[1])
+	a, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+	require.NoError(t, err)
+	u, _, err := s.Begin(ctx, a.Lease())
+	require.NoError(t, err)
+	require.NoError(t, u.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("done")}, t0))
+	got, _ := claimBehind(t, s, db, claimAt(scope("k"), "C", "fp", t0.Add(time.Second)), u.Commit)
+	require.Equal(t, idempotency.Completed, got.State)
+	require.Equal(t, []byte("done"), got.Response.Body)
 }
