@@ -5,70 +5,39 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/deadline"
+	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
 
-// ErrAttemptTimeout is wrapped by the error of an attempt that ran out of its
-// per-attempt time (WithAttemptTimeout) or hit the overall deadline
-// (WithMaxElapsed) before its response headers arrived. Such an error never
-// matches context.DeadlineExceeded or context.Canceled, which are kept for
-// the caller's own deadline and cancellation. It is also the cause
-// (context.Cause) of an attempt's context that its time limit canceled.
+// ErrAttemptTimeout is wrapped by the error of an attempt that its own time
+// limit ended: the per-attempt timeout (WithAttemptTimeout) or the overall
+// deadline (WithMaxElapsed), reached before the Transport handed the
+// response over. It never matches context.DeadlineExceeded or
+// context.Canceled, which are kept for the caller's own deadline and
+// cancellation. It is also the cause (context.Cause) of the context of an
+// attempt that its limit ended.
 var ErrAttemptTimeout = errors.New("saferetry: attempt timed out")
 
-// ErrInvalidKey is matched (errors.Is) by the error RoundTrip returns, before
-// any network I/O, when the caller's idempotency key header is invalid under
-// keygen.ParseHeader: not 1 to 255 bytes of visible ASCII and inner spaces
-// (a control character, a non-ASCII byte, too long, a malformed sf-string),
-// or sent on more than one field line.
-// errors.As with *keygen.InvalidKeyError gives the reason. It is the same
-// sentinel as keygen.ErrInvalidKey.
-var ErrInvalidKey = keygen.ErrInvalidKey
-
-// Transport is an http.RoundTripper that retries what is safe to retry:
-// only an allow-list of statuses (429, 502, 503, 504, the idempotency
-// middleware's in-progress 409, and 500 when opted in) and errors
-// (connection refused or reset, EOF before a response, per-attempt timeouts,
-// refused HTTP/2 streams), with full-jitter backoff, under one overall
-// deadline and a retry budget shared per host, logging every attempt. A POST
-// or PATCH gets one Idempotency-Key before its first attempt, reused by every
-// retry, so the server can de-duplicate them.
+// Transport is an http.RoundTripper that retries what is safe to retry, as
+// the package documentation describes: the allow-list, the keys, the
+// deadlines, the budget and the defaults.
 //
-// Transport honours the http.RoundTripper contract: it never modifies the
-// caller's request, always closes the request body, and returns the last
-// response with a nil error whenever an attempt produced one (a 503 after the
-// last attempt is returned as a response, not an error). When no attempt
-// produced a response the error is a *retry.ExhaustedError that matches
-// retry.ErrExhausted and wraps the last cause.
-//
-// Automatic keys make POST and PATCH retryable on every allow-listed
-// outcome, timeouts included: that is safe only against a server that
-// de-duplicates requests by Idempotency-Key (package idempotency, Stripe and
-// others). Against a server that ignores the header, turn them off with
-// WithAutoKeys(false), and unsafe requests are then retried only when they
-// provably never left.
-//
-// When an attempt may have reached the server and the loop ends without a
-// definitive answer (an error, a final 409 in progress, a 503), the outcome
-// is unknown: send the request again later with the same key (from
-// resp.Request.Header, or retry.ExhaustedError.Key), never with a new one.
-// Best, set your own event-derived key (keygen.Event) so that a re-send after
-// a restart carries it too.
-//
-// The overall deadline and the per-attempt timeout bound the retry loop
-// until a response's headers arrive; reading the returned body is bounded
-// only by the request's context (and http.Client.Timeout), as with any
-// RoundTripper. The time left is sent to the server in the
-// Request-Deadline-Ms header only when the request's context has a deadline
-// (see WithDeadlineHeader).
+// It honours the http.RoundTripper contract: it never modifies the caller's
+// request, always closes the request body, and returns the last response
+// with a nil error whenever an attempt produced one (a 503 after the last
+// attempt is a response, not an error). Otherwise the error is a
+// *retry.ExhaustedError that matches retry.ErrExhausted and wraps the last
+// cause.
 //
 // A Transport is safe for concurrent use by many goroutines; build it with
 // NewTransport. The zero value is not usable.
@@ -77,38 +46,51 @@ type Transport struct {
 	cfg     config
 	keyName string // the key header's canonical name
 	obs     observers
-
-	// rand returns the random value of the backoff formula, in [0, 1):
-	// math/rand/v2's, or a fixed value in tests.
-	rand func() float64
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
 
-// NewTransport returns a Transport that sends each attempt through base (nil
-// means http.DefaultTransport) with the defaults described on the Option
-// functions: 3 attempts, full jitter (base 50 ms, 1 s for throttling, cap
-// 20 s), 30 s overall, no per-attempt timeout, Retry-After honoured up to
-// 30 s, automatic keys for POST and PATCH, the process-wide per-host token
-// bucket budget, the deadline header only for requests whose context has a
-// deadline, slog.Default() for logs.
+// defaultBudget is the budget of every Transport built without WithBudget:
+// one token bucket per host, shared process-wide.
+var defaultBudget = sync.OnceValue(func() *budget.Registry { return budget.NewRegistry(nil) })
+
+// NewTransport returns a Transport that sends each attempt through base,
+// configured by opts (the defaults are in the package documentation). A nil
+// base, typed nil pointers included, means http.DefaultTransport.
 func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
-	if base == nil {
+	if isNil(base) {
 		base = http.DefaultTransport
 	}
-	t := &Transport{base: base, cfg: defaultConfig(), rand: rand.Float64}
+	t := &Transport{base: base, cfg: defaultConfig()}
 	for _, o := range opts {
 		if o != nil {
 			o(&t.cfg)
 		}
 	}
-	if t.cfg.budget == nil && t.cfg.registry == nil {
-		t.cfg.registry = budget.Default()
+	if t.cfg.budget == nil {
+		t.cfg.budget = defaultBudget()
 	}
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
-	logs := logObserver{logger: t.cfg.logger, bufferLimit: t.cfg.bodyBufferLimit}
-	t.obs = newObservers(append([]Observer{logs.observer()}, t.cfg.observers...))
+	obs := t.cfg.observers
+	if !t.cfg.noLog {
+		logs := logObserver{logger: t.cfg.logger, maxBody: t.cfg.maxBufferedBody}
+		obs = append([]Observer{logs.observer()}, obs...)
+	}
+	t.obs = newObservers(obs)
 	return t
+}
+
+// isNil reports whether rt is nil or a typed nil (a nil *http.Transport, a
+// nil func), which would panic at the first request.
+func isNil(rt http.RoundTripper) bool {
+	if rt == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(rt); v.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Interface, reflect.Chan, reflect.Slice:
+		return v.IsNil()
+	}
+	return false
 }
 
 // CloseIdleConnections closes the idle connections of the base transport
@@ -123,14 +105,13 @@ func (t *Transport) CloseIdleConnections() {
 
 // NewClient returns an *http.Client whose Transport is
 // NewTransport(http.DefaultTransport, opts...). It sets no Client.Timeout:
-// the overall deadline (WithMaxElapsed, default 30 s) and the request
-// context bound the retry loop.
+// the overall deadline (WithMaxElapsed) and the request's context bound the
+// retry loop.
 func NewClient(opts ...Option) *http.Client {
 	return &http.Client{Transport: NewTransport(nil, opts...)}
 }
 
-// RoundTrip sends req, retrying as described on Transport. See the type's
-// documentation for the contract.
+// RoundTrip sends req, retrying as described on Transport.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	c, err := t.newCall(req)
 	if err != nil {
@@ -139,16 +120,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	var end callEnd
-	resp, err := c.run(&end)
-	if t.obs.callDone {
-		t.obs.doneCall(req.Context(), CallDoneInfo{Request: req, Key: c.key, Attempts: end.sent,
-			Outcome: end.outcome, Response: resp, Err: err, Total: time.Since(c.start)})
-	}
-	return resp, err
+	return c.run()
 }
 
-// call is the state of one logical request across its attempts.
+// call is one logical request across its attempts.
 type call struct {
 	t            *Transport
 	req          *http.Request // the caller's, never modified
@@ -156,205 +131,219 @@ type call struct {
 	key          string
 	idempotent   bool
 	sendDeadline bool // each attempt carries deadline.Header
-	maxTries     int
+	maxAttempts  int
 	start        time.Time
-	overall      time.Time // the overall deadline
+	overall      time.Time // the overall deadline; zero for none
 	bud          budget.Budget
 
 	body        io.ReadCloser // the next attempt's request body (nil once sent)
 	getBody     func() (io.ReadCloser, error)
-	notRetrying string // why retries are off for the body, "" if they are not
+	notRetrying retry.Reason // why the body cannot be sent again, "" if it can
 
-	// The attempt in flight: its time limit and the cancellation of its
-	// context, until endAttempt or deliver.
-	timer  *time.Timer
-	cancel context.CancelCauseFunc
+	sent int     // attempts sent
+	cur  attempt // the attempt in flight: one at a time
 }
 
-// callEnd is how a call ended, for CallDone.
-type callEnd struct {
-	sent    int    // attempts sent
-	outcome string // the last attempt's Outcome
-}
-
-func (c *call) run(end *callEnd) (*http.Response, error) {
-	t := c.t
+// run is the retry loop: attempt, classify, decide, then wait and go on or
+// return.
+func (c *call) run() (*http.Response, error) {
 	ctx := c.req.Context()
 	c.bud.OnRequest(c.start)
-	var (
-		retryCost int
-		prevWait  time.Duration
-		lastErr   error
-		prevClass string // the class of the outcome the next attempt retries
-	)
 	defer func() {
 		if c.body != nil { // never sent: still ours to close
 			c.body.Close()
 		}
 	}()
-	attemptStart := c.start
+	var (
+		retrying retry.Class // the class of the outcome the next attempt retries
+		prevWait time.Duration
+		cost     int // the budget cost of the retry in flight, refunded by a success
+		lastErr  error
+	)
 	for n := 1; ; n++ {
-		if n > 1 {
-			attemptStart = time.Now()
+		a, err := c.send(ctx, n, retrying)
+		if err != nil { // the preparation failed: nothing was sent
+			return c.stopUnsent(a, err)
 		}
-		resp, octx, sent, err := c.attempt(ctx, n, prevClass, attemptStart)
-		now := time.Now()
-		done := func(rec attemptRecord, outcome string) {
-			end.outcome = outcome
-			c.done(octx, rec, outcome)
+		c.sent = n
+		d, step := c.judge(a, prevWait)
+		for step.Stop != "" && a.resp != nil && !a.handOver() {
+			d, step = c.judge(a, prevWait) // the limit fired first: the attempt timed out
 		}
-		if !sent {
-			// The preparation failed: nothing was sent, nothing to classify.
-			done(attemptRecord{n: n, dec: retry.Decision{Class: retry.ClassNotRetryable}, err: err,
-				elapsed: now.Sub(attemptStart), total: now.Sub(c.start)}, retry.ReasonPrepare)
-			return nil, &retry.ExhaustedError{Attempts: n - 1, Reason: retry.ReasonPrepare, Err: err, Key: c.key}
+		if step.Stop != "" {
+			return c.stop(a, d, step, cost)
 		}
-		end.sent = n
-		timedOut := errors.Is(err, ErrAttemptTimeout)
-		in := retry.Input{
-			Method:          c.req.Method,
-			Idempotent:      c.idempotent,
-			Response:        resp,
-			Err:             err,
-			AttemptTimedOut: timedOut,
-			Request:         c.req,
-			Attempt:         n,
+		c.observe(a, d, OutcomeRetry, step)
+		if a.err != nil {
+			lastErr = a.err
 		}
-		if resp != nil && resp.StatusCode == http.StatusConflict {
-			in.ProblemCode = peekProblemCode(resp)
-		}
-		d := retry.Classify(retry.Policy{Retry500: t.cfg.retry500, Rules: t.cfg.rules}, in, now)
-		rec := attemptRecord{n: n, dec: d, resp: resp, err: err, elapsed: now.Sub(attemptStart), total: now.Sub(c.start)}
-
-		if !d.Retry {
-			if resp != nil {
-				if resp.StatusCode < 400 {
-					// Only a success feeds the budget (as in the AWS SDKs):
-					// a 404 or a 422 is an answer, not a sign of health.
-					c.bud.OnSuccess(now, retryCost)
-				}
-				done(rec, OutcomeFinal)
-				return c.deliver(resp), nil
-			}
-			reason := retry.ReasonNotRetryable
-			switch d.Class {
-			case retry.ClassCanceled, retry.ClassDeadline:
-				reason = retry.ReasonCanceled
-			}
-			done(rec, reason)
-			return nil, &retry.ExhaustedError{Attempts: n, Reason: reason, Err: err, Key: c.key}
-		}
-		if err != nil {
-			lastErr = err
-		}
-
-		// The outcome is retryable: find out whether a retry may happen.
-		stop := ""
-		var wait time.Duration
-		switch {
-		case ctx.Err() != nil:
-			stop = retry.ReasonCanceled
-		case n >= c.maxTries:
-			stop = retry.ReasonMaxAttempts
-		case c.notRetrying != "":
-			stop = c.notRetrying
-		case d.HasRetryAfter && d.RetryAfter > t.cfg.retryAfterCap:
-			stop = retry.ReasonDeadline
-		}
-		if stop == "" {
-			wait = t.cfg.backoff.Backoff(n-1, prevWait, d.Throttle, t.rand())
-			if d.HasRetryAfter && d.RetryAfter > wait {
-				wait = d.RetryAfter
-			}
-			if !deadline.SleepFits(now, c.overall, wait) {
-				stop = retry.ReasonDeadline
-			}
-		}
-		if stop == "" && c.body == nil && c.getBody != nil {
-			// Rewind the body now, before the outcome in hand is thrown
-			// away: if that fails, the caller still gets it.
-			nb, gerr := c.getBody()
-			if gerr != nil {
-				stop = retry.ReasonBodyNotRewindable
-				err = errors.Join(err, fmt.Errorf("saferetry: rewinding request body: %w", gerr))
-			} else {
-				c.body = nb
-			}
-		}
-		if stop == "" {
-			kind := budget.Transient
-			if d.Throttle {
-				kind = budget.Throttle
-			}
-			cost, ok := c.bud.AcquireRetry(now, kind)
-			if !ok {
-				stop = retry.ReasonBudget
-				rec.budgetLeft = c.bud.Available(now)
-				rec.budgetDenied = true
-			} else {
-				retryCost = cost
-			}
-		}
-		if stop != "" {
-			done(rec, stop)
-			if resp != nil {
-				return c.deliver(resp), nil
-			}
-			return nil, &retry.ExhaustedError{Attempts: n, Reason: stop, Err: err, Key: c.key}
-		}
-
-		rec.wait = wait
-		done(rec, OutcomeRetry)
-		prevClass = d.Class
-		if resp != nil {
-			discard(resp)
-		}
-		c.endAttempt()
-		prevWait = wait
-		if err := sleep(ctx, wait); err != nil {
-			cause := err
+		a.discard(c.drainBy(step.Wait))
+		if err := sleep(ctx, step.Wait); err != nil {
 			if lastErr != nil {
-				cause = errors.Join(err, lastErr)
+				err = errors.Join(err, lastErr)
 			}
-			end.outcome = retry.ReasonCanceled
-			return nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: cause, Key: c.key}
+			return c.done(nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: err,
+				Key: c.key}, OutcomeStopped, retry.ReasonCanceled)
 		}
+		retrying, prevWait, cost = d.Class, step.Wait, step.Cost
 	}
 }
 
-// attempt prepares and sends attempt n, which starts at start and retries an
-// outcome of class reason ("" for the first). octx is the context the
-// observers' AttemptStart returned (ctx when none did); sent is false when
-// the preparation failed (err is then the *PrepareError) and nothing was
-// sent.
-//
-// The attempt's context is a child of octx, canceled when the caller's is,
-// when the attempt's time limit ends (the per-attempt timeout or the overall
-// deadline, whichever is first; cause ErrAttemptTimeout), and when the
-// attempt is over: by endAttempt after an error or a discarded response, or
-// when the caller closes the body of the response that deliver hands over.
-func (c *call) attempt(ctx context.Context, n int, reason string, start time.Time) (resp *http.Response, octx context.Context, sent bool, err error) {
-	t := c.t
-	octx = ctx
-	if t.obs.attemptStart {
-		octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key, RetryReason: reason, NotRetrying: c.notRetrying})
+// judge classifies attempt a's outcome and decides what follows it. When
+// the outcome may be retried, the body is rewound first (the outcome in hand
+// is still there to return if that fails).
+func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide.Result) {
+	d := c.classify(a)
+	if d.Retry && c.body == nil && c.getBody != nil && c.notRetrying == "" {
+		body, err := c.getBody()
+		if err != nil {
+			c.notRetrying = retry.ReasonBodyNotRewindable
+			a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
+		} else {
+			c.body = body
+		}
 	}
-	actx, cancel := context.WithCancelCause(octx)
-	c.cancel = cancel
-	// The time limit is a timer, not a deadline of the context: it is
-	// stopped as soon as the response headers are in, so that it bounds the
-	// wait for them and never the reading of the delivered body. When the caller's own
-	// deadline comes first, that deadline alone ends the attempt, and the
-	// error stays the caller's.
-	limit := deadline.AttemptTimeout(start, c.overall, t.cfg.attemptTimeout)
-	if d, ok := ctx.Deadline(); !ok || start.Add(limit).Before(d) {
-		c.timer = time.AfterFunc(limit, func() { cancel(ErrAttemptTimeout) })
+	cfg := &c.t.cfg
+	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
+		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
+		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil, Body: c.notRetrying,
+		Now: time.Now(), Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
+	})
+}
+
+// classify labels attempt a's outcome. A 409's problem code is peeked from
+// its body under the attempt's time limit; if the limit ends meanwhile, the
+// attempt timed out.
+func (c *call) classify(a *attempt) retry.Decision {
+	in := retry.Input{Method: c.req.Method, Idempotent: c.idempotent, Request: c.req, Attempt: a.n}
+	if a.resp != nil && a.resp.StatusCode == http.StatusConflict {
+		in.ProblemCode = peekProblemCode(a.resp)
+		if a.expired() {
+			a.timeOut()
+		}
+	}
+	in.Response, in.Err = a.resp, a.err
+	in.AttemptTimedOut = errors.Is(a.err, ErrAttemptTimeout)
+	return retry.Classify(c.t.cfg.rules, in, time.Now())
+}
+
+// stop ends the loop with attempt a, whose response, if it has one, was
+// handed over: it is returned with a nil error, else a's error.
+func (c *call) stop(a *attempt, d retry.Decision, step decide.Result, cost int) (*http.Response, error) {
+	outcome := OutcomeStopped
+	if !d.Retry {
+		outcome = OutcomeFinal
+	}
+	c.observe(a, d, outcome, step)
+	if a.resp != nil {
+		if a.resp.StatusCode < 400 {
+			// Only a success feeds the budget (as in the AWS SDKs): a 404
+			// or a 422 is an answer, not a sign of health.
+			c.bud.OnSuccess(time.Now(), cost)
+		}
+		return c.done(a.resp, nil, outcome, step.Stop)
+	}
+	a.end()
+	return c.done(nil, &retry.ExhaustedError{Attempts: a.n, Reason: step.Stop, Err: a.err, Key: c.key},
+		outcome, step.Stop)
+}
+
+// stopUnsent ends the loop with attempt a, whose preparation failed with err.
+func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
+	a.end()
+	c.observe(a, retry.Decision{Class: retry.ClassNotRetryable}, OutcomeStopped,
+		decide.Result{Stop: retry.ReasonPrepare})
+	return c.done(nil, &retry.ExhaustedError{Attempts: a.n - 1, Reason: retry.ReasonPrepare, Err: err,
+		Key: c.key}, OutcomeStopped, retry.ReasonPrepare)
+}
+
+// done tells the CallDone observers how the call ended, and returns resp
+// and err.
+func (c *call) done(resp *http.Response, err error, outcome Outcome, stop retry.Reason) (*http.Response, error) {
+	if c.t.obs.callDone {
+		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key, Attempts: c.sent,
+			Outcome: outcome, Stop: stop, Response: resp, Err: err, Total: time.Since(c.start)})
+	}
+	return resp, err
+}
+
+// observe tells the AttemptDone observers attempt a's outcome and what the
+// loop does next.
+func (c *call) observe(a *attempt, d retry.Decision, outcome Outcome, step decide.Result) {
+	if !c.t.obs.attemptDone {
+		return
+	}
+	now := time.Now()
+	info := AttemptDoneInfo{Request: c.req, Attempt: a.n, Key: c.key, Decision: d, Response: a.resp,
+		Err: a.err, Elapsed: now.Sub(a.start), Total: now.Sub(c.start), Outcome: outcome, Stop: step.Stop}
+	switch {
+	case outcome == OutcomeRetry:
+		info.Wait = step.Wait
+	case step.Stop == retry.ReasonBudget:
+		info.BudgetLeft = step.BudgetLeft
+	}
+	c.t.obs.doneAttempt(a.octx, info)
+}
+
+// drainBy is when the drain of a discarded response must end at the latest
+// so that the wait after it still ends before the overall deadline; zero
+// when there is no overall deadline.
+func (c *call) drainBy(wait time.Duration) time.Time {
+	if c.overall.IsZero() {
+		return time.Time{}
+	}
+	return c.overall.Add(-wait)
+}
+
+// attempt is one try of a call: its context, that context's cancellation,
+// the timer of its time limit, and its outcome. Its time limit covers
+// everything the Transport does with the response (classify, rules,
+// observers, peek, drain) and stops only when the response is handed over
+// (handOver); after that, the caller's context alone governs the body.
+type attempt struct {
+	n      int
+	start  time.Time
+	octx   context.Context // what the AttemptStart observers returned
+	ctx    context.Context // the attempt's own, a child of octx
+	cancel context.CancelCauseFunc
+	until  time.Time   // the end of its time limit; zero for none
+	timer  *time.Timer // cancels ctx at until; nil when the caller's deadline is as early
+	resp   *http.Response
+	err    error
+}
+
+// send prepares and sends attempt n, which retries an outcome of class
+// retrying ("" for the first). The error is that of the preparation, when
+// it failed and nothing was sent; the attempt's own error is a.err.
+func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt, error) {
+	t := c.t
+	a := &c.cur
+	*a = attempt{n: n, start: time.Now(), octx: ctx}
+	if n == 1 {
+		a.start = c.start
+	}
+	a.until = c.overall
+	if d := t.cfg.attemptTimeout; d > 0 && (a.until.IsZero() || a.start.Add(d).Before(a.until)) {
+		a.until = a.start.Add(d)
+	}
+	if t.obs.attemptStart {
+		a.octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key,
+			Retrying: retrying, NotRetrying: c.notRetrying})
+	}
+	a.ctx, a.cancel = context.WithCancelCause(a.octx)
+	// The limit is a timer, not a deadline of the context, so that it can
+	// stop when the response is handed over. When the caller's own deadline
+	// is as early, that deadline alone ends the attempt, and the error
+	// stays the caller's.
+	if d, ok := ctx.Deadline(); !a.until.IsZero() && (!ok || a.until.Before(d)) {
+		a.timer = limit(a.until, a.cancel)
 	}
 
-	r := c.req.WithContext(actx)
+	r := c.req.WithContext(a.ctx)
 	r.Header = c.header
+	prep := len(t.cfg.prepare) > 0
 	switch {
-	case len(t.cfg.prepare) > 0:
+	case prep:
 		// The preparation may change headers and the URL: its own copies,
 		// values included, so that the caller's never change.
 		r.Header = c.header.Clone()
@@ -367,68 +356,120 @@ func (c *call) attempt(ctx context.Context, n int, reason string, start time.Tim
 	case c.sendDeadline:
 		// Each attempt its own map: the base transport may still hold an
 		// earlier attempt's request.
-		r.Header = shallowCopy(c.header, 1)
+		r.Header = cloneHeader(c.header)
 	}
-	if c.sendDeadline {
-		r.Header[deadline.Header] = []string{deadline.Format(deadline.Remaining(start, c.overall))}
+	if c.sendDeadline && !c.overall.IsZero() {
+		ms := max(0, c.overall.Sub(a.start)/time.Millisecond) // whole ms, rounded down
+		r.Header[deadline.Header] = []string{strconv.FormatInt(int64(ms), 10)}
 	}
-	// Attempt 1 sends the caller's body; a retry sends the one run rewound
-	// (GetBody) before it discarded the previous outcome. Each is sent once.
+	// Attempt 1 sends the caller's body; a retry sends the one judge
+	// rewound before the previous outcome was discarded. Each is sent once.
 	r.Body, c.body = c.body, nil
-	if len(t.cfg.prepare) > 0 {
+	if prep {
 		if err := prepare(t.cfg.prepare, r, n, c.header, t.cfg.keyHeader); err != nil {
 			if r.Body != nil {
 				r.Body.Close() // never sent: still ours to close
 			}
-			c.endAttempt()
-			return nil, octx, false, err
+			return a, err
 		}
 	}
 
-	resp, err = t.base.RoundTrip(r)
-	if err != nil {
-		if resp != nil && resp.Body != nil {
-			resp.Body.Close()
+	if a.timer != nil && !time.Now().Before(a.until) {
+		// No time left of its own limit (a drain took it): it times out
+		// unsent. (When the caller's deadline is the limit, the base
+		// transport returns the caller's error.)
+		if r.Body != nil {
+			r.Body.Close()
 		}
-		if ctx.Err() == nil && context.Cause(actx) == ErrAttemptTimeout {
-			err = attemptTimedOut(limit, err)
+		a.err = attemptTimedOut(a.until.Sub(a.start), nil)
+		return a, nil
+	}
+	a.resp, a.err = t.base.RoundTrip(r)
+	switch {
+	case a.err != nil:
+		if a.resp != nil && a.resp.Body != nil {
+			a.resp.Body.Close()
 		}
-		c.endAttempt()
-		return nil, octx, true, err
-	}
-	if resp == nil {
-		c.endAttempt()
-		return nil, octx, true, errors.New("saferetry: base RoundTripper returned neither a response nor an error")
-	}
-	// The headers are in: stop the time limit now, so that it cannot cut
-	// the body while the loop classifies the outcome and runs the rules and
-	// observers. If it fired first, the attempt's context is canceled and
-	// the body dead: the attempt timed out.
-	if c.timer != nil {
-		fired := !c.timer.Stop()
-		c.timer = nil
-		if fired {
-			if resp.Body != nil {
-				resp.Body.Close()
-			}
-			c.endAttempt()
-			return nil, octx, true, attemptTimedOut(limit, context.Canceled)
+		a.resp = nil
+		if a.expired() {
+			a.err = attemptTimedOut(a.until.Sub(a.start), a.err)
 		}
+	case a.resp == nil:
+		a.err = errors.New("saferetry: base RoundTripper returned neither a response nor an error")
+	case a.expired():
+		a.timeOut() // the headers came after the limit: the body is dead
 	}
-	return resp, octx, true, nil
+	return a, nil
 }
 
-// done tells the observers attempt a's outcome; ctx is the attempt's
-// context as AttemptStart made it.
-func (c *call) done(ctx context.Context, a attemptRecord, outcome string) {
-	if !c.t.obs.attemptDone {
-		return
+// limit returns a timer that cancels an attempt's context, with the cause
+// ErrAttemptTimeout, at until. It holds the cancel function itself, never
+// the attempt, whose place the next attempt takes.
+func limit(until time.Time, cancel context.CancelCauseFunc) *time.Timer {
+	return time.AfterFunc(time.Until(until), func() { cancel(ErrAttemptTimeout) })
+}
+
+// expired reports whether the attempt's time limit has ended it while the
+// caller's context is still alive.
+func (a *attempt) expired() bool {
+	return context.Cause(a.ctx) == ErrAttemptTimeout && a.octx.Err() == nil
+}
+
+// timeOut makes the attempt a timed-out one: its response, if any, is
+// closed and dropped.
+func (a *attempt) timeOut() {
+	if a.resp != nil {
+		if a.resp.Body != nil {
+			a.resp.Body.Close()
+		}
+		a.resp = nil
 	}
-	c.t.obs.doneAttempt(ctx, AttemptDoneInfo{
-		Request: c.req, Attempt: a.n, Key: c.key, Decision: a.dec, Response: a.resp, Err: a.err,
-		Elapsed: a.elapsed, Total: a.total, Outcome: outcome, Wait: a.wait,
-		BudgetDenied: a.budgetDenied, BudgetLeft: a.budgetLeft,
-	})
+	a.err = attemptTimedOut(a.until.Sub(a.start), nil)
+}
+
+// handOver gives the response to the caller: its time limit stops, and its
+// context ends when the caller closes the body. It reports false, the
+// response dropped, when the limit ended first: the attempt timed out.
+func (a *attempt) handOver() bool {
+	if a.timer != nil && !a.timer.Stop() {
+		a.timeOut()
+		return false
+	}
+	a.timer = nil
+	switch {
+	case a.resp.Body == nil:
+		a.cancel(nil)
+	case a.resp.StatusCode == http.StatusSwitchingProtocols:
+		// The body is the connection (an io.ReadWriteCloser): handed over
+		// unwrapped, with the attempt's context alive as long as the
+		// caller's.
+	default:
+		a.resp.Body = &deliveredBody{ReadCloser: a.resp.Body, cancel: a.cancel}
+	}
+	return true
+}
+
+// discard drains (at most maxDrain bytes) and closes the response that the
+// loop will not return, then ends the attempt. The drain is bounded in time
+// too: by the attempt's limit, or by by when that is earlier (zero: no
+// bound), so that the wait after it still ends before the overall deadline.
+func (a *attempt) discard(by time.Time) {
+	if a.resp != nil && a.resp.Body != nil {
+		if !by.IsZero() && (a.until.IsZero() || by.Before(a.until)) && (a.timer == nil || a.timer.Stop()) {
+			a.timer = limit(by, a.cancel)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(a.resp.Body, maxDrain))
+		a.resp.Body.Close()
+	}
+	a.end()
+}
+
+// end stops the attempt's time limit and cancels its context.
+func (a *attempt) end() {
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	a.cancel(nil)
 }
 
 // attemptTimedOut is the error of an attempt that its own time limit ended:
@@ -436,41 +477,11 @@ func (c *call) done(ctx context.Context, a attemptRecord, outcome string) {
 // that is only the context's cancellation, which must not read as the
 // caller's.
 func attemptTimedOut(limit time.Duration, err error) error {
-	if errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%w after %v", ErrAttemptTimeout, limit)
 	}
 	return fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, err)
-}
-
-// endAttempt stops the attempt's time limit and cancels its context.
-func (c *call) endAttempt() {
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
-	if c.cancel != nil {
-		c.cancel(nil)
-		c.cancel = nil
-	}
-}
-
-// deliver hands resp to the caller. The attempt's time limit was stopped
-// when its headers arrived (attempt), so it cannot cut the body; the
-// attempt's context ends when the caller closes the body.
-func (c *call) deliver(resp *http.Response) *http.Response {
-	cancel := c.cancel
-	c.cancel = nil
-	switch {
-	case resp.Body == nil:
-		cancel(nil)
-	case resp.StatusCode == http.StatusSwitchingProtocols:
-		// The body is the connection (an io.ReadWriteCloser): handed over
-		// unwrapped, with the attempt's context alive as long as the
-		// caller's.
-	default:
-		resp.Body = &deliveredBody{ReadCloser: resp.Body, cancel: cancel}
-	}
-	return resp
 }
 
 // deliveredBody is the body of the response handed to the caller.
@@ -501,13 +512,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func (t *Transport) budgetFor(host string) budget.Budget {
-	if t.cfg.budget != nil {
-		return t.cfg.budget
-	}
-	return t.cfg.registry.For(host)
-}
-
 // newCall checks req and fixes what all its attempts share: whether it may
 // be retried, its key, its headers, a replayable body, its budget and its
 // overall deadline. Its errors come before any I/O.
@@ -516,14 +520,14 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		return nil, errors.New("saferetry: request has no URL")
 	}
 	ctx := req.Context()
-	c := &call{t: t, req: req, maxTries: t.cfg.maxAttempts}
+	c := &call{t: t, req: req, maxAttempts: t.cfg.maxAttempts}
 
 	method := req.Method
 	if method == "" {
 		method = http.MethodGet
 	}
 	ov := overridesFrom(ctx)
-	c.idempotent = retry.IsIdempotentMethod(method)
+	c.idempotent = idempotentMethod(method)
 	switch ov.idempotency {
 	case +1:
 		c.idempotent = true
@@ -531,24 +535,21 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		c.idempotent = false
 	}
 	if ov.noRetry {
-		c.maxTries = 1
+		c.maxAttempts = 1
 	}
 
-	name := t.cfg.keyHeader
 	wantsKey := t.cfg.autoKeys && (method == http.MethodPost || method == http.MethodPatch)
 	addKey := false
 	// A header set directly in the map under a non-canonical name
 	// (req.Header["idempotency-key"]) is still the caller's key: never add
 	// a second one beside it, and check every spelling together, as the
 	// server will see them (one field line each).
-	vals := keyValues(req.Header, t.keyName, name)
-	if len(vals) > 0 {
-		// The caller's key: checked with the same wire rule as the server
-		// (one field line, a bare token or an sf-string, 1..255 printable
-		// ASCII), then sent exactly as the caller wrote it.
+	if vals := keyValues(req.Header, t.keyName, t.cfg.keyHeader); len(vals) > 0 {
+		// The caller's key: checked with the server's wire rule, then sent
+		// exactly as the caller wrote it.
 		key, err := keygen.ParseHeader(vals)
 		if err != nil {
-			return nil, fmt.Errorf("saferetry: %s header: %w", name, err)
+			return nil, fmt.Errorf("saferetry: %s header: %w", t.cfg.keyHeader, err)
 		}
 		c.key = key
 	} else if wantsKey {
@@ -569,36 +570,43 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	if addKey {
 		// Our own map for the key; the caller's value slices are shared,
 		// never modified.
-		c.header = shallowCopy(req.Header, 1)
+		c.header = cloneHeader(req.Header)
 		c.header[t.keyName] = []string{keygen.FormatHeader(c.key)}
 	}
-	_, hasDeadline := ctx.Deadline()
+	ctxDeadline, hasDeadline := ctx.Deadline()
 	c.sendDeadline = t.cfg.deadlineHeader == deadlineAlways ||
 		t.cfg.deadlineHeader == deadlineIfContext && hasDeadline
 
 	if err := c.prepareBody(); err != nil {
 		return nil, err
 	}
-	c.bud = t.budgetFor(req.URL.Host)
+	c.bud = t.cfg.budget
+	if r, ok := c.bud.(*budget.Registry); ok {
+		c.bud = r.For(req.URL.Host)
+	}
 	// The loop's clock starts once the request is ready (its body read, if
 	// it had to be buffered): the time spent reading the caller's body is
 	// not taken from the attempts.
 	c.start = time.Now()
-	c.overall = deadline.Overall(ctx, c.start, t.cfg.maxElapsed)
+	if t.cfg.maxElapsed > 0 {
+		c.overall = c.start.Add(t.cfg.maxElapsed)
+	}
+	if hasDeadline && (c.overall.IsZero() || ctxDeadline.Before(c.overall)) {
+		c.overall = ctxDeadline
+	}
 	return c, nil
 }
 
-// attemptRecord is what the loop knows of one attempt, for its observers.
-type attemptRecord struct {
-	n            int
-	dec          retry.Decision
-	resp         *http.Response
-	err          error
-	elapsed      time.Duration
-	total        time.Duration
-	wait         time.Duration
-	budgetDenied bool
-	budgetLeft   int
+// idempotentMethod reports whether method is retried as idempotent by
+// default: GET, HEAD, OPTIONS, TRACE, PUT and DELETE (RFC 9110 section
+// 9.2.2), compared case-sensitively as HTTP methods are.
+func idempotentMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace,
+		http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return false
 }
 
 // keyValues returns the values of the key header under every spelling of

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -22,7 +21,7 @@ import (
 // of their own.
 var quiet = []saferetry.Option{
 	saferetry.WithBackoff(jitter.Config{Base: time.Millisecond, ThrottleBase: time.Millisecond}),
-	saferetry.WithLogger(slog.New(slog.DiscardHandler)),
+	saferetry.WithLogger(nil),
 	saferetry.WithBudget(budget.Unlimited()),
 }
 
@@ -31,12 +30,20 @@ var quiet = []saferetry.Option{
 func ExampleWithRetryPolicy() {
 	srv := flakyServer() // 503, 503, then 200
 	defer srv.Close()
-	noRetryOnReports := retry.OnRequest(func(r *http.Request) bool {
-		return strings.HasPrefix(r.URL.Path, "/reports/")
-	}, retry.Status(retry.Deny, http.StatusServiceUnavailable))
-	retry500OnLedger := retry.OnRequest(func(r *http.Request) bool {
-		return r.URL.Host == "ledger.internal"
-	}, retry.Status(retry.Allow, http.StatusInternalServerError))
+	deny503 := retry.Status(retry.Deny, http.StatusServiceUnavailable)
+	noRetryOnReports := func(in retry.Input, d retry.Decision) retry.Verdict {
+		if !strings.HasPrefix(in.Request.URL.Path, "/reports/") {
+			return retry.Keep
+		}
+		return deny503(in, d)
+	}
+	allow500 := retry.Status(retry.Allow, http.StatusInternalServerError)
+	retry500OnLedger := func(in retry.Input, d retry.Decision) retry.Verdict {
+		if in.Request.URL.Host != "ledger.internal" {
+			return retry.Keep
+		}
+		return allow500(in, d)
+	}
 
 	client := &http.Client{Transport: saferetry.NewTransport(nil,
 		append(quiet, saferetry.WithRetryPolicy(noRetryOnReports, retry500OnLedger))...)}
@@ -90,7 +97,7 @@ func ExampleWithPrepare() {
 func ExampleWithObserver() {
 	srv := flakyServer()
 	defer srv.Close()
-	retries := map[string]int{}
+	retries := map[retry.Class]int{}
 	obs := saferetry.Observer{
 		AttemptDone: func(_ context.Context, a saferetry.AttemptDoneInfo) {
 			if a.Outcome == saferetry.OutcomeRetry {

@@ -94,9 +94,9 @@ func run(ctx context.Context, w io.Writer) (map[string]outcome, error) {
 	}))
 	client.Transport = saferetry.NewTransport(client.Transport,
 		saferetry.WithLogger(logger),
-		// This program's own budget; by default every Transport of a process
-		// shares one per host (budget.Default()).
-		saferetry.WithBudgetRegistry(budget.NewRegistry(nil)))
+		// This program's own budget, one per host; by default every
+		// Transport of a process shares one process-wide.
+		saferetry.WithBudget(budget.NewRegistry(nil)))
 
 	out := map[string]outcome{}
 	call := func(method, path, body string) error {

@@ -73,7 +73,7 @@ type process struct {
 
 func newProcess(name string) *process {
 	return &process{name: name, client: saferetry.NewClient(
-		saferetry.WithBudgetRegistry(budget.NewRegistry(nil)),
+		saferetry.WithBudget(budget.NewRegistry(nil)),
 		saferetry.WithLogger(slog.New(slog.DiscardHandler)))}
 }
 
