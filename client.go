@@ -140,7 +140,7 @@ type call struct {
 	getBody     func() (io.ReadCloser, error)
 	notRetrying retry.Reason // why the body cannot be sent again, "" if it can
 
-	sent int     // attempts sent
+	sent int     // attempts made
 	cur  attempt // the attempt in flight: one at a time
 }
 
@@ -198,7 +198,9 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide
 		body, err := c.getBody()
 		if err != nil {
 			c.notRetrying = retry.ReasonBodyNotRewindable
-			a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
+			if a.resp == nil { // with a response in hand, that is what the caller gets
+				a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
+			}
 		} else {
 			c.body = body
 		}

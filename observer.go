@@ -112,7 +112,7 @@ type AttemptDoneInfo struct {
 type CallDoneInfo struct {
 	Request  *http.Request // the caller's request (read-only)
 	Key      string        // "" for none
-	Attempts int           // attempts sent (not the one whose preparation failed)
+	Attempts int           // attempts made (not one whose preparation failed)
 	// Outcome is OutcomeFinal or OutcomeStopped, as for the last attempt
 	// (OutcomeStopped also when the caller canceled during a wait).
 	Outcome Outcome

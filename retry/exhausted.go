@@ -39,7 +39,7 @@ const (
 // works. The zero value is usable; an ExhaustedError is immutable once built
 // and safe to share between goroutines.
 type ExhaustedError struct {
-	Attempts int    // attempts sent, the first included
+	Attempts int    // attempts made, the first included
 	Reason   Reason // why the loop stopped
 	Err      error  // the last attempt's error; may be nil
 	// Key is the idempotency key every attempt carried ("" for none). When
