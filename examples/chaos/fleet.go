@@ -27,7 +27,7 @@ import (
 type attemptCounter struct {
 	attempts   atomic.Int64
 	retries    atomic.Int64 // outcome "retry"
-	denials    atomic.Int64 // outcome "budget denied"
+	denials    atomic.Int64 // stop "budget_denied"
 	inProgress atomic.Int64 // class "in_progress": the middleware's 409
 
 	mu       sync.Mutex
