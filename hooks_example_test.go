@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/saferetry/saferetry"
@@ -55,6 +57,36 @@ func ExampleWithRetryPolicy() {
 	resp.Body.Close()
 	fmt.Println(resp.StatusCode)
 	// Output: 503
+}
+
+// go-retryablehttp's DefaultRetryPolicy retries every 5xx but 501. A rule
+// gets that here, for requests that are safe to repeat.
+func ExampleWithRetryPolicy_every5xxBut501() {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusInsufficientStorage) // 507
+			return
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	defer srv.Close()
+	every5xxBut501 := func(in retry.Input, _ retry.Decision) retry.Verdict {
+		if in.Response != nil && in.Response.StatusCode >= 500 && in.Response.StatusCode != 501 {
+			return retry.Allow
+		}
+		return retry.Keep
+	}
+	client := &http.Client{Transport: saferetry.NewTransport(nil,
+		append(quiet, saferetry.WithRetryPolicy(every5xxBut501))...)}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, "after", n.Load(), "attempts")
+	// Output: 200 after 2 attempts
 }
 
 // Sign every attempt with a fresh timestamp: a retry is signed anew.
