@@ -15,7 +15,8 @@ var ErrKeyChanged = errors.New("saferetry: prepare changed the idempotency key h
 // prepare runs the Transport's preparation functions in order on the attempt's copy r,
 // then checks that the key header (name, in any spelling) is what it was in
 // before.
-func prepare(fns []func(*http.Request, int) error, r *http.Request, attempt int, before http.Header, name string) error {
+func prepare(fns []func(*http.Request, int) error,
+	r *http.Request, attempt int, before http.Header, name string) error {
 	for _, f := range fns {
 		if err := f(r, attempt); err != nil {
 			return fmt.Errorf("saferetry: preparing attempt %d: %w", attempt, err)
