@@ -40,30 +40,30 @@
 //
 // # Defaults
 //
-//	attempts          3 in all, the first included       WithMaxAttempts
-//	backoff           full jitter, base 50 ms            WithBackoff
+//	attempts          3 in all, the first included      WithMaxAttempts
+//	backoff           full jitter, base 50 ms           WithBackoff
 //	                  (1 s for 429, 503 with
 //	                  Retry-After, the in-progress
 //	                  409), cap 20 s
-//	overall deadline  the context's, at most 30 s         WithMaxElapsed
-//	per attempt       none                               WithAttemptTimeout
-//	Retry-After       honoured up to 30 s                 WithMaxRetryAfter
-//	budget            token bucket per host, shared       WithBudget
+//	overall deadline  the context's, at most 30 s       WithMaxElapsed
+//	per attempt       none                              WithAttemptTimeout
+//	Retry-After       honoured up to 30 s               WithMaxRetryAfter
+//	budget            token bucket per host, shared     WithBudget
 //	                  process-wide: 500 tokens, a
 //	                  transient retry costs 14, a
 //	                  throttled one 5, a retried
 //	                  success refunds its cost, a
 //	                  first-try success adds 1
-//	keys              random UUIDv4 for POST and PATCH    WithAutoKeys, WithKeyHeader
+//	keys              random UUIDv4 for POST and PATCH  WithAutoKeys, WithKeyHeader
 //	                  without a key, in Idempotency-Key
-//	request body      GetBody, or bodies up to 1 MiB      WithMaxBufferedBody
+//	request body      GetBody, or bodies up to 1 MiB    WithMaxBufferedBody
 //	                  buffered; larger ones sent once
-//	deadline header   Request-Deadline-Ms, only when      WithDeadlineHeader
+//	deadline header   Request-Deadline-Ms, only when    WithDeadlineHeader
 //	                  the context has a deadline
-//	logs              one slog record per attempt,        WithLogger
+//	logs              one slog record per attempt,      WithLogger
 //	                  to slog.Default()
-//	rules, hooks      none                               WithRetryPolicy, WithPrepare,
-//	                                                     WithObserver
+//	rules, hooks      none                              WithRetryPolicy, WithPrepare,
+//	                                                    WithObserver
 //
 // Per request, through its context: Idempotent(ctx, true or false), NoRetry.
 //
