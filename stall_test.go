@@ -95,15 +95,15 @@ func TestStalledBodiesDoNotOutliveTheDeadline(t *testing.T) {
 }
 
 // The same over loopback TCP, on the real clock: a server that stalls for
-// 3 s holds a call with a 300 ms overall deadline no longer than that
-// deadline and a margin for a loaded machine.
+// 5 s holds a call with a 300 ms overall deadline no longer than that
+// deadline and a wide margin for a loaded machine.
 func TestStalledBodiesOverLoopback(t *testing.T) {
 	for name, answer := range stalledAnswers {
 		t.Run(name, func(t *testing.T) {
 			l, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)
 			served := make(chan struct{})
-			go func() { defer close(served); serveStalled(l, answer, 3*time.Second) }()
+			go func() { defer close(served); serveStalled(l, answer, 5*time.Second) }()
 			base := &http.Transport{}
 			defer func() { base.CloseIdleConnections(); l.Close(); <-served }()
 
@@ -118,7 +118,7 @@ func TestStalledBodiesOverLoopback(t *testing.T) {
 			} else {
 				assert.True(t, errors.Is(err, ErrAttemptTimeout), "%v", err)
 			}
-			assert.Less(t, took, time.Second, "300 ms deadline, far less than the 3 s stall")
+			assert.Less(t, took, 2*time.Second, "300 ms deadline, far less than the 5 s stall")
 		})
 	}
 }
