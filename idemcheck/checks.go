@@ -52,6 +52,9 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 	}
 	for _, ch := range checks {
 		res, detail, ev := ch.f(ctx)
+		if ev == nil {
+			ev = []string{} // JSON: a list, never null
+		}
 		rep.Checks = append(rep.Checks, Check{Name: ch.name, Result: res, Detail: detail, Evidence: ev})
 		if ctx.Err() != nil {
 			return rep, fmt.Errorf("idemcheck: the run was cut short during the %s check: %w",

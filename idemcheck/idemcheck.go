@@ -203,6 +203,11 @@ func newChecker(cfg Config) (*checker, error) {
 	if !validToken(c.keyHeader) {
 		return nil, fmt.Errorf("idemcheck: bad key header name %q", c.keyHeader)
 	}
+	for _, h := range []http.Header{cfg.Header, cfg.Other} {
+		if err := validHeader(h); err != nil {
+			return nil, err
+		}
+	}
 	if c.header.Get(c.keyHeader) != "" || (cfg.Other != nil && cfg.Other.Get(c.keyHeader) != "") {
 		return nil, errors.New("idemcheck: the headers set " + c.keyHeader + ": the checker sets the key itself")
 	}
@@ -244,6 +249,22 @@ func validToken(s string) bool {
 		}
 	}
 	return true
+}
+
+// validHeader checks that h can be sent: token names, and values without
+// control characters other than tab.
+func validHeader(h http.Header) error {
+	for name, vals := range h {
+		if !validToken(name) {
+			return fmt.Errorf("idemcheck: bad header name %q", name)
+		}
+		for _, v := range vals {
+			if strings.ContainsFunc(v, func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
+				return fmt.Errorf("idemcheck: header %s has a control character", name)
+			}
+		}
+	}
+	return nil
 }
 
 // newKey returns a fresh key that names the check sending it.

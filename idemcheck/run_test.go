@@ -160,3 +160,16 @@ func TestRunIsBoundedByItsContext(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Len(t, rep.Checks, 2, "the report holds the checks run so far")
 }
+
+func TestBadHeaders(t *testing.T) {
+	for _, h := range []http.Header{
+		{"Bad Name": {"x"}},
+		{"X-Line": {"a\r\nInjected: 1"}},
+		{"X-Nul": {"a\x00"}},
+	} {
+		_, err := idemcheck.Run(t.Context(), idemcheck.Config{URL: "http://127.0.0.1/", Header: h})
+		require.ErrorContains(t, err, "idemcheck: ")
+		_, err = idemcheck.Run(t.Context(), idemcheck.Config{URL: "http://127.0.0.1/", Other: h})
+		require.ErrorContains(t, err, "idemcheck: ")
+	}
+}
