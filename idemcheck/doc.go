@@ -51,8 +51,9 @@
 //
 // # What the target must allow
 //
-// The checker runs about 20 requests plus N and creates about ten effects:
-// point it at a sandbox or staging endpoint where that is harmless. The
+// A run makes 11 requests plus N (and up to three retries after a
+// conflict) and creates six effects (five without Other): point it at a
+// sandbox or staging endpoint where that is harmless. The
 // request ([Config.Method], [Config.Body], [Config.Header]) must succeed
 // (2xx) under a fresh key every time, as a new logical request, since every
 // check but replay uses a key of its own. Effects are told apart by the

@@ -37,6 +37,7 @@ func principal(r *http.Request) (string, error) {
 // checker names its keys after its checks (idemcheck-concurrent-...).
 type holdConcurrent struct {
 	n        int
+	requests atomic.Int64 // every request, counted as it arrives
 	mu       sync.Mutex
 	answered map[string]int
 	released map[string]chan struct{}
@@ -54,6 +55,7 @@ func (h *holdConcurrent) ch(key string) chan struct{} {
 // outer counts the answers the middleware wrote, per key.
 func (h *holdConcurrent) outer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.requests.Add(1)
 		next.ServeHTTP(w, r)
 		key := r.Header.Get("Idempotency-Key")
 		ch := h.ch(key)
@@ -80,7 +82,7 @@ func (h *holdConcurrent) wait(key string) {
 
 // serveMiddleware serves the middleware over store on POST /payments: each
 // execution creates one effect, eff_<n>.
-func serveMiddleware(t *testing.T, store idempotency.Store, n int) (*httptest.Server, *atomic.Int64) {
+func serveMiddleware(t *testing.T, store idempotency.Store, n int) (*httptest.Server, *atomic.Int64, *holdConcurrent) {
 	t.Helper()
 	var effects atomic.Int64
 	hold := &holdConcurrent{n: n, answered: map[string]int{}, released: map[string]chan struct{}{}}
@@ -96,7 +98,7 @@ func serveMiddleware(t *testing.T, store idempotency.Store, n int) (*httptest.Se
 	})))
 	srv := httptest.NewServer(hold.outer(mux))
 	t.Cleanup(srv.Close)
-	return srv, &effects
+	return srv, &effects, hold
 }
 
 // config is the checker's configuration for a server from serveMiddleware
@@ -138,7 +140,7 @@ var want = map[string]idemcheck.Result{
 
 func TestMiddlewarePassesEveryCheck(t *testing.T) {
 	const n = 8
-	srv, effects := serveMiddleware(t, newStore(), n)
+	srv, effects, hold := serveMiddleware(t, newStore(), n)
 	rep, err := idemcheck.Run(t.Context(), config(srv.URL, n))
 	require.NoError(t, err)
 	t.Log("\n" + rep.String())
@@ -167,10 +169,12 @@ func TestMiddlewarePassesEveryCheck(t *testing.T) {
 	// The effects the run made: the first request, the concurrent key, the
 	// mismatch control, the second principal and the two marker keys.
 	require.Equal(t, int64(6), effects.Load())
+	// The requests: 11, the n duplicates and the one retry after a conflict.
+	require.Equal(t, int64(11+n+1), hold.requests.Load())
 }
 
 func TestRunAgainUsesFreshKeys(t *testing.T) {
-	srv, effects := serveMiddleware(t, newStore(), 2)
+	srv, effects, _ := serveMiddleware(t, newStore(), 2)
 	for range 2 {
 		rep, err := idemcheck.Run(t.Context(), config(srv.URL, 2))
 		require.NoError(t, err)
