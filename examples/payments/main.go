@@ -15,6 +15,11 @@
 // key and charges once; the third gets the stored response replayed. The
 // program prints what happened and checks the database: one order, one
 // charge, one receipt.
+//
+// With -serve, it serves the same payments API (without the faults, and
+// with a second account) until interrupted, as a target for idemcheck:
+//
+//	go run ./examples/payments -serve 127.0.0.1:8099
 package main
 
 import (
@@ -23,17 +28,21 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	_ "modernc.org/sqlite"
@@ -47,6 +56,22 @@ import (
 )
 
 func main() {
+	addr := flag.String("serve", "", "serve the payments API on `host:port` until interrupted (SIGINT, SIGTERM),\n"+
+		"without the demo's faults, instead of running the demo")
+	flag.Parse()
+	if *addr != "" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		ln, err := net.Listen("tcp", *addr)
+		if err == nil {
+			err = serve(ctx, ln, os.Stdout)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "payments:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	res, err := run(context.Background(), os.Stdout)
 	if err == nil && !res.ok() {
 		err = fmt.Errorf("unexpected result: %+v", res)
@@ -90,9 +115,11 @@ func (p *printer) say(format string, a ...any) {
 }
 
 // processor is the fake card processor: it de-duplicates charges by
-// Idempotency-Key, answers lookups by key, and is down for its first call.
+// Idempotency-Key, answers lookups by key, and is down for its first down
+// calls.
 type processor struct {
 	out     *printer
+	down    int
 	mu      sync.Mutex
 	charges map[string]string
 	calls   int
@@ -106,7 +133,7 @@ func (p *processor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodPost && r.URL.Path == "/charges":
 		key := r.Header.Get("Idempotency-Key")
 		p.calls++
-		if p.calls == 1 {
+		if p.calls <= p.down {
 			p.out.say("  processor: down (503), nothing charged")
 			http.Error(w, "maintenance", http.StatusServiceUnavailable)
 			return
@@ -289,45 +316,46 @@ func (r *recorder) Write(p []byte) (int, error) {
 	return r.body.Write(p)
 }
 
-// run sets everything up, pays order 42 once through the retrying client,
-// prints what happened and returns it.
-func run(ctx context.Context, w io.Writer) (result, error) {
-	var res result
-	out := &printer{w: w}
-	dir, err := os.MkdirTemp("", "saferetry-payments")
-	if err != nil {
-		return res, err
-	}
-	defer os.RemoveAll(dir)
+// app is the payments API on SQLite behind the middleware, with its card
+// processor.
+type app struct {
+	db      *sql.DB
+	proc    *processor
+	handler http.Handler // POST /payments
+	close   func()
+}
 
+// newApp opens the database in dir, creates the tables and returns the API;
+// the processor is down for its first down charges.
+func newApp(ctx context.Context, dir string, out *printer, down int) (*app, error) {
 	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "payments.db")))
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	defer db.Close()
 	db.SetMaxOpenConns(4)
 	store, err := sqlstore.Open(db, sqlstore.SQLite)
-	if err != nil {
-		return res, err
+	if err == nil {
+		err = store.Migrate(ctx)
 	}
-	if err := store.Migrate(ctx); err != nil {
-		return res, err
-	}
+	// No unique constraint on an order: under -serve each new key is a new
+	// payment (idemcheck pays order 42 under many keys), and a second
+	// execution of one request adds a row that the demo's final count shows.
 	for _, ddl := range []string{
-		`CREATE TABLE orders (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)`,
-		`CREATE TABLE receipts (order_id TEXT PRIMARY KEY REFERENCES orders (id), charge TEXT NOT NULL)`,
+		`CREATE TABLE orders (id TEXT NOT NULL, amount INTEGER NOT NULL)`,
+		`CREATE TABLE receipts (order_id TEXT NOT NULL, charge TEXT NOT NULL)`,
 	} {
-		if _, err := db.ExecContext(ctx, ddl); err != nil {
-			return res, err
+		if err == nil {
+			_, err = db.ExecContext(ctx, ddl)
 		}
 	}
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
 
-	proc := &processor{out: out, charges: map[string]string{}}
+	proc := &processor{out: out, down: down, charges: map[string]string{}}
 	procSrv := httptest.NewServer(proc)
-	defer procSrv.Close()
-
 	transport := &http.Transport{}
-	defer transport.CloseIdleConnections()
 	a := &api{db: db, processor: procSrv.URL, client: &http.Client{Transport: transport, Timeout: 5 * time.Second}, out: out}
 	// The principal scopes every key: it must be the account that the
 	// server's authentication VERIFIED, never a value the client sets
@@ -338,7 +366,7 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 	// nothing. (A principal function that returned "" would get 401 too:
 	// the middleware refuses a key without a principal unless the server
 	// opts in to one shared anonymous scope with WithAnonymousKeys.)
-	tokens := map[string]string{"tok_demo_acct_1": "acct_1"}
+	tokens := map[string]string{"tok_demo_acct_1": "acct_1", "tok_demo_acct_2": "acct_2"}
 	mw := idempotency.New(store,
 		idempotency.WithPrincipal(func(r *http.Request) (string, error) {
 			token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -351,7 +379,72 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", mw(http.HandlerFunc(a.pay)))
-	flt := &faults{next: mux, out: out}
+	return &app{db: db, proc: proc, handler: mux, close: func() {
+		procSrv.Close()
+		transport.CloseIdleConnections()
+		_ = db.Close()
+	}}, nil
+}
+
+// serve serves the payments API on ln until ctx ends, without faults, and
+// with two accounts (bearer tokens tok_demo_acct_1 and tok_demo_acct_2), as
+// a target for idemcheck. It prints where it listens, and what the database
+// holds when it stops.
+func serve(ctx context.Context, ln net.Listener, w io.Writer) error {
+	dir, err := os.MkdirTemp("", "saferetry-payments")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	app, err := newApp(ctx, dir, &printer{w: io.Discard}, 0)
+	if err != nil {
+		return err
+	}
+	defer app.close()
+	srv := &http.Server{Handler: app.handler, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(w, "payments: serving POST http://%s/payments "+
+		"(Authorization: Bearer tok_demo_acct_1 or tok_demo_acct_2)\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return err
+	}
+	<-errc
+	var orders int
+	if err := app.db.QueryRowContext(shutdown, `SELECT COUNT(*) FROM orders`).Scan(&orders); err != nil {
+		return err
+	}
+	app.proc.mu.Lock()
+	charges := len(app.proc.charges)
+	app.proc.mu.Unlock()
+	fmt.Fprintf(w, "payments: stopped; %d orders, %d charges\n", orders, charges)
+	return nil
+}
+
+// run sets everything up, pays order 42 once through the retrying client,
+// prints what happened and returns it.
+func run(ctx context.Context, w io.Writer) (result, error) {
+	var res result
+	out := &printer{w: w}
+	dir, err := os.MkdirTemp("", "saferetry-payments")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	app, err := newApp(ctx, dir, out, 1)
+	if err != nil {
+		return res, err
+	}
+	defer app.close()
+	db, proc := app.db, app.proc
+	flt := &faults{next: app.handler, out: out}
 	apiSrv := httptest.NewServer(flt)
 	defer apiSrv.Close()
 

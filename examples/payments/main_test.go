@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/saferetry/saferetry/idemcheck"
 )
 
 func TestMain(m *testing.M) {
@@ -63,4 +67,43 @@ func TestRun(t *testing.T) {
 		at += i + len(w)
 	}
 	require.NotContains(t, strings.ToLower(out), "exactly once")
+}
+
+// TestServeIsAnIdemcheckTarget serves the API as -serve does and runs the
+// idemcheck checker against it, as the README's section does: no check
+// fails, and every run pays once per key it meant to pay with.
+func TestServeIsAnIdemcheckTarget(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, ln, &out) }()
+
+	rep, err := idemcheck.Run(t.Context(), idemcheck.Config{
+		URL:  "http://" + ln.Addr().String() + "/payments",
+		Body: []byte(`{"order":"42","amount":4200}`),
+		Header: http.Header{
+			"Authorization": {"Bearer tok_demo_acct_1"},
+			"Content-Type":  {"application/json"},
+		},
+		Other:         http.Header{"Authorization": {"Bearer tok_demo_acct_2"}},
+		IDField:       "charge",
+		N:             4,
+		MaxRetryAfter: 10 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	t.Log("\n" + rep.String())
+	require.False(t, rep.Failed())
+	for _, c := range rep.Checks {
+		if c.Name != "in_progress" { // skipped when no duplicate arrived while the first ran
+			require.NotEqual(t, idemcheck.Skip, c.Result, "%s: %s", c.Name, c.Detail)
+		}
+	}
+	cancel()
+	require.NoError(t, <-done)
+	require.Contains(t, out.String(), "payments: serving POST http://"+ln.Addr().String()+"/payments")
+	// The first request, the concurrent key, the mismatch control, the
+	// second account and the two marker keys: six payments.
+	require.Contains(t, out.String(), "payments: stopped; 6 orders, 6 charges")
 }

@@ -1,0 +1,232 @@
+// Command idemcheck checks that an HTTP endpoint honours the Idempotency-Key
+// header: that a client's retries of one write take effect effectively once.
+// It sends the request under fresh keys and reports each check of package
+// idemcheck (replay, concurrent, in_progress, mismatch, scope, invalid_key,
+// marker) with its evidence, and for each failure what a retrying client
+// would suffer.
+//
+//	idemcheck [flags] URL
+//
+// Run it with -h for the flags. Exit status: 0 when no check failed, 1 when
+// one failed, 2 when the target could not be checked (unreachable, or its
+// first answer is not a success) or the command line is wrong.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/saferetry/saferetry/idemcheck"
+)
+
+// maxBodyFile bounds the body read by -d @file.
+const maxBodyFile = 10 << 20
+
+const usage = `usage: idemcheck [flags] URL
+
+Checks that the endpoint at URL honours the Idempotency-Key header. It sends
+the request (-X, -d, -H) under fresh keys, 11 times plus -n (and up to 3
+retries after a conflict), and reports the checks replay, concurrent,
+in_progress, mismatch, scope, invalid_key and marker. The request must
+succeed under a fresh key every time, and the run creates six effects:
+point it at a sandbox or staging API.
+
+Exit status: 0 when no check failed, 1 when one failed, 2 when the target
+could not be checked (unreachable, or its first answer is not a 2xx) or the
+command line is wrong.
+
+Example:
+  idemcheck -H 'Authorization: Bearer tok_1' -H 'Content-Type: application/json' \
+    -other 'Authorization: Bearer tok_2' -id-field id -d '{"amount":100}' \
+    https://staging.example.com/v1/payments
+
+Flags:
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the command: it parses args, checks the target and prints the
+// report on stdout and errors on stderr; it returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	var out bytes.Buffer
+	fs := flag.NewFlagSet("idemcheck", flag.ContinueOnError)
+	fs.SetOutput(&out)
+	var cfg idemcheck.Config
+	var header, other headerFlag
+	fs.StringVar(&cfg.Method, "X", http.MethodPost, "the request's `method`")
+	data := fs.String("d", "", "the request `body`, sent as given; @file reads it from a file")
+	fs.Var(&header, "H", "a header of the caller, `'Name: value'`, such as Authorization and\n"+
+		"Content-Type (repeatable)")
+	fs.Var(&other, "other", "a header of a second principal, `'Name: value'`, such as another\n"+
+		"Authorization (repeatable); it replaces the same -H header and runs the scope check")
+	fs.StringVar(&cfg.IDField, "id-field", "", "the JSON `member` of a success answer that identifies the effect\n"+
+		"it created (a.b reaches into objects); without it effects are told apart by their bodies")
+	fs.IntVar(&cfg.N, "n", idemcheck.DefaultN, "concurrent duplicates (at most 256)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	fs.StringVar(&cfg.KeyHeader, "key-header", idemcheck.DefaultKeyHeader, "the `header` that carries the key")
+	fs.DurationVar(&cfg.Timeout, "timeout", idemcheck.DefaultTimeout, "bound on each request, its answer included")
+	maxTime := fs.Duration("max-time", 2*time.Minute, "bound on the whole run")
+	wait := fs.Duration("wait", 0, "wait up to this long for the target to accept connections\n"+
+		"(a server starting in the background); 0 checks at once")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			_, _ = out.WriteTo(stdout)
+			return 0
+		}
+		_, _ = out.WriteTo(stderr)
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if fs.NArg() != 1 {
+		return fail(errors.New("idemcheck: give one URL (idemcheck -h for help)"))
+	}
+	cfg.URL = fs.Arg(0)
+	cfg.Header, cfg.Other = header.h, other.h
+	if *maxTime <= 0 {
+		return fail(errors.New("idemcheck: -max-time must be positive"))
+	}
+	body, err := readBody(*data)
+	if err != nil {
+		return fail(err)
+	}
+	cfg.Body = body
+
+	ctx, cancel := context.WithTimeout(context.Background(), *maxTime)
+	defer cancel()
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+	defer stop()
+	if *wait > 0 {
+		if err := waitFor(ctx, cfg.URL, *wait); err != nil {
+			return fail(err)
+		}
+	}
+	rep, err := idemcheck.Run(ctx, cfg)
+	if err == nil || len(rep.Checks) > 0 {
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(rep)
+		} else {
+			fmt.Fprint(stdout, rep.String())
+		}
+	}
+	switch {
+	case err != nil:
+		return fail(err)
+	case rep.Failed():
+		return 1
+	}
+	return 0
+}
+
+// readBody returns the -d value, or the file it names after '@' (at most
+// maxBodyFile bytes).
+func readBody(d string) ([]byte, error) {
+	name, ok := strings.CutPrefix(d, "@")
+	if !ok {
+		return []byte(d), nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("idemcheck: -d: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxBodyFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("idemcheck: -d: %w", err)
+	}
+	if len(b) > maxBodyFile {
+		return nil, fmt.Errorf("idemcheck: -d: %s is larger than %d bytes", name, maxBodyFile)
+	}
+	return b, nil
+}
+
+// waitFor waits until the host of rawURL accepts a TCP connection, trying
+// every 100 ms for at most d.
+func waitFor(ctx context.Context, rawURL string, d time.Duration) error {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("idemcheck: bad URL %q", rawURL)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		addr = net.JoinHostPort(u.Hostname(), port)
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var dialer net.Dialer
+	for {
+		conn, err := dialer.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			return conn.Close()
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("idemcheck: nothing accepted connections at %s within %v (-wait): %w", addr, d, err)
+		case <-t.C:
+		}
+	}
+}
+
+// headerFlag collects repeated 'Name: value' flags.
+type headerFlag struct{ h http.Header }
+
+func (f *headerFlag) String() string {
+	if f == nil || f.h == nil {
+		return ""
+	}
+	var b strings.Builder
+	_ = f.h.Write(&b)
+	return strings.TrimSpace(b.String())
+}
+
+func (f *headerFlag) Set(s string) error {
+	name, value, err := parseHeader(s)
+	if err != nil {
+		return err
+	}
+	if f.h == nil {
+		f.h = http.Header{}
+	}
+	f.h.Add(name, value)
+	return nil
+}
+
+// parseHeader splits "Name: value" at its first colon and trims the spaces
+// and tabs around both parts. The name must not be empty; Run checks that
+// name and value can be sent.
+func parseHeader(s string) (name, value string, err error) {
+	name, value, ok := strings.Cut(s, ":")
+	name = strings.Trim(name, " \t")
+	if !ok || name == "" {
+		return "", "", fmt.Errorf("want 'Name: value', got %q", s)
+	}
+	return name, strings.Trim(value, " \t"), nil
+}

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/saferetry/saferetry/idempotency"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newStore is the one place this file makes a store.
+func newStore() idempotency.Store { return idempotency.NewMemoryStore() }
+
+// serve serves the middleware on POST /payments, scoped by the
+// Authorization header; each execution creates an effect eff_<n>. With
+// dedupe false, the handler is served bare: every request runs.
+func serve(t *testing.T, dedupe bool) string {
+	t.Helper()
+	var effects atomic.Int64
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"eff_%d"}`, effects.Add(1))
+	})
+	if dedupe {
+		h = idempotency.New(newStore(), idempotency.WithLogger(slog.New(slog.DiscardHandler)))(h)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL + "/payments"
+}
+
+// runCmd runs the command with args and returns its exit status, stdout
+// and stderr.
+func runCmd(args ...string) (int, string, string) {
+	var stdout, stderr bytes.Buffer
+	code := run(args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// flags are a caller's and a second principal's headers, the effect's id
+// member and a JSON body.
+var flags = []string{
+	"-H", "Authorization: Bearer tok_1", "-H", "Content-Type: application/json",
+	"-other", "Authorization: Bearer tok_2", "-id-field", "id", "-n", "4",
+	"-d", `{"amount":4200}`,
+}
+
+func TestHelpExitsZero(t *testing.T) {
+	for _, h := range []string{"-h", "-help", "--help"} {
+		code, stdout, stderr := runCmd(h)
+		require.Equal(t, 0, code)
+		require.Contains(t, stdout, "usage: idemcheck [flags] URL")
+		require.Contains(t, stdout, "-other 'Name: value'")
+		require.Contains(t, stdout, "-timeout duration")
+		require.Empty(t, stderr)
+	}
+}
+
+func TestUsageErrorsExitTwo(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "give one URL"},
+		{[]string{"http://a/", "http://b/"}, "give one URL"},
+		{[]string{"-nope", "http://a/"}, "flag provided but not defined: -nope"},
+		{[]string{"-H", "no colon", "http://a/"}, `want 'Name: value', got "no colon"`},
+		{[]string{"-H", "Bad Name: x", "http://a/"}, `bad header name "Bad Name"`},
+		{[]string{"-H", "Idempotency-Key: k", "http://a/"}, "the checker sets the key itself"},
+		{[]string{"-d", "@/nonexistent/body.json", "http://a/"}, "no such file"},
+		{[]string{"-max-time", "0s", "http://a/"}, "-max-time must be positive"},
+		{[]string{"ftp://a/"}, "want http:// or https://"},
+	} {
+		code, stdout, stderr := runCmd(tc.args...)
+		require.Equal(t, 2, code, tc.args)
+		require.Empty(t, stdout, tc.args)
+		require.Contains(t, stderr, tc.want, tc.args)
+	}
+}
+
+func TestTargetDownExitsTwo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	url := "http://" + ln.Addr().String() + "/payments"
+	require.NoError(t, ln.Close())
+	code, stdout, stderr := runCmd(url)
+	require.Equal(t, 2, code)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "could not be checked: no answer to the first request")
+	require.Contains(t, stderr, "connection refused")
+
+	code, _, stderr = runCmd("-wait", "200ms", url)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "nothing accepted connections at "+ln.Addr().String()+" within 200ms (-wait)")
+}
+
+func TestTarget404ExitsTwo(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	code, stdout, stderr := runCmd(srv.URL + "/payments")
+	require.Equal(t, 2, code)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "its first answer is 404 Not Found, not a success (2xx)")
+}
+
+func TestMiddlewareExitsZero(t *testing.T) {
+	url := serve(t, true)
+	code, stdout, stderr := runCmd(append(flags, "-wait", "1s", url)...)
+	require.Equal(t, 0, code, stdout+stderr)
+	require.Empty(t, stderr)
+	for _, name := range []string{"replay", "concurrent", "in_progress", "mismatch", "scope", "invalid_key", "marker"} {
+		require.Regexp(t, `(?m)^(PASS|INFO|SKIP) `+name+`: `, stdout)
+	}
+	require.Contains(t, stdout, "no check failed (7 checks)")
+}
+
+func TestBrokenServerExitsOne(t *testing.T) {
+	url := serve(t, false)
+	code, stdout, stderr := runCmd(append(flags, url)...)
+	require.Equal(t, 1, code)
+	require.Empty(t, stderr)
+	require.Contains(t, stdout, "FAIL replay: a client that retries a timed-out POST /payments creates a second effect")
+	require.Contains(t, stdout, "FAIL concurrent: ")
+	require.Contains(t, stdout, "4 of 7 checks failed")
+}
+
+func TestJSONShape(t *testing.T) {
+	url := serve(t, false)
+	code, stdout, _ := runCmd(append([]string{"-json"}, append(flags, url)...)...)
+	require.Equal(t, 1, code)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep))
+	require.Equal(t, []string{"checks", "target"}, keys(rep))
+	require.Equal(t, url, rep["target"])
+	checks := rep["checks"].([]any)
+	require.Len(t, checks, 7)
+	results := map[string]string{}
+	for _, c := range checks {
+		c := c.(map[string]any)
+		require.Equal(t, []string{"detail", "evidence", "name", "result"}, keys(c))
+		require.Contains(t, []string{"pass", "fail", "skip", "info"}, c["result"])
+		require.IsType(t, "", c["detail"])
+		require.IsType(t, []any{}, c["evidence"], "evidence is a list, never null")
+		results[c["name"].(string)] = c["result"].(string)
+	}
+	require.Equal(t, map[string]string{
+		"replay": "fail", "concurrent": "fail", "in_progress": "skip", "mismatch": "fail",
+		"scope": "pass", "invalid_key": "fail", "marker": "info",
+	}, results)
+}
+
+func keys(m map[string]any) []string {
+	var k []string
+	for s := range m {
+		k = append(k, s)
+	}
+	sort.Strings(k)
+	return k
+}
+
+func TestBodyFromFile(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.CompareAndSwap(nil, string(b))
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	defer srv.Close()
+	file := filepath.Join(t.TempDir(), "body.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"from":"file"}`), 0o600))
+	code, _, _ := runCmd("-d", "@"+file, srv.URL)
+	require.Equal(t, 2, code)
+	require.Equal(t, `{"from":"file"}`, got.Load())
+
+	big := filepath.Join(t.TempDir(), "big")
+	require.NoError(t, os.WriteFile(big, make([]byte, maxBodyFile+1), 0o600))
+	code, _, stderr := runCmd("-d", "@"+big, srv.URL)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "is larger than 10485760 bytes")
+}
+
+func TestParseHeader(t *testing.T) {
+	for _, tc := range []struct{ in, name, value string }{
+		{"Authorization: Bearer x", "Authorization", "Bearer x"},
+		{"  X-A\t:\tv : w  ", "X-A", "v : w"},
+		{"X-Empty:", "X-Empty", ""},
+	} {
+		name, value, err := parseHeader(tc.in)
+		require.NoError(t, err, tc.in)
+		require.Equal(t, tc.name, name, tc.in)
+		require.Equal(t, tc.value, value, tc.in)
+	}
+	for _, in := range []string{"", "no colon", ": no name", " \t: x"} {
+		_, _, err := parseHeader(in)
+		require.Error(t, err, in)
+	}
+}
+
+func FuzzParseHeader(f *testing.F) {
+	f.Add("Authorization: Bearer x")
+	f.Add(":")
+	f.Add(" a :: b ")
+	f.Fuzz(func(t *testing.T, s string) {
+		name, value, err := parseHeader(s)
+		if err != nil {
+			return
+		}
+		if name == "" || strings.Contains(name, ":") || strings.Trim(name, " \t") != name ||
+			strings.Trim(value, " \t") != value {
+			t.Fatalf("parseHeader(%q) = %q, %q", s, name, value)
+		}
+		n2, v2, err := parseHeader(name + ": " + value)
+		if err != nil || n2 != name || v2 != value {
+			t.Fatalf("parseHeader does not read back %q: %q", s, name+": "+value)
+		}
+	})
+}

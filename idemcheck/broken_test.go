@@ -1,0 +1,253 @@
+package idemcheck_test
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idemcheck"
+	"github.com/saferetry/saferetry/keygen"
+)
+
+// fault is what a deliberately broken server gets wrong.
+type fault int
+
+const (
+	correct         fault = iota // no fault: every check passes
+	noDedup                      // every request runs, keys are ignored
+	checkThenInsert              // lookup and insert are two steps, without an atomic claim
+	noFingerprint                // a reused key replays whatever body comes with it
+	globalScope                  // the principal is not part of a key's scope
+	regenerate                   // the replay rebuilds its body with a fresh "served" member
+	lateKeyCheck                 // the effect runs first, then a bad key gets 500
+	markerOnFirst                // first executions carry Idempotent-Replayed: true
+	stuck                        // the concurrent check's key stays in progress for everyone else
+)
+
+// fakeAPI is a small idempotent API written the way many are, with one
+// fault switched on. Each execution creates an effect eff_<n>; its answer
+// is {"id":"eff_<n>","served":<m>}, m counting the answers written.
+type fakeAPI struct {
+	fault fault
+	n     int // the checker's concurrent duplicates (checkThenInsert's barrier)
+
+	mu      sync.Mutex
+	records map[string]*record
+	effects int
+	served  int
+	arrived map[string]int           // requests of a key at the barrier
+	barrier map[string]chan struct{} // closed when n requests arrived
+}
+
+type record struct {
+	fingerprint string
+	done        bool
+	id          string
+	body        string
+}
+
+func serveFake(t *testing.T, f fault, n int) (*httptest.Server, *fakeAPI) {
+	t.Helper()
+	api := &fakeAPI{fault: f, n: n, records: map[string]*record{},
+		arrived: map[string]int{}, barrier: map[string]chan struct{}{}}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	return srv, api
+}
+
+func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	account, ok := accounts[r.Header.Get("Authorization")]
+	if !ok {
+		http.Error(w, "who are you?", http.StatusUnauthorized)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		http.Error(w, "bad body", http.StatusBadRequest)
+		return
+	}
+	key, keyErr := keygen.ParseHeader(r.Header.Values("Idempotency-Key"))
+	if keyErr != nil && f.fault != lateKeyCheck {
+		http.Error(w, "bad key", http.StatusBadRequest)
+		return
+	}
+	if f.fault == noDedup || (f.fault == lateKeyCheck && keyErr != nil) {
+		f.mu.Lock()
+		id := f.newEffect()
+		f.mu.Unlock()
+		if keyErr != nil {
+			http.Error(w, "internal error", http.StatusInternalServerError) // after the effect ran
+			return
+		}
+		f.write(w, id, false)
+		return
+	}
+	scope := account + "\x00" + key
+	if f.fault == globalScope {
+		scope = key
+	}
+	fp := fmt.Sprintf("%x", sha256.Sum256(body))
+	if f.fault == noFingerprint {
+		fp = ""
+	}
+
+	f.mu.Lock()
+	rec := f.records[scope]
+	switch {
+	case rec != nil && rec.fingerprint != fp:
+		f.mu.Unlock()
+		http.Error(w, "key reused", http.StatusUnprocessableEntity)
+		return
+	case rec != nil && !rec.done:
+		f.mu.Unlock()
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "in progress", http.StatusConflict)
+		return
+	case rec != nil:
+		id, body := rec.id, rec.body
+		f.mu.Unlock()
+		if f.fault == regenerate {
+			f.write(w, id, true)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, body)
+		return
+	}
+	if f.fault == checkThenInsert {
+		// The lookup found nothing; the insert comes later, after the
+		// barrier, so every concurrent duplicate passes the lookup.
+		f.mu.Unlock()
+		f.await(key)
+		f.mu.Lock()
+	}
+	rec = &record{fingerprint: fp}
+	f.records[scope] = rec
+	rec.id = f.newEffect()
+	f.mu.Unlock()
+
+	rec.body = f.write(w, rec.id, f.fault == markerOnFirst)
+	f.mu.Lock()
+	rec.done = f.fault != stuck || !strings.HasPrefix(key, "idemcheck-concurrent-")
+	f.mu.Unlock()
+}
+
+// newEffect runs the side effect; f.mu is held.
+func (f *fakeAPI) newEffect() string {
+	f.effects++
+	return fmt.Sprintf("eff_%d", f.effects)
+}
+
+// write answers 201 with the effect and returns the body.
+func (f *fakeAPI) write(w http.ResponseWriter, id string, replayed bool) string {
+	f.mu.Lock()
+	f.served++
+	body := fmt.Sprintf(`{"id":%q,"served":%d}`, id, f.served)
+	f.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, body)
+	return body
+}
+
+// await holds a request of the concurrent check's key until all n
+// duplicates have arrived (at most 10 s): the race made certain.
+func (f *fakeAPI) await(key string) {
+	if !strings.HasPrefix(key, "idemcheck-concurrent-") {
+		return
+	}
+	f.mu.Lock()
+	ch := f.barrier[key]
+	if ch == nil {
+		ch = make(chan struct{})
+		f.barrier[key] = ch
+	}
+	if f.arrived[key]++; f.arrived[key] == f.n {
+		close(ch)
+	}
+	f.mu.Unlock()
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+}
+
+// TestBrokenServers runs the checker against each broken server: the check
+// named after its fault fails, with the line that says what a retrying
+// client suffers, and (but for noDedup, which breaks several) no other
+// check fails.
+func TestBrokenServers(t *testing.T) {
+	const n = 8
+	for _, tc := range []struct {
+		name   string
+		fault  fault
+		failed []string
+		says   string
+	}{
+		{"no de-duplication", noDedup, []string{"replay", "concurrent", "mismatch"},
+			"a client that retries a timed-out POST /payments creates a second effect"},
+		{"check-then-insert", checkThenInsert, []string{"concurrent"},
+			fmt.Sprintf("creates a second effect: %d duplicates sent at once made %d effects", n, n)},
+		{"no fingerprint", noFingerprint, []string{"mismatch"},
+			"a client that reuses a key for another request (a bug, or a key derived from too little) " +
+				"gets the first request's answer"},
+		{"scope ignores the principal", globalScope, []string{"scope"},
+			"gets that caller's stored answer, and its own request never runs"},
+		{"replay regenerates part of the body", regenerate, []string{"replay"},
+			`the replay regenerates part of the body (same id "eff_1"; the bodies differ from byte 23)`},
+		{"500 on a bad key after the effect ran", lateKeyCheck, []string{"invalid_key"},
+			"a client whose key is malformed gets 500 and retries with the same key"},
+		{"marker on a first execution", markerOnFirst, []string{"marker"},
+			"takes a new effect for the replay of an earlier one"},
+		{"in progress for ever", stuck, []string{"in_progress"},
+			"a client that honours the conflict's Retry-After does not get its answer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _ := serveFake(t, tc.fault, n)
+			rep, err := idemcheck.Run(t.Context(), config(srv.URL, n))
+			require.NoError(t, err)
+			t.Log("\n" + rep.String())
+			require.True(t, rep.Failed())
+			var failed []string
+			for _, c := range rep.Checks {
+				if c.Result == idemcheck.Fail {
+					failed = append(failed, c.Name)
+					require.NotEmpty(t, c.Evidence, c.Name)
+				}
+			}
+			require.Equal(t, tc.failed, failed)
+			for _, c := range rep.Checks {
+				if c.Name == tc.failed[0] {
+					require.Contains(t, c.Detail, tc.says)
+				}
+			}
+		})
+	}
+}
+
+// TestCorrectFakePasses shows the broken servers' base is correct: without
+// a fault no check fails, so each failure above is its fault's.
+func TestCorrectFakePasses(t *testing.T) {
+	srv, api := serveFake(t, correct, 8)
+	rep, err := idemcheck.Run(t.Context(), config(srv.URL, 8))
+	require.NoError(t, err)
+	require.False(t, rep.Failed(), rep.String())
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	require.Equal(t, 6, api.effects)
+}

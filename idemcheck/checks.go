@@ -1,0 +1,401 @@
+package idemcheck
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/saferetry/saferetry/keygen"
+)
+
+// inProgressTries is how many times the in_progress check retries after a
+// conflict.
+const inProgressTries = 3
+
+// run sends the first request, then runs every check in order.
+func (c *checker) run(ctx context.Context) (Report, error) {
+	rep := Report{Target: c.target}
+	c.first = c.send(ctx, newKey("replay"), c.cfg.Body, c.header)
+	if a := c.first; a.err != nil {
+		return rep, fmt.Errorf("idemcheck: %s could not be checked: no answer to the first request: %w",
+			c.target, a.err)
+	} else if !success(a.status) {
+		return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer is %d %s, "+
+			"not a success (2xx); check the URL, method, body and headers: %s",
+			c.target, a.status, http.StatusText(a.status), showBytes(a.body))
+	}
+	if f := c.cfg.IDField; f != "" {
+		if _, ok := effectID(c.first.body, f); !ok {
+			return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer has no JSON member %q "+
+				"(IDField, -id-field): %s", c.target, f, showBytes(c.first.body))
+		}
+	}
+	c.fresh = append(c.fresh, c.first)
+	checks := []struct {
+		name string
+		f    func(context.Context) (Result, string, []string)
+	}{
+		{"replay", c.replay},
+		{"concurrent", c.concurrent},
+		{"in_progress", c.inProgress},
+		{"mismatch", c.mismatch},
+		{"scope", c.scope},
+		{"invalid_key", c.invalidKey},
+		{"marker", c.marker},
+	}
+	for _, ch := range checks {
+		res, detail, ev := ch.f(ctx)
+		if ev == nil {
+			ev = []string{} // JSON: a list, never null
+		}
+		rep.Checks = append(rep.Checks, Check{Name: ch.name, Result: res, Detail: detail, Evidence: ev})
+		if ctx.Err() != nil {
+			return rep, fmt.Errorf("idemcheck: the run was cut short during the %s check: %w",
+				ch.name, context.Cause(ctx))
+		}
+	}
+	return rep, nil
+}
+
+// noAnswer is the detail of a check whose request got no answer.
+func (c *checker) noAnswer(a answer) string {
+	return fmt.Sprintf("a client of %s waiting for this answer times out and retries or gives up "+
+		"without knowing the outcome: no answer (%v)", c.route, a.err)
+}
+
+// replay sends the first request's key and body again.
+func (c *checker) replay(ctx context.Context) (Result, string, []string) {
+	a := c.send(ctx, c.first.key, c.cfg.Body, c.header)
+	c.second = a
+	ev := []string{
+		evidence("first, key "+showKey(c.first.key), c.first),
+		evidence("retry, same key and body", a),
+	}
+	switch {
+	case a.err != nil:
+		return Fail, c.noAnswer(a), ev
+	case a.status == c.first.status && bytes.Equal(a.body, c.first.body):
+		return Pass, fmt.Sprintf("the retry got the first answer again (%d, %d bytes): one effect, %s",
+			a.status, len(a.body), c.showEffect(a)), ev
+	case !success(a.status):
+		return Fail, fmt.Sprintf("a client that retries a timed-out %s gets %d instead of the answer "+
+			"to its request (the first answer was %d)", c.route, a.status, c.first.status), ev
+	case c.cfg.IDField == "":
+		return Fail, fmt.Sprintf("a client that retries a timed-out %s gets another answer than the first: "+
+			"a second effect or a regenerated replay (%s; set IDField, -id-field, to tell which)",
+			c.route, differ(c.first, a)), ev
+	case c.effect(a) == c.effect(c.first):
+		return Fail, fmt.Sprintf("a client whose first answer was lost gets another answer on its retry "+
+			"than the one the server sent first: the replay regenerates part of the body (same %s; %s)",
+			c.showEffect(a), differ(c.first, a)), ev
+	default:
+		return Fail, fmt.Sprintf("a client that retries a timed-out %s creates a second effect: "+
+			"the retry with the same key and body made %s after %s",
+			c.route, c.showEffect(a), c.showEffect(c.first)), ev
+	}
+}
+
+// differ says where two answers differ.
+func differ(x, y answer) string {
+	if x.status != y.status {
+		return fmt.Sprintf("status %d, then %d", x.status, y.status)
+	}
+	i := 0
+	for i < len(x.body) && i < len(y.body) && x.body[i] == y.body[i] {
+		i++
+	}
+	return fmt.Sprintf("the bodies differ from byte %d", i)
+}
+
+// concurrent sends N requests with one key at once.
+func (c *checker) concurrent(ctx context.Context) (Result, string, []string) {
+	c.concKey = newKey("concurrent")
+	answers := make([]answer, c.n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() {
+			<-start
+			answers[i] = c.send(ctx, c.concKey, c.cfg.Body, c.header)
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	ev := []string{fmt.Sprintf("key %s sent %d times at once", showKey(c.concKey), c.n)}
+	var effects []string // distinct, in order of first appearance
+	var shown []string
+	successes, others := 0, 0
+	var other answer
+	for i, a := range answers {
+		ev = append(ev, evidence(fmt.Sprintf("duplicate %d", i+1), a))
+		switch {
+		case a.err == nil && success(a.status):
+			successes++
+			if e := c.effect(a); !slices.Contains(effects, e) {
+				effects = append(effects, e)
+				shown = append(shown, c.showEffect(a))
+			}
+		case a.err == nil && conflict(a.status):
+			c.conflicts = append(c.conflicts, a)
+		default:
+			if others == 0 {
+				other = a
+			}
+			others++
+		}
+	}
+	if len(effects) == 1 {
+		c.concEffect = effects[0]
+	}
+	switch {
+	case len(effects) > 1:
+		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs "+
+			"(a timeout shorter than the work) creates a second effect: %d duplicates sent at once made "+
+			"%d effects (%s)", c.route, c.n, len(effects), strings.Join(shown, ", ")), ev
+	case others > 0 && other.err != nil:
+		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs gets "+
+			"no answer and cannot tell whether its request took effect: %d of %d duplicates got none (%v)",
+			c.route, others, c.n, other.err), ev
+	case others > 0:
+		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs gets "+
+			"%d, neither the replay nor a conflict to retry, and cannot tell whether its request "+
+			"took effect: %d of %d duplicates", c.route, other.status, others, c.n), ev
+	case len(effects) == 0:
+		return Fail, fmt.Sprintf("no client learns the outcome of %s: none of %d duplicates sent at once "+
+			"succeeded, each got a conflict, the one that ran included", c.route, c.n), ev
+	}
+	return Pass, fmt.Sprintf("%d duplicates sent at once made one effect (%s): %d answered with it "+
+		"(its execution and replays), %d with a conflict", c.n, shown[0], successes, len(c.conflicts)), ev
+}
+
+// inProgress reports the first conflict of the concurrent check and retries
+// after it.
+func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
+	if len(c.conflicts) == 0 {
+		return Skip, "no conflict seen: every concurrent duplicate got the effect or its replay", nil
+	}
+	cf := c.conflicts[0]
+	code := cmp.Or(problemCode(cf.body), "no problem code")
+	ra := cmp.Or(cf.header.Get("Retry-After"), "none")
+	seen := fmt.Sprintf("%d %s, Retry-After: %s", cf.status, code, ra)
+	ev := []string{evidence("conflict, key "+showKey(c.concKey), cf)}
+	var a answer
+	for try := 1; try <= inProgressTries; try++ {
+		wait, _ := retryAfter(cf.header.Get("Retry-After"), time.Now())
+		wait = min(wait, c.maxRetryAfter)
+		if !sleep(ctx, wait) {
+			return Fail, c.noAnswer(answer{err: context.Cause(ctx)}), ev
+		}
+		a = c.send(ctx, c.concKey, c.cfg.Body, c.header)
+		ev = append(ev, evidence(fmt.Sprintf("retry %d after %v", try, wait), a))
+		if a.err != nil || !conflict(a.status) {
+			break
+		}
+		cf = a
+	}
+	switch {
+	case a.err != nil:
+		return Fail, c.noAnswer(a), ev
+	case conflict(a.status):
+		return Fail, fmt.Sprintf("a client that honours the conflict's Retry-After does not get its answer: "+
+			"%s; still %d after %d retries", seen, a.status, inProgressTries), ev
+	case !success(a.status):
+		return Fail, fmt.Sprintf("a client that retries %s after the conflict gets %d instead of the "+
+			"replay: %s", c.route, a.status, seen), ev
+	case c.concEffect != "" && c.effect(a) != c.concEffect:
+		return Fail, fmt.Sprintf("a client that retries %s after the conflict creates a second effect: "+
+			"%s; the retry made %s", c.route, seen, c.showEffect(a)), ev
+	}
+	detail := fmt.Sprintf("conflict %s; the retry after it got the replay (%d, %s)", seen, a.status,
+		c.showEffect(a))
+	if ra == "none" {
+		detail += "; without Retry-After a client must guess when to retry"
+	}
+	return Info, detail, ev
+}
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// mismatch sends the first key with an altered body, then the altered body
+// under a fresh key.
+func (c *checker) mismatch(ctx context.Context) (Result, string, []string) {
+	alt := alterBody(c.cfg.Body, c.header.Get("Content-Type"))
+	a := c.send(ctx, c.first.key, alt, c.header)
+	ev := []string{evidence("first key, altered body "+showBytes(alt), a)}
+	switch {
+	case a.err != nil:
+		return Fail, c.noAnswer(a), ev
+	case success(a.status) && (bytes.Equal(a.body, c.first.body) || c.effect(a) == c.effect(c.first)):
+		return Fail, fmt.Sprintf("a client that reuses a key for another request (a bug, or a key derived "+
+			"from too little) gets the first request's answer and believes its own took effect: "+
+			"the altered body got the first answer (%d, %s)", a.status, c.showEffect(a)), ev
+	case success(a.status):
+		return Fail, fmt.Sprintf("a key does not bind its request: a client whose retry differs from its "+
+			"first attempt (a re-serialised or re-priced body) runs it again under the same key: "+
+			"the altered body made %s", c.showEffect(a)), ev
+	case !clientError(a.status):
+		return Fail, fmt.Sprintf("a client that reuses a key for another request gets %d, retries in vain "+
+			"and never learns that the key is the problem (a 4xx is expected)", a.status), ev
+	}
+	control := c.send(ctx, newKey("mismatch"), alt, c.header)
+	ev = append(ev, evidence("altered body, fresh key "+showKey(control.key), control))
+	seen := fmt.Sprintf("%d %s", a.status, cmp.Or(problemCode(a.body), "without a problem code"))
+	if control.err != nil || !success(control.status) {
+		return Skip, fmt.Sprintf("the target refuses the altered body under a fresh key too, so its %s "+
+			"may be validation, not key reuse", seen), ev
+	}
+	c.fresh = append(c.fresh, control)
+	return Pass, fmt.Sprintf("the first key with an altered body got %s, not the first answer; "+
+		"under a fresh key the altered body succeeded (%d)", seen, control.status), ev
+}
+
+// scope sends the first key and body under the second principal.
+func (c *checker) scope(ctx context.Context) (Result, string, []string) {
+	if c.other == nil {
+		return Skip, "no second principal given (Other, -other)", nil
+	}
+	a := c.send(ctx, c.first.key, c.cfg.Body, c.other)
+	ev := []string{
+		evidence("first principal, key "+showKey(c.first.key), c.first),
+		evidence("second principal, same key and body", a),
+	}
+	switch {
+	case a.err != nil:
+		return Fail, c.noAnswer(a), ev
+	case a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
+		return Skip, fmt.Sprintf("the target refused the second principal (%d): give it credentials "+
+			"the target accepts", a.status), ev
+	case bytes.Equal(a.body, c.first.body) || (success(a.status) && c.effect(a) == c.effect(c.first)):
+		return Fail, "a caller who sends another caller's key (a guessable, event-derived one, say) gets " +
+			"that caller's stored answer, and its own request never runs: the second principal got " +
+			"the first principal's answer", ev
+	case success(a.status):
+		c.fresh = append(c.fresh, a)
+		return Pass, fmt.Sprintf("the second principal's request ran in its own scope: %d, %s",
+			a.status, c.showEffect(a)), ev
+	case clientError(a.status):
+		return Info, fmt.Sprintf("the second principal got %d %s, not the first principal's answer; "+
+			"keys seem shared across principals, so one caller's key can block another's request",
+			a.status, cmp.Or(problemCode(a.body), "without a problem code")), ev
+	}
+	return Fail, fmt.Sprintf("a second caller whose key happens to equal another's gets %d and retries "+
+		"in vain", a.status), ev
+}
+
+// invalidKey sends a key with a control character and a key of 256 bytes.
+func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
+	tab := newKey("invalid_key") + "\tx"
+	long := newKey("invalid_key")
+	long += strings.Repeat("x", keygen.MaxLen+1-len(long))
+	var ev, seen []string
+	res, detail := Pass, ""
+	fail := func(d string) {
+		if res == Pass { // the first failure is the one reported
+			res, detail = Fail, d
+		}
+	}
+	for _, k := range []struct{ what, key string }{
+		{"a key with a tab", tab},
+		{"a key of 256 bytes", long},
+	} {
+		a := c.send(ctx, k.key, c.cfg.Body, c.header)
+		ev = append(ev, evidence(k.what+" "+showKey(k.key), a))
+		switch {
+		case a.err != nil:
+			fail(c.noAnswer(a))
+		case clientError(a.status):
+			seen = append(seen, fmt.Sprintf("%s: %d %s", k.what, a.status,
+				cmp.Or(problemCode(a.body), "without a problem code")))
+		case success(a.status):
+			fail(fmt.Sprintf("a malformed key is accepted, so the key the server enforces may "+
+				"not be the one the client sent (trimmed, truncated or ignored) and its retries are not "+
+				"reliably de-duplicated: %s got %d", k.what, a.status))
+		default:
+			fail(fmt.Sprintf("a client whose key is malformed gets %d and retries with the "+
+				"same key; if the effect ran before the key was checked, every retry runs it again: "+
+				"%s got %d (a 4xx is expected)", a.status, k.what, a.status))
+		}
+	}
+	if res == Pass {
+		detail = "both malformed keys were refused with a 4xx (" + strings.Join(seen, "; ") + ")"
+	}
+	return res, detail, ev
+}
+
+// marker reports the replay marker and whether the keys real clients send
+// are accepted.
+func (c *checker) marker(ctx context.Context) (Result, string, []string) {
+	var notes, ev []string
+	if v := c.second.header.Values(replayedHeader); c.second.err == nil && len(v) > 0 {
+		notes = append(notes, "the replay carried "+replayedHeader+": "+strings.Join(v, ", "))
+	} else {
+		notes = append(notes, "the replay carried no "+replayedHeader+" header")
+	}
+
+	// A key with inner spaces, then its retry.
+	spaced := "idemcheck marker " + keygen.Random()
+	notes = append(notes, c.keyForm(ctx, "a key with spaces", spaced, spaced, &ev))
+	// An sf-string key, then its bare form.
+	bare := newKey("marker")
+	notes = append(notes, c.keyForm(ctx, "an sf-string key", `"`+bare+`"`, bare, &ev))
+
+	for _, a := range c.fresh {
+		if a.header.Get(replayedHeader) == "true" {
+			ev = append(ev, evidence("first execution, key "+showKey(a.key), a))
+			return Fail, "a client that trusts " + replayedHeader + " takes a new effect for the replay of " +
+				"an earlier one (and may skip its own follow-up work): the first answer to a fresh key " +
+				"carried " + replayedHeader + ": true", ev
+		}
+	}
+	return Info, strings.Join(notes, "; "), ev
+}
+
+// keyForm sends sent as the key header's value, then retry (the same key,
+// perhaps in another form), and says what happened.
+func (c *checker) keyForm(ctx context.Context, what, sent, retry string, ev *[]string) string {
+	a := c.send(ctx, sent, c.cfg.Body, c.header)
+	*ev = append(*ev, evidence(what+" "+showKey(sent), a))
+	switch {
+	case a.err != nil:
+		return what + ": no answer"
+	case !success(a.status):
+		return strings.TrimSpace(fmt.Sprintf("%s: refused (%d %s", what, a.status, problemCode(a.body))) + ")"
+	}
+	c.fresh = append(c.fresh, a)
+	again := "its retry"
+	if retry != sent {
+		again = "its bare form " + strconv.Quote(retry)
+	}
+	r := c.send(ctx, retry, c.cfg.Body, c.header)
+	*ev = append(*ev, evidence(again, r))
+	switch {
+	case r.err != nil:
+		return fmt.Sprintf("%s: accepted (%d), %s got no answer", what, a.status, again)
+	case r.status == a.status && bytes.Equal(r.body, a.body):
+		return fmt.Sprintf("%s: accepted (%d), %s got the replay", what, a.status, again)
+	case success(r.status) && c.effect(r) != c.effect(a):
+		return fmt.Sprintf("%s: accepted (%d), but %s made another effect", what, a.status, again)
+	}
+	return fmt.Sprintf("%s: accepted (%d), %s got %d", what, a.status, again, r.status)
+}

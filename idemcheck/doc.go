@@ -1,0 +1,71 @@
+// Package idemcheck checks, from the outside, that an HTTP endpoint honours
+// the Idempotency-Key header: that the retries of one logical request take
+// effect effectively once. It sends real requests to a real endpoint (a
+// staging API, or an httptest server in a go test) and reports, check by
+// check, what it saw and what a retrying client of that endpoint would
+// suffer. The command cmd/idemcheck runs it from a shell or CI.
+//
+//	rep, err := idemcheck.Run(ctx, idemcheck.Config{
+//		URL:     srv.URL + "/payments",
+//		Body:    []byte(`{"amount":4200}`),
+//		Header:  http.Header{"Authorization": {"Bearer acct_1"}, "Content-Type": {"application/json"}},
+//		Other:   http.Header{"Authorization": {"Bearer acct_2"}},
+//		IDField: "id",
+//	})
+//	if err != nil { ... } // the target could not be checked
+//	if rep.Failed() { t.Error(rep) }
+//
+// # The checks
+//
+// Each check is named in the report, with the requests and answers that
+// support its result ([Check.Evidence]):
+//
+//   - replay: one key and one body twice, one after the other. The second
+//     answer must equal the first (status and body): no second effect.
+//   - concurrent: [Config.N] requests with one key, sent at once. Exactly one
+//     effect; every other answer is the replay or a conflict (409, 425 or
+//     429), never a second effect and never another failure.
+//   - in_progress: when a conflict was seen, its status, problem code and
+//     Retry-After (info); then the request is retried after it (at most
+//     three times, each wait capped by [Config.MaxRetryAfter]) and must get
+//     the replay. Skipped when every duplicate got the replay.
+//   - mismatch: the first key with an altered body must get a 4xx, never the
+//     first answer and never a new effect. The body is altered as a client
+//     bug would alter it: in a JSON object the first number member (in
+//     sorted order) is increased by one, or a member "idemcheck" is added;
+//     a form gets a field idemcheck=1; other bodies get " idemcheck"
+//     appended. The altered body is then sent once under a fresh key, which
+//     must succeed: otherwise the 4xx may be the target's validation and
+//     the check is skipped.
+//   - scope: the first key and body under a second principal ([Config.Other])
+//     must not get the first principal's answer. Skipped without Other, or
+//     when the target refuses the second principal (401, 403).
+//   - invalid_key: a key with a control character (a tab) and a key of 256
+//     bytes must each get a 4xx: a 2xx means the key was accepted, a 5xx
+//     that the server failed on it (and may have run the effect).
+//   - marker: whether replays carry Idempotent-Replayed, and whether the keys
+//     real clients send are accepted: a key with inner spaces, and a key
+//     sent as an RFC 9651 sf-string (whose bare form must then replay it).
+//     Info, unless a first execution carries Idempotent-Replayed: true,
+//     which fails.
+//
+// # What the target must allow
+//
+// A run makes 11 requests plus N (and up to three retries after a
+// conflict) and creates six effects (five without Other): point it at a
+// sandbox or staging endpoint where that is harmless. The
+// request ([Config.Method], [Config.Body], [Config.Header]) must succeed
+// (2xx) under a fresh key every time, as a new logical request, since every
+// check but replay uses a key of its own. Effects are told apart by the
+// JSON member [Config.IDField] of success answers when it is set, and by
+// the success bodies otherwise; a body that does not identify its effect
+// makes two effects look like one, so set IDField when the body carries
+// anything else that varies.
+//
+// Every key is fresh, made per run, and names the check that sent it
+// (idemcheck-replay-<uuid>, idemcheck-concurrent-<uuid>, ...), so the
+// target can be checked again and again and its logs show which check sent
+// what. Every request is bounded by [Config.Timeout], every answer read to
+// at most 1 MiB, and the whole run by the context: a hung or hostile target
+// cannot hang the checker. Redirects are not followed.
+package idemcheck
