@@ -199,14 +199,14 @@ type execKey struct{}
 type execution struct {
 	h   *handler
 	req request
-	rec Record
+	res ClaimResult
 	ran bool
 	out outcome
 }
 
 func (e *execution) do(w http.ResponseWriter, r *http.Request) {
 	e.ran = true
-	e.out = e.h.run(w, r, context.WithoutCancel(r.Context()), r.Context(), e.req, e.rec)
+	e.out = e.h.run(w, r, context.WithoutCancel(r.Context()), r.Context(), e.req, e.res)
 }
 
 // discardWriter is the response writer of a completer's execution: there is
@@ -390,28 +390,18 @@ func (c *Completer) complete(ctx context.Context, rec Record) (result, error) {
 	}
 	h := &handler{cfg: c.mcfg, store: c.store, tx: c.tx, next: next}
 	// A takeover only: a completed record is never restarted and a record
-	// that vanished is not recreated (ReplayWindow 0 as well, for stores
-	// that predate TakeoverOnly).
-	got, acquired, err := c.store.Claim(ctx, Claim{
+	// that vanished is not recreated.
+	res, err := c.store.Claim(ctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
 		Owner: c.mcfg.newOwner(), Now: c.now(), LeaseFor: c.cfg.Lease, TakeoverOnly: true,
 	})
 	if err != nil {
 		return resultSkipped, &CompleterError{Op: "claim", Scope: rec.Scope, Err: err}
 	}
-	if !acquired {
+	if res.Outcome != ClaimTakenOver {
 		return resultSkipped, nil // resumed, completed or taken by someone else meanwhile
 	}
-	if got.Generation == 1 {
-		// The record went away between the listing and the claim, and a
-		// store that ignores TakeoverOnly made a new one (a takeover is
-		// always generation 2 or more): give it up at once.
-		if err := c.store.Release(context.WithoutCancel(ctx), got.Lease()); err != nil {
-			c.log(ctx, slog.LevelError, "idempotency completer: releasing a record claimed by mistake failed", got,
-				slog.String("error", err.Error()))
-		}
-		return resultSkipped, nil
-	}
+	got := res.Record
 	c.log(ctx, slog.LevelInfo, "idempotency completer: took over an abandoned request", got)
 
 	r, err := http.NewRequestWithContext(ctx, sr.Method, sr.URL, bytes.NewReader(sr.Body))
@@ -424,7 +414,7 @@ func (c *Completer) complete(ctx context.Context, rec Record) (result, error) {
 	if sr.ContentType != "" {
 		r.Header.Set("Content-Type", sr.ContentType)
 	}
-	e := &execution{h: h, req: request{scope: got.Scope, fp: got.Fingerprint, body: sr.Body}, rec: got}
+	e := &execution{h: h, req: request{scope: got.Scope, fp: got.Fingerprint, body: sr.Body}, res: res}
 	w := &discardWriter{header: make(http.Header)}
 	out, panicked := c.execute(e, r, w)
 	attrs := []slog.Attr{slog.Int("status", w.status)}
@@ -456,14 +446,14 @@ func (c *Completer) execute(e *execution, r *http.Request, w *discardWriter) (ou
 			panicked = true
 		}
 	}()
-	if mux := c.muxes[e.rec.Scope.Route]; mux != nil {
+	if mux := c.muxes[e.req.scope.Route]; mux != nil {
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), execKey{}, e)))
 	}
 	if !e.ran {
 		// Not a pattern, or the stored request does not match it (the mux
 		// answered itself): run the handler directly.
 		*w = discardWriter{header: make(http.Header)}
-		r.Pattern = e.rec.Scope.Route
+		r.Pattern = e.req.scope.Route
 		e.do(w, r)
 	}
 	return e.out, false

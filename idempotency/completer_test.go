@@ -22,7 +22,7 @@ import (
 // client retry of the same request matches it.
 func crashed(t *testing.T, s Store, sc Scope, path, body string, now time.Time, phases ...CommittedPhase) Record {
 	t.Helper()
-	rec, ok, err := s.Claim(t.Context(), Claim{
+	rec, ok, err := claimed(s.Claim(t.Context(), Claim{
 		Scope:              sc,
 		Fingerprint:        Fingerprint(sc.Method, sc.Route, path, "", "application/json", []byte(body)),
 		FingerprintVersion: FingerprintVersion,
@@ -30,7 +30,7 @@ func crashed(t *testing.T, s Store, sc Scope, path, body string, now time.Time, 
 		Request: StoredRequest{ID: "0123456789abcdef", Method: sc.Method, URL: path, Host: "shop.example",
 			ContentType: "application/json", Body: []byte(body)}.Encode(),
 		Now: now, LeaseFor: 30 * time.Second, ReplayWindow: DefaultReplayWindow,
-	})
+	}))
 	require.NoError(t, err)
 	require.True(t, ok)
 	if len(phases) > 0 {
@@ -155,8 +155,8 @@ func TestCompleterOutcomes(t *testing.T) {
 	crashed(t, mem, scope("POST /fails", "kept"), "/fails", `{}`, t0.Add(2*time.Second), CommittedPhase{Name: "order"})
 	crashed(t, mem, scope("POST /panics", "p"), "/panics", `{}`, t0.Add(3*time.Second), CommittedPhase{Name: "order"})
 	crashed(t, mem, scope("POST /unknown", "u"), "/unknown", `{}`, t0.Add(4*time.Second))
-	bad, _, err := mem.Claim(t.Context(), Claim{Scope: scope("POST /ok", "bad"), Fingerprint: "fp", Owner: "x",
-		Request: []byte("not json"), Now: t0.Add(5 * time.Second), LeaseFor: 30 * time.Second})
+	bad, _, err := claimed(mem.Claim(t.Context(), Claim{Scope: scope("POST /ok", "bad"), Fingerprint: "fp", Owner: "x",
+		Request: []byte("not json"), Now: t0.Add(5 * time.Second), LeaseFor: 30 * time.Second}))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, bad.Generation)
 
@@ -279,24 +279,12 @@ func TestCompleterRaces(t *testing.T) {
 	require.Zero(t, gone.created, "the completer's claim never creates a record (Claim.TakeoverOnly)")
 	require.Zero(t, ran.Load())
 
-	// A store that ignores TakeoverOnly (a Store written before it): the
-	// record the claim created is released at once.
-	rec = crashed(t, mem, shopScope, "/payments", `{}`, clock.Now())
-	clock.Advance(time.Minute)
-	old := &listOnly{MemoryStore: mem, before: func() { require.NoError(t, mem.Release(t.Context(), rec.Lease())) }, ignoreTakeoverOnly: true}
-	rep, err = newTestCompleter(old, clock, routes, CompleterConfig{}).RunOnce(t.Context())
-	require.NoError(t, err)
-	require.Equal(t, CompleterReport{Found: 1, Skipped: 1}, rep)
-	require.Equal(t, 1, old.created)
-	require.Zero(t, mem.Len(), "the claim's accidental record was released")
-	require.Zero(t, ran.Load())
-
 	// Taken: a client retry took it over after the listing.
 	rec = crashed(t, mem, shopScope, "/payments", `{}`, clock.Now())
 	clock.Advance(time.Minute)
 	taken := &listOnly{MemoryStore: mem, before: func() {
-		_, ok, err := mem.Claim(t.Context(), Claim{Scope: rec.Scope, Fingerprint: rec.Fingerprint,
-			FingerprintVersion: rec.FingerprintVersion, Owner: "client-retry", Now: clock.Now(), LeaseFor: time.Minute})
+		_, ok, err := claimed(mem.Claim(t.Context(), Claim{Scope: rec.Scope, Fingerprint: rec.Fingerprint,
+			FingerprintVersion: rec.FingerprintVersion, Owner: "client-retry", Now: clock.Now(), LeaseFor: time.Minute}))
 		require.NoError(t, err)
 		require.True(t, ok)
 	}}
@@ -328,20 +316,16 @@ func TestCompleterRaces(t *testing.T) {
 // record.
 type listOnly struct {
 	*MemoryStore
-	before             func()
-	ignoreTakeoverOnly bool
-	created            int
+	before  func()
+	created int
 }
 
-func (l *listOnly) Claim(ctx context.Context, c Claim) (Record, bool, error) {
-	if l.ignoreTakeoverOnly {
-		c.TakeoverOnly = false
-	}
-	rec, ok, err := l.MemoryStore.Claim(ctx, c)
-	if ok && rec.Generation == 1 {
+func (l *listOnly) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
+	res, err := l.MemoryStore.Claim(ctx, c)
+	if res.Outcome == ClaimCreated {
 		l.created++
 	}
-	return rec, ok, err
+	return res, err
 }
 
 func (l *listOnly) Abandoned(ctx context.Context, now time.Time, limit int) ([]Record, error) {
@@ -362,8 +346,8 @@ func (s *staleList) Abandoned(context.Context, time.Time, int) ([]Record, error)
 
 type claimFails struct{ *MemoryStore }
 
-func (claimFails) Claim(context.Context, Claim) (Record, bool, error) {
-	return Record{}, false, errBoom
+func (claimFails) Claim(context.Context, Claim) (ClaimResult, error) {
+	return ClaimResult{}, errBoom
 }
 
 func TestCompleterStoreErrors(t *testing.T) {

@@ -21,18 +21,21 @@ const (
 	outcomeFailed                   // a store failure; the record stays as it was
 )
 
-// newRun returns the Run of an execution that owns rec.
-func (h *handler) newRun(bg context.Context, scope Scope, rec Record, stored []byte, execID string) *Run {
+// newRun returns the Run of an execution that created or took over
+// res.Record. A takeover keeps the first execution's identity (the ID of
+// the request stored in the record); a new record has execID.
+func (h *handler) newRun(bg context.Context, scope Scope, res ClaimResult, execID string) *Run {
+	rec := res.Record
 	run := &Run{
 		Scope: scope, Lease: rec.Lease(),
 		RecoveryPoint: rec.RecoveryPoint, RecoveryData: rec.RecoveryData,
 		store: h.store, tx: h.tx, bg: bg, now: h.cfg.now, leaseFor: h.cfg.lease,
 		leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint, created: rec.CreatedAt,
 	}
-	if execID != "" && bytes.Equal(rec.Request, stored) {
-		run.execID = execID // the record holds the request this claim stored
+	if res.Outcome == ClaimCreated {
+		run.execID = execID
 	} else if sr, err := DecodeRequest(rec.Request); err == nil {
-		run.execID = sr.ID // a takeover: the first execution's identity
+		run.execID = sr.ID
 	}
 	return run
 }
@@ -51,9 +54,9 @@ func (h *handler) newRun(bg context.Context, scope Scope, rec Record, stored []b
 // first asks for it; else the completion is one Store.Complete. The capture and the
 // request body are not in the Run, so that a context of the handler's that
 // outlives the request does not keep them alive.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context.Context, req request, rec Record) outcome {
+func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context.Context, req request, res ClaimResult) outcome {
 	start := time.Now()
-	run := h.newRun(bg, req.scope, rec, req.stored, req.execID)
+	run := h.newRun(bg, req.scope, res, req.execID)
 	hctx, cancel := context.WithCancelCause(withRun(parent, run))
 	defer cancel(nil)
 	if sd := h.cfg.shutdown; sd != nil && sd.Done() != nil {
@@ -333,8 +336,8 @@ func (h *handler) abort(bg context.Context, lease Lease, recoveryPoint string) b
 	var err error
 	start := time.Now()
 	if keep {
-		err = h.store.Heartbeat(ctx, lease, h.cfg.now())
-		h.storeCall(bg, OpHeartbeat, lease.Scope, start, err)
+		err = h.store.EndLease(ctx, lease, h.cfg.now())
+		h.storeCall(bg, OpEndLease, lease.Scope, start, err)
 	} else {
 		err = h.store.Release(ctx, lease)
 		h.storeCall(bg, OpRelease, lease.Scope, start, err)

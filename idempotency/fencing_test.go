@@ -203,3 +203,8 @@ func TestInProgressWait(t *testing.T) {
 	close(gate2)
 	<-go2
 }
+
+// claimed unpacks a Claim's result as (record, acquired, error).
+func claimed(res ClaimResult, err error) (Record, bool, error) {
+	return res.Record, res.Acquired(), err
+}

@@ -125,13 +125,14 @@ type failingStore struct{}
 
 var errStore = errors.New("store down")
 
-func (failingStore) Claim(context.Context, idempotency.Claim) (idempotency.Record, bool, error) {
-	return idempotency.Record{}, false, errStore
+func (failingStore) Claim(context.Context, idempotency.Claim) (idempotency.ClaimResult, error) {
+	return idempotency.ClaimResult{}, errStore
 }
 func (failingStore) Get(context.Context, idempotency.Scope) (idempotency.Record, error) {
 	return idempotency.Record{}, errStore
 }
 func (failingStore) Heartbeat(context.Context, idempotency.Lease, time.Time) error { return errStore }
+func (failingStore) EndLease(context.Context, idempotency.Lease, time.Time) error  { return errStore }
 func (failingStore) Complete(context.Context, idempotency.Lease, idempotency.Response, time.Time) error {
 	return errStore
 }
@@ -158,3 +159,8 @@ const (
 	timeout = 10 * time.Second
 	tick    = time.Millisecond
 )
+
+// claimed unpacks a Claim's result as (record, acquired, error).
+func claimed(res idempotency.ClaimResult, err error) (idempotency.Record, bool, error) {
+	return res.Record, res.Acquired(), err
+}

@@ -265,15 +265,15 @@ const sweepPerClaim = 4
 // Claim implements Store.Claim. It honours ctx only before taking the lock.
 // A claim that would create a record fails with an error wrapping
 // ErrStoreFull when the store has no room for it (see NewMemoryStore).
-func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) {
+func (m *MemoryStore) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
 	if err := ctx.Err(); err != nil {
-		return Record{}, false, err
+		return ClaimResult{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[c.Scope]
 	if !ok && c.TakeoverOnly {
-		return Record{}, false, nil
+		return ClaimResult{}, nil
 	}
 	gen := int64(1)
 	if ok {
@@ -288,18 +288,32 @@ func (m *MemoryStore) Claim(ctx context.Context, c Claim) (Record, bool, error) 
 			rec.LeaseUntil = c.Now.Add(c.LeaseFor)
 			rec.UpdatedAt = c.Now
 			m.resize(rec)
-			return cloneRecord(rec), true, nil
+			taken := cloneRecord(rec)
+			taken.Response = nil
+			return ClaimResult{Outcome: ClaimTakenOver, Record: taken}, nil
 		default:
-			return cloneRecord(rec), false, nil
+			return ClaimResult{Outcome: ClaimExisting, Record: existing(rec)}, nil
 		}
 	}
 	rec = newMemRecord(c, gen)
 	if err := m.makeRoom(rec.size, c.Now); err != nil {
-		return Record{}, false, err
+		return ClaimResult{}, err
 	}
 	m.records[rec.Scope] = rec
 	m.bytes += rec.size
-	return cloneRecord(rec), true, nil
+	created := rec.Record
+	created.Request = nil
+	return ClaimResult{Outcome: ClaimCreated, Record: created}, nil
+}
+
+// existing returns what a ClaimExisting result holds of rec: no request and
+// no recovery data to copy.
+func existing(rec *memRecord) Record {
+	return Record{
+		Scope: rec.Scope, State: rec.State, Fingerprint: rec.Fingerprint,
+		FingerprintVersion: rec.FingerprintVersion, Owner: rec.Owner, Generation: rec.Generation,
+		LeaseUntil: rec.LeaseUntil, CompletedAt: rec.CompletedAt, Response: rec.resp.response(),
+	}
 }
 
 // newMemRecord returns the in-progress record that c creates, with
@@ -452,6 +466,11 @@ func (m *MemoryStore) fenced(ctx context.Context, l Lease, write func(rec *memRe
 // Heartbeat implements Store.Heartbeat.
 func (m *MemoryStore) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
 	return m.fenced(ctx, l, func(rec *memRecord) { rec.LeaseUntil = until })
+}
+
+// EndLease implements Store.EndLease.
+func (m *MemoryStore) EndLease(ctx context.Context, l Lease, now time.Time) error {
+	return m.fenced(ctx, l, func(rec *memRecord) { rec.LeaseUntil = now })
 }
 
 // Complete implements Store.Complete. It drops the record's stored request

@@ -33,22 +33,22 @@ func boundsClaim(key string, request []byte, now time.Time) idempotency.Claim {
 func TestMemoryStoreMaxBytes(t *testing.T) {
 	s := idempotency.NewMemoryStore(idempotency.WithMaxBytes(10_000))
 	req := bytes.Repeat([]byte("r"), 3000)
-	a, ok, err := s.Claim(t.Context(), boundsClaim("a", req, boundsT0))
+	a, ok, err := claimed(s.Claim(t.Context(), boundsClaim("a", req, boundsT0)))
 	require.NoError(t, err)
 	require.True(t, ok)
 	one := s.Bytes()
 	require.Greater(t, one, 3000, "the stored request is counted")
-	_, ok, err = s.Claim(t.Context(), boundsClaim("b", req, boundsT0))
+	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("b", req, boundsT0)))
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, 2*one, s.Bytes())
 
-	_, ok, err = s.Claim(t.Context(), boundsClaim("c", req, boundsT0))
+	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("c", req, boundsT0)))
 	require.ErrorIs(t, err, idempotency.ErrStoreFull)
 	require.False(t, ok)
 	require.Equal(t, 2, s.Len())
 	require.Equal(t, 2*one, s.Bytes(), "a refused claim changes nothing")
-	_, ok, err = s.Claim(t.Context(), boundsClaim("small", nil, boundsT0))
+	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("small", nil, boundsT0)))
 	require.NoError(t, err, "a record that fits is accepted")
 	require.True(t, ok)
 	small := s.Bytes() - 2*one
@@ -62,13 +62,13 @@ func TestMemoryStoreMaxBytes(t *testing.T) {
 	require.Empty(t, got.Request, "a completed record keeps no request")
 	require.Equal(t, resp.Body, got.Response.Body)
 	require.Less(t, s.Bytes(), 2*one+small-3000+100)
-	_, ok, err = s.Claim(t.Context(), boundsClaim("c", req, boundsT0))
+	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("c", req, boundsT0)))
 	require.NoError(t, err)
 	require.True(t, ok)
 
 	// A record larger than the whole limit never fits: not a full store
 	// (which would pass) but a request too large for it.
-	_, _, err = idempotency.NewMemoryStore(idempotency.WithMaxBytes(1000)).Claim(t.Context(), boundsClaim("big", req, boundsT0))
+	_, _, err = claimed(idempotency.NewMemoryStore(idempotency.WithMaxBytes(1000)).Claim(t.Context(), boundsClaim("big", req, boundsT0)))
 	require.ErrorIs(t, err, idempotency.ErrRecordTooLarge)
 	require.NotErrorIs(t, err, idempotency.ErrStoreFull)
 }
@@ -95,7 +95,7 @@ func TestMemoryStoreDefaultLimits(t *testing.T) {
 	var err error
 	n := 0
 	for ; err == nil; n++ {
-		_, _, err = s.Claim(t.Context(), boundsClaim(strconv.Itoa(n), nil, boundsT0))
+		_, _, err = claimed(s.Claim(t.Context(), boundsClaim(strconv.Itoa(n), nil, boundsT0)))
 	}
 	require.ErrorIs(t, err, idempotency.ErrStoreFull)
 	require.Equal(t, idempotency.DefaultMemoryMaxRecords, n-1)
@@ -111,7 +111,7 @@ func TestMemoryStoreBytesReturnToZero(t *testing.T) {
 	req := []byte(`{"method":"POST","body":"` + string(bytes.Repeat([]byte("x"), 500)) + `"}`)
 	claim := func(key string, now time.Time) idempotency.Record {
 		t.Helper()
-		rec, ok, err := s.Claim(ctx, boundsClaim(key, req, now))
+		rec, ok, err := claimed(s.Claim(ctx, boundsClaim(key, req, now)))
 		require.NoError(t, err)
 		require.True(t, ok)
 		return rec
@@ -126,7 +126,7 @@ func TestMemoryStoreBytesReturnToZero(t *testing.T) {
 	claim("taken", boundsT0)
 	c := boundsClaim("taken", nil, boundsT0.Add(2*time.Minute))
 	c.Owner = "a much longer owner token than the first one"
-	taken, ok, err := s.Claim(ctx, c)
+	taken, ok, err := claimed(s.Claim(ctx, c))
 	require.NoError(t, err)
 	require.True(t, ok)
 	u, _, err := s.Begin(ctx, taken.Lease())
@@ -166,7 +166,7 @@ type clockStore struct {
 	shift atomic.Int64
 }
 
-func (s *clockStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
+func (s *clockStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	c.Now = c.Now.Add(time.Duration(s.shift.Load()))
 	return s.MemoryStore.Claim(ctx, c)
 }
@@ -270,7 +270,7 @@ func TestMemoryStoreCountsWhatItHolds(t *testing.T) {
 	for i := range n {
 		req := idempotency.StoredRequest{ID: "0123456789abcdef", Method: "POST", URL: "/payments", Host: "example.com",
 			ContentType: "application/json", Body: bytes.Repeat([]byte("a"), 64<<10)}.Encode()
-		_, ok, err := s.Claim(t.Context(), boundsClaim(strconv.Itoa(i), req, boundsT0))
+		_, ok, err := claimed(s.Claim(t.Context(), boundsClaim(strconv.Itoa(i), req, boundsT0)))
 		require.NoError(t, err)
 		require.True(t, ok)
 	}

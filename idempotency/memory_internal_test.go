@@ -73,7 +73,7 @@ func TestMemoryStoreAccountingHasNoDrift(t *testing.T) {
 					}
 					var rec Record
 					var ok bool
-					rec, ok, err = m.Claim(ctx, c)
+					rec, ok, err = claimed(m.Claim(ctx, c))
 					if ok {
 						leases[key] = rec.Lease()
 					}

@@ -28,7 +28,7 @@ func TestMemoryUnitOnCommit(t *testing.T) {
 	s := idempotency.NewMemoryStore()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	sc := idempotency.Scope{Principal: "p", Method: "POST", Route: "/r", Key: "k"}
-	rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+	rec, ok, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second}))
 	require.NoError(t, err)
 	require.True(t, ok)
 
@@ -51,12 +51,12 @@ func TestMemoryUnitOnCommit(t *testing.T) {
 	// A hook of a unit whose lease moved never runs.
 	sc2 := sc
 	sc2.Key = "k2"
-	rec2, _, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+	rec2, _, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second}))
 	require.NoError(t, err)
 	u, _, err = s.Begin(t.Context(), rec2.Lease())
 	require.NoError(t, err)
 	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
-	_, took, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "b", Now: now.Add(2 * time.Second), LeaseFor: time.Second})
+	_, took, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "b", Now: now.Add(2 * time.Second), LeaseFor: time.Second}))
 	require.NoError(t, err)
 	require.True(t, took)
 	require.ErrorIs(t, u.Commit(), idempotency.ErrLeaseLost)
@@ -67,7 +67,7 @@ func TestMemoryStoreCanceledContext(t *testing.T) {
 	s := idempotency.NewMemoryStore()
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, _, err := s.Claim(ctx, idempotency.Claim{})
+	_, _, err := claimed(s.Claim(ctx, idempotency.Claim{}))
 	require.True(t, errors.Is(err, context.Canceled))
 	_, err = s.Get(ctx, idempotency.Scope{})
 	require.ErrorIs(t, err, context.Canceled)
@@ -80,7 +80,7 @@ func TestMemoryUnitKeepsTheOrderOfItsWrites(t *testing.T) {
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i, order := range [][]string{{"point:a", "complete:201", "point:b"}, {"complete:201", "complete:202", "point:c"}} {
 		sc := idempotency.Scope{Method: "POST", Route: "/r", Key: "order-" + string(rune('a'+i))}
-		rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Minute})
+		rec, ok, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Minute}))
 		require.NoError(t, err)
 		require.True(t, ok)
 		u, _, err := s.Begin(t.Context(), rec.Lease())
@@ -136,7 +136,7 @@ func TestMemoryStoreReturnsTheResponseItWasGiven(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := idempotency.NewMemoryStore()
 			sc := idempotency.Scope{Method: "POST", Route: "/r", Key: "k"}
-			rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+			rec, ok, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second}))
 			require.NoError(t, err)
 			require.True(t, ok)
 			want := idempotency.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}

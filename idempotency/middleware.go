@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -251,7 +250,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		// that committed while its caller gave up would leave the key in
 		// progress, with nobody to finish or release it, until its lease
 		// expired.
-		rec, acquired, err := h.claim(bg, claim)
+		res, err := h.claim(bg, claim)
 		if errors.Is(err, ErrRecordTooLarge) {
 			writeProblem(w, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
 				"this request is too large for the server's idempotency store", nil)
@@ -261,10 +260,10 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			h.storeUnavailable(ctx, w, req.scope, err)
 			return
 		}
-		if acquired {
+		rec := res.Record
+		if res.Acquired() {
 			if f := h.cfg.obs.Claimed; f != nil {
-				// A takeover's record holds the first execution's request.
-				f(ctx, Event{Scope: req.scope, Generation: rec.Generation, Takeover: !bytes.Equal(rec.Request, req.stored)})
+				f(ctx, Event{Scope: req.scope, Generation: rec.Generation, Takeover: res.Outcome == ClaimTakenOver})
 			}
 			// The key is ours: the handler runs to its end even if the
 			// client goes away (detach), so that its response is stored
@@ -272,7 +271,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			// work again.
 			hctx, cancel := detach(ctx, bg)
 			defer cancel() // also when the handler panics
-			h.run(w, r, bg, hctx, req, rec)
+			h.run(w, r, bg, hctx, req, res)
 			return
 		}
 		// Someone else holds or completed the key: answer from the record,
@@ -314,13 +313,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 }
 
 // claim claims c.Scope, bounded by storeTimeout.
-func (h *handler) claim(bg context.Context, c Claim) (Record, bool, error) {
+func (h *handler) claim(bg context.Context, c Claim) (ClaimResult, error) {
 	ctx, cancel := boundedCtx(bg)
 	defer cancel()
 	start := time.Now()
-	rec, acquired, err := h.store.Claim(ctx, c)
+	res, err := h.store.Claim(ctx, c)
 	h.storeCall(bg, OpClaim, c.Scope, start, err)
-	return rec, acquired, err
+	return res, err
 }
 
 // answerSettled answers a record that the caller does not own when it is

@@ -23,15 +23,15 @@ type slowClaimStore struct {
 	claimed chan struct{}
 }
 
-func (s *slowClaimStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
-	rec, ok, err := s.MemoryStore.Claim(ctx, c)
+func (s *slowClaimStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
+	res, err := s.MemoryStore.Claim(ctx, c)
 	close(s.claimed)
 	select {
 	case <-ctx.Done():
-		return idempotency.Record{}, false, ctx.Err()
+		return idempotency.ClaimResult{}, ctx.Err()
 	case <-time.After(200 * time.Millisecond):
 	}
-	return rec, ok, err
+	return res, err
 }
 
 // A client that goes away while its claim is being committed must not leave
@@ -76,7 +76,7 @@ type deadlineStore struct {
 	hadDeadline atomic.Bool
 }
 
-func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
+func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	_, ok := ctx.Deadline()
 	s.hadDeadline.Store(ok)
 	return s.MemoryStore.Claim(ctx, c)

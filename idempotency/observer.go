@@ -20,9 +20,10 @@ const (
 	OpGet      = "get"
 	OpComplete = "complete"
 	OpRelease  = "release"
-	// OpHeartbeat is a heartbeat that extends a running handler's lease,
-	// or the one that ends a kept record's lease at once.
+	// OpHeartbeat is a heartbeat that extends a running handler's lease.
 	OpHeartbeat = "heartbeat"
+	// OpEndLease ends a kept record's lease at once (Store.EndLease).
+	OpEndLease = "end_lease"
 )
 
 // Observer sees what the middleware (WithObserver) and the reaper

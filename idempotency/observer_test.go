@@ -125,9 +125,9 @@ func TestObserverSeesInProgressConflictAndRelease(t *testing.T) {
 // slowFailingStore fails every call after a measurable delay.
 type slowFailingStore struct{ failingStore }
 
-func (slowFailingStore) Claim(context.Context, idempotency.Claim) (idempotency.Record, bool, error) {
+func (slowFailingStore) Claim(context.Context, idempotency.Claim) (idempotency.ClaimResult, error) {
 	time.Sleep(2 * time.Millisecond)
-	return idempotency.Record{}, false, errStore
+	return idempotency.ClaimResult{}, errStore
 }
 
 func TestObserverSeesStoreErrorsWithTheirLatency(t *testing.T) {
@@ -147,11 +147,11 @@ func TestObserverSeesATakeover(t *testing.T) {
 	body := `{"amount":10}`
 	scope := idempotency.Scope{Method: http.MethodPost, Route: "POST /payments", Key: "k4"}
 	// A first execution whose lease expired an hour ago, for the same request.
-	_, ok, err := store.Claim(t.Context(), idempotency.Claim{
+	_, ok, err := claimed(store.Claim(t.Context(), idempotency.Claim{
 		Scope: scope, Owner: "crashed", Now: time.Now().Add(-time.Hour), LeaseFor: time.Second,
 		Fingerprint:        idempotency.Fingerprint(http.MethodPost, "POST /payments", "/payments", "", "application/json", []byte(body)),
 		FingerprintVersion: idempotency.FingerprintVersion, ReplayWindow: time.Hour,
-	})
+	}))
 	require.NoError(t, err)
 	require.True(t, ok)
 	// The requests below carry no credentials: the anonymous scope ("").

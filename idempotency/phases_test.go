@@ -629,8 +629,8 @@ func TestDownstreamKey(t *testing.T) {
 	for range 2 {
 		// Another writer's claim: no stored request, so no ID; its lease
 		// ends, and the middleware takes the record over twice.
-		rec, ok, err := mem2.Claim(t.Context(), Claim{Scope: sc, Fingerprint: fp, FingerprintVersion: FingerprintVersion,
-			Owner: "other", Now: clock.Now(), LeaseFor: time.Second, ReplayWindow: DefaultReplayWindow})
+		rec, ok, err := claimed(mem2.Claim(t.Context(), Claim{Scope: sc, Fingerprint: fp, FingerprintVersion: FingerprintVersion,
+			Owner: "other", Now: clock.Now(), LeaseFor: time.Second, ReplayWindow: DefaultReplayWindow}))
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Empty(t, rec.Request)

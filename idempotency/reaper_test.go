@@ -29,10 +29,10 @@ func reapScope(key string) Scope {
 // reaper (it evicts those past the window of their claim by itself).
 func seed(t *testing.T, s Store, key string, now time.Time, complete bool) Record {
 	t.Helper()
-	rec, ok, err := s.Claim(t.Context(), Claim{
+	rec, ok, err := claimed(s.Claim(t.Context(), Claim{
 		Scope: reapScope(key), Fingerprint: "fp", FingerprintVersion: 1, Owner: "o-" + key,
 		Now: now, LeaseFor: 10 * time.Second,
-	})
+	}))
 	require.NoError(t, err)
 	require.True(t, ok)
 	if complete {

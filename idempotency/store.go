@@ -98,12 +98,62 @@ type Claim struct {
 	ReplayWindow       time.Duration // a completed record older than this is treated as absent
 	// TakeoverOnly makes the claim a takeover or nothing: it never creates
 	// a record and never restarts a completed one (whatever ReplayWindow).
-	// With no record it returns a zero Record (State Absent) and acquired =
-	// false; otherwise it behaves as a claim of an existing record. The
-	// Completer claims this way, so that a record that vanished between
-	// its listing and its claim is not recreated without its request.
+	// With no record the result is ClaimExisting with a zero Record (State
+	// Absent). The Completer claims this way, so that a record that
+	// vanished between its listing and its claim is not recreated without
+	// its request.
 	TakeoverOnly bool
 }
+
+// ClaimOutcome says what a Claim did. The zero value is ClaimExisting.
+type ClaimOutcome int
+
+const (
+	// ClaimExisting: the claim changed nothing. Record is the record that
+	// holds the scope, with Scope, State, Fingerprint, FingerprintVersion,
+	// Owner, Generation and LeaseUntil set, and for a completed record
+	// CompletedAt and Response too; Request, RecoveryPoint, RecoveryData,
+	// CreatedAt and UpdatedAt may be left zero. A TakeoverOnly claim that
+	// finds no record returns it with a zero Record (State Absent).
+	ClaimExisting ClaimOutcome = iota
+	// ClaimCreated: the claim created an in-progress record owned by
+	// Claim.Owner (no record, or a completed one past the replay window).
+	// Record has Scope, State, Fingerprint, FingerprintVersion, Owner,
+	// Generation, LeaseUntil, CreatedAt and UpdatedAt set; all but
+	// Generation are the claim's own values, so a store need only read
+	// Generation back. RecoveryPoint, RecoveryData and Response are zero;
+	// Request may be left zero (it is the claim's).
+	ClaimCreated
+	// ClaimTakenOver: the claim took over an in-progress record whose lease
+	// had expired. Record is set as for ClaimCreated (Generation the bumped
+	// one), plus the RecoveryPoint, RecoveryData, Request and CreatedAt
+	// that the record kept from its first execution.
+	ClaimTakenOver
+)
+
+// String returns "existing", "created" or "taken_over".
+func (o ClaimOutcome) String() string {
+	switch o {
+	case ClaimExisting:
+		return "existing"
+	case ClaimCreated:
+		return "created"
+	case ClaimTakenOver:
+		return "taken_over"
+	}
+	return "unknown"
+}
+
+// ClaimResult is what Store.Claim did, and the record as that outcome
+// needs it (see ClaimOutcome for which fields are set).
+type ClaimResult struct {
+	Outcome ClaimOutcome
+	Record  Record
+}
+
+// Acquired reports whether the claimant now owns the record: it was
+// created or taken over.
+func (r ClaimResult) Acquired() bool { return r.Outcome != ClaimExisting }
 
 // Store errors. Stores return these (wrapped or bare) so that callers can
 // match them with errors.Is.
@@ -134,20 +184,20 @@ var (
 // Every method takes the current time as an argument where it matters; stores
 // never read a clock of their own.
 type Store interface {
-	// Claim atomically decides who runs a request. With no record (or a
-	// completed one out of the replay window: CompletedAt < Now -
-	// ReplayWindow, strictly) it creates an in-progress record
-	// owned by c.Owner with Generation 1 (or the old generation + 1) and
-	// returns it with acquired = true. With an in-progress record whose lease
+	// Claim atomically decides who runs a request and says what it did.
+	// With no record (or a completed one out of the replay window:
+	// CompletedAt < Now - ReplayWindow, strictly) it creates an
+	// in-progress record owned by c.Owner with Generation 1 (or the old
+	// generation + 1): ClaimCreated. With an in-progress record whose lease
 	// has expired (LeaseUntil < Now, strictly: a lease is alive up to and
-	// including LeaseUntil) and whose fingerprint equals c.Fingerprint, it takes the
-	// record over with a conditional update that sets Owner, bumps Generation
-	// and keeps RecoveryPoint/RecoveryData, and returns acquired = true.
-	// Otherwise it returns the existing record unchanged with acquired =
-	// false. A ReplayWindow of 0 or less never expires a completed record.
-	// With c.TakeoverOnly it never creates or restarts a record (see
-	// Claim.TakeoverOnly). Never select-then-insert: one atomic step.
-	Claim(ctx context.Context, c Claim) (rec Record, acquired bool, err error)
+	// including LeaseUntil) and whose fingerprint and version equal c's, it
+	// takes the record over with a conditional update that sets Owner,
+	// bumps Generation and keeps RecoveryPoint, RecoveryData and Request:
+	// ClaimTakenOver. Otherwise it changes nothing: ClaimExisting. A
+	// ReplayWindow of 0 or less never expires a completed record. With
+	// c.TakeoverOnly it never creates or restarts a record. Never
+	// select-then-insert: one atomic step.
+	Claim(ctx context.Context, c Claim) (ClaimResult, error)
 
 	// Get returns the record for the scope, or ErrNotFound.
 	Get(ctx context.Context, s Scope) (Record, error)
@@ -155,6 +205,12 @@ type Store interface {
 	// Heartbeat extends the lease to until. ErrLeaseLost if l is not the
 	// current owner of an in-progress record.
 	Heartbeat(ctx context.Context, l Lease, until time.Time) error
+
+	// EndLease ends the lease at now (LeaseUntil = now), keeping the record
+	// in progress with its recovery point, so that the next claim after now
+	// takes it over and resumes. ErrLeaseLost if l is not the current owner
+	// of an in-progress record.
+	EndLease(ctx context.Context, l Lease, now time.Time) error
 
 	// Complete stores resp and marks the record completed at now.
 	// ErrLeaseLost if l is not the current owner of an in-progress record.

@@ -61,10 +61,10 @@ func TestServerMetrics(t *testing.T) {
 
 	// The reaper finds one record in progress for 100 hours.
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, ok, err := store.Claim(t.Context(), idempotency.Claim{
+	_, ok, err := claimed(store.Claim(t.Context(), idempotency.Claim{
 		Scope: idempotency.Scope{Method: http.MethodPost, Route: "/stuck", Key: "d"}, Owner: "crashed",
 		Now: t0, LeaseFor: time.Second, Fingerprint: "fp", FingerprintVersion: 1,
-	})
+	}))
 	require.NoError(t, err)
 	require.True(t, ok)
 	_, err = idempotency.NewReaper(store, idempotency.ReaperConfig{Logger: quietLog, Observer: obs}).
@@ -101,23 +101,28 @@ type failStore struct{ idempotency.Store }
 
 var errDown = errors.New("store down")
 
-func (failStore) Claim(context.Context, idempotency.Claim) (idempotency.Record, bool, error) {
-	return idempotency.Record{}, false, errDown
+func (failStore) Claim(context.Context, idempotency.Claim) (idempotency.ClaimResult, error) {
+	return idempotency.ClaimResult{}, errDown
 }
 
 func TestServerTakeoverMetric(t *testing.T) {
 	tel := newTelemetry(t)
 	store := idempotency.NewMemoryStore()
 	body := "x"
-	_, ok, err := store.Claim(t.Context(), idempotency.Claim{
+	_, ok, err := claimed(store.Claim(t.Context(), idempotency.Claim{
 		Scope: idempotency.Scope{Method: http.MethodPost, Route: "/payments", Key: "k"}, Owner: "crashed",
 		Now: time.Now().Add(-time.Hour), LeaseFor: time.Second, FingerprintVersion: idempotency.FingerprintVersion,
 		Fingerprint: idempotency.Fingerprint(http.MethodPost, "/payments", "/payments", "", "application/json", []byte(body)),
-	})
+	}))
 	require.NoError(t, err)
 	require.True(t, ok)
 	h := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quietLog), idempotency.WithObserver(ServerObserver(tel.options()...)))(
 		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	require.Equal(t, http.StatusCreated, send(t, h, "k", body))
 	assert.Equal(t, map[string]int64{"POST": 1}, counts(t, tel.collect(t)[ServerTakeovers], "http.request.method"))
+}
+
+// claimed unpacks a Claim's result as (record, acquired, error).
+func claimed(res idempotency.ClaimResult, err error) (idempotency.Record, bool, error) {
+	return res.Record, res.Acquired(), err
 }

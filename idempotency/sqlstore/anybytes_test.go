@@ -71,7 +71,7 @@ func TestScopeHashMatchesDocumentedSQL(t *testing.T) {
 		{Principal: "", Method: "", Route: "", Key: ""},
 		{Principal: "a\x00", Method: "POST", Route: strings.Repeat("r", 5000), Key: "order 42"},
 	} {
-		_, won, err := s.Claim(t.Context(), claimAt(sc, "o", "fp", t0))
+		_, won, err := claimed(s.Claim(t.Context(), claimAt(sc, "o", "fp", t0)))
 		require.NoError(t, err)
 		require.True(t, won, "scope %d", i)
 	}

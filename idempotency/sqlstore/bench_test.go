@@ -114,7 +114,7 @@ ON CONFLICT (id) DO NOTHING RETURNING id`
 				Fingerprint: "fp", FingerprintVersion: 1, Owner: "owner-" + run, Request: []byte(reqBody),
 				Now: now, LeaseFor: 30 * time.Second, ReplayWindow: 24 * time.Hour,
 			}
-			rec, won, err := s.Claim(b.Context(), c)
+			rec, won, err := claimed(s.Claim(b.Context(), c))
 			if err != nil || !won {
 				b.Errorf("claim: %v %v", won, err)
 				return

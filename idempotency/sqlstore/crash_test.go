@@ -427,10 +427,10 @@ func TestPhaseFencingSQL(t *testing.T) {
 
 		rec := <-stalled
 		require.Equal(t, "order", rec.RecoveryPoint)
-		succ, ok, err := s.Claim(t.Context(), idempotency.Claim{
+		succ, ok, err := claimed(s.Claim(t.Context(), idempotency.Claim{
 			Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
 			Owner: "successor", Now: time.Now().Add(time.Hour), LeaseFor: 2 * time.Hour,
-		})
+		}))
 		require.NoError(t, err)
 		require.True(t, ok, "the successor takes the expired lease over")
 		require.Equal(t, rec.Generation+1, succ.Generation)

@@ -27,27 +27,27 @@ func TestReaperDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 		var oldKeys, keptKeys []string
 		for i := range 7 {
 			k := fmt.Sprintf("old-%d", i)
-			rec, _, err := s.Claim(ctx, claimAt(scope(k), "o", "fp", old.Add(time.Duration(i)*time.Second)))
+			rec, _, err := claimed(s.Claim(ctx, claimAt(scope(k), "o", "fp", old.Add(time.Duration(i)*time.Second))))
 			require.NoError(t, err)
 			require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201}, old.Add(time.Duration(i)*time.Second)))
 			oldKeys = append(oldKeys, k)
 		}
 		// Abandoned long ago with a recovery point: deleted, and reported.
-		stuck, _, err := s.Claim(ctx, claimAt(scope("stuck"), "o", "fp", old))
+		stuck, _, err := claimed(s.Claim(ctx, claimAt(scope("stuck"), "o", "fp", old)))
 		require.NoError(t, err)
 		require.NoError(t, s.SetRecoveryPoint(ctx, stuck.Lease(), "charged", []byte("ch_9"), old))
 		oldKeys = append(oldKeys, "stuck")
 		// Completed exactly at the horizon, completed recently, running now,
 		// and old but heartbeated past the horizon: all kept.
-		edge, _, err := s.Claim(ctx, claimAt(scope("edge"), "o", "fp", horizon))
+		edge, _, err := claimed(s.Claim(ctx, claimAt(scope("edge"), "o", "fp", horizon)))
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(ctx, edge.Lease(), idempotency.Response{Status: 200}, horizon))
-		recent, _, err := s.Claim(ctx, claimAt(scope("recent"), "o", "fp", now.Add(-time.Hour)))
+		recent, _, err := claimed(s.Claim(ctx, claimAt(scope("recent"), "o", "fp", now.Add(-time.Hour))))
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(ctx, recent.Lease(), idempotency.Response{Status: 200}, now.Add(-time.Hour)))
-		_, _, err = s.Claim(ctx, claimAt(scope("running"), "o", "fp", now))
+		_, _, err = claimed(s.Claim(ctx, claimAt(scope("running"), "o", "fp", now)))
 		require.NoError(t, err)
-		longRunning, _, err := s.Claim(ctx, claimAt(scope("long-running"), "o", "fp", old))
+		longRunning, _, err := claimed(s.Claim(ctx, claimAt(scope("long-running"), "o", "fp", old)))
 		require.NoError(t, err)
 		require.NoError(t, s.Heartbeat(ctx, longRunning.Lease(), now.Add(time.Minute)))
 		keptKeys = append(keptKeys, "edge", "recent", "running", "long-running")
@@ -77,7 +77,7 @@ func TestReaperDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 
 		// A bounded run leaves the rest for later and says so.
 		for i := range 4 {
-			rec, _, err := s.Claim(ctx, claimAt(scope(fmt.Sprintf("more-%d", i)), "o", "fp", old))
+			rec, _, err := claimed(s.Claim(ctx, claimAt(scope(fmt.Sprintf("more-%d", i)), "o", "fp", old)))
 			require.NoError(t, err)
 			require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201}, old))
 		}
