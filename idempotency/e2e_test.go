@@ -19,6 +19,7 @@ import (
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // pipeNet connects an http.Transport to an http.Server through net.Pipe
@@ -106,9 +107,9 @@ func TestEndToEnd(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"payment":%d}`, n)
 		})
-		mw := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))
+		mw := idempotency.New(memstore.New(), idempotency.WithLogger(quiet))
 		mux := http.NewServeMux()
-		mux.Handle("POST /payments", deadline.Middleware(mw(handler)))
+		mux.Handle("POST /payments", deadline.Middleware(mw.Wrap(handler)))
 		logged := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 			mux.ServeHTTP(rec, r)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 func ExampleNew() {
@@ -20,12 +21,12 @@ func ExampleNew() {
 		fmt.Fprintf(w, `{"charge":%d}`, n)
 	})
 
-	store := idempotency.NewMemoryStore()
+	store := memstore.New()
 	mw := idempotency.New(store, idempotency.WithPrincipal(func(r *http.Request) (string, error) {
 		return r.Header.Get("X-Account"), nil // use the authenticated identity
 	}))
 	mux := http.NewServeMux()
-	mux.Handle("POST /charges", mw(charge))
+	mux.Handle("POST /charges", mw.Wrap(charge))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 

@@ -72,13 +72,18 @@ type Record struct {
 	Owner              string // current lease owner (in progress)
 	Generation         int64  // fencing generation
 	LeaseUntil         time.Time
-	RecoveryPoint      string // name of the last committed phase ("intent:<name>" while an External call's outcome is unknown), "" before any
-	RecoveryData       []byte // phase state saved with RecoveryPoint (opaque to stores; DecodeRecovery reads what Run.Phase writes)
-	Request            []byte // opaque encoded request saved at claim, for a resume (the completer); the MemoryStore drops it when the record completes
-	Response           *Response
-	CreatedAt          time.Time
-	UpdatedAt          time.Time
-	CompletedAt        time.Time // zero unless Completed
+	// RecoveryPoint is the last committed phase ("intent:<name>" while an
+	// External call's outcome is unknown), "" before any; RecoveryData the
+	// phases' state saved with it, opaque to stores.
+	RecoveryPoint string
+	RecoveryData  []byte
+	// Request is the request saved when the record was created, opaque to
+	// stores, for the Completer; a store may drop it at completion.
+	Request     []byte
+	Response    *Response
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt time.Time // zero unless Completed
 }
 
 // Lease returns the lease that the record's current owner holds.
@@ -155,27 +160,21 @@ type ClaimResult struct {
 // created or taken over.
 func (r ClaimResult) Acquired() bool { return r.Outcome != ClaimExisting }
 
-// Store errors. Stores return these (wrapped or bare) so that callers can
-// match them with errors.Is.
+// Store errors: stores return them, wrapped or bare, for errors.Is.
 var (
-	// ErrNotFound is returned by Get when no record exists for the scope.
+	// ErrNotFound: Get found no record for the scope.
 	ErrNotFound = errors.New("idempotency: record not found")
-	// ErrLeaseLost is returned by a conditional write whose lease no longer
-	// matches the record (expired and taken over, released, or completed).
+	// ErrLeaseLost: a write conditional on a lease found that it no longer
+	// holds (expired and taken over, released, or completed).
 	ErrLeaseLost = errors.New("idempotency: lease lost")
-	// ErrStoreFull is returned (wrapped) by the Claim of a bounded store
-	// (the MemoryStore, see NewMemoryStore) that has no room for the record
-	// the claim would create: no record was created or changed (records
-	// past their replay window may have been evicted). Such a store never
-	// returns it for a claim of an existing record (a replay, a takeover)
-	// nor from its other methods. The middleware answers it with 503
-	// CodeStoreUnavailable and Retry-After: 1: the store fails closed.
+	// ErrStoreFull: a bounded store (memstore) has no room for the record
+	// a Claim would create, and created or changed nothing. It is never
+	// returned for a claim of an existing record. The middleware answers
+	// 503 CodeStoreFull with Retry-After: 1.
 	ErrStoreFull = errors.New("idempotency: store full")
-	// ErrRecordTooLarge is returned (wrapped) by the Claim of a bounded
-	// store for a record larger than the store could ever hold (the
-	// MemoryStore's WithMaxBytes): nothing was created or changed. Unlike
-	// ErrStoreFull it does not pass: the middleware answers it with 413
-	// CodeRequestTooLarge, never as an outage a client would retry.
+	// ErrRecordTooLarge: a bounded store could never hold the record a
+	// Claim would create; nothing changed. The middleware answers 413
+	// CodeRequestTooLarge, which a client does not retry.
 	ErrRecordTooLarge = errors.New("idempotency: record larger than the store's limit")
 )
 
@@ -236,11 +235,10 @@ type Store interface {
 	DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error)
 }
 
-// Transactor is implemented by stores that can run a handler's own writes
-// and the record's writes in one transaction (the SQL store; the memory
-// store too, whose units apply a handler's OnCommit writes with the
-// record's). The middleware and the phase API use it when the store offers
-// it.
+// Transactor is implemented by stores that can commit a handler's own
+// writes and the record's in one transaction (sqlstore; memstore, whose
+// units apply a handler's OnCommit writes with the record's). The
+// middleware and the phases use it when the store offers it.
 type Transactor interface {
 	// Begin starts a unit of work for the owner of l. The returned context
 	// carries the transaction for the handler (for the SQL store,
@@ -269,8 +267,7 @@ type Unit interface {
 	// its state) as of now, to apply at Commit. It fails with ErrLeaseLost
 	// (wrapped or bare) when the lease no longer owns an in-progress record
 	// (a store may report that at Commit instead), with an error after
-	// Commit or Rollback (the MemoryStore's is ErrUnitDone), and with the
-	// store's own error otherwise. After an ErrLeaseLost the Unit can never
+	// Commit or Rollback, and with the store's own error otherwise. After an ErrLeaseLost the Unit can never
 	// commit.
 	SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error
 	// Complete stores resp and marks the record completed at now, to apply

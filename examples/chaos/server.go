@@ -298,7 +298,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad payment", http.StatusBadRequest)
 		return
 	}
-	key, _ := keygen.ParseHeader(r.Header.Values(idempotency.DefaultKeyHeader))
+	key, _ := keygen.ParseHeader(r.Header.Values("Idempotency-Key"))
 	var row *sql.Row
 	if tx, ok := sqlstore.Tx(ctx); ok {
 		row = tx.QueryRowContext(ctx, a.insert, key, acct, p.Order, p.AmountCents, time.Now().UnixNano())
@@ -329,7 +329,7 @@ func (a *api) handler(f *faultLayer, unsafe bool, logger *slog.Logger, obs idemp
 			idempotency.WithLease(serverLease),
 			idempotency.WithLogger(logger),
 			idempotency.WithObserver(obs))
-		payments = mw(payments)
+		payments = mw.Wrap(payments)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", payments)

@@ -350,7 +350,7 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 		idempotency.WithKeyRequired(true),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw(http.HandlerFunc(a.pay)))
+	mux.Handle("POST /payments", mw.Wrap(http.HandlerFunc(a.pay)))
 	flt := &faults{next: mux, out: out}
 	apiSrv := httptest.NewServer(flt)
 	defer apiSrv.Close()

@@ -35,7 +35,7 @@ func TestMiddlewareAnyPathAndExactReplay(t *testing.T) {
 			_, _ = w.Write(body)
 		})
 		mw := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))
-		srv := httptest.NewServer(mw(h))
+		srv := httptest.NewServer(mw.Wrap(h))
 		t.Cleanup(srv.Close)
 
 		for _, path := range []string{"/pay/%ff", "/pay/%00", "/pay/" + strings.Repeat("x", 4000)} {

@@ -78,7 +78,7 @@ func waitLockedOrDone(t *testing.T, admin *sql.DB, pid int, done <-chan struct{}
 func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 	now := t0.Add(200 * time.Hour)
 	old := now.Add(-100 * time.Hour)
-	horizon := now.Add(-idempotency.DefaultCleanupHorizon)
+	horizon := now.Add(-72 * time.Hour) // the default cleanup horizon
 
 	cases := []struct {
 		name string

@@ -237,7 +237,7 @@ func TestStatementsPerRequest(t *testing.T) {
 			_, _ = io.WriteString(w, `{"id":"pay_1"}`)
 		})
 		mw := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))
-		srv := httptest.NewServer(mw(h))
+		srv := httptest.NewServer(mw.Wrap(h))
 		t.Cleanup(srv.Close)
 		send := func(query, key string) int {
 			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/pay"+query, strings.NewReader(`{"a":1}`))
