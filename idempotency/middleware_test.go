@@ -39,6 +39,7 @@ func (p *payments) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Location", fmt.Sprintf("/payments/%d", n))
 	w.Header().Set("Set-Cookie", "session=secret")
 	w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n))
+	w.Header().Set("X-Balance", "100")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"payment":%d,"request":%s}`, n, body)
 }
@@ -538,13 +539,17 @@ func TestReplayHeaders(t *testing.T) {
 	require.Empty(t, r.Header.Get("X-Request-Id"))
 	require.NotEqual(t, first.Header.Get("Date"), "", "net/http sets Date")
 
-	// A custom allow-list cannot re-admit Set-Cookie.
-	srv2 := serve(t, memstore.New(), h, idempotency.WithReplayHeaders("X-Request-Id", "Set-Cookie", "Location"))
+	require.Empty(t, r.Header.Get("X-Balance"))
+
+	// Headers added to the allow-list are replayed too, but Set-Cookie and
+	// per-exchange ids never are.
+	srv2 := serve(t, memstore.New(), h, idempotency.WithReplayHeaders("x-balance", "X-Request-Id", "Set-Cookie"))
 	post(t, srv2, "k", `{}`)
 	r = post(t, srv2, "k", `{}`)
 	require.Empty(t, r.Header.Get("Set-Cookie"))
 	require.Empty(t, r.Header.Get("X-Request-Id"))
-	require.NotEmpty(t, r.Header.Get("Location"))
+	require.Equal(t, "100", r.Header.Get("X-Balance"))
+	require.NotEmpty(t, r.Header.Get("Location"), "the defaults stay")
 }
 
 // The stored headers are nobody else's: what the handler does to its value

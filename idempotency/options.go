@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
@@ -17,9 +18,9 @@ const (
 	defaultCleanupHorizon = 72 * time.Hour
 )
 
-// DefaultReplayHeaders is the default allow-list of response headers that
-// are stored and replayed (WithReplayHeaders replaces it).
-var DefaultReplayHeaders = []string{
+// replayHeaders is the default allow-list of response headers that are
+// stored and replayed (WithReplayHeaders adds to it).
+var replayHeaders = []string{
 	"Content-Type", "Content-Language", "Content-Encoding", "Content-Disposition",
 	"Content-Location", "Location", "Cache-Control", "ETag", "Last-Modified",
 	"Expires", "Link", "Vary",
@@ -68,7 +69,7 @@ func defaultConfig() config {
 		lease:          defaultLease,
 		replayWindow:   defaultReplayWindow,
 		horizon:        defaultCleanupHorizon,
-		replayHeaders:  headerSet(DefaultReplayHeaders),
+		replayHeaders:  headerSet(replayHeaders),
 		maxRequestBody: 1 << 20,
 		maxStoredBody:  1 << 20,
 		header:         "Idempotency-Key",
@@ -199,13 +200,14 @@ func WithCleanupHorizon(d time.Duration) Option {
 	return func(c *config) { c.horizon = d }
 }
 
-// WithReplayHeaders replaces the allow-list of response headers that are
-// stored and replayed (default DefaultReplayHeaders). Cookies, Date,
-// per-exchange ids (X-Request-Id, Traceparent, ...) and framing headers are
-// never stored, even when listed. The first answer goes out with all its
-// headers.
+// WithReplayHeaders adds names to the response headers that are stored and
+// replayed: by default Content-Type, Content-Language, Content-Encoding,
+// Content-Disposition, Content-Location, Location, Cache-Control, ETag,
+// Last-Modified, Expires, Link and Vary. Cookies, Date, per-exchange ids
+// (X-Request-Id, Traceparent, ...) and framing headers are never stored,
+// even when named. The first answer goes out with all its headers.
 func WithReplayHeaders(names ...string) Option {
-	return func(c *config) { c.replayHeaders = headerSet(names) }
+	return func(c *config) { maps.Copy(c.replayHeaders, headerSet(names)) }
 }
 
 // WithMaxRequestBody sets the largest request body read and fingerprinted on
