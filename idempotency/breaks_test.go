@@ -197,7 +197,9 @@ func TestFullStoreAnswersStoreFull(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 			io.WriteString(w, `{"run":`+strconv.Itoa(int(runs.Load()))+`}`)
 		}))
-		post := func(key string) answer { return serveOne(h, http.MethodPost, "/payments", key, "application/json", `{}`) }
+		post := func(key string) answer {
+			return serveOne(h, http.MethodPost, "/payments", key, "application/json", `{}`)
+		}
 		a := post("a")
 		require.Equal(t, http.StatusCreated, a.Status)
 		require.Equal(t, http.StatusCreated, post("b").Status)
