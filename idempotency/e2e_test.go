@@ -83,7 +83,7 @@ type recorder struct {
 
 func (r *recorder) WriteHeader(code int) { r.status = code; r.ResponseWriter.WriteHeader(code) }
 
-// Acceptance 8: both halves end to end. The real saferetry Transport sends
+// Both halves end to end. The real saferetry Transport sends
 // through real net/http to a server with deadline.Middleware and the
 // idempotency middleware.
 func TestEndToEnd(t *testing.T) {

@@ -76,7 +76,7 @@ func TestFingerprintKeepsContentTypeParameters(t *testing.T) {
 		fp(1, "POST", "POST /p", "/p", "", "multipart/form-data; boundary=Y", body))
 }
 
-// TestFingerprintIsStable pins fingerprints computed by earlier releases:
+// TestFingerprintIsStable pins the fingerprints that stored records hold:
 // stored records compare against them, so any change of the hashed bytes
 // must come with a new version.
 func TestFingerprintIsStable(t *testing.T) {

@@ -44,7 +44,7 @@ func (p *payments) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"payment":%d,"request":%s}`, n, body)
 }
 
-// Acceptance 1: 200 concurrent requests with one key and body: one
+// 200 concurrent requests with one key and body: one
 // execution; every other answer is the in-progress 409 or a replay identical
 // to the first; the in-progress ones retried afterwards get the replay.
 func TestConcurrentRequestsOneExecution(t *testing.T) {
@@ -115,7 +115,7 @@ func TestConcurrentRequestsOneExecution(t *testing.T) {
 	require.EqualValues(t, 1, h.n.Load())
 }
 
-// Acceptance 2: same key, different body: 422 idempotency_key_reused.
+// Same key, different body: 422 idempotency_key_reused.
 func TestKeyReusedWithDifferentBody(t *testing.T) {
 	h := &payments{}
 	srv := serve(t, memstore.New(), h)
@@ -157,7 +157,7 @@ func TestKeyReusedWhileInProgress(t *testing.T) {
 	require.Equal(t, http.StatusCreated, (<-done).Status)
 }
 
-// Acceptance 3: principal B reusing principal A's key runs on its own.
+// Principal B reusing principal A's key runs on its own.
 func TestPrincipalIsolation(t *testing.T) {
 	h := &payments{}
 	srv := serve(t, memstore.New(), h, idempotency.WithPrincipal(func(r *http.Request) (string, error) {
@@ -229,7 +229,7 @@ func TestPrincipalError(t *testing.T) {
 	require.Zero(t, h.n.Load())
 }
 
-// Acceptance 4: key formats.
+// Key formats.
 func TestKeyFormats(t *testing.T) {
 	var seen atomic.Value
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -247,7 +247,7 @@ func TestKeyFormats(t *testing.T) {
 		{"  padded  ", "padded"},
 		{strings.Repeat("k", 255), strings.Repeat("k", 255)},
 		// Bare values are the key as they are: inner spaces, commas,
-		// quotes (issue 16 point 6).
+		// quotes.
 		{"order 42", "order 42"},
 		{`"a b"`, "a b"},
 		{"a, b", "a, b"},
@@ -285,7 +285,7 @@ func TestKeyFormats(t *testing.T) {
 	}
 }
 
-// Acceptance 5: which statuses are stored and replayed, and which release
+// Which statuses are stored and replayed, and which release
 // the key so that a retry executes again. One subtest per status.
 func TestStoredAndReleasedStatuses(t *testing.T) {
 	for _, tc := range []struct {
@@ -413,7 +413,7 @@ func TestFailureAfterRecoveryPointResumes(t *testing.T) {
 	require.EqualValues(t, 2, calls.Load())
 }
 
-// Acceptance 7: a failing store gives 503 and the handler never runs.
+// A failing store gives 503 and the handler never runs.
 func TestFailingStore(t *testing.T) {
 	for name, store := range map[string]idempotency.Store{
 		"claim fails": failingStore{},

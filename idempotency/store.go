@@ -267,8 +267,8 @@ type Unit interface {
 	// its state) as of now, to apply at Commit. It fails with ErrLeaseLost
 	// (wrapped or bare) when the lease no longer owns an in-progress record
 	// (a store may report that at Commit instead), with an error after
-	// Commit or Rollback, and with the store's own error otherwise. After an ErrLeaseLost the Unit can never
-	// commit.
+	// Commit or Rollback, and with the store's own error otherwise. After
+	// an ErrLeaseLost the Unit can never commit.
 	SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error
 	// Complete stores resp and marks the record completed at now, to apply
 	// at Commit. Its errors are SetRecoveryPoint's.
