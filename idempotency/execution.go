@@ -77,9 +77,10 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 }
 
 // report tells the observers how the execution ended: err is the store's,
-// cause the handler context's (reported when the middleware canceled it).
+// cause the handler context's, reported when the middleware canceled it for
+// its lease.
 func (x *execution) report(outcome string, cause, err error) {
-	if err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+	if err == nil && errors.Is(cause, ErrLeaseLost) {
 		err = cause
 	}
 	x.m.obs.executed(x.bg, Event{Scope: x.req.scope, Outcome: outcome, Status: x.cw.statusCode(),

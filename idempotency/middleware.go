@@ -87,11 +87,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	route := h.route(r)
 	vals := r.Header.Values(m.cfg.header)
 	if len(vals) == 0 {
 		if m.cfg.required {
-			m.refuse(r.Context(), w, Scope{Method: method, Route: route}, http.StatusBadRequest, CodeKeyMissing,
+			m.refuse(r.Context(), w, Scope{Method: method}, http.StatusBadRequest, CodeKeyMissing,
 				"this endpoint requires the "+m.cfg.header+" header", nil)
 			return
 		}
@@ -100,20 +99,21 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key, err := keygen.ParseHeader(vals)
 	if err != nil {
-		m.refuse(r.Context(), w, Scope{Method: method, Route: route}, http.StatusBadRequest, CodeKeyInvalid, m.cfg.header+": "+err.Error(), nil)
+		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusBadRequest, CodeKeyInvalid, m.cfg.header+": "+err.Error(), nil)
 		return
 	}
 	principal, err := m.cfg.principal(r)
 	if err != nil {
-		m.refuse(r.Context(), w, Scope{Method: method, Route: route}, http.StatusUnauthorized, CodePrincipalUnavailable, "", nil)
+		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusUnauthorized, CodePrincipalUnavailable, "", err)
 		return
 	}
 	if principal == "" && !m.cfg.anonymous {
 		// Fail closed: anonymous callers would share one namespace of keys.
-		m.refuse(r.Context(), w, Scope{Method: method, Route: route}, http.StatusUnauthorized, CodePrincipalMissing,
+		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusUnauthorized, CodePrincipalMissing,
 			"a request with an idempotency key must identify its caller", nil)
 		return
 	}
+	route := h.route(r)
 	scope := Scope{Principal: principal, Method: method, Route: route, Key: key}
 	body, err := readBody(r, m.cfg.maxRequestBody)
 	if err != nil {

@@ -39,7 +39,8 @@ type Observer struct {
 	Replayed func(ctx context.Context, e Event)
 	// Refused: the middleware answered a guarded request with a problem of
 	// its own before any handler ran: Status, Code (a Code* constant), and
-	// for CodeStoreUnavailable and CodeStoreFull the store's error (Err).
+	// for CodeStoreUnavailable and CodeStoreFull the store's error (Err),
+	// for CodePrincipalUnavailable the principal function's.
 	Refused func(ctx context.Context, e Event)
 	// StoreCall: a store call of the request path ended. Op is "claim",
 	// "get" (waiting on a record in progress), "heartbeat", "end_lease",
