@@ -20,6 +20,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
@@ -104,23 +105,23 @@ func BenchmarkMiddleware(b *testing.B) {
 	for _, store := range rotated([]string{"bare", "memory", "memory-steady", "sqlite", "postgres"}) {
 		b.Run("store="+store, func(b *testing.B) {
 			var h http.Handler = http.HandlerFunc(created)
-			var steady *idempotency.MemoryStore
+			var steady *memstore.Store
 			// The requests carry no credentials: one shared scope, so that
 			// the figures measure the middleware (not a principal function)
 			// and stay comparable with earlier runs.
-			anon := idempotency.WithAnonymousKeys()
+			anon := idempotency.WithAnonymousKeys(true)
 			switch store {
 			case "memory":
 				// No limits: b.N may pass the default's 100,000 records.
-				unbounded := idempotency.NewMemoryStore(idempotency.WithMaxRecords(math.MaxInt), idempotency.WithMaxBytes(math.MaxInt))
-				h = idempotency.New(unbounded, anon, idempotency.WithLogger(DiscardLogger))(h)
+				unbounded := memstore.New(memstore.WithMaxRecords(math.MaxInt), memstore.WithMaxBytes(math.MaxInt))
+				h = idempotency.New(unbounded, anon, idempotency.WithLogger(DiscardLogger)).Wrap(h)
 			case "memory-steady":
-				steady = idempotency.NewMemoryStore()
-				h = idempotency.New(steady, anon, idempotency.WithLogger(DiscardLogger))(h)
+				steady = memstore.New()
+				h = idempotency.New(steady, anon, idempotency.WithLogger(DiscardLogger)).Wrap(h)
 			case "sqlite":
-				h = idempotency.New(openSQLStore(b, sqlstore.SQLite), anon, idempotency.WithLogger(DiscardLogger))(h)
+				h = idempotency.New(openSQLStore(b, sqlstore.SQLite), anon, idempotency.WithLogger(DiscardLogger)).Wrap(h)
 			case "postgres":
-				h = idempotency.New(openSQLStore(b, sqlstore.Postgres), anon, idempotency.WithLogger(DiscardLogger))(h)
+				h = idempotency.New(openSQLStore(b, sqlstore.Postgres), anon, idempotency.WithLogger(DiscardLogger)).Wrap(h)
 			}
 			u, _ := url.Parse("http://bench.invalid/orders")
 			tmpl := http.Request{

@@ -10,6 +10,7 @@ import (
 
 	"github.com/saferetry/saferetry/idemcheck"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // Check an API that uses saferetry's middleware, as a go test would.
@@ -20,8 +21,8 @@ func Example() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":"ch_%d"}`, charges.Add(1))
 	})
-	mw := idempotency.New(idempotency.NewMemoryStore()) // scope: the Authorization header
-	srv := httptest.NewServer(mw(charge))
+	mw := idempotency.New(memstore.New()) // scope: the Authorization header
+	srv := httptest.NewServer(mw.Wrap(charge))
 	defer srv.Close()
 
 	rep, err := idemcheck.Run(context.Background(), idemcheck.Config{

@@ -16,10 +16,11 @@ import (
 
 	"github.com/saferetry/saferetry/idemcheck"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // newStore is the one place this file makes a store.
-func newStore() idempotency.Store { return idempotency.NewMemoryStore() }
+func newStore() idempotency.Store { return memstore.New() }
 
 // accounts stands in for authentication: a bearer token names an account.
 var accounts = map[string]string{"Bearer tok_1": "acct_1", "Bearer tok_2": "acct_2"}
@@ -89,7 +90,7 @@ func serveMiddleware(t *testing.T, store idempotency.Store, n int) (*httptest.Se
 	mw := idempotency.New(store, idempotency.WithPrincipal(principal),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("POST /payments", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		hold.wait(r.Header.Get("Idempotency-Key"))
 		w.Header().Set("Content-Type", "application/json")

@@ -3,28 +3,18 @@ package idempotency
 import (
 	"bufio"
 	"bytes"
-	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"strings"
 )
 
-// ErrHijackGuarded is the error with which the response writer of a guarded
-// request refuses to hijack its connection (http.Hijacker, or
-// http.ResponseController.Hijack): the middleware stores what the handler
-// answers through the writer and sends it only once the record is
-// committed, so bytes written to a hijacked connection could never be
-// replayed. The handler may answer over HTTP after the refusal as usual. To
-// upgrade a connection (WebSocket, say), serve that route without the
-// middleware.
-var ErrHijackGuarded = errors.New("idempotency: the connection of a guarded request cannot be hijacked")
-
-// capture buffers a handler's whole response so that the record commits
-// before the client sees any of it. It implements http.Flusher, but a Flush
-// is deferred until the response is released after the commit: a guarded
-// handler cannot stream. Unwrap exposes the underlying writer to
-// http.ResponseController (deadlines); Hijack always fails with
-// ErrHijackGuarded, so that http.ResponseController never reaches the
-// underlying writer's.
+// capture buffers a handler's whole response, so that the record commits
+// before the client sees any of it: a guarded handler cannot stream. A
+// Flush is deferred until the response is released, 1xx responses are
+// dropped, and Hijack fails with an error wrapping http.ErrNotSupported
+// (bytes written to a hijacked connection could never be replayed); Unwrap
+// lets http.ResponseController reach the underlying writer's deadlines.
 type capture struct {
 	w           http.ResponseWriter
 	header      http.Header
@@ -37,17 +27,11 @@ type capture struct {
 func (c *capture) Header() http.Header { return c.header }
 
 func (c *capture) WriteHeader(code int) {
-	if c.wroteHeader {
-		return
-	}
-	if code >= 100 && code < 200 {
-		// 1xx informational responses are dropped: nothing reaches the
-		// client before the commit.
+	if c.wroteHeader || (code >= 100 && code < 200) {
 		return
 	}
 	if code < 100 || code > 999 {
-		// net/http would panic; the response becomes a 500 instead.
-		code = http.StatusInternalServerError
+		code = http.StatusInternalServerError // net/http would panic
 	}
 	c.status, c.wroteHeader = code, true
 }
@@ -62,8 +46,11 @@ func (c *capture) Write(p []byte) (int, error) {
 // Flush records the request to flush; the flush happens after the commit.
 func (c *capture) Flush() { c.flushed = true }
 
-// Hijack refuses: it returns ErrHijackGuarded.
-func (c *capture) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, ErrHijackGuarded }
+// Hijack refuses.
+func (c *capture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, fmt.Errorf("idempotency: the connection of a guarded request cannot be hijacked: %w",
+		http.ErrNotSupported)
+}
 
 // Unwrap returns the underlying http.ResponseWriter.
 func (c *capture) Unwrap() http.ResponseWriter { return c.w }
@@ -75,11 +62,15 @@ func (c *capture) statusCode() int {
 	return c.status
 }
 
-// release sends the buffered response to the client.
+// release sends the buffered response to the client, without the replay
+// marker: a handler that copies another service's headers must not make a
+// first execution look like a replay.
 func (c *capture) release() {
 	dst := c.w.Header()
 	for k, v := range c.header {
-		dst[k] = v
+		if !strings.EqualFold(k, ReplayedHeader) {
+			dst[k] = v
+		}
 	}
 	c.w.WriteHeader(c.statusCode())
 	_, _ = c.w.Write(c.body.Bytes())

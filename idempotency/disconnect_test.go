@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // Issue 16 point 5: a client that times out does not make the work run
@@ -50,7 +51,7 @@ func TestClientTimeoutDoesNotRerunTheWork(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"payment":%d}`, n)
 	})
-	mw := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(h)
+	mw := idempotency.New(memstore.New(), idempotency.WithLogger(quiet)).Wrap(h)
 	// The request's own context as net/http gives it to the middleware:
 	// it ends when net/http sees the client's connection close.
 	reqCtx := make(chan context.Context, 2)

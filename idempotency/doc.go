@@ -1,87 +1,73 @@
 // Package idempotency is the server half of saferetry: net/http middleware
 // that honours the Idempotency-Key header, so that a client's retries of one
-// write take effect effectively once within the key scope and the replay
-// window (at-least-once delivery plus de-duplication; nothing can promise
-// more over an unreliable network).
+// write take effect effectively once within the key's scope and the replay
+// window (at-least-once delivery plus de-duplication; nothing over a network
+// does better). docs/CONTRACT.md is the contract for clients.
 //
-// Wrap a handler with New and a Store:
-//
-//	store := idempotency.NewMemoryStore() // or sqlstore.Open(db, sqlstore.Postgres)
+//	store := memstore.New() // or sqlstore.Open(db, sqlstore.Postgres)
 //	mw := idempotency.New(store, idempotency.WithPrincipal(accountID))
-//	http.Handle("POST /payments", mw(payments))
+//	http.Handle("POST /payments", mw.Wrap(payments))
+//	defer mw.Completer(map[string]http.Handler{"POST /payments": payments}).Start(ctx, 0)()
+//	defer mw.Reaper().Start(ctx, 0)()
 //
-// Each key is scoped by (principal, method, route, key) and bound to a
-// fingerprint of the request (Fingerprint). Its record moves from absent to
-// in progress (claimed atomically, held by a lease with a fencing
-// generation, heartbeated while the handler runs) to completed (the response
-// stored and replayed with Idempotent-Replayed: true). Conflicts are RFC
-// 9457 problem+json answers with stable codes (CodeInProgress,
-// CodeKeyReused, ...). New documents every answer and which outcomes are
-// stored or released. A request with a key but no principal is refused
-// (401 CodePrincipalMissing) unless the server opts in to one shared
-// anonymous scope with WithAnonymousKeys. Once a key is claimed, the
-// handler's context is not canceled when the client goes away, so that its
-// response is stored for the client's retry; it ends on a lost lease, the
-// request's deadline, or WithShutdown's context.
+// A guarded request (POST or PATCH, WithMethods) with a key has the scope
+// (principal, method, route, key) and a fingerprint of its method, route,
+// path, query, content type and body. Its record goes from absent to in
+// progress (claimed atomically, held by a lease with a fencing generation,
+// heartbeated every lease/3) to completed (the response stored, replayed with
+// Idempotent-Replayed: true). The answers:
 //
-// The Store interface is the contract between the middleware and its
-// storage; MemoryStore implements it for tests and single-process use
-// (bounded: when full, new keys get 503 with Retry-After, ErrStoreFull), the
-// sqlstore package for SQLite and PostgreSQL, and the idempotencytest
-// package holds the conformance suite every Store must pass. A store that
-// also implements Transactor lets the handler's own writes commit in the
-// same transaction as the stored response (Run.Unit, FromContext).
+//   - absent, or completed longer ago than the replay window: claim, run the
+//     handler (its context survives the client, not the lease, the deadline
+//     or WithShutdown's context), store and send its response;
+//   - in progress, lease alive: 409 CodeInProgress, Retry-After: 1;
+//   - in progress, lease expired: take over and run again from the recovery
+//     point;
+//   - completed: replay status, allow-listed headers and body;
+//   - another fingerprint: 422 CodeKeyReused;
+//   - no key: pass through (400 CodeKeyMissing with WithKeyRequired); a bad
+//     key: 400 CodeKeyInvalid; no principal: 401 CodePrincipalMissing;
+//   - the store down: 503 CodeStoreUnavailable; full: 503 CodeStoreFull.
 //
-// # Multi-step handlers: atomic phases
+// 2xx, 3xx and 4xx answers but 408, 409, 425 and 429 are stored; the others,
+// 5xx (unless WithStore5xx) and panics give the key up, so that a retry runs
+// again, or, once a phase committed, keep it with its lease ended, so that
+// the retry resumes. While an External call's outcome is unknown nothing is
+// stored: 503 CodeRequestIncomplete. Every answer of the middleware's own
+// is RFC 9457 problem+json with a stable code.
 //
-// A handler that creates an order, charges a card and writes a receipt must
-// survive a crash between those steps without charging twice or losing the
-// order. It runs each step as a named phase of its Run (FromContext):
+// # Policy
 //
-//	func pay(w http.ResponseWriter, r *http.Request) {
-//		ctx := r.Context()
-//		run, _ := idempotency.FromContext(ctx)
-//		order, err := run.Phase(ctx, "order", func(ctx context.Context) ([]byte, error) {
-//			tx, _ := sqlstore.Tx(ctx) // the phase's own transaction
-//			id := newOrderID()
-//			_, err := tx.ExecContext(ctx, `INSERT INTO orders (id, amount) VALUES ($1, 4200)`, id)
-//			return []byte(id), err // commits with the recovery point "order"
-//		})
-//		if err != nil { http.Error(w, "try again", 503); return }
-//		charge, err := run.External(ctx, "charge",
-//			func(ctx context.Context, key string) ([]byte, error) {
-//				return cards.Charge(ctx, key, order, 4200) // sent as the processor's Idempotency-Key
-//			},
-//			func(ctx context.Context, key string) ([]byte, bool, error) {
-//				return cards.Find(ctx, key) // the outcome of an earlier call under key, if any
-//			})
-//		if err != nil { http.Error(w, "try again", 503); return }
-//		tx, _ := sqlstore.Tx(ctx) // the request's transaction: commits with the stored response
-//		// Phase outputs are []byte: bind them as text (a []byte is a BLOB on SQLite).
-//		_, err = tx.ExecContext(ctx, `INSERT INTO receipts (order_id, charge) VALUES ($1, $2)`,
-//			string(order), string(charge))
-//		...
-//		w.WriteHeader(http.StatusCreated)
-//	}
+// The replay window (24 h), the lease (30 s) and the cleanup horizon (72 h,
+// never less than the window plus the lease) are given once, to New; the
+// Middleware's Completer (which resumes requests abandoned by a crash) and
+// Reaper (which deletes old records and reports unfinished ones) take them
+// from it.
 //
-// Each Phase commits its own writes together with the record's recovery
-// point and its output. External records the intent before calling, passes
-// the call a downstream key derived from the request (Run.DownstreamKey),
-// and commits the result. A 5xx or a panic after a committed phase keeps
-// the record in progress and ends its lease at once. The next execution (the
-// client's retry, or the Completer when no retry comes) skips the committed
-// phases, getting their saved outputs; if it finds an intent without an
-// outcome, it asks lookup under the same downstream key before calling
-// again, with that key, so the processor de-duplicates too. An owner whose
-// lease was taken over cannot commit a phase (ErrLeaseLost).
+// # Stores
 //
-// # Background jobs
+// Store is the contract between the middleware and its storage: memstore
+// (bounded, in memory), sqlstore (SQLite, PostgreSQL), and the conformance
+// suite of idempotencytest that every Store passes. A Transactor store lets
+// the handler's writes commit with the stored response (Run.Unit,
+// sqlstore.Tx).
 //
-// A Completer drives abandoned requests (in progress, lease expired) to
-// completion through the route's handler, so that a later retry gets the
-// stored response. A Reaper deletes records past the cleanup horizon and
-// logs the unfinished ones, for a person to act on.
+// # Atomic phases
 //
-// The key header is not standardised (the IETF draft expired); the header
-// name, the answers and the windows are this package's documented contract.
+// A handler that creates an order, charges a card and writes a receipt runs
+// each step as a phase of its Run (FromContext): Phase commits its writes
+// with a recovery point, External records its intent before calling another
+// service with a downstream key and asks lookup on a resume before calling
+// again. A retry, or the Completer, skips the committed phases; an owner
+// whose lease was taken over commits nothing (ErrLeaseLost).
+//
+//	run, _ := idempotency.FromContext(ctx)
+//	order, err := run.Phase(ctx, "order", insertOrder)
+//	charge, err := run.External(ctx, "charge", cards.Charge, cards.Find)
+//
+// # Observing
+//
+// The middleware's logs are written by a logging Observer (WithLogger):
+// requests are named by method, route and key digest, never the raw key.
+// WithObserver adds others (otelsaferetry.ServerObserver for metrics).
 package idempotency

@@ -19,6 +19,7 @@ import (
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // pipeNet connects an http.Transport to an http.Server through net.Pipe
@@ -82,7 +83,7 @@ type recorder struct {
 
 func (r *recorder) WriteHeader(code int) { r.status = code; r.ResponseWriter.WriteHeader(code) }
 
-// Acceptance 8: both halves end to end. The real saferetry Transport sends
+// Both halves end to end. The real saferetry Transport sends
 // through real net/http to a server with deadline.Middleware and the
 // idempotency middleware.
 func TestEndToEnd(t *testing.T) {
@@ -106,9 +107,9 @@ func TestEndToEnd(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"payment":%d}`, n)
 		})
-		mw := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))
+		mw := idempotency.New(memstore.New(), idempotency.WithLogger(quiet))
 		mux := http.NewServeMux()
-		mux.Handle("POST /payments", deadline.Middleware(mw(handler)))
+		mux.Handle("POST /payments", deadline.Middleware(mw.Wrap(handler)))
 		logged := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 			mux.ServeHTTP(rec, r)

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // cards is a card processor that de-duplicates charges by idempotency key.
@@ -82,7 +83,7 @@ func ExampleRun_External() {
 	})
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", idempotency.New(idempotency.NewMemoryStore())(pay))
+	mux.Handle("POST /payments", idempotency.New(memstore.New()).Wrap(pay))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	send := func() {

@@ -13,48 +13,49 @@ import (
 	"github.com/saferetry/saferetry/internal/canonjson"
 )
 
-// FingerprintVersion is the version of the Fingerprint algorithm. The
-// middleware stores it in every record (Record.FingerprintVersion); a record
-// whose version differs from the running one is treated as a different
-// request (a key reuse), never replayed for a request it cannot be compared
-// with.
-const FingerprintVersion = 1
+// fingerprintVersion is the version of the fingerprint algorithm new records
+// store (Record.FingerprintVersion). Version 1 dropped the content type's
+// parameters; version 2 keeps them (a multipart boundary or a charset
+// changes what the body means). A record of another version is compared
+// with the fingerprint of that version, if the middleware knows it, and is
+// otherwise a different request.
+const fingerprintVersion = 2
 
-// Fingerprint returns the hex SHA-256 of the canonical form of a request:
-// FingerprintVersion, method, route, path, the canonical query, the media
-// type and the canonical body, each length-prefixed so that no two
-// different inputs share an encoding.
-//
-//   - route is the guarded route (the ServeMux pattern, say "POST /orders/{id}");
-//     path is the escaped request path, so that two requests matching one
-//     pattern with different path values ("/orders/1", "/orders/2") differ.
-//   - The query is parsed and re-encoded with keys sorted (the order of the
-//     values of one key is kept); a query that does not parse is hashed raw.
-//   - contentType is reduced to its media type, lower-cased, without
-//     parameters (a charset parameter does not change the fingerprint).
-//   - For a JSON media type (application/json or any "+json" type) the body
-//     is hashed in canonical form: object keys sorted by their UTF-8 bytes,
-//     no insignificant whitespace, numbers kept as their literal text (1.0
-//     and 1 stay different), strings re-encoded by encoding/json without
-//     HTML escaping ("\u00e9" and "é" are the same string). A body that is
-//     not valid JSON, or that has no unambiguous canonical form (invalid
-//     UTF-8, a lone surrogate escape, a repeated key), is hashed raw: its retries
-//     must send the same bytes. A raw hash can only make two equal bodies
-//     differ (a false CodeKeyReused, safe), never two different bodies
-//     match.
-//
-// Safe for concurrent use; never fails.
-func Fingerprint(method, route, path, rawQuery, contentType string, body []byte) string {
+// fingerprintInput is what a request's fingerprint covers.
+type fingerprintInput struct {
+	method, route, path, rawQuery, contentType string
+	body                                       []byte
+}
+
+// fingerprint returns the hex SHA-256 of the canonical form of in under
+// algorithm version v, and false for a version it does not know. The form
+// is v, the upper-case method, the route, the escaped path, the query
+// re-encoded with its keys sorted (raw if it does not parse), the content
+// type and the body, each length-prefixed. The content type is its media
+// type, lower-cased, with (version 2) its parameters as mime.FormatMediaType
+// writes them, or the raw value when it does not parse. A JSON body
+// (application/json, any +json type) is in canonical form (canonjson), or
+// raw when it has none: a raw hash can make two equal bodies differ (a
+// false CodeKeyReused), never two different bodies match.
+func fingerprint(in fingerprintInput, v int) (string, bool) {
+	if v != 1 && v != 2 {
+		return "", false
+	}
 	st := fpStates.Get().(*fpState)
 	defer st.put()
-	st.field([]byte{FingerprintVersion})
-	st.fieldString(strings.ToUpper(method))
-	st.fieldString(route)
-	st.fieldString(path)
-	st.fieldString(canonicalQuery(rawQuery))
-	mt := mediaType(contentType)
-	st.fieldString(mt)
-	if isJSON(mt) {
+	st.field([]byte{byte(v)})
+	st.fieldString(strings.ToUpper(in.method))
+	st.fieldString(in.route)
+	st.fieldString(in.path)
+	st.fieldString(canonicalQuery(in.rawQuery))
+	mt, ct := contentType(in.contentType)
+	if v == 1 {
+		st.fieldString(mt)
+	} else {
+		st.fieldString(ct)
+	}
+	body := in.body
+	if mt == "application/json" || strings.HasSuffix(mt, "+json") {
 		if c, err := st.parser.Append(st.out[:0], body); err == nil {
 			st.out = c
 			body = c
@@ -62,19 +63,16 @@ func Fingerprint(method, route, path, rawQuery, contentType string, body []byte)
 	}
 	st.field(body)
 	st.sum = st.h.Sum(st.sum[:0])
-	var hx [2 * sha256.Size]byte
-	hex.Encode(hx[:], st.sum)
-	return string(hx[:])
+	return hex.EncodeToString(st.sum), true
 }
 
-// fpState is the reusable state of one Fingerprint call: a fingerprint is
-// computed on every guarded request, and with its digest, buffers and
-// parser reused it costs one allocation (the returned string).
+// fpState is the reusable state of one fingerprint: a digest, buffers and a
+// JSON parser, pooled since every guarded request computes one.
 type fpState struct {
 	h      hash.Hash
 	n      [8]byte
-	tmp    []byte // a string field's bytes
-	out    []byte // the canonical JSON body
+	tmp    []byte
+	out    []byte
 	sum    []byte
 	parser canonjson.Parser
 }
@@ -99,9 +97,9 @@ func (st *fpState) fieldString(s string) {
 func (st *fpState) put() {
 	st.h.Reset()
 	if cap(st.tmp) > maxPooledBuffer || cap(st.out) > maxPooledBuffer || st.parser.Large(maxPooledBuffer) {
-		return // let the collector have it
+		return
 	}
-	st.parser.Release() // do not pin the request's body
+	st.parser.Release()
 	fpStates.Put(st)
 }
 
@@ -116,22 +114,20 @@ func canonicalQuery(raw string) string {
 	return v.Encode() // sorted by key, values in order
 }
 
-func mediaType(ct string) string {
+// contentType returns the media type of ct, lower-cased, and ct's canonical
+// form with its parameters (mime.FormatMediaType), or "raw:" and ct when it
+// does not parse.
+func contentType(ct string) (mediaType, full string) {
 	if ct == "" {
-		return ""
+		return "", ""
 	}
-	if !strings.Contains(ct, ";") {
-		// No parameters: the result below whether ParseMediaType accepts
-		// ct or not, without building its parameter map.
-		return strings.ToLower(strings.TrimSpace(ct))
-	}
-	mt, _, err := mime.ParseMediaType(ct)
+	mt, params, err := mime.ParseMediaType(ct)
 	if err != nil {
 		mt, _, _ = strings.Cut(ct, ";")
+		return strings.ToLower(strings.TrimSpace(mt)), "raw:" + ct
 	}
-	return strings.ToLower(strings.TrimSpace(mt))
-}
-
-func isJSON(mt string) bool {
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+	if full = mime.FormatMediaType(mt, params); full == "" {
+		full = "raw:" + ct
+	}
+	return strings.ToLower(strings.TrimSpace(mt)), full
 }

@@ -1,4 +1,4 @@
-package idempotency
+package idempotency_test
 
 import (
 	"context"
@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // Heartbeats keep a long handler's lease alive (no takeover), stop when it
@@ -21,7 +24,7 @@ import (
 // ErrLeaseLost. testing/synctest provides the fake time.
 func TestHeartbeat(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := NewMemoryStore()
+		mem := memstore.New()
 		var calls atomic.Int64
 		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if calls.Add(1) == 1 {
@@ -29,12 +32,12 @@ func TestHeartbeat(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		h := New(mem, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
+		h := idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLease(30*time.Second), idempotency.WithLogger(quiet)).Wrap(next)
 		done := make(chan int)
 		go func() { done <- send(t, h, "k", `{}`).Code }()
 		time.Sleep(61 * time.Second)
 		synctest.Wait()
-		rec, err := mem.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		rec, err := mem.Get(t.Context(), idempotency.Scope{Method: "POST", Route: "/payments", Key: "k"})
 		require.NoError(t, err)
 		require.True(t, rec.LeaseUntil.After(time.Now()), "heartbeats did not extend the lease")
 		// A duplicate after two lease lengths still finds it in progress.
@@ -45,23 +48,23 @@ func TestHeartbeat(t *testing.T) {
 	})
 
 	synctest.Test(t, func(t *testing.T) {
-		mem := NewMemoryStore()
+		mem := memstore.New()
 		cause := make(chan error, 1)
 		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			<-r.Context().Done()
 			cause <- context.Cause(r.Context())
 			http.Error(w, "canceled", http.StatusServiceUnavailable)
 		})
-		h := New(mem, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
+		h := idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLease(30*time.Second), idempotency.WithLogger(quiet)).Wrap(next)
 		done := make(chan *httptest.ResponseRecorder)
 		go func() { done <- send(t, h, "k", `{}`) }()
 		synctest.Wait()
 		// Someone else removes the record (as a successor would take it).
-		rec, err := mem.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		rec, err := mem.Get(t.Context(), idempotency.Scope{Method: "POST", Route: "/payments", Key: "k"})
 		require.NoError(t, err)
 		require.NoError(t, mem.Release(t.Context(), rec.Lease()))
 		time.Sleep(11 * time.Second) // the next heartbeat finds the lease lost
-		require.ErrorIs(t, <-cause, ErrLeaseLost)
+		require.ErrorIs(t, <-cause, idempotency.ErrLeaseLost)
 		require.Equal(t, http.StatusServiceUnavailable, (<-done).Code)
 	})
 }
@@ -69,16 +72,16 @@ func TestHeartbeat(t *testing.T) {
 // beatFails is a MemoryStore whose heartbeats fail (store unreachable)
 // while fail reports true for the beat's number (1, 2, ...).
 type beatFails struct {
-	*MemoryStore
+	*memstore.Store
 	beats atomic.Int64
 	fail  func(n int64) bool
 }
 
-func (b *beatFails) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+func (b *beatFails) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
 	if b.fail(b.beats.Add(1)) {
 		return errBoom
 	}
-	return b.MemoryStore.Heartbeat(ctx, l, until)
+	return b.Store.Heartbeat(ctx, l, until)
 }
 
 // Heartbeats that keep failing cancel the handler with cause
@@ -88,7 +91,7 @@ func (b *beatFails) Heartbeat(ctx context.Context, l Lease, until time.Time) err
 // failed beat alone cancels nothing. testing/synctest provides the fake time.
 func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &beatFails{MemoryStore: NewMemoryStore(), fail: func(int64) bool { return true }}
+		store := &beatFails{Store: memstore.New(), fail: func(int64) bool { return true }}
 		start := time.Now()
 		var (
 			cause      error
@@ -101,34 +104,35 @@ func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
 				cause, canceledAt = context.Cause(r.Context()), time.Since(start)
 			case <-time.After(2 * time.Minute):
 			}
-			run, _ := FromContext(r.Context())
+			run, _ := idempotency.FromContext(r.Context())
 			_, phaseErr = run.Phase(r.Context(), "late", func(context.Context) ([]byte, error) { return []byte("x"), nil })
 			w.WriteHeader(http.StatusCreated) // a handler that ignores its cancellation
 			io.WriteString(w, "charged")
 		})
-		h := New(store, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
+		h := idempotency.New(store, idempotency.WithAnonymousKeys(true), idempotency.WithLease(30*time.Second), idempotency.WithLogger(quiet)).Wrap(next)
 		a := send(t, h, "k", `{}`)
 
-		require.ErrorIs(t, cause, ErrLeaseExpired)
-		require.ErrorIs(t, cause, ErrLeaseLost, "ErrLeaseExpired matches ErrLeaseLost")
+		require.ErrorIs(t, cause, idempotency.ErrLeaseExpired)
+		require.ErrorIs(t, cause, idempotency.ErrLeaseLost, "the expiry matches ErrLeaseLost")
+		require.ErrorIs(t, cause, errBoom, "and the store's error")
 		require.Greater(t, canceledAt, 10*time.Second, "one failed heartbeat does not cancel")
 		require.Less(t, canceledAt, 30*time.Second, "canceled before the lease ran out")
-		require.ErrorIs(t, phaseErr, ErrLeaseExpired, "no phase may start after the cancellation")
-		var pe *PhaseError
+		require.ErrorIs(t, phaseErr, idempotency.ErrLeaseExpired, "no phase may start after the cancellation")
+		var pe *idempotency.PhaseError
 		require.ErrorAs(t, phaseErr, &pe)
 		require.Equal(t, "lease", pe.Op)
 		// No successor took the record over: the fenced completion stores
 		// the work that was done, so a retry replays it instead of charging
 		// again (releasing the key here would invite a duplicate).
 		require.Equal(t, http.StatusCreated, a.Code, a.Body.String())
-		rec, err := store.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		rec, err := store.Get(t.Context(), idempotency.Scope{Method: "POST", Route: "/payments", Key: "k"})
 		require.NoError(t, err)
-		require.Equal(t, Completed, rec.State)
+		require.Equal(t, idempotency.Completed, rec.State)
 		require.Equal(t, "charged", string(rec.Response.Body))
 	})
 
 	synctest.Test(t, func(t *testing.T) {
-		store := &beatFails{MemoryStore: NewMemoryStore(), fail: func(n int64) bool { return n == 1 || n == 3 }}
+		store := &beatFails{Store: memstore.New(), fail: func(n int64) bool { return n == 1 || n == 3 }}
 		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(95 * time.Second) // beats 1 and 3 fail, 2 and 4 get through
 			if err := context.Cause(r.Context()); err != nil {
@@ -137,27 +141,27 @@ func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		h := New(store, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
+		h := idempotency.New(store, idempotency.WithAnonymousKeys(true), idempotency.WithLease(30*time.Second), idempotency.WithLogger(quiet)).Wrap(next)
 		require.Equal(t, http.StatusCreated, send(t, h, "k", `{}`).Code)
-		rec, err := store.Get(t.Context(), Scope{Method: "POST", Route: "/payments", Key: "k"})
+		rec, err := store.Get(t.Context(), idempotency.Scope{Method: "POST", Route: "/payments", Key: "k"})
 		require.NoError(t, err)
-		require.Equal(t, Completed, rec.State)
+		require.Equal(t, idempotency.Completed, rec.State)
 	})
 }
 
 // beatLog is a MemoryStore that records when each key's lease was extended.
 type beatLog struct {
-	*MemoryStore
+	*memstore.Store
 	start time.Time
 	mu    sync.Mutex
 	beats map[string][]time.Duration
 }
 
-func (b *beatLog) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
+func (b *beatLog) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
 	b.mu.Lock()
 	b.beats[l.Scope.Key] = append(b.beats[l.Scope.Key], time.Since(b.start))
 	b.mu.Unlock()
-	return b.MemoryStore.Heartbeat(ctx, l, until)
+	return b.Store.Heartbeat(ctx, l, until)
 }
 
 // A run beats at lease/3 after it started and every lease/3 after that,
@@ -165,13 +169,13 @@ func (b *beatLog) Heartbeat(ctx context.Context, l Lease, until time.Time) error
 // beats. testing/synctest provides the fake time.
 func TestHeartbeatEveryThirdOfTheLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &beatLog{MemoryStore: NewMemoryStore(), start: time.Now(), beats: map[string][]time.Duration{}}
+		store := &beatLog{Store: memstore.New(), start: time.Now(), beats: map[string][]time.Duration{}}
 		runFor := map[string]time.Duration{"z": time.Second, "a": 5 * time.Second, "b": 15 * time.Second, "c": 35 * time.Second, "d": 9 * time.Second}
 		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(runFor[r.Header.Get("Idempotency-Key")])
 			w.WriteHeader(http.StatusCreated)
 		})
-		h := New(store, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
+		h := idempotency.New(store, idempotency.WithAnonymousKeys(true), idempotency.WithLease(30*time.Second), idempotency.WithLogger(quiet)).Wrap(next)
 		require.Equal(t, http.StatusCreated, send(t, h, "z", `{}`).Code)
 		store.start = time.Now()
 		var wg sync.WaitGroup
@@ -194,13 +198,13 @@ func TestHeartbeatEveryThirdOfTheLease(t *testing.T) {
 // beats on each clock: every run's timer is made on the clock of the
 // goroutine that runs it.
 func TestHeartbeatsAcrossSyncTestBubbles(t *testing.T) {
-	store := &beatLog{MemoryStore: NewMemoryStore(), start: time.Now(), beats: map[string][]time.Duration{}}
+	store := &beatLog{Store: memstore.New(), start: time.Now(), beats: map[string][]time.Duration{}}
 	var runFor atomic.Int64
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(time.Duration(runFor.Load()))
 		w.WriteHeader(http.StatusCreated)
 	})
-	h := New(store, WithAnonymousKeys(), WithLease(30*time.Second), WithLogger(discard))(next)
+	h := idempotency.New(store, idempotency.WithAnonymousKeys(true), idempotency.WithLease(30*time.Second), idempotency.WithLogger(quiet)).Wrap(next)
 	for i := range 200 {
 		require.Equal(t, http.StatusCreated, send(t, h, fmt.Sprint("outside-", i), `{}`).Code)
 	}
@@ -221,22 +225,22 @@ func TestHeartbeatsAcrossSyncTestBubbles(t *testing.T) {
 	require.Equal(t, []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second}, store.beats["bubble-2"])
 }
 
-// lateBeatStore holds the middleware's first heartbeat (a beat extends the
-// lease past now) until the lease is ended at once (a heartbeat to now, as
-// abort does for a resume) or 100 ms pass.
+// lateBeatStore holds the middleware's first heartbeat until the lease is
+// ended at once (EndLease, as for a resume) or 100 ms pass.
 type lateBeatStore struct {
-	*MemoryStore
+	*memstore.Store
 	once, ended sync.Once
 	inFlight    chan struct{}
 	release     chan struct{}
 }
 
-func (s *lateBeatStore) Heartbeat(ctx context.Context, l Lease, until time.Time) error {
-	if !until.After(time.Now()) { // abort ending the lease: write it, then let the beat go
-		err := s.MemoryStore.Heartbeat(ctx, l, until)
-		s.ended.Do(func() { close(s.release) })
-		return err
-	}
+func (s *lateBeatStore) EndLease(ctx context.Context, l idempotency.Lease, now time.Time) error {
+	err := s.Store.EndLease(ctx, l, now)
+	s.ended.Do(func() { close(s.release) })
+	return err
+}
+
+func (s *lateBeatStore) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
 	first := false
 	s.once.Do(func() { first = true })
 	if first {
@@ -246,7 +250,7 @@ func (s *lateBeatStore) Heartbeat(ctx context.Context, l Lease, until time.Time)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return s.MemoryStore.Heartbeat(ctx, l, until)
+	return s.Store.Heartbeat(ctx, l, until)
 }
 
 // A record kept for a resume (a phase committed, then an unstored answer)
@@ -255,10 +259,10 @@ func (s *lateBeatStore) Heartbeat(ctx context.Context, l Lease, until time.Time)
 // again afterwards: the middleware waits for it before ending the lease.
 func TestLateHeartbeatDoesNotReExtendAnEndedLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &lateBeatStore{MemoryStore: NewMemoryStore(), inFlight: make(chan struct{}), release: make(chan struct{})}
-		mw := New(s, WithAnonymousKeys(), WithLease(300*time.Millisecond))
-		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			run, _ := FromContext(r.Context())
+		s := &lateBeatStore{Store: memstore.New(), inFlight: make(chan struct{}), release: make(chan struct{})}
+		mw := idempotency.New(s, idempotency.WithAnonymousKeys(true), idempotency.WithLease(300*time.Millisecond), idempotency.WithLogger(quiet))
+		h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			run, _ := idempotency.FromContext(r.Context())
 			_, err := run.Phase(r.Context(), "p1", func(context.Context) ([]byte, error) { return []byte("x"), nil })
 			require.NoError(t, err)
 			<-s.inFlight                                  // the first beat is in flight
@@ -269,10 +273,10 @@ func TestLateHeartbeatDoesNotReExtendAnEndedLease(t *testing.T) {
 		rr := httptest.NewRecorder()
 		h.ServeHTTP(rr, req)
 		synctest.Wait() // the late beat, if any, has landed
-		rec, err := s.Get(context.Background(), Scope{Method: http.MethodPost, Route: "/pay", Key: "k"})
+		rec, err := s.Get(context.Background(), idempotency.Scope{Method: http.MethodPost, Route: "/pay", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, http.StatusInternalServerError, rr.Code)
-		require.Equal(t, InProgress, rec.State)
+		require.Equal(t, idempotency.InProgress, rec.State)
 		require.False(t, rec.LeaseUntil.After(time.Now()), "the ended lease was extended again by %v", time.Until(rec.LeaseUntil))
 	})
 }

@@ -16,20 +16,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
 
-// serve starts an httptest server with mw(h) on "POST /payments" and
+// serve starts an httptest server with mw.Wrap(h) on "POST /payments" and
 // "PATCH /payments/{id}" and a pass-through route "GET /payments".
 func serve(t *testing.T, store idempotency.Store, h http.Handler, opts ...idempotency.Option) *httptest.Server {
 	t.Helper()
 	opts = append([]idempotency.Option{idempotency.WithLogger(quiet)}, opts...)
 	mw := idempotency.New(store, opts...)
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw(h))
-	mux.Handle("PATCH /payments/{id}", mw(h))
-	mux.Handle("GET /payments", mw(h))
+	mux.Handle("POST /payments", mw.Wrap(h))
+	mux.Handle("PATCH /payments/{id}", mw.Wrap(h))
+	mux.Handle("GET /payments", mw.Wrap(h))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handler panics are expected in some tests
 	srv.Start()
@@ -92,17 +93,28 @@ func post(t *testing.T, srv *httptest.Server, key, body string, extra ...string)
 	return do(t, http.MethodPost, srv.URL+"/payments", key, body, extra...)
 }
 
+// problem is the problem+json body of the middleware's own answers, as
+// docs/CONTRACT.md describes it.
+type problem struct {
+	Type           string `json:"type"`
+	Title          string `json:"title"`
+	Status         int    `json:"status"`
+	Code           string `json:"code"`
+	Detail         string `json:"detail"`
+	OriginalStatus int    `json:"original_status"`
+}
+
 // requireProblem checks a problem+json answer and returns it.
-func requireProblem(t *testing.T, a answer, status int, code string) idempotency.Problem {
+func requireProblem(t *testing.T, a answer, status int, code string) problem {
 	t.Helper()
 	require.Equal(t, status, a.Status, "body: %s", a.Body)
 	require.Equal(t, "application/problem+json", a.Header.Get("Content-Type"))
 	require.Equal(t, "no-store", a.Header.Get("Cache-Control"))
-	var p idempotency.Problem
+	var p problem
 	require.NoError(t, json.Unmarshal([]byte(a.Body), &p), a.Body)
 	require.Equal(t, code, p.Code)
 	require.Equal(t, status, p.Status)
-	require.Equal(t, idempotency.ProblemTypeBase+code, p.Type)
+	require.Equal(t, "https://saferetry.dev/problems/"+code, p.Type)
 	require.NotEmpty(t, p.Title)
 	require.Empty(t, a.Header.Get(idempotency.ReplayedHeader))
 	return p
@@ -125,13 +137,14 @@ type failingStore struct{}
 
 var errStore = errors.New("store down")
 
-func (failingStore) Claim(context.Context, idempotency.Claim) (idempotency.Record, bool, error) {
-	return idempotency.Record{}, false, errStore
+func (failingStore) Claim(context.Context, idempotency.Claim) (idempotency.ClaimResult, error) {
+	return idempotency.ClaimResult{}, errStore
 }
 func (failingStore) Get(context.Context, idempotency.Scope) (idempotency.Record, error) {
 	return idempotency.Record{}, errStore
 }
 func (failingStore) Heartbeat(context.Context, idempotency.Lease, time.Time) error { return errStore }
+func (failingStore) EndLease(context.Context, idempotency.Lease, time.Time) error  { return errStore }
 func (failingStore) Complete(context.Context, idempotency.Lease, idempotency.Response, time.Time) error {
 	return errStore
 }
@@ -144,11 +157,11 @@ func (failingStore) Abandoned(context.Context, time.Time, int) ([]idempotency.Re
 }
 func (failingStore) DeleteBefore(context.Context, time.Time, int) (int, error) { return 0, errStore }
 
-// plainStore hides the MemoryStore's Transactor methods.
+// plainStore hides a store's Transactor methods.
 type plainStore struct{ idempotency.Store }
 
-// failingBegin is a MemoryStore whose Begin fails.
-type failingBegin struct{ *idempotency.MemoryStore }
+// failingBegin is a memstore whose Begin fails.
+type failingBegin struct{ *memstore.Store }
 
 func (failingBegin) Begin(context.Context, idempotency.Lease) (idempotency.Unit, context.Context, error) {
 	return nil, nil, errStore
@@ -158,3 +171,21 @@ const (
 	timeout = 10 * time.Second
 	tick    = time.Millisecond
 )
+
+// claimed unpacks a Claim's result as (record, acquired, error).
+func claimed(res idempotency.ClaimResult, err error) (idempotency.Record, bool, error) {
+	return res.Record, res.Acquired(), err
+}
+
+// send serves one guarded POST /payments through h in process (no
+// network, so that it runs in a testing/synctest bubble too). It sends no
+// credentials: give h WithAnonymousKeys(true).
+func send(t *testing.T, h http.Handler, key, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/saferetry/saferetry"
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -30,7 +31,7 @@ func TestKeysRealClientsSend(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"payment":%d}`, n)
 	})
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	client := &http.Client{Transport: saferetry.NewTransport(nil,
 		saferetry.WithBudget(budget.Unlimited()), saferetry.WithLogger(quiet))}
 	t.Cleanup(client.CloseIdleConnections)

@@ -13,25 +13,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // slowClaimStore commits a claim, then reports the caller's cancellation if
 // it happens within a short window, as a database driver does when the
 // context is canceled while the statement's result is on its way back.
 type slowClaimStore struct {
-	*idempotency.MemoryStore
+	*memstore.Store
 	claimed chan struct{}
 }
 
-func (s *slowClaimStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
-	rec, ok, err := s.MemoryStore.Claim(ctx, c)
+func (s *slowClaimStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
+	res, err := s.Store.Claim(ctx, c)
 	close(s.claimed)
 	select {
 	case <-ctx.Done():
-		return idempotency.Record{}, false, ctx.Err()
+		return idempotency.ClaimResult{}, ctx.Err()
 	case <-time.After(200 * time.Millisecond):
 	}
-	return rec, ok, err
+	return res, err
 }
 
 // A client that goes away while its claim is being committed must not leave
@@ -39,13 +40,13 @@ func (s *slowClaimStore) Claim(ctx context.Context, c idempotency.Claim) (idempo
 // answer (the replay of the run that went ahead), not a 409 for a lease
 // nobody renews.
 func TestClaimSurvivesClientDisconnect(t *testing.T) {
-	store := &slowClaimStore{MemoryStore: idempotency.NewMemoryStore(), claimed: make(chan struct{})}
+	store := &slowClaimStore{Store: memstore.New(), claimed: make(chan struct{})}
 	ran := 0
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ran++
 		w.WriteHeader(http.StatusCreated)
 	})
-	mw := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quiet))(h)
+	mw := idempotency.New(store, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(h)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`)).WithContext(ctx)
@@ -72,21 +73,21 @@ func TestClaimSurvivesClientDisconnect(t *testing.T) {
 
 // deadlineStore records whether its claims were given a deadline.
 type deadlineStore struct {
-	*idempotency.MemoryStore
+	*memstore.Store
 	hadDeadline atomic.Bool
 }
 
-func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
+func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	_, ok := ctx.Deadline()
 	s.hadDeadline.Store(ok)
-	return s.MemoryStore.Claim(ctx, c)
+	return s.Store.Claim(ctx, c)
 }
 
 // Only the MemoryStore itself goes without store timeouts: a store that
 // embeds it (a wrapper that may add I/O) keeps them.
 func TestAStoreEmbeddingTheMemoryStoreKeepsTheStoreTimeout(t *testing.T) {
-	store := &deadlineStore{MemoryStore: idempotency.NewMemoryStore()}
-	mw := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quiet))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	store := &deadlineStore{Store: memstore.New()}
+	mw := idempotency.New(store, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`))

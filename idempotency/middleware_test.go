@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,9 +15,11 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // payments is a handler whose side effect is a counter; it answers 201 with
@@ -36,17 +39,18 @@ func (p *payments) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Location", fmt.Sprintf("/payments/%d", n))
 	w.Header().Set("Set-Cookie", "session=secret")
 	w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n))
+	w.Header().Set("X-Balance", "100")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"payment":%d,"request":%s}`, n, body)
 }
 
-// Acceptance 1: 200 concurrent requests with one key and body: one
+// 200 concurrent requests with one key and body: one
 // execution; every other answer is the in-progress 409 or a replay identical
 // to the first; the in-progress ones retried afterwards get the replay.
 func TestConcurrentRequestsOneExecution(t *testing.T) {
 	const n = 200
 	h := &payments{gate: make(chan struct{})}
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
 	t.Cleanup(client.CloseIdleConnections)
 
@@ -111,10 +115,10 @@ func TestConcurrentRequestsOneExecution(t *testing.T) {
 	require.EqualValues(t, 1, h.n.Load())
 }
 
-// Acceptance 2: same key, different body: 422 idempotency_key_reused.
+// Same key, different body: 422 idempotency_key_reused.
 func TestKeyReusedWithDifferentBody(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	first := post(t, srv, "k-422", `{"amount":100,"currency":"EUR"}`)
 	require.Equal(t, http.StatusCreated, first.Status)
 
@@ -131,7 +135,7 @@ func TestKeyReusedWithDifferentBody(t *testing.T) {
 	requireProblem(t, a, http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
 	require.EqualValues(t, 2, h.n.Load())
 
-	srv409 := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithMismatchStatus(http.StatusConflict))
+	srv409 := serve(t, memstore.New(), h, idempotency.WithMismatchStatus(http.StatusConflict))
 	post(t, srv409, "k", `{"amount":1}`)
 	requireProblem(t, post(t, srv409, "k", `{"amount":2}`), http.StatusConflict, idempotency.CodeKeyReused)
 }
@@ -140,7 +144,7 @@ func TestKeyReusedWithDifferentBody(t *testing.T) {
 // an in-progress conflict.
 func TestKeyReusedWhileInProgress(t *testing.T) {
 	h := &payments{gate: make(chan struct{})}
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	done := make(chan answer)
 	go func() {
 		a, _ := tryDo(http.MethodPost, srv.URL+"/payments", "k", `{"amount":1}`)
@@ -153,10 +157,10 @@ func TestKeyReusedWhileInProgress(t *testing.T) {
 	require.Equal(t, http.StatusCreated, (<-done).Status)
 }
 
-// Acceptance 3: principal B reusing principal A's key runs on its own.
+// Principal B reusing principal A's key runs on its own.
 func TestPrincipalIsolation(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithPrincipal(func(r *http.Request) (string, error) {
+	srv := serve(t, memstore.New(), h, idempotency.WithPrincipal(func(r *http.Request) (string, error) {
 		return r.Header.Get("X-Account"), nil
 	}))
 	a1 := post(t, srv, "shared", `{"amount":5}`, "X-Account: alice")
@@ -174,20 +178,30 @@ func TestPrincipalIsolation(t *testing.T) {
 // The default principal is a digest of the Authorization header.
 func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	a := post(t, srv, "k", `{}`, "Authorization: Bearer alice")
 	requireFresh(t, post(t, srv, "k", `{}`, "Authorization: Bearer bob"))
 	requireProblem(t, post(t, srv, "k", `{}`, "Authorization:"), http.StatusUnauthorized, idempotency.CodePrincipalMissing)
 	requireReplay(t, post(t, srv, "k", `{}`, "Authorization: Bearer alice"), a)
 	require.EqualValues(t, 2, h.n.Load())
 
-	p, err := idempotency.AuthorizationPrincipal(&http.Request{Header: http.Header{}})
-	require.NoError(t, err)
-	require.Empty(t, p)
-	p, err = idempotency.AuthorizationPrincipal(&http.Request{Header: http.Header{"Authorization": {"Bearer x"}}})
-	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(p, "authz:"))
-	require.NotContains(t, p, "Bearer")
+}
+
+// An Authorization header that is empty or blank identifies nobody: by
+// default such a request has no principal and its key is refused, instead
+// of every such caller sharing the scope of the digest of "".
+func TestBlankAuthorizationIsNoPrincipal(t *testing.T) {
+	h := &payments{}
+	mw := idempotency.New(memstore.New(), idempotency.WithLogger(quiet))
+	for _, vals := range [][]string{{""}, {"   "}, {"\t"}, {"", " "}} {
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+		r.Header["Authorization"] = vals
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		mw.Wrap(h).ServeHTTP(w, r)
+		requireProblem(t, answer{w.Code, w.Header(), w.Body.String()}, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
+	}
+	require.Zero(t, h.n.Load(), "the handler never ran")
 }
 
 // WithAnonymousKeys is the explicit opt-in to the old behaviour: every
@@ -195,7 +209,7 @@ func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
 // caller with the first one's key gets the first one's stored response.
 func TestWithAnonymousKeysSharesOneScope(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithAnonymousKeys())
+	srv := serve(t, memstore.New(), h, idempotency.WithAnonymousKeys(true))
 	first := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
 	require.Equal(t, http.StatusCreated, first.Status, first.Body)
 	requireFresh(t, first)
@@ -208,14 +222,14 @@ func TestWithAnonymousKeysSharesOneScope(t *testing.T) {
 
 func TestPrincipalError(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithPrincipal(func(*http.Request) (string, error) {
+	srv := serve(t, memstore.New(), h, idempotency.WithPrincipal(func(*http.Request) (string, error) {
 		return "", errStore
 	}))
 	requireProblem(t, post(t, srv, "k", `{}`), http.StatusUnauthorized, idempotency.CodePrincipalUnavailable)
 	require.Zero(t, h.n.Load())
 }
 
-// Acceptance 4: key formats.
+// Key formats.
 func TestKeyFormats(t *testing.T) {
 	var seen atomic.Value
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -225,7 +239,7 @@ func TestKeyFormats(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	for _, tc := range []struct{ header, key string }{
 		{"abc-123", "abc-123"},
 		{`"abc-456"`, "abc-456"},
@@ -233,7 +247,7 @@ func TestKeyFormats(t *testing.T) {
 		{"  padded  ", "padded"},
 		{strings.Repeat("k", 255), strings.Repeat("k", 255)},
 		// Bare values are the key as they are: inner spaces, commas,
-		// quotes (issue 16 point 6).
+		// quotes.
 		{"order 42", "order 42"},
 		{`"a b"`, "a b"},
 		{"a, b", "a, b"},
@@ -271,7 +285,7 @@ func TestKeyFormats(t *testing.T) {
 	}
 }
 
-// Acceptance 5: which statuses are stored and replayed, and which release
+// Which statuses are stored and replayed, and which release
 // the key so that a retry executes again. One subtest per status.
 func TestStoredAndReleasedStatuses(t *testing.T) {
 	for _, tc := range []struct {
@@ -296,7 +310,7 @@ func TestStoredAndReleasedStatuses(t *testing.T) {
 					fmt.Fprintf(w, "execution %d", i)
 				}
 			})
-			store := idempotency.NewMemoryStore()
+			store := memstore.New()
 			srv := serve(t, store, h)
 			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 			send := func() answer {
@@ -338,7 +352,7 @@ func TestStoredAndReleasedStatuses(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 			io.WriteString(w, "second")
 		})
-		store := idempotency.NewMemoryStore()
+		store := memstore.New()
 		srv := serve(t, store, h)
 		_, err := tryDo(http.MethodPost, srv.URL+"/payments", "k", `{}`)
 		require.Error(t, err, "net/http drops the connection of a panicking handler")
@@ -355,7 +369,7 @@ func TestStoredAndReleasedStatuses(t *testing.T) {
 			n.Add(1)
 			http.Error(w, "down", http.StatusInternalServerError)
 		})
-		srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithStore5xx(true))
+		srv := serve(t, memstore.New(), h, idempotency.WithStore5xx(true))
 		first := post(t, srv, "k", `{}`)
 		require.Equal(t, http.StatusInternalServerError, first.Status)
 		requireReplay(t, post(t, srv, "k", `{}`), first)
@@ -366,9 +380,9 @@ func TestStoredAndReleasedStatuses(t *testing.T) {
 // A 5xx after a committed recovery point keeps the record in progress with
 // its lease ended: the retry takes over at once and resumes from the point.
 func TestFailureAfterRecoveryPointResumes(t *testing.T) {
-	store := idempotency.NewMemoryStore()
+	store := memstore.New()
 	var calls atomic.Int64
-	var resumedFrom, resumedData atomic.Value
+	var resumedFrom atomic.Value
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run, ok := idempotency.FromContext(r.Context())
 		if !ok {
@@ -384,7 +398,6 @@ func TestFailureAfterRecoveryPointResumes(t *testing.T) {
 			return
 		}
 		resumedFrom.Store(run.RecoveryPoint)
-		resumedData.Store(string(run.RecoveryData))
 		w.WriteHeader(http.StatusCreated)
 	})
 	srv := serve(t, store, h)
@@ -396,12 +409,11 @@ func TestFailureAfterRecoveryPointResumes(t *testing.T) {
 	second := post(t, srv, "k", `{}`)
 	require.Equal(t, http.StatusCreated, second.Status, second.Body)
 	require.Equal(t, "order-created", resumedFrom.Load())
-	require.Equal(t, "order-7", resumedData.Load())
 	requireReplay(t, post(t, srv, "k", `{}`), second)
 	require.EqualValues(t, 2, calls.Load())
 }
 
-// Acceptance 7: a failing store gives 503 and the handler never runs.
+// A failing store gives 503 and the handler never runs.
 func TestFailingStore(t *testing.T) {
 	for name, store := range map[string]idempotency.Store{
 		"claim fails": failingStore{},
@@ -424,7 +436,7 @@ func TestFailingStore(t *testing.T) {
 func TestBeginFailure(t *testing.T) {
 	for _, asks := range []bool{false, true} {
 		t.Run(fmt.Sprintf("handler asks=%v", asks), func(t *testing.T) {
-			store := failingBegin{idempotency.NewMemoryStore()}
+			store := failingBegin{memstore.New()}
 			var unitErr, phaseErr atomic.Value
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				run, _ := idempotency.FromContext(r.Context())
@@ -462,19 +474,19 @@ func TestBeginFailure(t *testing.T) {
 
 // A store that fails at completion: with a Transactor nothing commits and
 // the client gets 503 (and none of the handler's response).
-type failingCommit struct{ *idempotency.MemoryStore }
+type failingCommit struct{ *memstore.Store }
 
 type failingUnit struct{ idempotency.Unit }
 
 func (failingUnit) Commit() error { return errStore }
 
 func (f failingCommit) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
-	u, c, err := f.MemoryStore.Begin(ctx, l)
+	u, c, err := f.Store.Begin(ctx, l)
 	return failingUnit{u}, c, err
 }
 
 func TestCommitFailureAnswers503(t *testing.T) {
-	store := failingCommit{idempotency.NewMemoryStore()}
+	store := failingCommit{memstore.New()}
 	p := &payments{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run, _ := idempotency.FromContext(r.Context())
@@ -491,7 +503,7 @@ func TestCommitFailureAnswers503(t *testing.T) {
 
 func TestPassThrough(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	// Unguarded method, even with a key: no record, no replay.
 	for range 2 {
 		requireFresh(t, do(t, http.MethodGet, srv.URL+"/payments", "k", ""))
@@ -502,12 +514,12 @@ func TestPassThrough(t *testing.T) {
 	}
 	require.EqualValues(t, 4, h.n.Load())
 
-	srvReq := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithKeyRequired(true))
+	srvReq := serve(t, memstore.New(), h, idempotency.WithKeyRequired(true))
 	requireProblem(t, post(t, srvReq, "", `{}`), http.StatusBadRequest, idempotency.CodeKeyMissing)
 	require.EqualValues(t, 4, h.n.Load())
 
 	// WithMethods guards GET instead.
-	srvGet := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithMethods("get"))
+	srvGet := serve(t, memstore.New(), h, idempotency.WithMethods("get"))
 	first := do(t, http.MethodGet, srvGet.URL+"/payments", "k", "")
 	requireReplay(t, do(t, http.MethodGet, srvGet.URL+"/payments", "k", ""), first)
 	requireFresh(t, post(t, srvGet, "k", `{}`))
@@ -515,7 +527,7 @@ func TestPassThrough(t *testing.T) {
 
 func TestReplayHeaders(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	first := post(t, srv, "k", `{"a":1}`)
 	require.Equal(t, "session=secret", first.Header.Get("Set-Cookie"), "the first client gets every header")
 	require.Equal(t, "req-1", first.Header.Get("X-Request-Id"))
@@ -527,13 +539,17 @@ func TestReplayHeaders(t *testing.T) {
 	require.Empty(t, r.Header.Get("X-Request-Id"))
 	require.NotEqual(t, first.Header.Get("Date"), "", "net/http sets Date")
 
-	// A custom allow-list cannot re-admit Set-Cookie.
-	srv2 := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithReplayHeaders("X-Request-Id", "Set-Cookie", "Location"))
+	require.Empty(t, r.Header.Get("X-Balance"))
+
+	// Headers added to the allow-list are replayed too, but Set-Cookie and
+	// per-exchange ids never are.
+	srv2 := serve(t, memstore.New(), h, idempotency.WithReplayHeaders("x-balance", "X-Request-Id", "Set-Cookie"))
 	post(t, srv2, "k", `{}`)
 	r = post(t, srv2, "k", `{}`)
 	require.Empty(t, r.Header.Get("Set-Cookie"))
 	require.Empty(t, r.Header.Get("X-Request-Id"))
-	require.NotEmpty(t, r.Header.Get("Location"))
+	require.Equal(t, "100", r.Header.Get("X-Balance"))
+	require.NotEmpty(t, r.Header.Get("Location"), "the defaults stay")
 }
 
 // The stored headers are nobody else's: what the handler does to its value
@@ -547,7 +563,7 @@ func TestStoredHeadersAreNobodyElses(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":1}`)
 	})
-	mw := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(h)
+	mw := idempotency.New(memstore.New(), idempotency.WithLogger(quiet)).Wrap(h)
 	send := func() *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"a":1}`))
 		r.Header.Set("Idempotency-Key", "k")
@@ -573,7 +589,7 @@ func TestRequestBodyLimit(t *testing.T) {
 		got.Store(int64(len(b)))
 		w.WriteHeader(http.StatusCreated)
 	})
-	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithMaxRequestBody(100))
+	srv := serve(t, memstore.New(), h, idempotency.WithMaxRequestBody(100))
 	a := post(t, srv, "k1", strings.Repeat("x", 100))
 	require.Equal(t, http.StatusCreated, a.Status)
 	require.EqualValues(t, 100, got.Load(), "the handler must get the full body")
@@ -588,7 +604,7 @@ func TestStoredBodyCap(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, strings.Repeat("y", 64))
 	})
-	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithMaxStoredBody(63))
+	srv := serve(t, memstore.New(), h, idempotency.WithMaxStoredBody(63))
 	first := post(t, srv, "k", `{}`)
 	require.Equal(t, http.StatusCreated, first.Status)
 	require.Len(t, first.Body, 64, "the first client gets the whole body")
@@ -608,7 +624,7 @@ func TestCaptureWriter(t *testing.T) {
 		err := http.NewResponseController(w).Flush()
 		io.WriteString(w, fmt.Sprintf(" flush=%v", err))
 	})
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	first := post(t, srv, "k", `{}`)
 	require.Equal(t, http.StatusOK, first.Status)
 	require.Equal(t, "flusher=true unwrap=true flush=<nil>", first.Body)
@@ -618,7 +634,7 @@ func TestCaptureWriter(t *testing.T) {
 // A plain (non-Transactor) store works the same.
 func TestPlainStore(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, plainStore{idempotency.NewMemoryStore()}, h)
+	srv := serve(t, plainStore{memstore.New()}, h)
 	first := post(t, srv, "k", `{}`)
 	require.Equal(t, http.StatusCreated, first.Status)
 	requireReplay(t, post(t, srv, "k", `{}`), first)
@@ -634,7 +650,7 @@ func TestFromContext(t *testing.T) {
 		rec     idempotency.Record // as the handler runs
 		recErr  error
 	)
-	store := idempotency.NewMemoryStore()
+	store := memstore.New()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run, _ = idempotency.FromContext(r.Context())
 		unit, _, unitErr = run.Unit(r.Context())
@@ -643,15 +659,16 @@ func TestFromContext(t *testing.T) {
 	srv := serve(t, store, h)
 	post(t, srv, "k", `{"a":1}`, "Authorization: Bearer secret")
 	require.NoError(t, recErr)
-	sr, err := idempotency.DecodeRequest(rec.Request)
-	require.NoError(t, err)
-	require.Regexp(t, `^[0-9a-f]{16}$`, sr.ID, "a random request ID for downstream keys")
-	require.Equal(t, idempotency.StoredRequest{ID: sr.ID, Method: "POST", URL: "/payments", Host: strings.TrimPrefix(srv.URL, "http://"),
-		ContentType: "application/json", Body: []byte(`{"a":1}`)}, sr)
+	var sr struct{ ID string }
+	require.NoError(t, json.Unmarshal(rec.Request, &sr))
+	_, err := uuid.Parse(sr.ID)
+	require.NoError(t, err, "a random request ID (a UUID) for downstream keys")
+	require.Equal(t, string(idempotency.StoredRequest(sr.ID, "POST", "/payments", strings.TrimPrefix(srv.URL, "http://"),
+		"application/json", []byte(`{"a":1}`))), string(rec.Request))
 	require.NoError(t, unitErr)
 	require.NotNil(t, unit, "a Transactor store gives the handler its unit")
 	_, _, err = run.Unit(t.Context())
-	require.ErrorIs(t, err, idempotency.ErrRunDone, "the run ends with its handler")
+	require.ErrorIs(t, err, idempotency.ErrMisuse, "the run ends with its handler")
 	require.NotContains(t, string(rec.Request), "secret", "credentials must not reach the store")
 	require.NotNil(t, run)
 	require.Equal(t, idempotency.Scope{Principal: run.Scope.Principal, Method: "POST", Route: "POST /payments", Key: "k"}, run.Scope)
@@ -664,14 +681,14 @@ func TestFromContext(t *testing.T) {
 
 // The handler's context keeps the request's values and deadline and
 // carries the Run, but once the key is claimed the client going away does
-// not cancel it (issue 16 point 5): only the deadline (or a lost lease, or
+// not cancel it: only the deadline (or a lost lease, or
 // WithShutdown) ends it. Fake time: the one-hour deadline passes at once.
 func TestHandlerContextOutlivesTheClient(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		type key struct{}
 		deadline := time.Now().Add(time.Hour)
 		got := make(chan error, 1)
-		h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet))(http.HandlerFunc(
+		h := idempotency.New(memstore.New(), idempotency.WithLogger(quiet)).Wrap(http.HandlerFunc(
 			func(w http.ResponseWriter, r *http.Request) {
 				ctx := r.Context()
 				d, ok := ctx.Deadline()
@@ -708,7 +725,7 @@ func TestWithShutdownCancelsTheHandler(t *testing.T) {
 		shutdown, stop := context.WithCancelCause(context.Background())
 		stopping := errors.New("server shutting down")
 		got := make(chan error, 1)
-		h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLogger(quiet), idempotency.WithShutdown(shutdown))(
+		h := idempotency.New(memstore.New(), idempotency.WithLogger(quiet), idempotency.WithShutdown(shutdown)).Wrap(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				<-r.Context().Done()
 				got <- context.Cause(r.Context())
@@ -740,7 +757,7 @@ func TestWithShutdownCancelsTheHandler(t *testing.T) {
 // WithAnonymousKeys brings the shared scope back.
 func TestAnonymousCallersDoNotShareKeys(t *testing.T) {
 	h := &payments{}
-	srv := serve(t, idempotency.NewMemoryStore(), h)
+	srv := serve(t, memstore.New(), h)
 	first := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
 	requireProblem(t, first, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
 	second := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
@@ -755,7 +772,7 @@ func TestAnonymousCallersDoNotShareKeys(t *testing.T) {
 }
 
 // failingComplete is a memory store whose Store.Complete fails.
-type failingComplete struct{ *idempotency.MemoryStore }
+type failingComplete struct{ *memstore.Store }
 
 func (failingComplete) Complete(context.Context, idempotency.Lease, idempotency.Response, time.Time) error {
 	return errStore
@@ -766,9 +783,9 @@ func (failingComplete) Complete(context.Context, idempotency.Lease, idempotency.
 // response is sent, and the record stays in progress until its lease
 // expires (a retry meanwhile gets 409 in progress, never a second run).
 func TestCompleteFailureWithoutAUnitSendsTheResponse(t *testing.T) {
-	store := failingComplete{idempotency.NewMemoryStore()}
+	store := failingComplete{memstore.New()}
 	h := &payments{}
-	srv := serve(t, store, h, idempotency.WithInProgressWait(0))
+	srv := serve(t, store, h, idempotency.WithMaxInProgressWait(0))
 	a := post(t, srv, "k", `{}`)
 	require.Equal(t, http.StatusCreated, a.Status)
 	require.Contains(t, a.Body, `"payment":1`)

@@ -5,121 +5,149 @@ import (
 	"time"
 )
 
-// Outcomes of an execution, in Event.Outcome of Observer.Executed.
-const (
-	OutcomeCompleted = "completed" // the response is stored, then sent
-	OutcomeReleased  = "released"  // an unstored status: the key was given up
-	OutcomeKept      = "kept"      // unstored after a recovery point: kept in progress for a resume
-	OutcomeLost      = "lost"      // the lease was lost: a successor owns the record
-	OutcomeFailed    = "failed"    // a store failure; the record stays as it was
-)
-
-// Store operations, in Event.Op of Observer.StoreCall.
-const (
-	OpClaim    = "claim"
-	OpGet      = "get"
-	OpComplete = "complete"
-	OpRelease  = "release"
-	// OpHeartbeat is a heartbeat that extends a running handler's lease,
-	// or the one that ends a kept record's lease at once.
-	OpHeartbeat = "heartbeat"
-)
-
-// Observer sees what the middleware (WithObserver) and the reaper
-// (ReaperConfig.Observer) do with keyed requests. Each field is optional; a
-// nil one costs a branch. Several observers given with WithObserver compose:
-// each sees every event, in the order given.
-//
-// The functions run synchronously on the request's goroutine (the reaper's
-// for Unfinished): they must be fast and must not block, and may be called
-// concurrently. ctx is the request's context (without its cancellation after
-// the handler returned). Event.Scope holds the raw key and principal: never
-// log or export them, use keygen.Digest. A panic in them is not recovered.
+// Observer sees what the middleware, its Completer and its Reaper do
+// (WithObserver). Each field is optional; a nil one costs a branch. The
+// functions run synchronously on the goroutine that does the work (the
+// request's, or the job's): they must be fast, must not block, and may be
+// called concurrently. A panic in them is not recovered. Event.Scope and
+// Record.Scope hold the raw key and principal: never log or export them
+// (keygen.Digest them).
 type Observer struct {
-	// Claimed is called when a request claimed its key: a fresh claim, or
-	// (Takeover) the takeover of an in-progress record whose lease expired;
-	// Generation is the record's fencing generation.
+	// Claimed: a request, or the Completer (Background), claimed its key.
+	// Outcome is "created" or "taken_over"; Generation the record's.
 	Claimed func(ctx context.Context, e Event)
-	// Executed is called when the handler of a claimed request returned and
-	// its record was settled: Outcome (an Outcome* constant), Status (the
-	// handler's status), Generation, Duration (from the handler's start to
-	// the settled record, the store calls included). Not called when the
-	// handler panicked.
+	// Executed: the handler of a claimed request returned or panicked, and
+	// its record was settled. Outcome is
+	//   - "completed": the response was stored, then sent;
+	//   - "released": an answer that is not stored; the key was given up;
+	//   - "kept": an answer that is not stored after a committed phase; the
+	//     record stays in progress, its lease ended, for a resume;
+	//   - "incomplete": the handler answered while an External call's
+	//     outcome was unknown; kept, answered 503 CodeRequestIncomplete;
+	//   - "panicked": the handler panicked; released or kept as above;
+	//   - "lost": the lease was lost; the response was discarded;
+	//   - "failed": a store call failed (Err); a unit's writes did not
+	//     commit (503), or a response made outside one was sent unstored;
+	//   - "unresumable" (Completer only): no handler for the record's route,
+	//     or its stored request cannot be rebuilt (Err); it was not run.
+	// Status is the handler's, Duration from its start to the settled
+	// record; Err is also set, to the cause, when the middleware canceled
+	// the handler's context (a lost lease, or heartbeats that failed until
+	// the lease was about to run out).
 	Executed func(ctx context.Context, e Event)
-	// Replayed is called when a completed record's response is replayed:
-	// Status is the replayed status.
+	// Replayed: a stored response was replayed with Status.
 	Replayed func(ctx context.Context, e Event)
-	// Conflict is called for the middleware's conflict answers: Code
-	// CodeInProgress (409, the record is in progress), CodeKeyReused (422
-	// by default, WithMismatchStatus: the key was used for another
-	// request), CodeResponseNotReplayable (409); Status is the status sent.
-	Conflict func(ctx context.Context, e Event)
-	// StoreCall is called after the request path's store calls: the
-	// claim, the reads while waiting on a record in progress, the
-	// completion outside a unit (or the unit's completion and commit), the
-	// release, and every heartbeat: Op (an Op* constant), Duration (its
-	// latency) and Err (nil on success; ErrNotFound and ErrLeaseLost are
-	// answers, not failures). A unit's Begin, a phase's recovery point and
-	// the reads made to answer a lost lease are not reported.
+	// Refused: the middleware answered a guarded request with a problem of
+	// its own before any handler ran: Status, Code (a Code* constant), and
+	// for CodeStoreUnavailable and CodeStoreFull the store's error (Err),
+	// for CodePrincipalUnavailable the principal function's.
+	Refused func(ctx context.Context, e Event)
+	// StoreCall: a store call of the request path ended. Op is "claim",
+	// "get" (waiting on a record in progress), "heartbeat", "end_lease",
+	// "complete" (with a unit: its completion and commit) or "release";
+	// Duration its latency, Err its error. ErrNotFound, ErrLeaseLost,
+	// ErrStoreFull and ErrRecordTooLarge are answers, not failures.
 	StoreCall func(ctx context.Context, e Event)
-	// Unfinished is called by the reaper for each unfinished record it
-	// lists (see Report.Unfinished): Duration is its age (the run's now
-	// minus its CreatedAt), Generation its generation.
-	Unfinished func(ctx context.Context, e Event)
+	// Unfinished: the Reaper is about to delete rec, an in-progress record
+	// whose lease ended before the cleanup horizon: its request started and
+	// never completed, so its side effects may be half done. age is now
+	// minus its CreatedAt.
+	Unfinished func(ctx context.Context, rec Record, age time.Duration)
+	// CompleterRun: a Completer run ended, with its report and error.
+	CompleterRun func(ctx context.Context, rep CompleterReport, err error)
+	// ReaperRun: a Reaper run ended, with its report and error.
+	ReaperRun func(ctx context.Context, rep ReaperReport, err error)
 }
 
 // Event describes one thing an Observer sees; which fields are set depends
-// on the function (see each).
+// on the function (see Observer).
 type Event struct {
-	Scope      Scope // raw key and principal: never export them
-	Status     int
-	Code       string
-	Outcome    string
-	Op         string
-	Err        error
-	Generation int64
-	Takeover   bool
-	Duration   time.Duration
+	Scope         Scope
+	Outcome       string
+	Code          string
+	Op            string
+	Status        int
+	Generation    int64
+	RecoveryPoint string
+	Duration      time.Duration
+	Err           error
+	Background    bool // the Completer's execution
 }
 
-// WithObserver adds o to the middleware's observers (default none). A later
-// WithObserver adds to the earlier ones; each sees every event.
-func WithObserver(o Observer) Option {
-	return func(c *config) { c.obs = c.obs.join(o) }
-}
+// Store operations in Event.Op.
+const (
+	opClaim     = "claim"
+	opGet       = "get"
+	opHeartbeat = "heartbeat"
+	opEndLease  = "end_lease"
+	opComplete  = "complete"
+	opRelease   = "release"
+)
 
-// join returns an Observer that calls o's functions, then p's.
-func (o Observer) join(p Observer) Observer {
-	return Observer{
-		Claimed:    join(o.Claimed, p.Claimed),
-		Executed:   join(o.Executed, p.Executed),
-		Replayed:   join(o.Replayed, p.Replayed),
-		Conflict:   join(o.Conflict, p.Conflict),
-		StoreCall:  join(o.StoreCall, p.StoreCall),
-		Unfinished: join(o.Unfinished, p.Unfinished),
+// observers calls every Observer in order.
+type observers []Observer
+
+func (o observers) claimed(ctx context.Context, e Event) {
+	for _, x := range o {
+		if x.Claimed != nil {
+			x.Claimed(ctx, e)
+		}
 	}
 }
 
-func join(f, g func(context.Context, Event)) func(context.Context, Event) {
-	switch {
-	case f == nil:
-		return g
-	case g == nil:
-		return f
-	}
-	return func(ctx context.Context, e Event) { f(ctx, e); g(ctx, e) }
-}
-
-// observe calls f with e when f is set.
-func observe(f func(context.Context, Event), ctx context.Context, e Event) {
-	if f != nil {
-		f(ctx, e)
+func (o observers) executed(ctx context.Context, e Event) {
+	for _, x := range o {
+		if x.Executed != nil {
+			x.Executed(ctx, e)
+		}
 	}
 }
 
-// storeCall reports a store call that began at start.
-func (h *handler) storeCall(ctx context.Context, op string, s Scope, start time.Time, err error) {
-	if f := h.cfg.obs.StoreCall; f != nil {
-		f(ctx, Event{Scope: s, Op: op, Err: err, Duration: time.Since(start)})
+func (o observers) replayed(ctx context.Context, e Event) {
+	for _, x := range o {
+		if x.Replayed != nil {
+			x.Replayed(ctx, e)
+		}
+	}
+}
+
+func (o observers) refused(ctx context.Context, e Event) {
+	for _, x := range o {
+		if x.Refused != nil {
+			x.Refused(ctx, e)
+		}
+	}
+}
+
+// storeCall reports a store call on s that began at start.
+func (o observers) storeCall(ctx context.Context, op string, s Scope, start time.Time, err error) {
+	for _, x := range o {
+		if x.StoreCall != nil {
+			x.StoreCall(ctx, Event{Scope: s, Op: op, Duration: time.Since(start), Err: err})
+		}
+	}
+}
+
+func (o observers) unfinished(ctx context.Context, rec Record, age time.Duration) {
+	for _, x := range o {
+		if x.Unfinished != nil {
+			x.Unfinished(ctx, rec, age)
+		}
+	}
+}
+
+func (o observers) completerRun(ctx context.Context, rep CompleterReport, err error) {
+	for _, x := range o {
+		if x.CompleterRun != nil {
+			x.CompleterRun(ctx, rep, err)
+		}
+	}
+}
+
+func (o observers) reaperRun(ctx context.Context, rep ReaperReport, err error) {
+	for _, x := range o {
+		if x.ReaperRun != nil {
+			x.ReaperRun(ctx, rep, err)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // seen records every event an Observer gets, by function.
@@ -39,7 +40,7 @@ func (s *seen) add(kind string) func(context.Context, idempotency.Event) {
 func (s *seen) observer() idempotency.Observer {
 	return idempotency.Observer{
 		Claimed: s.add("claimed"), Executed: s.add("executed"), Replayed: s.add("replayed"),
-		Conflict: s.add("conflict"), StoreCall: s.add("store"), Unfinished: s.add("unfinished"),
+		Refused: s.add("refused"), StoreCall: s.add("store"),
 	}
 }
 
@@ -59,20 +60,20 @@ func created(w http.ResponseWriter, _ *http.Request) {
 func TestObserverSeesClaimExecutionReplayAndConflicts(t *testing.T) {
 	s := &seen{}
 	other := &seen{}
-	srv := serve(t, idempotency.NewMemoryStore(), http.HandlerFunc(created),
+	srv := serve(t, memstore.New(), http.HandlerFunc(created),
 		idempotency.WithObserver(s.observer()), idempotency.WithObserver(other.observer()))
 
 	first := post(t, srv, "k1", `{"amount":10}`)
 	require.Equal(t, http.StatusCreated, first.Status)
 	ev, by := s.take()
 	assert.Equal(t, []string{"store", "claimed", "store", "executed"}, ev)
-	assert.Equal(t, idempotency.OpClaim, by["store"][0].Op)
-	assert.Equal(t, idempotency.OpComplete, by["store"][1].Op)
+	assert.Equal(t, "claim", by["store"][0].Op)
+	assert.Equal(t, "complete", by["store"][1].Op)
 	assert.NoError(t, by["store"][1].Err)
-	assert.False(t, by["claimed"][0].Takeover)
+	assert.Equal(t, "created", by["claimed"][0].Outcome)
 	assert.Equal(t, int64(1), by["claimed"][0].Generation)
 	ex := by["executed"][0]
-	assert.Equal(t, idempotency.OutcomeCompleted, ex.Outcome)
+	assert.Equal(t, "completed", ex.Outcome)
 	assert.Equal(t, http.StatusCreated, ex.Status)
 	assert.Equal(t, "k1", ex.Scope.Key)
 	assert.Positive(t, ex.Duration)
@@ -86,9 +87,9 @@ func TestObserverSeesClaimExecutionReplayAndConflicts(t *testing.T) {
 
 	requireProblem(t, post(t, srv, "k1", `{"amount":99}`), http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
 	ev, by = s.take()
-	assert.Equal(t, []string{"store", "conflict"}, ev)
-	assert.Equal(t, idempotency.CodeKeyReused, by["conflict"][0].Code)
-	assert.Equal(t, http.StatusUnprocessableEntity, by["conflict"][0].Status)
+	assert.Equal(t, []string{"store", "refused"}, ev)
+	assert.Equal(t, idempotency.CodeKeyReused, by["refused"][0].Code)
+	assert.Equal(t, http.StatusUnprocessableEntity, by["refused"][0].Status)
 }
 
 func TestObserverSeesInProgressConflictAndRelease(t *testing.T) {
@@ -99,8 +100,8 @@ func TestObserverSeesInProgressConflictAndRelease(t *testing.T) {
 		<-release
 		w.WriteHeader(http.StatusServiceUnavailable) // not stored: the key is released
 	})
-	srv := serve(t, idempotency.NewMemoryStore(), h, idempotency.WithObserver(s.observer()),
-		idempotency.WithInProgressWait(0))
+	srv := serve(t, memstore.New(), h, idempotency.WithObserver(s.observer()),
+		idempotency.WithMaxInProgressWait(0))
 	done := make(chan answer)
 	go func() { a, _ := tryDo(http.MethodPost, srv.URL+"/payments", "k2", `{}`); done <- a }()
 	<-entered
@@ -109,25 +110,25 @@ func TestObserverSeesInProgressConflictAndRelease(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, (<-done).Status)
 
 	_, by := s.take()
-	require.Len(t, by["conflict"], 1)
-	assert.Equal(t, idempotency.CodeInProgress, by["conflict"][0].Code)
-	assert.Equal(t, http.StatusConflict, by["conflict"][0].Status)
+	require.Len(t, by["refused"], 1)
+	assert.Equal(t, idempotency.CodeInProgress, by["refused"][0].Code)
+	assert.Equal(t, http.StatusConflict, by["refused"][0].Status)
 	require.Len(t, by["executed"], 1)
-	assert.Equal(t, idempotency.OutcomeReleased, by["executed"][0].Outcome)
+	assert.Equal(t, "released", by["executed"][0].Outcome)
 	assert.Equal(t, http.StatusServiceUnavailable, by["executed"][0].Status)
 	var ops []string
 	for _, e := range by["store"] {
 		ops = append(ops, e.Op)
 	}
-	assert.Contains(t, ops, idempotency.OpRelease)
+	assert.Contains(t, ops, "release")
 }
 
 // slowFailingStore fails every call after a measurable delay.
 type slowFailingStore struct{ failingStore }
 
-func (slowFailingStore) Claim(context.Context, idempotency.Claim) (idempotency.Record, bool, error) {
+func (slowFailingStore) Claim(context.Context, idempotency.Claim) (idempotency.ClaimResult, error) {
 	time.Sleep(2 * time.Millisecond)
-	return idempotency.Record{}, false, errStore
+	return idempotency.ClaimResult{}, errStore
 }
 
 func TestObserverSeesStoreErrorsWithTheirLatency(t *testing.T) {
@@ -135,42 +136,45 @@ func TestObserverSeesStoreErrorsWithTheirLatency(t *testing.T) {
 	srv := serve(t, slowFailingStore{}, http.HandlerFunc(created), idempotency.WithObserver(s.observer()))
 	requireProblem(t, post(t, srv, "k3", `{}`), http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
 	ev, by := s.take()
-	assert.Equal(t, []string{"store"}, ev)
-	assert.Equal(t, idempotency.OpClaim, by["store"][0].Op)
+	assert.Equal(t, []string{"store", "refused"}, ev)
+	assert.Equal(t, idempotency.CodeStoreUnavailable, by["refused"][0].Code)
+	assert.ErrorIs(t, by["refused"][0].Err, errStore)
+	assert.Equal(t, "claim", by["store"][0].Op)
 	assert.True(t, errors.Is(by["store"][0].Err, errStore))
 	assert.GreaterOrEqual(t, by["store"][0].Duration, 2*time.Millisecond)
 }
 
 func TestObserverSeesATakeover(t *testing.T) {
 	s := &seen{}
-	store := idempotency.NewMemoryStore()
+	store := memstore.New()
 	body := `{"amount":10}`
 	scope := idempotency.Scope{Method: http.MethodPost, Route: "POST /payments", Key: "k4"}
 	// A first execution whose lease expired an hour ago, for the same request.
-	_, ok, err := store.Claim(t.Context(), idempotency.Claim{
+	res, err := store.Claim(t.Context(), idempotency.Claim{
 		Scope: scope, Owner: "crashed", Now: time.Now().Add(-time.Hour), LeaseFor: time.Second,
-		Fingerprint:        idempotency.Fingerprint(http.MethodPost, "POST /payments", "/payments", "", "application/json", []byte(body)),
+		Fingerprint: idempotency.Fingerprint(idempotency.FingerprintVersion, http.MethodPost, "POST /payments", "/payments", "",
+			"application/json", []byte(body)),
 		FingerprintVersion: idempotency.FingerprintVersion, ReplayWindow: time.Hour,
 	})
 	require.NoError(t, err)
-	require.True(t, ok)
+	require.Equal(t, idempotency.ClaimCreated, res.Outcome)
 	// The requests below carry no credentials: the anonymous scope ("").
-	srv := serve(t, store, http.HandlerFunc(created), idempotency.WithObserver(s.observer()), idempotency.WithAnonymousKeys())
+	srv := serve(t, store, http.HandlerFunc(created), idempotency.WithObserver(s.observer()), idempotency.WithAnonymousKeys(true))
 	require.Equal(t, http.StatusCreated, post(t, srv, "k4", body, "Authorization:").Status)
 	_, by := s.take()
 	require.Len(t, by["claimed"], 1)
-	assert.True(t, by["claimed"][0].Takeover)
+	assert.Equal(t, "taken_over", by["claimed"][0].Outcome)
 	assert.Equal(t, int64(2), by["claimed"][0].Generation)
 	assert.Equal(t, int64(2), by["executed"][0].Generation)
 }
 
 // Heartbeats are store calls too: a handler that outlives a third of its
-// lease is seen beating (OpHeartbeat), each beat with its latency.
+// lease is seen beating (Op "heartbeat"), each beat with its latency.
 func TestObserverSeesHeartbeats(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &seen{}
-		h := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithAnonymousKeys(),
-			idempotency.WithLease(3*time.Second), idempotency.WithObserver(s.observer()))(
+		h := idempotency.New(memstore.New(), idempotency.WithAnonymousKeys(true),
+			idempotency.WithLease(3*time.Second), idempotency.WithObserver(s.observer())).Wrap(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				time.Sleep(2500 * time.Millisecond) // two beats: at 1 s and 2 s
 				created(w, r)
@@ -186,6 +190,6 @@ func TestObserverSeesHeartbeats(t *testing.T) {
 			ops = append(ops, e.Op)
 			require.NoError(t, e.Err)
 		}
-		assert.Equal(t, []string{idempotency.OpClaim, idempotency.OpHeartbeat, idempotency.OpHeartbeat, idempotency.OpComplete}, ops)
+		assert.Equal(t, []string{"claim", "heartbeat", "heartbeat", "complete"}, ops)
 	})
 }

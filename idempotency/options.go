@@ -5,34 +5,22 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/google/uuid"
 )
 
-// Defaults of the middleware options.
+// The policy's defaults: WithReplayWindow, WithLease, WithCleanupHorizon.
 const (
-	// DefaultLease is the lease a claim holds (WithLease).
-	DefaultLease = 30 * time.Second
-	// DefaultReplayWindow is how long a completed response is replayed
-	// (WithReplayWindow).
-	DefaultReplayWindow = 24 * time.Hour
-	// DefaultMaxRequestBody is the largest request body read (1 MiB,
-	// WithMaxRequestBody).
-	DefaultMaxRequestBody = 1 << 20
-	// DefaultMaxStoredBody is the largest response body stored (1 MiB,
-	// WithMaxStoredBody).
-	DefaultMaxStoredBody = 1 << 20
-	// DefaultMismatchStatus is the status of a CodeKeyReused answer
-	// (WithMismatchStatus).
-	DefaultMismatchStatus = http.StatusUnprocessableEntity
+	defaultReplayWindow   = 24 * time.Hour
+	defaultLease          = 30 * time.Second
+	defaultCleanupHorizon = 72 * time.Hour
 )
 
-// DefaultReplayHeaders is the default allow-list of response headers that
-// are stored and replayed (WithReplayHeaders replaces it).
-var DefaultReplayHeaders = []string{
+// replayHeaders is the default allow-list of response headers that are
+// stored and replayed (WithReplayHeaders adds to it).
+var replayHeaders = []string{
 	"Content-Type", "Content-Language", "Content-Encoding", "Content-Disposition",
 	"Content-Location", "Location", "Cache-Control", "ETag", "Last-Modified",
 	"Expires", "Link", "Vary",
@@ -46,7 +34,7 @@ var neverReplayed = map[string]bool{
 	"Traceparent": true, "Tracestate": true, "Server-Timing": true,
 	"Content-Length": true, "Transfer-Encoding": true, "Connection": true,
 	"Keep-Alive": true, "Trailer": true, "Upgrade": true, "Proxy-Connection": true,
-	"Idempotent-Replayed": true, notReplayableHeader: true,
+	ReplayedHeader: true, notReplayableHeader: true,
 }
 
 // Option configures New. Options are applied in order; a later one wins.
@@ -61,75 +49,44 @@ type config struct {
 	wait           time.Duration
 	lease          time.Duration
 	replayWindow   time.Duration
+	horizon        time.Duration
 	replayHeaders  map[string]bool
 	maxRequestBody int64
 	maxStoredBody  int
 	store5xx       bool
-	route          func(*http.Request) string
+	route          func(*http.Request) string // nil: the default route
 	header         string
-	logger         *slog.Logger
-	obs            Observer
+	logger         *slog.Logger // nil: no logging
+	observers      []Observer
 	shutdown       context.Context
-
-	// test hooks
-	now          func() time.Time
-	sleep        func(ctx context.Context, d time.Duration) error
-	pollInterval time.Duration
-	newOwner     func() string // a fresh owner token (Claim.Owner)
-}
-
-// AuthorizationPrincipal is the default principal function: "authz:" and the
-// hex SHA-256 of the request's Authorization header (all field lines joined
-// by newlines), or "" when the header is absent. It never fails.
-//
-// It is a stand-in, not authentication: the middleware does not verify the
-// credential. A request without an Authorization header has no principal,
-// so by default its key is refused (401 CodePrincipalMissing; see
-// WithAnonymousKeys). Its other risks: anyone can invent a header value and
-// get a scope of their own, so it isolates nothing from a caller who holds
-// or guesses the same header; and a caller whose token rotates becomes a
-// new principal, so a retry sent with a refreshed token runs again.
-// Production servers should pass WithPrincipal a function returning the
-// account their authentication verified.
-func AuthorizationPrincipal(r *http.Request) (string, error) {
-	vals := r.Header.Values("Authorization")
-	if len(vals) == 0 {
-		return "", nil
-	}
-	sum := sha256.Sum256([]byte(strings.Join(vals, "\n")))
-	return "authz:" + hex.EncodeToString(sum[:]), nil
-}
-
-// DefaultRoute is the default route function: r.Pattern (set by
-// http.ServeMux when it routed the request to the guarded handler), or
-// r.URL.Path when the pattern is empty (the middleware wraps a mux, or
-// another router is used).
-func DefaultRoute(r *http.Request) string {
-	if r.Pattern != "" {
-		return r.Pattern
-	}
-	return r.URL.Path
 }
 
 func defaultConfig() config {
-	c := config{
-		principal:      AuthorizationPrincipal,
+	return config{
+		principal:      authorizationPrincipal,
 		methods:        map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		mismatchStatus: DefaultMismatchStatus,
-		lease:          DefaultLease,
-		replayWindow:   DefaultReplayWindow,
-		maxRequestBody: DefaultMaxRequestBody,
-		maxStoredBody:  DefaultMaxStoredBody,
-		route:          DefaultRoute,
-		header:         DefaultKeyHeader,
+		mismatchStatus: http.StatusUnprocessableEntity,
+		lease:          defaultLease,
+		replayWindow:   defaultReplayWindow,
+		horizon:        defaultCleanupHorizon,
+		replayHeaders:  headerSet(replayHeaders),
+		maxRequestBody: 1 << 20,
+		maxStoredBody:  1 << 20,
+		header:         "Idempotency-Key",
 		logger:         slog.Default(),
-		now:            time.Now,
-		sleep:          sleepCtx,
-		pollInterval:   100 * time.Millisecond,
-		newOwner:       uuid.NewString,
 	}
-	c.replayHeaders = headerSet(DefaultReplayHeaders)
-	return c
+}
+
+// authorizationPrincipal is the default principal: "authz:" and the hex
+// SHA-256 of the request's Authorization field lines joined by newlines, or
+// "" (no principal) when there is none or it holds only spaces.
+func authorizationPrincipal(r *http.Request) (string, error) {
+	joined := strings.Join(r.Header.Values("Authorization"), "\n")
+	if strings.TrimSpace(joined) == "" {
+		return "", nil
+	}
+	sum := sha256.Sum256([]byte(joined))
+	return "authz:" + hex.EncodeToString(sum[:]), nil
 }
 
 func headerSet(names []string) map[string]bool {
@@ -142,29 +99,18 @@ func headerSet(names []string) map[string]bool {
 	return m
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // WithPrincipal sets the function that returns the authenticated identity of
-// a request; it is the first part of every record's scope, so one principal
-// never sees another's stored response. It must return what the server's
-// authentication verified (an account ID), never a value the client can set
-// freely (an unverified header): scopes are only as separate as principals
-// are authentic. When f returns an error the middleware answers 401
-// CodePrincipalUnavailable and the handler does not run; when it returns ""
-// (no principal), 401 CodePrincipalMissing unless WithAnonymousKeys is set.
-// nil keeps the default. f must be safe for concurrent use.
+// a request, the first part of every key's scope: one principal never sees
+// another's stored response. Return what the server's authentication
+// verified (an account ID), never a value the client sets freely. An error
+// is answered 401 CodePrincipalUnavailable; "" means no principal (see
+// WithAnonymousKeys). f must be safe for concurrent use; nil keeps the
+// default.
 //
-// Default: AuthorizationPrincipal, under which a request without an
-// Authorization header has no principal.
+// Default: the SHA-256 of the Authorization header, which is no
+// authentication (anyone holding the same header shares the scope, and a
+// rotated token is a new principal); an absent, empty or blank header is no
+// principal.
 func WithPrincipal(f func(*http.Request) (string, error)) Option {
 	return func(c *config) {
 		if f != nil {
@@ -173,28 +119,17 @@ func WithPrincipal(f func(*http.Request) (string, error)) Option {
 	}
 }
 
-// WithAnonymousKeys lets guarded requests that have no principal (the
-// principal function returns ""; by default, requests without an
-// Authorization header) use idempotency keys, all in one scope: the
-// principal "". Default off: such a request gets 401 CodePrincipalMissing
-// and the handler does not run (requests without a key are not guarded and
-// still pass through).
-//
-// The risk, which is why it is off by default: every anonymous caller
-// shares one namespace of keys. An anonymous caller who sends the key of
-// another, by chance or on purpose (event-derived keys such as
-// keygen.Event("order-confirm", orderID) are guessable), receives that
-// caller's stored response, whatever it holds, or holds up or spoils the
-// other's request (409 CodeInProgress, CodeKeyReused). Use it only where
-// the stored responses reveal nothing about their caller and clients use
-// unguessable (random) keys.
-func WithAnonymousKeys() Option {
-	return func(c *config) { c.anonymous = true }
+// WithAnonymousKeys lets requests without a principal use keys, all in one
+// shared scope. Default false: such a request gets 401
+// CodePrincipalMissing. Enable it only where stored responses reveal
+// nothing about their caller and clients use unguessable keys: any
+// anonymous caller who sends another's key gets that caller's response.
+func WithAnonymousKeys(allow bool) Option {
+	return func(c *config) { c.anonymous = allow }
 }
 
-// WithMethods sets the guarded methods (case-insensitive). Requests with
-// other methods pass through untouched. Default: POST and PATCH. An empty
-// list keeps the default.
+// WithMethods sets the guarded methods, compared without regard to case.
+// Default POST and PATCH; an empty list keeps the default.
 func WithMethods(methods ...string) Option {
 	return func(c *config) {
 		if len(methods) == 0 {
@@ -208,8 +143,8 @@ func WithMethods(methods ...string) Option {
 }
 
 // WithKeyRequired makes a key mandatory on guarded methods: a request
-// without one gets 400 CodeKeyMissing. Default false: such requests pass
-// through to the handler unprotected.
+// without one gets 400 CodeKeyMissing. Default false: it passes through,
+// unprotected.
 func WithKeyRequired(required bool) Option {
 	return func(c *config) { c.required = required }
 }
@@ -224,23 +159,19 @@ func WithMismatchStatus(status int) Option {
 	}
 }
 
-// WithInProgressWait sets how long a request whose key is in progress waits
-// (polling the store) for the first one to finish before it gets 409
-// CodeInProgress. The wait never outlasts the request's context. Default 0:
+// WithMaxInProgressWait sets how long a request whose key is in progress
+// waits for it to finish before it gets 409 CodeInProgress, polling the
+// store every 100 ms and never past the request's context. Default 0:
 // answer at once. Negative values mean 0.
-func WithInProgressWait(d time.Duration) Option {
+func WithMaxInProgressWait(d time.Duration) Option {
 	return func(c *config) { c.wait = max(d, 0) }
 }
 
-// WithLease sets the lease a claim holds. The middleware heartbeats every
-// lease/3 while the handler runs; a lease that expires anyway (a stalled
-// process) lets a retry take the record over, and the old owner's writes are
-// then rejected (ErrLeaseLost). When heartbeats keep failing (the store
-// unreachable) until less than lease/3 is left, the handler's context is
-// canceled with cause ErrLeaseExpired (its work is still completed, fenced,
-// when it returns). Set
-// the lease well above the store's worst latency. Default 30 s; values under
-// 3 ms keep the default.
+// WithLease sets the lease a claim holds (default 30 s). It is heartbeated
+// every lease/3 while the handler runs; if the process stalls and it
+// expires, a retry or the Completer takes the record over and the stalled
+// owner's writes fail with ErrLeaseLost. Set it well above the store's
+// worst latency. Values under 3 ms keep the default.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
 		if d >= 3*time.Millisecond {
@@ -249,18 +180,10 @@ func WithLease(d time.Duration) Option {
 	}
 }
 
-// WithReplayWindow sets how long a completed response is replayed; after it
-// a reused key is a new request. Set it above the longest retry chain
-// (dead-letter replays, scheduled re-runs). Default 24 h; values <= 0 keep
-// the default.
-//
-// The Reaper must keep records at least that long: give its
-// ReaperConfig.ReplayWindow the same value. It never deletes a record
-// sooner than ReplayWindow + Lease after its last update (a shorter Horizon,
-// such as DefaultCleanupHorizon under a 7-day window, is raised to that and
-// logged at Warn); a Reaper that is not told the window assumes
-// DefaultReplayWindow and would delete records a longer window still
-// replays, so a retry would run again.
+// WithReplayWindow sets how long a completed response is replayed (default
+// 24 h); after it a reused key is a new request. Set it above the longest
+// retry chain (dead-letter replays, scheduled re-runs). Values <= 0 keep the
+// default.
 func WithReplayWindow(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {
@@ -269,19 +192,27 @@ func WithReplayWindow(d time.Duration) Option {
 	}
 }
 
-// WithReplayHeaders replaces the allow-list of response headers that are
-// stored and replayed (default DefaultReplayHeaders). Set-Cookie, Date,
-// per-exchange ids (X-Request-Id, Traceparent, ...) and framing headers are
-// never stored even when listed. The first response goes to its client with
-// all its headers; only replays are filtered.
-func WithReplayHeaders(names ...string) Option {
-	return func(c *config) { c.replayHeaders = headerSet(names) }
+// WithCleanupHorizon sets how long after its last update the Reaper keeps a
+// record (default 72 h). The Reaper never uses less than the replay window
+// plus the lease, so that it never deletes a record that can still be
+// replayed: a shorter horizon (or <= 0) means that sum.
+func WithCleanupHorizon(d time.Duration) Option {
+	return func(c *config) { c.horizon = d }
 }
 
-// WithMaxRequestBody sets the largest request body the middleware reads
-// (and fingerprints) on a guarded request with a key; a larger one gets 413
-// CodeRequestTooLarge and the handler does not run. Below the limit the
-// handler gets the full body. Default 1 MiB; values <= 0 keep the default.
+// WithReplayHeaders adds names to the response headers that are stored and
+// replayed: by default Content-Type, Content-Language, Content-Encoding,
+// Content-Disposition, Content-Location, Location, Cache-Control, ETag,
+// Last-Modified, Expires, Link and Vary. Cookies, Date, per-exchange ids
+// (X-Request-Id, Traceparent, ...) and framing headers are never stored,
+// even when named. The first answer goes out with all its headers.
+func WithReplayHeaders(names ...string) Option {
+	return func(c *config) { maps.Copy(c.replayHeaders, headerSet(names)) }
+}
+
+// WithMaxRequestBody sets the largest request body read and fingerprinted on
+// a guarded request (default 1 MiB); a larger one gets 413
+// CodeRequestTooLarge. Values <= 0 keep the default.
 func WithMaxRequestBody(n int64) Option {
 	return func(c *config) {
 		if n > 0 {
@@ -290,12 +221,10 @@ func WithMaxRequestBody(n int64) Option {
 	}
 }
 
-// WithMaxStoredBody sets the largest response body stored for replay.
-// Default 1 MiB; values <= 0 keep the default. A larger response still goes
-// to its first client in full (it is buffered in memory until the record
-// commits), and the record still completes, so the work is never done again
-// for that key; but the body is not stored, and every replay answers 409
-// CodeResponseNotReplayable with the original status in "original_status".
+// WithMaxStoredBody sets the largest response body stored for replay
+// (default 1 MiB). A larger response still reaches its first client and
+// completes the record, but its replays answer 409
+// CodeResponseNotReplayable. Values <= 0 keep the default.
 func WithMaxStoredBody(n int) Option {
 	return func(c *config) {
 		if n > 0 {
@@ -305,25 +234,25 @@ func WithMaxStoredBody(n int) Option {
 }
 
 // WithStore5xx stores 5xx responses and replays them like any other
-// (Stripe API v1 behaviour). Default false: a 5xx releases the key so that a
-// retry runs again (unless a recovery point was committed). Panics always
-// release.
+// (Stripe API v1). Default false: a 5xx gives the key up, so a retry runs
+// again. A panic always gives it up.
 func WithStore5xx(store bool) Option {
 	return func(c *config) { c.store5xx = store }
 }
 
-// WithRoute sets the function that names the route of a request for its
-// scope and fingerprint. Default DefaultRoute. nil keeps the default.
+// WithRoute sets the function that names a request's route in its scope
+// and fingerprint. nil keeps the default: the ServeMux pattern that routed
+// the request to the middleware (r.Pattern), unless it is empty or matches
+// a subtree ("/api/", "/files/{path...}"); then the pattern of the
+// *http.ServeMux the middleware wraps, if it is one and has a pattern for
+// the request, else the request's path. So the inner routes of a mounted
+// router are separate scopes.
 func WithRoute(f func(*http.Request) string) Option {
-	return func(c *config) {
-		if f != nil {
-			c.route = f
-		}
-	}
+	return func(c *config) { c.route = f }
 }
 
-// WithKeyHeader sets the request header that carries the key. Default
-// DefaultKeyHeader ("Idempotency-Key"). "" keeps the default.
+// WithKeyHeader sets the request header that carries the key (default
+// "Idempotency-Key"). "" keeps the default.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name != "" {
@@ -332,20 +261,11 @@ func WithKeyHeader(name string) Option {
 	}
 }
 
-// WithShutdown sets the context whose end stops the handlers of claimed
-// requests when the server shuts down: their contexts are canceled with
-// context.Cause(ctx). Once a key is claimed, the handler's context is not
-// canceled when the client goes away (the work runs to its end and its
-// response is stored for the client's retry); it ends only when its lease
-// is lost, its deadline passes, or ctx ends. Pass the context you cancel to
-// shut down, the one you give http.Server.BaseContext, for example: the
-// middleware cannot see BaseContext's cancellation through a request whose
-// client-side cancellation it drops. What a handler stopped this way
-// answers is handled as any answer (a 5xx releases the key, or keeps it for
-// a resume after a committed phase). Default none: handlers run to their end
-// or their deadline, which http.Server.Shutdown waits for. nil keeps the
-// default. It applies to the Completer's executions too when given among its
-// options.
+// WithShutdown sets the context whose end cancels the handlers of claimed
+// requests (with context.Cause(ctx)), which the client going away does not
+// cancel: pass the context you cancel to shut the server down. What such a
+// handler answers is handled as any answer. Default none: they run to their
+// end or deadline. nil keeps the default.
 func WithShutdown(ctx context.Context) Option {
 	return func(c *config) {
 		if ctx != nil {
@@ -354,12 +274,18 @@ func WithShutdown(ctx context.Context) Option {
 	}
 }
 
-// WithLogger sets the logger for store failures, lost leases and releases.
-// Default slog.Default(). nil keeps the default.
+// WithLogger sets the logger of the middleware, its Completer and its
+// Reaper (default slog.Default()); nil means no logging. The records are
+// written by a logging Observer that runs before those of WithObserver;
+// they name a request by method, route and key digest, never the raw key.
+// Refusals for a store that is unavailable or full are logged at most once
+// a second for each.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
-		if l != nil {
-			c.logger = l
-		}
-	}
+	return func(c *config) { c.logger = l }
+}
+
+// WithObserver adds o to the observers of the middleware, its Completer and
+// its Reaper (default none). Each sees every event, in the order given.
+func WithObserver(o Observer) Option {
+	return func(c *config) { c.observers = append(c.observers, o) }
 }

@@ -5,88 +5,81 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
-	"github.com/saferetry/saferetry/keygen"
+	"time"
 )
 
-// RecoveryVersion is the version of the RecoveryData format that Phase and
-// External write (Recovery.Encode).
-const RecoveryVersion = 1
+// recoveryVersion is the version of the recovery data format that Phase
+// and External write in Record.RecoveryData.
+const recoveryVersion = 1
 
 // maxPhaseName is the longest phase name, in bytes.
 const maxPhaseName = 128
 
-// Recovery is the decoded RecoveryData that Phase and External keep in the
-// record: the committed phases in order and, at most one at a time, an
-// external call whose intent is recorded but whose outcome is not. It is
-// versioned JSON (RecoveryVersion); outputs are base64 in it.
-type Recovery struct {
-	Phases  []CommittedPhase `json:"phases,omitempty"`
-	Pending *PendingCall     `json:"pending,omitempty"`
+// recovery is the decoded Record.RecoveryData that Phase and External keep:
+// the committed phases in order and, at most one at a time, an External
+// call whose intent is recorded but whose outcome is not. It is versioned
+// JSON; outputs are base64 in it.
+type recovery struct {
+	Phases  []committedPhase `json:"phases,omitempty"`
+	Pending *pendingCall     `json:"pending,omitempty"`
 }
 
-// CommittedPhase is a phase whose work committed: its output is returned
+// committedPhase is a phase whose work committed: its output is returned
 // again, without running it, to every later execution.
-type CommittedPhase struct {
+type committedPhase struct {
 	Name          string `json:"name"`
 	Output        []byte `json:"output,omitempty"`
 	DownstreamKey string `json:"downstream_key,omitempty"` // set for an External phase
 }
 
-// PendingCall is the intent of an External phase: recorded before the call,
-// cleared when its outcome commits. Found by a later execution, it means the
-// call may or may not have reached the other service.
-type PendingCall struct {
+// pendingCall is the intent of an External phase: recorded before the call,
+// cleared when its outcome commits.
+type pendingCall struct {
 	Phase         string `json:"phase"`
 	DownstreamKey string `json:"downstream_key"`
 }
 
 type recoveryWire struct {
 	Version int `json:"v"`
-	Recovery
+	recovery
 }
 
-// ErrBadRecoveryData is matched by the error of DecodeRecovery for bytes that
-// are not RecoveryData written by Phase and External (and so by the
-// *PhaseError of a phase that meets such a record).
-var ErrBadRecoveryData = errors.New("idempotency: malformed recovery data")
+var errBadRecoveryData = errors.New("idempotency: malformed recovery data")
 
-// Encode returns the RecoveryData form of rec (versioned JSON).
-func (rec Recovery) Encode() []byte {
-	b, _ := json.Marshal(recoveryWire{Version: RecoveryVersion, Recovery: rec}) // strings and bytes only
+func (rec recovery) encode() []byte {
+	b, _ := json.Marshal(recoveryWire{Version: recoveryVersion, recovery: rec}) // strings and bytes only
 	return b
 }
 
-// DecodeRecovery decodes RecoveryData written by Phase and External. Empty
-// data decodes to an empty Recovery. Errors wrap ErrBadRecoveryData: invalid
-// JSON, another version, an empty or repeated phase name, or a pending call
-// for a committed phase.
-func DecodeRecovery(data []byte) (Recovery, error) {
+// decodeRecovery decodes what encode wrote; empty data is an empty
+// recovery. Errors wrap errBadRecoveryData: invalid JSON, another version,
+// an empty or repeated phase name, or a pending call for a committed phase.
+func decodeRecovery(data []byte) (recovery, error) {
 	if len(data) == 0 {
-		return Recovery{}, nil
+		return recovery{}, nil
 	}
 	var w recoveryWire
 	if err := json.Unmarshal(data, &w); err != nil {
-		return Recovery{}, errors.Join(ErrBadRecoveryData, err)
+		return recovery{}, errors.Join(errBadRecoveryData, err)
 	}
-	if w.Version != RecoveryVersion {
-		return Recovery{}, fmt.Errorf("%w: version %d, want %d", ErrBadRecoveryData, w.Version, RecoveryVersion)
+	if w.Version != recoveryVersion {
+		return recovery{}, fmt.Errorf("%w: version %d, want %d", errBadRecoveryData, w.Version, recoveryVersion)
 	}
 	seen := make(map[string]bool, len(w.Phases))
 	for _, p := range w.Phases {
 		if p.Name == "" || seen[p.Name] {
-			return Recovery{}, fmt.Errorf("%w: empty or repeated phase name %q", ErrBadRecoveryData, p.Name)
+			return recovery{}, fmt.Errorf("%w: empty or repeated phase name %q", errBadRecoveryData, p.Name)
 		}
 		seen[p.Name] = true
 	}
 	if w.Pending != nil && (w.Pending.Phase == "" || seen[w.Pending.Phase]) {
-		return Recovery{}, fmt.Errorf("%w: pending call for phase %q", ErrBadRecoveryData, w.Pending.Phase)
+		return recovery{}, fmt.Errorf("%w: pending call for phase %q", errBadRecoveryData, w.Pending.Phase)
 	}
-	return w.Recovery, nil
+	return w.recovery, nil
 }
 
 // committed returns the saved output of a committed phase.
-func (rec Recovery) committed(name string) ([]byte, bool) {
+func (rec recovery) committed(name string) ([]byte, bool) {
 	for _, p := range rec.Phases {
 		if p.Name == name {
 			return p.Output, true
@@ -96,39 +89,23 @@ func (rec Recovery) committed(name string) ([]byte, bool) {
 }
 
 // with returns a copy of rec with phase p committed and no pending call.
-func (rec Recovery) with(p CommittedPhase) Recovery {
-	phases := make([]CommittedPhase, 0, len(rec.Phases)+1)
+func (rec recovery) with(p committedPhase) recovery {
+	phases := make([]committedPhase, 0, len(rec.Phases)+1)
 	phases = append(phases, rec.Phases...)
-	return Recovery{Phases: append(phases, p)}
+	return recovery{Phases: append(phases, p)}
 }
 
 // intentPrefix starts the recovery point of a recorded intent.
 const intentPrefix = "intent:"
 
-// intentPoint is the recovery point of a recorded intent.
-func intentPoint(phase string) string { return intentPrefix + phase }
-
-func downstreamKey(key, phase, id string) string { return keygen.Event(key, phase, id) }
-
-// ErrPhaseMisuse is matched by the errors of Phase and External called in a
-// way that cannot be made safe: an empty, too long (over 128 bytes) or
-// repeated phase name, a nil function, a phase inside a phase, two phases at
-// once, a phase after the request's unit was begun (Run.Unit), the
-// request's unit asked for (Run.Unit, sqlstore.Tx) with a context other than
-// the phase's while a phase runs, or a new phase while the outcome of
-// another External phase is unknown (call External for that one first).
-var ErrPhaseMisuse = errors.New("idempotency: phase misuse")
-
 // PhaseError reports a phase that did not commit. Op is where it stopped:
-// "use" (misuse, wraps ErrPhaseMisuse or ErrRunDone), "decode" (the record's
-// recovery data, wraps ErrBadRecoveryData), "lease" (the lease was lost
-// before the phase started, wraps ErrLeaseLost, or ErrLeaseExpired after
-// heartbeats failed), "begin" (the store's
-// Begin), "run" (the phase's function returned Err), "intent" (recording an
-// External phase's intent), "lookup" and "call" (an External phase's
-// functions returned Err; the intent stays recorded) or "commit". A lost
-// lease at "intent" or "commit" wraps ErrLeaseLost: a successor owns the
-// record and nothing of this phase committed.
+// "use" (misuse: wraps ErrMisuse), "decode" (the record's recovery data is
+// not Phase's), "lease" (the lease was lost or ran out before the phase:
+// wraps ErrLeaseLost), "begin" (the store's Begin), "run" (fn returned
+// Err), "intent" (recording an External call's intent), "lookup" and
+// "call" (an External phase's functions returned Err; the intent stays
+// recorded) or "commit". A lost lease at "intent" or "commit" wraps
+// ErrLeaseLost: nothing of the phase committed.
 type PhaseError struct {
 	Phase string
 	Op    string
@@ -152,12 +129,12 @@ type phaseCtx struct {
 	ctx  context.Context // Begin's context
 }
 
-// enter starts phase name: it checks the rules of ErrPhaseMisuse, decodes
-// the recovery data once and returns the current Recovery. On success the
+// enter starts phase name: it checks the rules of ErrMisuse, decodes
+// the recovery data once and returns the current recovery. On success the
 // caller must call leave.
-func (r *Run) enter(ctx context.Context, name string, external bool) (Recovery, error) {
-	misuse := func(format string, a ...any) (Recovery, error) {
-		return Recovery{}, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: "+format, append([]any{ErrPhaseMisuse}, a...)...)}
+func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, error) {
+	misuse := func(format string, a ...any) (recovery, error) {
+		return recovery{}, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: "+format, append([]any{ErrMisuse}, a...)...)}
 	}
 	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r {
 		return misuse("called inside another phase")
@@ -166,9 +143,9 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (Recovery, 
 	defer r.mu.Unlock()
 	switch {
 	case r.done:
-		return Recovery{}, &PhaseError{Phase: name, Op: "use", Err: ErrRunDone}
+		return recovery{}, &PhaseError{Phase: name, Op: "use", Err: errRunDone}
 	case r.expired:
-		return Recovery{}, &PhaseError{Phase: name, Op: "lease", Err: ErrLeaseExpired}
+		return recovery{}, &PhaseError{Phase: name, Op: "lease", Err: errLeaseExpired}
 	case name == "" || len(name) > maxPhaseName:
 		return misuse("a phase name has 1 to %d bytes", maxPhaseName)
 	case r.inPhase:
@@ -179,9 +156,9 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (Recovery, 
 		return misuse("phase name used twice in one execution")
 	}
 	if r.rec == nil {
-		rec, err := DecodeRecovery(r.RecoveryData)
+		rec, err := decodeRecovery(r.recoveryData)
 		if err != nil {
-			return Recovery{}, &PhaseError{Phase: name, Op: "decode", Err: err}
+			return recovery{}, &PhaseError{Phase: name, Op: "decode", Err: err}
 		}
 		r.rec = &rec
 	}
@@ -204,7 +181,7 @@ func (r *Run) leave() {
 }
 
 // saved records a commit of the recovery data.
-func (r *Run) saved(rec Recovery, point string) {
+func (r *Run) saved(rec recovery, point string) {
 	r.mu.Lock()
 	r.rec, r.point = &rec, point
 	r.mu.Unlock()
@@ -232,14 +209,14 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 	r.mu.Lock()
 	until := r.leaseUntil
 	r.mu.Unlock()
-	now := r.now()
+	now := time.Now()
 	if !force && now.Before(until) {
 		return nil
 	}
 	sctx, cancel := storeCtx(ctx)
 	defer cancel()
-	next := now.Add(r.leaseFor)
-	if err := r.store.Heartbeat(sctx, r.Lease, next); err != nil {
+	next := now.Add(r.m.cfg.lease)
+	if err := r.m.store.Heartbeat(sctx, r.Lease, next); err != nil {
 		r.lost(err)
 		return err
 	}
@@ -248,31 +225,26 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 }
 
 // Phase runs fn as the atomic phase name and returns its output; a phase
-// that committed in an earlier execution of this request is not run again:
-// Phase returns the output it saved.
+// that committed in an earlier execution of this request is not run again,
+// and Phase returns the output it saved.
 //
-// With a store that implements Transactor, fn runs in a unit of work of its
-// own: the context it gets carries the unit's transaction (for the SQL store
-// sqlstore.Tx(ctx) returns it; Run.Unit(ctx) returns the unit), and its
-// writes commit together with the record's new recovery point (name) and
-// fn's output, or not at all: when fn returns an error or panics, or when
-// the lease was lost (a fenced owner cannot commit a phase; the commit fails
-// with ErrLeaseLost and the handler's context is canceled with that cause).
-// With a plain Store, fn's writes are its own business and only the
-// recovery point is recorded after it returns.
+// With a Transactor store fn runs in a unit of its own (sqlstore.Tx(ctx)
+// returns its transaction), whose writes commit together with the
+// record's recovery point (name) and fn's output, or not at all: when fn
+// fails or panics, or the lease was lost (ErrLeaseLost; the handler's
+// context is then canceled). With a plain Store only the recovery point is
+// recorded after fn returns.
 //
-// fn must be deterministic in what it commits, and must not call other
-// services that cannot be rolled back (use External for those). Phases
-// must come in the same order in every execution of a request, with names
-// unique within it, one at a time and before the request's unit is begun.
-// Keep outputs small (they are stored in the record, base64 in JSON).
+// fn must be deterministic in what it commits and must not call services
+// that cannot be rolled back (External is for those). Phases come in the
+// same order in every execution, with names of 1 to 128 bytes unique
+// within it, one at a time and before the request's unit is begun; outputs
+// are kept in the record, so keep them small.
 //
-// Errors are *PhaseError: Op "run" wraps fn's own error (errors.Is and
-// errors.As reach it); see PhaseError and ErrPhaseMisuse for the others.
-// After an error nothing of the phase committed and the handler should
-// answer with a status that is not stored (5xx): the middleware keeps the
-// record in progress with its recovery point and ends its lease at once, so
-// that a retry (or the Completer) resumes.
+// Errors are *PhaseError; Op "run" wraps fn's own error. After an error
+// answer with a status that is not stored (5xx): the record stays in
+// progress at its recovery point, its lease ended at once, so that a retry
+// or the Completer resumes.
 func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	rec, err := r.enter(ctx, name, false)
 	if err != nil {
@@ -283,14 +255,14 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 		return out, nil
 	}
 	if fn == nil {
-		return nil, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: nil function", ErrPhaseMisuse)}
+		return nil, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: nil function", ErrMisuse)}
 	}
 	if err := r.checkLease(ctx, false); err != nil {
 		return nil, &PhaseError{Phase: name, Op: "lease", Err: err}
 	}
 	pc := &phaseCtx{run: r}
-	if r.tx != nil {
-		u, uctx, err := r.tx.Begin(context.WithoutCancel(ctx), r.Lease)
+	if r.m.tx != nil {
+		u, uctx, err := r.m.tx.Begin(context.WithoutCancel(ctx), r.Lease)
 		if err != nil {
 			return nil, &PhaseError{Phase: name, Op: "begin", Err: err}
 		}
@@ -305,7 +277,7 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 	if err != nil {
 		return nil, &PhaseError{Phase: name, Op: "run", Err: err}
 	}
-	next := rec.with(CommittedPhase{Name: name, Output: out})
+	next := rec.with(committedPhase{Name: name, Output: out})
 	if err := r.commit(ctx, pc.unit, name, next); err != nil {
 		return nil, &PhaseError{Phase: name, Op: "commit", Err: err}
 	}
@@ -314,17 +286,17 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 
 // commit writes rec as the recovery data at point: in unit when there is
 // one, else straight to the store. Both are conditional on the lease.
-func (r *Run) commit(ctx context.Context, unit Unit, point string, rec Recovery) error {
+func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery) error {
 	sctx, cancel := storeCtx(ctx)
 	defer cancel()
-	data, now := rec.Encode(), r.now()
+	data, now := rec.encode(), time.Now()
 	var err error
 	if unit != nil {
 		if err = unit.SetRecoveryPoint(sctx, point, data, now); err == nil {
 			err = unit.Commit()
 		}
 	} else {
-		err = r.store.SetRecoveryPoint(sctx, r.Lease, point, data, now)
+		err = r.m.store.SetRecoveryPoint(sctx, r.Lease, point, data, now)
 	}
 	if err != nil {
 		r.lost(err)
@@ -334,46 +306,25 @@ func (r *Run) commit(ctx context.Context, unit Unit, point string, rec Recovery)
 	return nil
 }
 
-// External runs the phase name around a call to another service that cannot
-// be rolled back (a card processor, an e-mail provider) and returns the
-// call's result; an External phase that committed in an earlier execution is
-// not run again: External returns the result it saved.
+// External runs the phase name around call, a call to another service that
+// cannot be rolled back (a card processor, a mail provider), and returns
+// its result; one that committed in an earlier execution is not run again.
 //
-// Before calling, External records the intent (the recovery point
-// "intent:<name>", committed on its own and conditional on the lease), so
-// that a crash during the call is visible to the next execution. It then
-// calls call with the phase's downstream key (Run.DownstreamKey(name)), which
-// the call must send to the other service as its idempotency key, and
-// commits the result as the phase's output. An execution that finds the
-// intent recorded but no outcome (the previous owner crashed or failed
-// during or right after the call) first asks lookup for the outcome under
-// the same downstream key; only when lookup reports found == false does it
-// call again, with the same key, so the other service can de-duplicate that
-// call as well. A nil lookup means "always call again".
+// Before the call it records the intent ("intent:<name>", on its own,
+// fenced), so that a crash during the call is visible to the next
+// execution; it passes call the phase's downstream key (DownstreamKey),
+// which call must send as the other service's idempotency key, and commits
+// the result as the phase's output. An execution that finds the intent
+// without an outcome first asks lookup for the outcome under the same key,
+// and calls again, with that key, only when lookup reports found == false
+// (a nil lookup always calls again).
 //
-// call should return an error only when the outcome is unknown or
-// retryable (a timeout, a 5xx): the intent stays recorded and a retry
-// repeats the lookup-then-call. A definitive answer of the other service
-// (a declined card) is a result: return it as bytes and decide in the
-// handler. lookup returns found == false only when the other service
-// certainly has no call under the key.
-//
-// The same rules as for Phase apply (order, unique names, one at a time,
-// before the request's unit); while an intent is recorded no other new phase
-// may start. Errors are *PhaseError: Op "intent", "lookup", "call" or
-// "commit", or one of Phase's; "call" and "lookup" wrap the functions' own
-// errors.
-//
-// While an intent is recorded without its outcome (External returned an
-// error at "lookup", "call" or "commit"), the request's response is never
-// stored, whatever its status: a 402 answered after a charge call that timed
-// out could otherwise be replayed for a charge that went through. The
-// middleware discards it, logs at Error, answers 503
-// CodeRequestIncomplete, and keeps the record in progress with the intent
-// and its lease ended at once, so that the client's retry (or the
-// Completer) resumes at once and asks lookup for the outcome. Answer with a
-// 5xx yourself to say what failed; the client sees the 503 either way.
-// The request's unit is rolled back.
+// call returns an error only for an unknown or retryable outcome; a
+// definitive answer (a declined card) is a result. While an intent has no
+// outcome, no other new phase may start, and the request's answer is never
+// stored: the middleware answers 503 CodeRequestIncomplete and keeps the
+// record for a resume. Errors are *PhaseError (Op "intent", "lookup",
+// "call", "commit", or one of Phase's).
 func (r *Run) External(ctx context.Context, name string,
 	call func(ctx context.Context, downstreamKey string) ([]byte, error),
 	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error)) ([]byte, error) {
@@ -386,7 +337,7 @@ func (r *Run) External(ctx context.Context, name string,
 		return out, nil
 	}
 	if call == nil {
-		return nil, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: nil call", ErrPhaseMisuse)}
+		return nil, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: nil call", ErrMisuse)}
 	}
 	key := r.DownstreamKey(name)
 	resumed := rec.Pending != nil // enter checked it is this phase's
@@ -406,8 +357,8 @@ func (r *Run) External(ctx context.Context, name string,
 			}
 		}
 	} else {
-		intent := Recovery{Phases: rec.Phases, Pending: &PendingCall{Phase: name, DownstreamKey: key}}
-		if err := r.commit(ctx, nil, intentPoint(name), intent); err != nil {
+		intent := recovery{Phases: rec.Phases, Pending: &pendingCall{Phase: name, DownstreamKey: key}}
+		if err := r.commit(ctx, nil, intentPrefix+name, intent); err != nil {
 			return nil, &PhaseError{Phase: name, Op: "intent", Err: err}
 		}
 		rec = intent
@@ -420,8 +371,8 @@ func (r *Run) External(ctx context.Context, name string,
 }
 
 // settle commits the outcome of an External phase.
-func (r *Run) settle(ctx context.Context, name, key string, rec Recovery, out []byte) ([]byte, error) {
-	next := rec.with(CommittedPhase{Name: name, Output: out, DownstreamKey: key})
+func (r *Run) settle(ctx context.Context, name, key string, rec recovery, out []byte) ([]byte, error) {
+	next := rec.with(committedPhase{Name: name, Output: out, DownstreamKey: key})
 	if err := r.commit(ctx, nil, name, next); err != nil {
 		return nil, &PhaseError{Phase: name, Op: "commit", Err: err}
 	}

@@ -1,4 +1,4 @@
-package idempotency
+package idempotency_test
 
 import (
 	"context"
@@ -11,14 +11,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/keygen"
 )
-
-var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // processor is a fake card processor: it de-duplicates charges by key and
 // counts calls and lookups per key.
@@ -94,7 +95,7 @@ func (s *shop) failAt(point string) bool {
 	return false
 }
 
-func (s *shop) onCommit(ctx context.Context, run *Run, f func()) {
+func (s *shop) onCommit(ctx context.Context, run *idempotency.Run, f func()) {
 	u, _, err := run.Unit(ctx)
 	if err != nil {
 		f() // a plain store: the write is not transactional
@@ -105,7 +106,7 @@ func (s *shop) onCommit(ctx context.Context, run *Run, f func()) {
 
 func (s *shop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	run, _ := FromContext(ctx)
+	run, _ := idempotency.FromContext(ctx)
 	fail := func(err error) {
 		s.mu.Lock()
 		s.errs = append(s.errs, err)
@@ -154,11 +155,11 @@ func (s *shop) state() (orders, receipts []string) {
 
 func requireReplayed(t *testing.T, rec *httptest.ResponseRecorder, body string) {
 	t.Helper()
-	require.Equal(t, "true", rec.Header().Get(ReplayedHeader), "not a replay: %d %s", rec.Code, rec.Body)
+	require.Equal(t, "true", rec.Header().Get(idempotency.ReplayedHeader), "not a replay: %d %s", rec.Code, rec.Body)
 	require.Equal(t, body, rec.Body.String())
 }
 
-var payScope = Scope{Method: "POST", Route: "/payments", Key: "order-42"}
+var payScope = idempotency.Scope{Method: "POST", Route: "/payments", Key: "order-42"}
 
 // A failure after the order phase keeps the record with its recovery point
 // and ends the lease at once; the retry resumes: the order is not created
@@ -166,51 +167,52 @@ var payScope = Scope{Method: "POST", Route: "/payments", Key: "order-42"}
 func TestPhasesResumeAfterAFailure(t *testing.T) {
 	for _, point := range []string{"after-order", "panic-after-order"} {
 		t.Run(point, func(t *testing.T) {
-			mem := NewMemoryStore()
-			s := newShop()
-			s.fail[point] = 1
-			clock := &fakeClock{t: t0}
-			h := New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(s)
+			synctest.Test(t, func(t *testing.T) {
+				mem := memstore.New()
+				s := newShop()
+				s.fail[point] = 1
+				h := idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(s)
 
-			if point == "panic-after-order" {
-				require.Panics(t, func() { send(t, h, "order-42", `{"amount":4200}`) })
-			} else {
-				first := send(t, h, "order-42", `{"amount":4200}`)
-				require.Equal(t, http.StatusBadGateway, first.Code)
-			}
-			rec, err := mem.Get(t.Context(), payScope)
-			require.NoError(t, err)
-			require.Equal(t, InProgress, rec.State)
-			require.Equal(t, "order", rec.RecoveryPoint)
-			require.False(t, rec.LeaseUntil.After(clock.Now()), "the lease ended at once")
-			data, err := DecodeRecovery(rec.RecoveryData)
-			require.NoError(t, err)
-			require.Equal(t, Recovery{Phases: []CommittedPhase{{Name: "order", Output: []byte("ord_1")}}}, data)
-			orders, _ := s.state()
-			require.Equal(t, []string{"ord_1"}, orders, "the order committed with its phase")
+				if point == "panic-after-order" {
+					require.Panics(t, func() { send(t, h, "order-42", `{"amount":4200}`) })
+				} else {
+					first := send(t, h, "order-42", `{"amount":4200}`)
+					require.Equal(t, http.StatusBadGateway, first.Code)
+				}
+				rec, err := mem.Get(t.Context(), payScope)
+				require.NoError(t, err)
+				require.Equal(t, idempotency.InProgress, rec.State)
+				require.Equal(t, "order", rec.RecoveryPoint)
+				require.False(t, rec.LeaseUntil.After(time.Now()), "the lease ended at once")
+				data, err := idempotency.DecodeRecovery(rec.RecoveryData)
+				require.NoError(t, err)
+				require.Equal(t, idempotency.Recovery{Phases: []idempotency.CommittedPhase{{Name: "order", Output: []byte("ord_1")}}}, data)
+				orders, _ := s.state()
+				require.Equal(t, []string{"ord_1"}, orders, "the order committed with its phase")
 
-			clock.Advance(time.Millisecond)
-			second := send(t, h, "order-42", `{"amount":4200}`)
-			require.Equal(t, http.StatusCreated, second.Code, second.Body.String())
-			require.JSONEq(t, `{"order":"ord_1","charge":"ch_1","receipt":"rcpt_ord_1_ch_1"}`, second.Body.String())
-			require.EqualValues(t, 1, s.runs.Load(), "the order phase did not run again")
-			calls, lookups := s.proc.counts()
-			require.Len(t, calls, 1)
-			for k, n := range calls {
-				require.Equal(t, 1, n, "key %s", k)
-			}
-			require.Empty(t, lookups, "no intent was recorded before the failure: nothing to look up")
-			orders, receipts := s.state()
-			require.Equal(t, []string{"ord_1"}, orders)
-			require.Equal(t, []string{"rcpt_ord_1_ch_1"}, receipts)
+				time.Sleep(time.Millisecond)
+				second := send(t, h, "order-42", `{"amount":4200}`)
+				require.Equal(t, http.StatusCreated, second.Code, second.Body.String())
+				require.JSONEq(t, `{"order":"ord_1","charge":"ch_1","receipt":"rcpt_ord_1_ch_1"}`, second.Body.String())
+				require.EqualValues(t, 1, s.runs.Load(), "the order phase did not run again")
+				calls, lookups := s.proc.counts()
+				require.Len(t, calls, 1)
+				for k, n := range calls {
+					require.Equal(t, 1, n, "key %s", k)
+				}
+				require.Empty(t, lookups, "no intent was recorded before the failure: nothing to look up")
+				orders, receipts := s.state()
+				require.Equal(t, []string{"ord_1"}, orders)
+				require.Equal(t, []string{"rcpt_ord_1_ch_1"}, receipts)
 
-			replay := send(t, h, "order-42", `{"amount":4200}`)
-			require.Equal(t, "true", replay.Header().Get(ReplayedHeader))
-			require.Equal(t, second.Body.String(), replay.Body.String())
-			rec, err = mem.Get(t.Context(), payScope)
-			require.NoError(t, err)
-			require.Equal(t, Completed, rec.State)
-			require.EqualValues(t, 2, rec.Generation)
+				replay := send(t, h, "order-42", `{"amount":4200}`)
+				require.Equal(t, "true", replay.Header().Get(idempotency.ReplayedHeader))
+				require.Equal(t, second.Body.String(), replay.Body.String())
+				rec, err = mem.Get(t.Context(), payScope)
+				require.NoError(t, err)
+				require.Equal(t, idempotency.Completed, rec.State)
+				require.EqualValues(t, 2, rec.Generation)
+			})
 		})
 	}
 }
@@ -220,214 +222,243 @@ func TestPhasesResumeAfterAFailure(t *testing.T) {
 // of charging again. When the call never reached it, the lookup finds
 // nothing and the retry calls again with the same key.
 func TestExternalIntentIsLookedUpOnResume(t *testing.T) {
-	mem := NewMemoryStore()
-	s := newShop()
-	s.fail["lose-answer"] = 1
-	clock := &fakeClock{t: t0}
-	h := New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(s)
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		s := newShop()
+		s.fail["lose-answer"] = 1
+		h := idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(s)
 
-	first := send(t, h, "order-42", `{}`)
-	// The shop answered 502; its client gets 503 CodeRequestIncomplete, which
-	// a client retries, while the charge's outcome is unknown.
-	require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
-	require.Contains(t, first.Body.String(), CodeRequestIncomplete)
-	rec, err := mem.Get(t.Context(), payScope)
-	require.NoError(t, err)
-	require.Equal(t, "intent:charge", rec.RecoveryPoint)
-	data, err := DecodeRecovery(rec.RecoveryData)
-	require.NoError(t, err)
-	require.NotNil(t, data.Pending)
-	key := data.Pending.DownstreamKey
-	require.Equal(t, "charge", data.Pending.Phase)
-	require.True(t, strings.HasPrefix(key, "order-42-charge-"), key)
-	require.NoError(t, keygen.Validate(key))
-	var pe *PhaseError
-	require.ErrorAs(t, s.errs[0], &pe)
-	require.Equal(t, "call", pe.Op)
-	require.ErrorIs(t, s.errs[0], errLostAnswer)
+		first := send(t, h, "order-42", `{}`)
+		// The shop answered 502; its client gets 503 CodeRequestIncomplete, which
+		// a client retries, while the charge's outcome is unknown.
+		require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
+		require.Contains(t, first.Body.String(), idempotency.CodeRequestIncomplete)
+		rec, err := mem.Get(t.Context(), payScope)
+		require.NoError(t, err)
+		require.Equal(t, "intent:charge", rec.RecoveryPoint)
+		data, err := idempotency.DecodeRecovery(rec.RecoveryData)
+		require.NoError(t, err)
+		require.NotNil(t, data.Pending)
+		key := data.Pending.DownstreamKey
+		require.Equal(t, "charge", data.Pending.Phase)
+		require.True(t, strings.HasPrefix(key, "order-42-charge-"), key)
+		require.NoError(t, keygen.Validate(key))
+		var pe *idempotency.PhaseError
+		require.ErrorAs(t, s.errs[0], &pe)
+		require.Equal(t, "call", pe.Op)
+		require.ErrorIs(t, s.errs[0], errLostAnswer)
 
-	clock.Advance(time.Millisecond)
-	second := send(t, h, "order-42", `{}`)
-	require.Equal(t, http.StatusCreated, second.Code, second.Body.String())
-	calls, lookups := s.proc.counts()
-	require.Equal(t, map[string]int{key: 1}, calls, "charged once")
-	require.Equal(t, map[string]int{key: 1}, lookups, "the retry asked instead")
-	rec, err = mem.Get(t.Context(), payScope)
-	require.NoError(t, err)
-	data, err = DecodeRecovery(rec.RecoveryData)
-	require.NoError(t, err)
-	require.Nil(t, data.Pending)
-	require.Equal(t, []CommittedPhase{{Name: "order", Output: []byte("ord_1")}, {Name: "charge", Output: []byte("ch_1"), DownstreamKey: key}}, data.Phases)
+		time.Sleep(time.Millisecond)
+		second := send(t, h, "order-42", `{}`)
+		require.Equal(t, http.StatusCreated, second.Code, second.Body.String())
+		calls, lookups := s.proc.counts()
+		require.Equal(t, map[string]int{key: 1}, calls, "charged once")
+		require.Equal(t, map[string]int{key: 1}, lookups, "the retry asked instead")
+		rec, err = mem.Get(t.Context(), payScope)
+		require.NoError(t, err)
+		data, err = idempotency.DecodeRecovery(rec.RecoveryData)
+		require.NoError(t, err)
+		require.Nil(t, data.Pending)
+		require.Equal(t, []idempotency.CommittedPhase{{Name: "order", Output: []byte("ord_1")}, {Name: "charge", Output: []byte("ch_1"), DownstreamKey: key}}, data.Phases)
 
-	// A call that never reached the processor: lookup finds nothing and the
-	// call is made again, under the same key.
-	mem2 := NewMemoryStore()
-	s2 := newShop()
-	var attempts atomic.Int64
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		run, _ := FromContext(r.Context())
-		out, err := run.External(r.Context(), "charge", func(ctx context.Context, key string) ([]byte, error) {
-			if attempts.Add(1) == 1 {
-				return nil, errors.New("dial tcp: connection refused")
+		// A call that never reached the processor: lookup finds nothing and the
+		// call is made again, under the same key.
+		mem2 := memstore.New()
+		s2 := newShop()
+		var attempts atomic.Int64
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			run, _ := idempotency.FromContext(r.Context())
+			out, err := run.External(r.Context(), "charge", func(ctx context.Context, key string) ([]byte, error) {
+				if attempts.Add(1) == 1 {
+					return nil, errors.New("dial tcp: connection refused")
+				}
+				return s2.proc.charge(ctx, key)
+			}, s2.proc.find)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
 			}
-			return s2.proc.charge(ctx, key)
-		}, s2.proc.find)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
+			w.WriteHeader(http.StatusCreated)
+			w.Write(out)
+		})
+		h2 := idempotency.New(mem2, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(next)
+		require.Equal(t, http.StatusServiceUnavailable, send(t, h2, "k2", `{}`).Code, "the 502 while the outcome is unknown")
+		time.Sleep(time.Millisecond)
+		a := send(t, h2, "k2", `{}`)
+		require.Equal(t, http.StatusCreated, a.Code)
+		calls, lookups = s2.proc.counts()
+		require.Len(t, calls, 1)
+		for k, n := range calls {
+			require.Equal(t, 1, n)
+			require.Equal(t, 1, lookups[k], "looked up first, under the recorded key")
 		}
-		w.WriteHeader(http.StatusCreated)
-		w.Write(out)
 	})
-	h2 := New(mem2, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(next)
-	require.Equal(t, http.StatusServiceUnavailable, send(t, h2, "k2", `{}`).Code, "the 502 while the outcome is unknown")
-	clock.Advance(time.Millisecond)
-	a := send(t, h2, "k2", `{}`)
-	require.Equal(t, http.StatusCreated, a.Code)
-	calls, lookups = s2.proc.counts()
-	require.Len(t, calls, 1)
-	for k, n := range calls {
-		require.Equal(t, 1, n)
-		require.Equal(t, 1, lookups[k], "looked up first, under the recorded key")
-	}
 }
 
-// Acceptance 4, with an injected clock: an owner that comes back after its
-// lease expired and a successor took the record over cannot commit a phase
-// (nor its writes), whether it notices before starting the phase or only at
-// the phase's commit; an owner whose lease expired with no successor renews
-// it and goes on.
+// An owner that comes back after its lease expired and a successor took the
+// record over cannot commit a phase (nor its writes), whether it notices
+// before starting the phase or only at the phase's commit; an owner whose
+// lease expired with no successor renews it and goes on. testing/synctest
+// provides the time.
 func TestPhaseFencing(t *testing.T) {
 	for _, where := range []string{"before the phase", "during the phase"} {
 		t.Run(where, func(t *testing.T) {
-			mem := NewMemoryStore()
-			clock := &fakeClock{t: t0}
-			var (
-				calls     atomic.Int64
-				committed []string
-				mu        sync.Mutex
-				aStalled  = make(chan struct{})
-				aResume   = make(chan struct{})
-				aErr      = make(chan error, 1)
-			)
-			stall := func() { close(aStalled); <-aResume }
-			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				ctx := r.Context()
-				run, _ := FromContext(ctx)
-				who := "B"
-				if calls.Add(1) == 1 {
-					who = "A"
+			synctest.Test(t, func(t *testing.T) {
+				mem := &partitioned{Store: memstore.New()}
+				var (
+					calls     atomic.Int64
+					committed []string
+					mu        sync.Mutex
+					aStalled  = make(chan struct{})
+					aResume   = make(chan struct{})
+					aErr      = make(chan error, 1)
+				)
+				stall := func() {
+					mem.cut.Store(true) // A's heartbeats no longer get through
+					close(aStalled)
+					<-aResume
 				}
-				if _, err := run.Phase(ctx, "order", func(ctx context.Context) ([]byte, error) {
-					return []byte("ord by " + who), nil
-				}); err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-					return
-				}
-				if who == "A" && where == "before the phase" {
-					stall()
-				}
-				_, err := run.Phase(ctx, "charge", func(ctx context.Context) ([]byte, error) {
-					if who == "A" && where == "during the phase" {
+				next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					ctx := r.Context()
+					run, _ := idempotency.FromContext(ctx)
+					who := "B"
+					if calls.Add(1) == 1 {
+						who = "A"
+					}
+					if _, err := run.Phase(ctx, "order", func(ctx context.Context) ([]byte, error) {
+						return []byte("ord by " + who), nil
+					}); err != nil {
+						http.Error(w, err.Error(), http.StatusInternalServerError)
+						return
+					}
+					if who == "A" && where == "before the phase" {
 						stall()
 					}
-					u, _, err := run.Unit(ctx)
-					require.NoError(t, err)
-					u.(interface{ OnCommit(func()) }).OnCommit(func() { mu.Lock(); committed = append(committed, who); mu.Unlock() })
-					return []byte("charge by " + who), nil
+					_, err := run.Phase(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+						if who == "A" && where == "during the phase" {
+							stall()
+						}
+						u, _, err := run.Unit(ctx)
+						require.NoError(t, err)
+						u.(interface{ OnCommit(func()) }).OnCommit(func() { mu.Lock(); committed = append(committed, who); mu.Unlock() })
+						return []byte("charge by " + who), nil
+					})
+					if who == "A" {
+						aErr <- err
+					}
+					if err != nil {
+						http.Error(w, err.Error(), http.StatusInternalServerError)
+						return
+					}
+					w.WriteHeader(http.StatusCreated)
+					fmt.Fprint(w, "done by ", who)
 				})
-				if who == "A" {
-					aErr <- err
+				h := idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLease(30*time.Second), idempotency.WithLogger(quiet)).Wrap(next)
+
+				aDone := make(chan *httptest.ResponseRecorder)
+				go func() { aDone <- send(t, h, "order-42", `{}`) }()
+				<-aStalled
+				time.Sleep(31 * time.Second) // A's lease is over; no heartbeat got through
+				mem.cut.Store(false)
+				b := send(t, h, "order-42", `{}`)
+				require.Equal(t, http.StatusCreated, b.Code, b.Body.String())
+				require.Equal(t, "done by B", b.Body.String())
+
+				close(aResume)
+				err := <-aErr
+				var pe *idempotency.PhaseError
+				require.ErrorAs(t, err, &pe)
+				require.ErrorIs(t, err, idempotency.ErrLeaseLost)
+				require.Equal(t, "charge", pe.Phase)
+				if where == "before the phase" {
+					require.Equal(t, "lease", pe.Op, "A renews its expired lease before starting and finds it lost")
+				} else {
+					require.Equal(t, "commit", pe.Op, "the fence holds at the commit")
 				}
-				if err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-					return
-				}
-				w.WriteHeader(http.StatusCreated)
-				fmt.Fprint(w, "done by ", who)
+				a := <-aDone
+				require.Equal(t, http.StatusInternalServerError, a.Code, "A's unstored failure goes to its client")
+				requireReplayed(t, send(t, h, "order-42", `{}`), "done by B")
+				require.Equal(t, []string{"B"}, committed, "A's phase writes never committed")
+				rec, err := mem.Get(t.Context(), payScope)
+				require.NoError(t, err)
+				data, err := idempotency.DecodeRecovery(rec.RecoveryData)
+				require.NoError(t, err)
+				require.Equal(t, []idempotency.CommittedPhase{{Name: "order", Output: []byte("ord by A")}, {Name: "charge", Output: []byte("charge by B")}}, data.Phases,
+					"B resumed after A's order")
 			})
-			h := New(mem, WithAnonymousKeys(), withClock(clock), WithLease(30*time.Second), WithLogger(discard))(next)
-
-			aDone := make(chan *httptest.ResponseRecorder)
-			go func() { aDone <- send(t, h, "order-42", `{}`) }()
-			<-aStalled
-			clock.Advance(31 * time.Second) // A's lease is over; no heartbeat got through
-			b := send(t, h, "order-42", `{}`)
-			require.Equal(t, http.StatusCreated, b.Code, b.Body.String())
-			require.Equal(t, "done by B", b.Body.String())
-
-			close(aResume)
-			err := <-aErr
-			var pe *PhaseError
-			require.ErrorAs(t, err, &pe)
-			require.ErrorIs(t, err, ErrLeaseLost)
-			require.Equal(t, "charge", pe.Phase)
-			if where == "before the phase" {
-				require.Equal(t, "lease", pe.Op, "A renews its expired lease before starting and finds it lost")
-			} else {
-				require.Equal(t, "commit", pe.Op, "the fence holds at the commit")
-			}
-			a := <-aDone
-			require.Equal(t, http.StatusInternalServerError, a.Code, "A's unstored failure goes to its client")
-			requireReplayed(t, send(t, h, "order-42", `{}`), "done by B")
-			require.Equal(t, []string{"B"}, committed, "A's phase writes never committed")
-			rec, err := mem.Get(t.Context(), payScope)
-			require.NoError(t, err)
-			data, err := DecodeRecovery(rec.RecoveryData)
-			require.NoError(t, err)
-			require.Equal(t, []CommittedPhase{{Name: "order", Output: []byte("ord by A")}, {Name: "charge", Output: []byte("charge by B")}}, data.Phases,
-				"B resumed after A's order")
 		})
 	}
 
 	t.Run("expired without a successor", func(t *testing.T) {
-		mem := NewMemoryStore()
-		clock := &fakeClock{t: t0}
-		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			run, _ := FromContext(r.Context())
-			clock.Advance(time.Minute) // a long pause, but nobody took over
-			if _, err := run.Phase(r.Context(), "order", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			rec, _ := mem.Get(r.Context(), run.Scope)
-			fmt.Fprint(w, rec.LeaseUntil.Sub(clock.Now()))
+		synctest.Test(t, func(t *testing.T) {
+			mem := &hungBeat{Store: memstore.New(), release: make(chan struct{})}
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				run, _ := idempotency.FromContext(r.Context())
+				time.Sleep(time.Minute) // a long pause, but nobody took over
+				if _, err := run.Phase(r.Context(), "order", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				rec, _ := mem.Get(r.Context(), run.Scope)
+				fmt.Fprint(w, time.Until(rec.LeaseUntil))
+			})
+			h := idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLease(30*time.Second),
+				idempotency.WithLogger(quiet)).Wrap(next)
+			a := send(t, h, "k", `{}`)
+			close(mem.release)
+			require.Equal(t, http.StatusOK, a.Code, a.Body.String())
+			require.Equal(t, "30s", a.Body.String(), "the lease was renewed before the phase")
 		})
-		h := New(mem, WithAnonymousKeys(), withClock(clock), WithLease(30*time.Second), WithLogger(discard))(next)
-		a := send(t, h, "k", `{}`)
-		require.Equal(t, http.StatusOK, a.Code, a.Body.String())
-		require.Equal(t, "30s", a.Body.String(), "the lease was renewed before the phase")
 	})
+}
+
+// hungBeat is a memstore whose first heartbeat hangs until release, its
+// context ignored (a connection that stopped answering): no beat follows
+// it, and the lease runs out with nobody to notice but the run itself.
+type hungBeat struct {
+	*memstore.Store
+	once    sync.Once
+	release chan struct{}
+}
+
+func (h *hungBeat) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		<-h.release
+		return context.DeadlineExceeded
+	}
+	return h.Store.Heartbeat(ctx, l, until)
 }
 
 // Misuse is a typed error, never a panic, and never commits anything.
 func TestPhaseMisuse(t *testing.T) {
 	noop := func(context.Context) ([]byte, error) { return []byte("x"), nil }
-	cases := map[string]func(ctx context.Context, run *Run) error{
-		"empty name": func(ctx context.Context, run *Run) error {
+	cases := map[string]func(ctx context.Context, run *idempotency.Run) error{
+		"empty name": func(ctx context.Context, run *idempotency.Run) error {
 			_, err := run.Phase(ctx, "", noop)
 			return err
 		},
-		"long name": func(ctx context.Context, run *Run) error {
+		"long name": func(ctx context.Context, run *idempotency.Run) error {
 			_, err := run.Phase(ctx, strings.Repeat("p", 129), noop)
 			return err
 		},
-		"nil function": func(ctx context.Context, run *Run) error {
+		"nil function": func(ctx context.Context, run *idempotency.Run) error {
 			_, err := run.Phase(ctx, "a", nil)
 			return err
 		},
-		"nil call": func(ctx context.Context, run *Run) error {
+		"nil call": func(ctx context.Context, run *idempotency.Run) error {
 			_, err := run.External(ctx, "a", nil, nil)
 			return err
 		},
-		"repeated name": func(ctx context.Context, run *Run) error {
+		"repeated name": func(ctx context.Context, run *idempotency.Run) error {
 			if _, err := run.Phase(ctx, "a", noop); err != nil {
 				return err
 			}
 			_, err := run.Phase(ctx, "a", noop)
 			return err
 		},
-		"nested": func(ctx context.Context, run *Run) error {
+		"nested": func(ctx context.Context, run *idempotency.Run) error {
 			var inner error
 			_, err := run.Phase(ctx, "outer", func(ctx context.Context) ([]byte, error) {
 				_, inner = run.Phase(ctx, "inner", noop)
@@ -435,16 +466,16 @@ func TestPhaseMisuse(t *testing.T) {
 			})
 			return errors.Join(err, inner)
 		},
-		"after the request's unit": func(ctx context.Context, run *Run) error {
+		"after the request's unit": func(ctx context.Context, run *idempotency.Run) error {
 			if _, _, err := run.Unit(ctx); err != nil {
 				return err
 			}
 			_, err := run.Phase(ctx, "a", noop)
 			return err
 		},
-		"the request's unit while a phase runs": func(ctx context.Context, run *Run) error {
+		"the request's unit while a phase runs": func(ctx context.Context, run *idempotency.Run) error {
 			var inner error
-			var pe *PhaseError
+			var pe *idempotency.PhaseError
 			_, err := run.Phase(ctx, "order", func(context.Context) ([]byte, error) {
 				_, _, inner = run.Unit(ctx) // the handler's context, not the phase's
 				if errors.As(inner, &pe) && pe.Phase != "order" {
@@ -461,7 +492,7 @@ func TestPhaseMisuse(t *testing.T) {
 			}
 			return inner
 		},
-		"new phase while an intent is pending": func(ctx context.Context, run *Run) error {
+		"new phase while an intent is pending": func(ctx context.Context, run *idempotency.Run) error {
 			_, err := run.External(ctx, "charge", func(context.Context, string) ([]byte, error) {
 				return nil, errors.New("timeout")
 			}, nil)
@@ -476,192 +507,197 @@ func TestPhaseMisuse(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var err error
 			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				run, _ := FromContext(r.Context())
+				run, _ := idempotency.FromContext(r.Context())
 				err = f(r.Context(), run)
 			})
-			send(t, New(NewMemoryStore(), WithAnonymousKeys(), WithLogger(discard))(next), "k", `{}`)
-			require.ErrorIs(t, err, ErrPhaseMisuse)
-			var pe *PhaseError
+			send(t, idempotency.New(memstore.New(), idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(next), "k", `{}`)
+			require.ErrorIs(t, err, idempotency.ErrMisuse)
+			var pe *idempotency.PhaseError
 			require.ErrorAs(t, err, &pe)
 			require.Equal(t, "use", pe.Op)
 		})
 	}
 
 	t.Run("after the handler returned", func(t *testing.T) {
-		var run *Run
-		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { run, _ = FromContext(r.Context()) })
-		send(t, New(NewMemoryStore(), WithAnonymousKeys(), WithLogger(discard))(next), "k", `{}`)
+		var run *idempotency.Run
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { run, _ = idempotency.FromContext(r.Context()) })
+		send(t, idempotency.New(memstore.New(), idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(next), "k", `{}`)
 		_, err := run.Phase(t.Context(), "late", noop)
-		require.ErrorIs(t, err, ErrRunDone)
+		require.ErrorIs(t, err, idempotency.ErrMisuse)
 		_, err = run.External(t.Context(), "late", func(context.Context, string) ([]byte, error) { return nil, nil }, nil)
-		require.ErrorIs(t, err, ErrRunDone)
+		require.ErrorIs(t, err, idempotency.ErrMisuse)
 	})
 
 	t.Run("unreadable recovery data", func(t *testing.T) {
-		mem := NewMemoryStore()
-		var err error
-		calls := 0
-		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			run, _ := FromContext(r.Context())
-			if calls++; calls == 1 {
-				// Someone else's recovery point format.
-				require.NoError(t, mem.SetRecoveryPoint(r.Context(), run.Lease, "legacy", []byte("order-7"), t0))
-				w.WriteHeader(http.StatusInternalServerError)
-				return
-			}
-			_, err = run.Phase(r.Context(), "order", noop)
+		synctest.Test(t, func(t *testing.T) {
+			mem := memstore.New()
+			var err error
+			calls := 0
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				run, _ := idempotency.FromContext(r.Context())
+				if calls++; calls == 1 {
+					// Someone else's recovery point format.
+					require.NoError(t, mem.SetRecoveryPoint(r.Context(), run.Lease, "legacy", []byte("order-7"), time.Now()))
+					w.WriteHeader(http.StatusInternalServerError)
+					return
+				}
+				_, err = run.Phase(r.Context(), "order", noop)
+			})
+			h := idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(next)
+			send(t, h, "k", `{}`)
+			time.Sleep(time.Millisecond)
+			send(t, h, "k", `{}`)
+			require.ErrorIs(t, err, idempotency.ErrBadRecoveryData)
+			var pe *idempotency.PhaseError
+			require.ErrorAs(t, err, &pe)
+			require.Equal(t, "decode", pe.Op)
 		})
-		clock := &fakeClock{t: t0}
-		h := New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(next)
-		send(t, h, "k", `{}`)
-		clock.Advance(time.Millisecond)
-		send(t, h, "k", `{}`)
-		require.ErrorIs(t, err, ErrBadRecoveryData)
-		var pe *PhaseError
-		require.ErrorAs(t, err, &pe)
-		require.Equal(t, "decode", pe.Op)
 	})
 }
 
 // A phase whose function fails commits nothing; the error is wrapped with
 // the phase's name and reachable with errors.Is.
 func TestPhaseFunctionError(t *testing.T) {
-	mem := NewMemoryStore()
-	boom := errors.New("insufficient stock")
-	var err error
-	var committed atomic.Bool
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		run, _ := FromContext(r.Context())
-		_, err = run.Phase(r.Context(), "order", func(ctx context.Context) ([]byte, error) {
-			u, _, _ := run.Unit(ctx)
-			u.(interface{ OnCommit(func()) }).OnCommit(func() { committed.Store(true) })
-			return nil, boom
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		boom := errors.New("insufficient stock")
+		var err error
+		var committed atomic.Bool
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			run, _ := idempotency.FromContext(r.Context())
+			_, err = run.Phase(r.Context(), "order", func(ctx context.Context) ([]byte, error) {
+				u, _, _ := run.Unit(ctx)
+				u.(interface{ OnCommit(func()) }).OnCommit(func() { committed.Store(true) })
+				return nil, boom
+			})
+			http.Error(w, "no", http.StatusConflict)
 		})
-		http.Error(w, "no", http.StatusConflict)
+		send(t, idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(next), "k", `{}`)
+		require.ErrorIs(t, err, boom)
+		var pe *idempotency.PhaseError
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, idempotency.PhaseError{Phase: "order", Op: "run", Err: boom}, *pe)
+		require.Equal(t, `idempotency: phase "order": run: insufficient stock`, err.Error())
+		require.False(t, committed.Load())
+		require.Zero(t, mem.Len(), "nothing committed: the 409 released the key")
 	})
-	send(t, New(mem, WithAnonymousKeys(), WithLogger(discard))(next), "k", `{}`)
-	require.ErrorIs(t, err, boom)
-	var pe *PhaseError
-	require.ErrorAs(t, err, &pe)
-	require.Equal(t, PhaseError{Phase: "order", Op: "run", Err: boom}, *pe)
-	require.Equal(t, `idempotency: phase "order": run: insufficient stock`, err.Error())
-	require.False(t, committed.Load())
-	require.Zero(t, mem.Len(), "nothing committed: the 409 released the key")
 }
 
 // With a store that is not a Transactor, phases still record their
 // recovery points (their writes are their own), and Unit says why it has
 // nothing to give.
 func TestPhasesOnAPlainStore(t *testing.T) {
-	mem := NewMemoryStore()
-	s := newShop()
-	s.fail["after-order"] = 1
-	clock := &fakeClock{t: t0}
-	h := New(plain{mem}, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(s)
-	require.Equal(t, http.StatusBadGateway, send(t, h, "order-42", `{}`).Code)
-	rec, err := mem.Get(t.Context(), payScope)
-	require.NoError(t, err)
-	require.Equal(t, "order", rec.RecoveryPoint)
-	clock.Advance(time.Millisecond)
-	a := send(t, h, "order-42", `{}`)
-	require.Equal(t, http.StatusCreated, a.Code)
-	require.EqualValues(t, 1, s.runs.Load())
-	calls, _ := s.proc.counts()
-	require.Len(t, calls, 1)
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		s := newShop()
+		s.fail["after-order"] = 1
+		h := idempotency.New(plainStore{mem}, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(s)
+		require.Equal(t, http.StatusBadGateway, send(t, h, "order-42", `{}`).Code)
+		rec, err := mem.Get(t.Context(), payScope)
+		require.NoError(t, err)
+		require.Equal(t, "order", rec.RecoveryPoint)
+		time.Sleep(time.Millisecond)
+		a := send(t, h, "order-42", `{}`)
+		require.Equal(t, http.StatusCreated, a.Code)
+		require.EqualValues(t, 1, s.runs.Load())
+		calls, _ := s.proc.counts()
+		require.Len(t, calls, 1)
+	})
 }
 
 // Downstream keys are stable across executions of one request, differ
 // between principals that reuse a key, and are valid keys.
 func TestDownstreamKey(t *testing.T) {
-	mem := NewMemoryStore()
-	clock := &fakeClock{t: t0}
-	var mu sync.Mutex
-	keys := map[string][]string{} // principal -> keys seen
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		run, _ := FromContext(r.Context())
-		mu.Lock()
-		keys[run.Scope.Principal] = append(keys[run.Scope.Principal], run.DownstreamKey("charge"))
-		mu.Unlock()
-		w.WriteHeader(http.StatusServiceUnavailable)
-		// keep the record for a takeover
-		_ = mem.SetRecoveryPoint(r.Context(), run.Lease, "x", nil, clock.Now())
-	})
-	h := New(mem, withClock(clock), WithLogger(discard), WithPrincipal(func(r *http.Request) (string, error) {
-		return r.Header.Get("X-Account"), nil
-	}))(next)
-	for _, acct := range []string{"a", "a", "b"} {
-		req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
-		req.Header.Set("Idempotency-Key", `"k,1"`)
-		req.Header.Set("X-Account", acct)
-		h.ServeHTTP(httptest.NewRecorder(), req)
-		clock.Advance(time.Millisecond)
-	}
-	require.Len(t, keys["a"], 2)
-	require.Equal(t, keys["a"][0], keys["a"][1], "the takeover derives the same key")
-	require.NotEqual(t, keys["a"][0], keys["b"][0], "another principal's request gets another key")
-	for _, k := range []string{keys["a"][0], keys["b"][0]} {
-		require.NoError(t, keygen.Validate(k))
-		require.True(t, strings.HasPrefix(k, "k%2C1-charge-"), k)
-	}
-
-	// Without a stored request ID the key is still per scope.
-	r1 := &Run{Scope: Scope{Principal: "a", Method: "POST", Route: "/p", Key: "k"}}
-	r2 := &Run{Scope: Scope{Principal: "b", Method: "POST", Route: "/p", Key: "k"}}
-	require.NotEqual(t, r1.DownstreamKey("x"), r2.DownstreamKey("x"))
-	require.Equal(t, r1.DownstreamKey("x"), (&Run{Scope: r1.Scope}).DownstreamKey("x"))
-
-	// Without an ID, a key reused after the replay window gets a new
-	// downstream key; the executions of one request share theirs.
-	mem2 := NewMemoryStore()
-	var seen []string
-	h2 := New(mem2, WithAnonymousKeys(), withClock(clock), WithLogger(discard))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		run, _ := FromContext(r.Context())
-		seen = append(seen, run.DownstreamKey("charge"))
-		if len(seen)%2 == 1 {
-			_ = mem2.SetRecoveryPoint(r.Context(), run.Lease, "x", nil, clock.Now())
-			w.WriteHeader(http.StatusServiceUnavailable) // kept: the next execution takes over
-			return
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		var mu sync.Mutex
+		keys := map[string][]string{} // principal -> keys seen
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			run, _ := idempotency.FromContext(r.Context())
+			mu.Lock()
+			keys[run.Scope.Principal] = append(keys[run.Scope.Principal], run.DownstreamKey("charge"))
+			mu.Unlock()
+			w.WriteHeader(http.StatusServiceUnavailable)
+			// keep the record for a takeover
+			_ = mem.SetRecoveryPoint(r.Context(), run.Lease, "x", nil, time.Now())
+		})
+		h := idempotency.New(mem, idempotency.WithLogger(quiet), idempotency.WithPrincipal(func(r *http.Request) (string, error) {
+			return r.Header.Get("X-Account"), nil
+		})).Wrap(next)
+		for _, acct := range []string{"a", "a", "b"} {
+			req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+			req.Header.Set("Idempotency-Key", `"k,1"`)
+			req.Header.Set("X-Account", acct)
+			h.ServeHTTP(httptest.NewRecorder(), req)
+			time.Sleep(time.Millisecond)
 		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	sc := Scope{Method: "POST", Route: "/payments", Key: "k"}
-	fp := Fingerprint("POST", "/payments", "/payments", "", "application/json", []byte(`{}`))
-	for range 2 {
-		// Another writer's claim: no stored request, so no ID; its lease
-		// ends, and the middleware takes the record over twice.
-		rec, ok, err := mem2.Claim(t.Context(), Claim{Scope: sc, Fingerprint: fp, FingerprintVersion: FingerprintVersion,
-			Owner: "other", Now: clock.Now(), LeaseFor: time.Second, ReplayWindow: DefaultReplayWindow})
-		require.NoError(t, err)
-		require.True(t, ok)
-		require.Empty(t, rec.Request)
-		clock.Advance(2 * time.Second)
-		require.Equal(t, http.StatusServiceUnavailable, send(t, h2, "k", `{}`).Code)
-		clock.Advance(time.Millisecond)
-		require.Equal(t, http.StatusCreated, send(t, h2, "k", `{}`).Code)
-		clock.Advance(DefaultReplayWindow + time.Second)
-	}
-	require.Len(t, seen, 4)
-	require.Equal(t, seen[0], seen[1], "a takeover derives the same key")
-	require.Equal(t, seen[2], seen[3], "a takeover derives the same key")
-	require.NotEqual(t, seen[0], seen[2], "the key reused after the replay window is a new request")
+		require.Len(t, keys["a"], 2)
+		require.Equal(t, keys["a"][0], keys["a"][1], "the takeover derives the same key")
+		require.NotEqual(t, keys["a"][0], keys["b"][0], "another principal's request gets another key")
+		for _, k := range []string{keys["a"][0], keys["b"][0]} {
+			require.NoError(t, keygen.Validate(k))
+			require.True(t, strings.HasPrefix(k, "k%2C1-charge-"), k)
+		}
+
+		// Without a stored request ID the key is still per scope.
+		r1 := &idempotency.Run{Scope: idempotency.Scope{Principal: "a", Method: "POST", Route: "/p", Key: "k"}}
+		r2 := &idempotency.Run{Scope: idempotency.Scope{Principal: "b", Method: "POST", Route: "/p", Key: "k"}}
+		require.NotEqual(t, r1.DownstreamKey("x"), r2.DownstreamKey("x"))
+		require.Equal(t, r1.DownstreamKey("x"), (&idempotency.Run{Scope: r1.Scope}).DownstreamKey("x"))
+
+		// Without an ID, a key reused after the replay window gets a new
+		// downstream key; the executions of one request share theirs.
+		mem2 := memstore.New()
+		var seen []string
+		h2 := idempotency.New(mem2, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			run, _ := idempotency.FromContext(r.Context())
+			seen = append(seen, run.DownstreamKey("charge"))
+			if len(seen)%2 == 1 {
+				_ = mem2.SetRecoveryPoint(r.Context(), run.Lease, "x", nil, time.Now())
+				w.WriteHeader(http.StatusServiceUnavailable) // kept: the next execution takes over
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		sc := idempotency.Scope{Method: "POST", Route: "/payments", Key: "k"}
+		fp := idempotency.Fingerprint(idempotency.FingerprintVersion, "POST", "/payments", "/payments", "", "application/json", []byte(`{}`))
+		for range 2 {
+			// Another writer's claim: no stored request, so no ID; its lease
+			// ends, and the middleware takes the record over twice.
+			rec, ok, err := claimed(mem2.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: fp, FingerprintVersion: idempotency.FingerprintVersion,
+				Owner: "other", Now: time.Now(), LeaseFor: time.Second, ReplayWindow: 24 * time.Hour}))
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Empty(t, rec.Request)
+			time.Sleep(2 * time.Second)
+			require.Equal(t, http.StatusServiceUnavailable, send(t, h2, "k", `{}`).Code)
+			time.Sleep(time.Millisecond)
+			require.Equal(t, http.StatusCreated, send(t, h2, "k", `{}`).Code)
+			time.Sleep(24*time.Hour + time.Second)
+		}
+		require.Len(t, seen, 4)
+		require.Equal(t, seen[0], seen[1], "a takeover derives the same key")
+		require.Equal(t, seen[2], seen[3], "a takeover derives the same key")
+		require.NotEqual(t, seen[0], seen[2], "the key reused after the replay window is a new request")
+	})
 }
 
 func TestRecoveryEncoding(t *testing.T) {
-	rec := Recovery{
-		Phases:  []CommittedPhase{{Name: "order", Output: []byte(`{"id":1}`)}, {Name: "charge", Output: []byte("ch_1"), DownstreamKey: "k-charge-1"}},
-		Pending: &PendingCall{Phase: "refund", DownstreamKey: "k-refund-1"},
+	rec := idempotency.Recovery{
+		Phases:  []idempotency.CommittedPhase{{Name: "order", Output: []byte(`{"id":1}`)}, {Name: "charge", Output: []byte("ch_1"), DownstreamKey: "k-charge-1"}},
+		Pending: &idempotency.PendingCall{Phase: "refund", DownstreamKey: "k-refund-1"},
 	}
 	b := rec.Encode()
 	var raw map[string]any
 	require.NoError(t, json.Unmarshal(b, &raw))
-	require.EqualValues(t, RecoveryVersion, raw["v"])
-	got, err := DecodeRecovery(b)
+	require.EqualValues(t, 1, raw["v"])
+	got, err := idempotency.DecodeRecovery(b)
 	require.NoError(t, err)
 	require.Equal(t, rec, got)
 
-	empty, err := DecodeRecovery(nil)
+	empty, err := idempotency.DecodeRecovery(nil)
 	require.NoError(t, err)
-	require.Equal(t, Recovery{}, empty)
+	require.Equal(t, idempotency.Recovery{}, empty)
 
 	for name, in := range map[string]string{
 		"not json":          `order-7`,
@@ -673,8 +709,8 @@ func TestRecoveryEncoding(t *testing.T) {
 		"pending no name":   `{"v":1,"pending":{"phase":""}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := DecodeRecovery([]byte(in))
-			require.ErrorIs(t, err, ErrBadRecoveryData)
+			_, err := idempotency.DecodeRecovery([]byte(in))
+			require.ErrorIs(t, err, idempotency.ErrBadRecoveryData)
 		})
 	}
 }
@@ -684,14 +720,14 @@ func FuzzDecodeRecovery(f *testing.F) {
 	f.Add([]byte(`{"v":1}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rec, err := DecodeRecovery(b)
+		rec, err := idempotency.DecodeRecovery(b)
 		if err != nil {
-			if !errors.Is(err, ErrBadRecoveryData) {
+			if !errors.Is(err, idempotency.ErrBadRecoveryData) {
 				t.Fatalf("error %v does not match ErrBadRecoveryData", err)
 			}
 			return
 		}
-		again, err := DecodeRecovery(rec.Encode())
+		again, err := idempotency.DecodeRecovery(rec.Encode())
 		if err != nil {
 			t.Fatalf("re-encoding a decoded record fails: %v", err)
 		}
@@ -712,52 +748,53 @@ func TestNoResponseStoredWhileAnExternalOutcomeIsUnknown(t *testing.T) {
 	for _, status := range []int{http.StatusPaymentRequired, http.StatusCreated,
 		http.StatusConflict, http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway} {
 		t.Run(http.StatusText(status), func(t *testing.T) {
-			mem := NewMemoryStore()
-			proc := newProcessor()
-			clock := &fakeClock{t: t0}
-			var timeouts atomic.Int64
-			timeouts.Store(1)
-			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				run, _ := FromContext(r.Context())
-				out, err := run.External(r.Context(), "charge", func(ctx context.Context, key string) ([]byte, error) {
-					out, err := proc.charge(ctx, key) // it goes through...
-					if timeouts.Add(-1) >= 0 {
-						return nil, context.DeadlineExceeded // ...but the answer times out
+			synctest.Test(t, func(t *testing.T) {
+				mem := memstore.New()
+				proc := newProcessor()
+				var timeouts atomic.Int64
+				timeouts.Store(1)
+				next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					run, _ := idempotency.FromContext(r.Context())
+					out, err := run.External(r.Context(), "charge", func(ctx context.Context, key string) ([]byte, error) {
+						out, err := proc.charge(ctx, key) // it goes through...
+						if timeouts.Add(-1) >= 0 {
+							return nil, context.DeadlineExceeded // ...but the answer times out
+						}
+						return out, err
+					}, proc.find)
+					if err != nil {
+						w.WriteHeader(status) // "payment required": a storable status
+						return
 					}
-					return out, err
-				}, proc.find)
-				if err != nil {
-					w.WriteHeader(status) // "payment required": a storable status
-					return
+					w.WriteHeader(http.StatusCreated)
+					w.Write(out)
+				})
+				log, buf := bufLogger()
+				h := idempotency.New(mem, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(log)).Wrap(next)
+
+				first := send(t, h, "order-42", `{}`)
+				require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
+				require.Contains(t, first.Body.String(), idempotency.CodeRequestIncomplete)
+				rec, err := mem.Get(t.Context(), payScope)
+				require.NoError(t, err)
+				require.Equal(t, idempotency.InProgress, rec.State, "not stored")
+				require.Equal(t, "intent:charge", rec.RecoveryPoint)
+				require.False(t, rec.LeaseUntil.After(time.Now()), "the lease ended at once")
+				require.Contains(t, buf.String(), "level=ERROR")
+				require.Contains(t, buf.String(), "unknown")
+
+				time.Sleep(time.Millisecond)
+				second := send(t, h, "order-42", `{}`)
+				require.Equal(t, http.StatusCreated, second.Code, second.Body.String())
+				require.Equal(t, "ch_1", second.Body.String())
+				calls, lookups := proc.counts()
+				require.Len(t, calls, 1)
+				for k, n := range calls {
+					require.Equal(t, 1, n, "charged once")
+					require.Equal(t, 1, lookups[k], "the resume asked first")
 				}
-				w.WriteHeader(http.StatusCreated)
-				w.Write(out)
+				requireReplayed(t, send(t, h, "order-42", `{}`), "ch_1")
 			})
-			log, buf := bufLogger()
-			h := New(mem, WithAnonymousKeys(), withClock(clock), WithLogger(log))(next)
-
-			first := send(t, h, "order-42", `{}`)
-			require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
-			require.Contains(t, first.Body.String(), CodeRequestIncomplete)
-			rec, err := mem.Get(t.Context(), payScope)
-			require.NoError(t, err)
-			require.Equal(t, InProgress, rec.State, "not stored")
-			require.Equal(t, "intent:charge", rec.RecoveryPoint)
-			require.False(t, rec.LeaseUntil.After(clock.Now()), "the lease ended at once")
-			require.Contains(t, buf.String(), "level=ERROR")
-			require.Contains(t, buf.String(), "unknown")
-
-			clock.Advance(time.Millisecond)
-			second := send(t, h, "order-42", `{}`)
-			require.Equal(t, http.StatusCreated, second.Code, second.Body.String())
-			require.Equal(t, "ch_1", second.Body.String())
-			calls, lookups := proc.counts()
-			require.Len(t, calls, 1)
-			for k, n := range calls {
-				require.Equal(t, 1, n, "charged once")
-				require.Equal(t, 1, lookups[k], "the resume asked first")
-			}
-			requireReplayed(t, send(t, h, "order-42", `{}`), "ch_1")
 		})
 	}
 }

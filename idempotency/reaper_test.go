@@ -1,44 +1,45 @@
-package idempotency
+package idempotency_test
 
 import (
-	"github.com/saferetry/saferetry/keygen"
-
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
+	"github.com/saferetry/saferetry/keygen"
 )
 
 var reapT0 = time.Date(2026, 1, 10, 0, 0, 0, 0, time.UTC)
 
-func reapScope(key string) Scope {
-	return Scope{Principal: "p", Method: "POST", Route: "POST /orders", Key: key}
+func reapScope(key string) idempotency.Scope {
+	return idempotency.Scope{Principal: "p", Method: "POST", Route: "POST /orders", Key: key}
 }
 
-// seed claims key at now with a 10 s lease and completes it at now when
-// complete is true.
-// seed claims key at now and, if complete, completes it. Its claim has no
-// replay window, so that a MemoryStore keeps the completed records for the
-// reaper (it evicts those past the window of their claim by itself).
-func seed(t *testing.T, s Store, key string, now time.Time, complete bool) Record {
+// seed claims key at now with a 10 s lease and, if complete, completes it
+// at now. Its claim has no replay window, so that a memstore keeps the
+// completed records for the reaper (it evicts those past the window of
+// their claim by itself).
+func seed(t *testing.T, s idempotency.Store, key string, now time.Time, complete bool) idempotency.Record {
 	t.Helper()
-	rec, ok, err := s.Claim(t.Context(), Claim{
+	res, err := s.Claim(t.Context(), idempotency.Claim{
 		Scope: reapScope(key), Fingerprint: "fp", FingerprintVersion: 1, Owner: "o-" + key,
 		Now: now, LeaseFor: 10 * time.Second,
 	})
 	require.NoError(t, err)
-	require.True(t, ok)
+	require.Equal(t, idempotency.ClaimCreated, res.Outcome)
 	if complete {
-		require.NoError(t, s.Complete(t.Context(), rec.Lease(), Response{Status: 201}, now))
+		require.NoError(t, s.Complete(t.Context(), res.Record.Lease(), idempotency.Response{Status: 201}, now))
 	}
-	return rec
+	return res.Record
 }
 
 func bufLogger() (*slog.Logger, *bytes.Buffer) {
@@ -52,29 +53,29 @@ func bufLogger() (*slog.Logger, *bytes.Buffer) {
 	return slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug, ReplaceAttr: noTime})), &buf
 }
 
-func exists(t *testing.T, s Store, key string) bool {
+func exists(t *testing.T, s idempotency.Store, key string) bool {
 	t.Helper()
 	_, err := s.Get(t.Context(), reapScope(key))
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, idempotency.ErrNotFound) {
 		return false
 	}
 	require.NoError(t, err)
 	return true
 }
 
-func TestReaperDefaults(t *testing.T) {
-	r := NewReaper(NewMemoryStore(), ReaperConfig{BatchSize: -1})
-	require.Equal(t, DefaultCleanupHorizon, r.cfg.Horizon)
-	require.Equal(t, 72*time.Hour, r.cfg.Horizon)
-	require.Equal(t, DefaultReapBatch, r.cfg.BatchSize)
-	require.Equal(t, DefaultReapMaxBatches, r.cfg.MaxBatches)
-	require.Equal(t, DefaultReapInterval, r.cfg.Interval)
-	require.Equal(t, DefaultReapMaxUnfinished, r.cfg.MaxUnfinished)
-	require.NotNil(t, r.cfg.Logger)
+// reaper returns the Reaper of a middleware over s with a one-hour cleanup
+// horizon (over a 30-minute replay window) and the given limits (0: the
+// defaults).
+func reaper(s idempotency.Store, log *slog.Logger, batch, maxBatches, maxUnfinished int) *idempotency.Reaper {
+	r := idempotency.New(s, idempotency.WithLogger(log), idempotency.WithReplayWindow(30*time.Minute),
+		idempotency.WithCleanupHorizon(time.Hour)).Reaper()
+	idempotency.SetReaperLimits(r, batch, maxBatches, maxUnfinished)
+	return r
 }
 
+// By default the horizon is 72 hours.
 func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
-	s := NewMemoryStore()
+	s := memstore.New()
 	now := reapT0.Add(100 * time.Hour)
 	for _, k := range []string{"old-1", "old-2", "old-3", "old-4", "old-5"} {
 		seed(t, s, k, reapT0, true) // 100 h old
@@ -84,7 +85,8 @@ func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 	seed(t, s, "running", now.Add(-time.Second), false)
 
 	log, buf := bufLogger()
-	r := NewReaper(s, ReaperConfig{BatchSize: 2, Logger: log})
+	r := idempotency.New(s, idempotency.WithLogger(log)).Reaper()
+	idempotency.SetReaperLimits(r, 2, 0, 0)
 	rep, err := r.ReapOnce(t.Context(), now)
 	require.NoError(t, err)
 	require.True(t, rep.Horizon.Equal(now.Add(-72*time.Hour)))
@@ -110,12 +112,11 @@ func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 }
 
 func TestReapOnceStopsAtMaxBatches(t *testing.T) {
-	s := NewMemoryStore()
+	s := memstore.New()
 	for i := range 7 {
 		seed(t, s, string(rune('a'+i)), reapT0, true)
 	}
-	log, _ := bufLogger()
-	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, BatchSize: 3, MaxBatches: 2, Logger: log})
+	r := reaper(s, quiet, 3, 2, 0)
 	now := reapT0.Add(2 * time.Hour)
 	rep, err := r.ReapOnce(t.Context(), now)
 	require.NoError(t, err)
@@ -132,16 +133,24 @@ func TestReapOnceStopsAtMaxBatches(t *testing.T) {
 }
 
 func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
-	s := NewMemoryStore()
+	s := memstore.New()
 	stuck := seed(t, s, "stuck", reapT0, false) // lease ended at t0+10s
 	require.NoError(t, s.SetRecoveryPoint(t.Context(), stuck.Lease(), "charged", []byte("ch_1"), reapT0.Add(time.Second)))
 	stuck2 := seed(t, s, "stuck-2", reapT0.Add(time.Minute), false)
-	pending := Recovery{Phases: []CommittedPhase{{Name: "order"}}, Pending: &PendingCall{Phase: "charge", DownstreamKey: "stuck-2-charge-0a1b"}}
-	require.NoError(t, s.SetRecoveryPoint(t.Context(), stuck2.Lease(), "intent:charge", pending.Encode(), reapT0.Add(time.Minute)))
+	pending := []byte(`{"v":1,"phases":[{"name":"order"}],"pending":{"phase":"charge","downstream_key":"stuck-2-charge-0a1b"}}`)
+	require.NoError(t, s.SetRecoveryPoint(t.Context(), stuck2.Lease(), "intent:charge", pending, reapT0.Add(time.Minute)))
 	seed(t, s, "done", reapT0, true)
 
+	var seen []string
+	var ages []time.Duration
 	log, buf := bufLogger()
-	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, Logger: log})
+	r := idempotency.New(s, idempotency.WithLogger(log), idempotency.WithReplayWindow(30*time.Minute),
+		idempotency.WithCleanupHorizon(time.Hour), idempotency.WithObserver(idempotency.Observer{
+			Unfinished: func(_ context.Context, rec idempotency.Record, age time.Duration) {
+				seen = append(seen, rec.Scope.Key)
+				ages = append(ages, age)
+			},
+		})).Reaper()
 	rep, err := r.ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, 3, rep.Deleted)
@@ -150,6 +159,8 @@ func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
 	require.Equal(t, "charged", rep.Unfinished[0].RecoveryPoint)
 	require.Equal(t, "stuck-2", rep.Unfinished[1].Scope.Key)
 	require.Zero(t, rep.Skipped)
+	require.Equal(t, []string{"stuck", "stuck-2"}, seen, "the observer sees each unfinished record")
+	require.Equal(t, []time.Duration{2 * time.Hour, 2*time.Hour - time.Minute}, ages, "with its age")
 
 	out := buf.String()
 	warns := 0
@@ -171,17 +182,14 @@ func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
 	require.NotContains(t, out, "stuck-2-charge")
 	require.NotContains(t, out, "=stuck")
 	require.NotContains(t, out, "principal=")
-	require.Equal(t, "ca978112ca1b", keygen.Digest("a"), "first 6 bytes of SHA-256, hex")
 }
 
 func TestReapOnceCountsUnfinishedItLeftAsSkipped(t *testing.T) {
-	s := NewMemoryStore()
+	s := memstore.New()
 	seed(t, s, "done-1", reapT0, true)
 	seed(t, s, "done-2", reapT0.Add(time.Second), true)
 	seed(t, s, "stuck", reapT0.Add(2*time.Second), false) // newest UpdatedAt: deleted last
-	log, _ := bufLogger()
-	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, BatchSize: 1, MaxBatches: 2, Logger: log})
-	rep, err := r.ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
+	rep, err := reaper(s, quiet, 1, 2, 0).ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, 2, rep.Deleted)
 	require.True(t, rep.More)
@@ -190,179 +198,162 @@ func TestReapOnceCountsUnfinishedItLeftAsSkipped(t *testing.T) {
 	require.True(t, exists(t, s, "stuck"))
 }
 
-// failingStore fails the named operation with errBoom.
-type failingStore struct {
-	Store
+// opFails fails the named operation with errBoom.
+type opFails struct {
+	idempotency.Store
 	fail string
 }
 
 var errBoom = errors.New("boom")
 
-func (f failingStore) Abandoned(ctx context.Context, now time.Time, limit int) ([]Record, error) {
+func (f opFails) Abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
 	if f.fail == "abandoned" {
 		return nil, errBoom
 	}
 	return f.Store.Abandoned(ctx, now, limit)
 }
 
-func (f failingStore) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
+func (f opFails) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
 	if f.fail == "delete_before" {
 		return 0, errBoom
 	}
 	return f.Store.DeleteBefore(ctx, horizon, limit)
 }
 
-func (f failingStore) Get(ctx context.Context, s Scope) (Record, error) {
+func (f opFails) Get(ctx context.Context, s idempotency.Scope) (idempotency.Record, error) {
 	if f.fail == "get" {
-		return Record{}, errBoom
+		return idempotency.Record{}, errBoom
 	}
 	return f.Store.Get(ctx, s)
 }
 
 func TestReapOnceStoreErrors(t *testing.T) {
-	for _, op := range []string{"abandoned", "delete_before", "get"} {
+	for op, msg := range map[string]string{
+		"abandoned":     "idempotency: reaper: listing unfinished records: boom",
+		"delete_before": "idempotency: reaper: deleting: boom",
+		"get":           "idempotency: reaper: reading an unfinished record: boom",
+	} {
 		t.Run(op, func(t *testing.T) {
-			s := NewMemoryStore()
+			s := memstore.New()
 			seed(t, s, "stuck", reapT0, false)
-			log, _ := bufLogger()
-			r := NewReaper(failingStore{Store: s, fail: op}, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, Logger: log})
-			_, err := r.ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
-			require.ErrorIs(t, err, ErrReap)
+			_, err := reaper(opFails{Store: s, fail: op}, quiet, 0, 0, 0).ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
 			require.ErrorIs(t, err, errBoom)
-			var re *ReapError
-			require.ErrorAs(t, err, &re)
-			require.Equal(t, op, re.Op)
-			require.Equal(t, "idempotency: reaper: "+op+": boom", err.Error())
+			require.EqualError(t, err, msg)
 		})
 	}
 	t.Run("canceled", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		r := NewReaper(failingStore{Store: NewMemoryStore()}, ReaperConfig{})
-		// The memory store honours ctx in Abandoned already.
-		_, err := r.ReapOnce(ctx, reapT0)
+		_, err := reaper(memstore.New(), quiet, 0, 0, 0).ReapOnce(ctx, reapT0)
 		require.ErrorIs(t, err, context.Canceled)
 	})
 }
 
-// fakeTicker is a ticker channel the test drives.
-type fakeTicker struct {
-	c       chan time.Time
-	stopped atomic.Bool
-	period  time.Duration
+// reaperRuns returns a middleware over s whose observer sends every Reaper
+// run's report and error on the returned channel.
+func reaperRuns(s idempotency.Store, log *slog.Logger) (*idempotency.Middleware, chan error, chan idempotency.ReaperReport) {
+	errs, reps := make(chan error, 16), make(chan idempotency.ReaperReport, 16)
+	mw := idempotency.New(s, idempotency.WithLogger(log), idempotency.WithObserver(idempotency.Observer{
+		ReaperRun: func(_ context.Context, rep idempotency.ReaperReport, err error) { reps <- rep; errs <- err },
+	}))
+	return mw, errs, reps
 }
 
-func startFake(t *testing.T, s Store, cfg ReaperConfig) (*Reaper, *fakeTicker, chan Report) {
-	t.Helper()
-	ft := &fakeTicker{c: make(chan time.Time)}
-	runs := make(chan Report, 16)
-	r := NewReaper(s, cfg)
-	clock := reapT0.Add(100 * time.Hour)
-	r.now = func() time.Time { return clock }
-	r.newTicker = func(d time.Duration) (<-chan time.Time, func()) {
-		ft.period = d
-		return ft.c, func() { ft.stopped.Store(true) }
-	}
-	r.afterRun = func(rep Report, err error) {
-		if err == nil {
-			runs <- rep
-		}
-	}
-	return r, ft, runs
+// Start runs at once, then every interval on the clock (testing/synctest's),
+// and not after stop.
+func TestReaperStartRunsAtOnceThenEveryIntervalAndStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memstore.New()
+		seed(t, s, "old", time.Now().Add(-100*time.Hour), true)
+		mw, errs, reps := reaperRuns(s, quiet)
+		start := time.Now()
+		stop := mw.Reaper().Start(t.Context(), 5*time.Minute)
+		require.NoError(t, <-errs)
+		require.Equal(t, 1, (<-reps).Deleted)
+
+		seed(t, s, "old-2", time.Now().Add(-100*time.Hour), true)
+		require.NoError(t, <-errs)
+		require.Equal(t, 1, (<-reps).Deleted)
+		require.Equal(t, 5*time.Minute, time.Since(start))
+		require.Zero(t, s.Len())
+
+		stop()
+		stop() // idempotent
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		require.Empty(t, reps, "a run after stop")
+	})
 }
 
-func TestStartRunsAtOnceThenOnEveryTickAndStops(t *testing.T) {
-	s := NewMemoryStore()
-	seed(t, s, "old", reapT0, true)
-	log, _ := bufLogger()
-	r, ft, runs := startFake(t, s, ReaperConfig{Interval: 5 * time.Minute, Logger: log})
-	stop := r.Start(t.Context())
-
-	rep := <-runs
-	require.Equal(t, 1, rep.Deleted)
-	require.Equal(t, 5*time.Minute, ft.period)
-
-	seed(t, s, "old-2", reapT0, true)
-	ft.c <- reapT0
-	rep = <-runs
-	require.Equal(t, 1, rep.Deleted)
-	require.Zero(t, s.Len())
-
-	stop()
-	stop() // idempotent
-	require.True(t, ft.stopped.Load())
-	select {
-	case ft.c <- reapT0:
-		t.Fatal("the loop still receives ticks after stop")
-	default:
-	}
+func TestReaperStartStopsWhenContextEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mw, errs, _ := reaperRuns(memstore.New(), quiet)
+		ctx, cancel := context.WithCancel(t.Context())
+		stop := mw.Reaper().Start(ctx, 0)
+		require.NoError(t, <-errs)
+		cancel()
+		stop() // returns once the goroutine is gone
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		require.Empty(t, errs, "a run after the context ended")
+	})
 }
 
-func TestStartStopsWhenContextEnds(t *testing.T) {
-	log, _ := bufLogger()
-	r, ft, runs := startFake(t, NewMemoryStore(), ReaperConfig{Logger: log})
-	ctx, cancel := context.WithCancel(t.Context())
-	stop := r.Start(ctx)
-	<-runs
-	cancel()
-	stop() // returns once the goroutine is gone
-	require.True(t, ft.stopped.Load())
+func TestReaperStartLogsFailedRunsAndGoesOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log, buf := bufLogger()
+		mw, errs, _ := reaperRuns(opFails{Store: memstore.New(), fail: "delete_before"}, log)
+		start := time.Now()
+		stop := mw.Reaper().Start(t.Context(), 0)
+		require.ErrorIs(t, <-errs, errBoom)
+		require.ErrorIs(t, <-errs, errBoom)
+		require.Equal(t, 10*time.Minute, time.Since(start), "the default interval")
+		stop()
+		require.Contains(t, buf.String(), "level=ERROR msg=\"idempotency reaper: run failed\"")
+		require.Contains(t, buf.String(), "boom")
+	})
 }
 
-func TestStartLogsFailedRunsAndGoesOn(t *testing.T) {
-	log, buf := bufLogger()
-	s := failingStore{Store: NewMemoryStore(), fail: "delete_before"}
-	r, ft, _ := startFake(t, s, ReaperConfig{Logger: log})
-	errs := make(chan error, 4)
-	r.afterRun = func(_ Report, err error) { errs <- err }
-	stop := r.Start(t.Context())
-	require.ErrorIs(t, <-errs, errBoom)
-	ft.c <- reapT0
-	require.ErrorIs(t, <-errs, errBoom)
-	stop()
-	require.Contains(t, buf.String(), "level=ERROR msg=\"idempotency reaper: run failed\"")
-	require.Contains(t, buf.String(), "boom")
-}
-
-// The horizon never undercuts the replay window: a 7-day window with the
-// default 72-hour horizon keeps a record completed 4 days ago (a retry
-// within the window must still get its replay) and says so at Warn.
+// The horizon never undercuts the replay window plus the lease: with a
+// 7-day window the default 72-hour horizon keeps a record completed 4 days
+// ago (a retry within the window must still get its replay), and a horizon
+// set below them is raised to them.
 func TestReaperHorizonCoversTheReplayWindow(t *testing.T) {
-	s := NewMemoryStore()
 	now := reapT0.Add(30 * 24 * time.Hour)
+	week := 7 * 24 * time.Hour
+	for name, tc := range map[string]struct {
+		opts []idempotency.Option
+		want time.Duration
+	}{
+		"7-day window":            {[]idempotency.Option{idempotency.WithReplayWindow(week)}, week + 30*time.Second},
+		"1-hour horizon":          {[]idempotency.Option{idempotency.WithCleanupHorizon(time.Hour), idempotency.WithLease(time.Minute)}, 24*time.Hour + time.Minute},
+		"no horizon":              {[]idempotency.Option{idempotency.WithCleanupHorizon(0)}, 24*time.Hour + 30*time.Second},
+		"25-hour horizon is kept": {[]idempotency.Option{idempotency.WithCleanupHorizon(25 * time.Hour)}, 25 * time.Hour},
+		"default: 72 hours":       {nil, 72 * time.Hour},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := memstore.New()
+			rep, err := idempotency.New(s, append(tc.opts, idempotency.WithLogger(nil))...).Reaper().ReapOnce(t.Context(), now)
+			require.NoError(t, err)
+			require.Equal(t, now.Add(-tc.want), rep.Horizon)
+		})
+	}
+	s := memstore.New()
 	seed(t, s, "4-days", now.Add(-4*24*time.Hour), true)
 	seed(t, s, "8-days", now.Add(-8*24*time.Hour), true)
-	log, buf := bufLogger()
-	week := 7 * 24 * time.Hour
-	r := NewReaper(s, ReaperConfig{ReplayWindow: week, Logger: log})
-	require.Equal(t, week+DefaultLease, r.cfg.Horizon)
-	require.Contains(t, buf.String(), "level=WARN")
-	require.Contains(t, buf.String(), "raised_to=168h0m30s")
-	rep, err := r.ReapOnce(t.Context(), now)
+	rep, err := idempotency.New(s, idempotency.WithReplayWindow(week), idempotency.WithLogger(nil)).Reaper().ReapOnce(t.Context(), now)
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.Deleted)
 	require.True(t, exists(t, s, "4-days"), "still inside the replay window")
 	require.False(t, exists(t, s, "8-days"))
-
-	// Below the default window too, and with the middleware's lease.
-	buf.Reset()
-	r = NewReaper(s, ReaperConfig{Horizon: time.Hour, Lease: time.Minute, Logger: log})
-	require.Equal(t, DefaultReplayWindow+time.Minute, r.cfg.Horizon)
-	require.Contains(t, buf.String(), "level=WARN")
-	// A horizon that covers them is kept, silently.
-	buf.Reset()
-	r = NewReaper(s, ReaperConfig{Horizon: 25 * time.Hour, Logger: log})
-	require.Equal(t, 25*time.Hour, r.cfg.Horizon)
-	require.Empty(t, buf.String())
 }
 
 // Every unfinished record the reaper deletes is logged first, however many
-// there are: more than MaxUnfinished, with distinct lease ends or all with
-// one.
+// there are: more than a page, with distinct lease ends or all with one.
 func TestReapOnceLogsEveryUnfinishedRecordItDeletes(t *testing.T) {
 	for _, tie := range []bool{false, true} {
 		t.Run(map[bool]string{false: "staggered", true: "one lease end"}[tie], func(t *testing.T) {
-			s := NewMemoryStore()
+			s := memstore.New()
 			const n = 250
 			for i := range n {
 				at := reapT0.Add(time.Duration(i) * time.Second)
@@ -376,8 +367,7 @@ func TestReapOnceLogsEveryUnfinishedRecordItDeletes(t *testing.T) {
 			}
 			seed(t, s, "young", reapT0.Add(99*time.Hour), false)
 			log, buf := bufLogger()
-			r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, MaxUnfinished: 100, BatchSize: 40, Logger: log})
-			rep, err := r.ReapOnce(t.Context(), reapT0.Add(100*time.Hour))
+			rep, err := reaper(s, log, 40, 0, 100).ReapOnce(t.Context(), reapT0.Add(100*time.Hour))
 			require.NoError(t, err)
 			require.Equal(t, n+30, rep.Deleted)
 			require.False(t, rep.More)
@@ -396,7 +386,7 @@ func TestReapOnceLogsEveryUnfinishedRecordItDeletes(t *testing.T) {
 // after the horizon) stops the run without deleting records it did not
 // list; it says so in More.
 func TestReapOnceNeverDeletesAnUnlistedUnfinishedRecord(t *testing.T) {
-	s := NewMemoryStore()
+	s := memstore.New()
 	now := reapT0.Add(100 * time.Hour)
 	for i := range 2 {
 		rec := seed(t, s, fmt.Sprintf("late-%d", i), reapT0.Add(time.Duration(i)*time.Second), false)
@@ -406,8 +396,7 @@ func TestReapOnceNeverDeletesAnUnlistedUnfinishedRecord(t *testing.T) {
 	}
 	seed(t, s, "unlisted", reapT0.Add(time.Minute), false)
 	log, buf := bufLogger()
-	r := NewReaper(s, ReaperConfig{Horizon: time.Hour, ReplayWindow: 30 * time.Minute, MaxUnfinished: 2, Logger: log})
-	rep, err := r.ReapOnce(t.Context(), now)
+	rep, err := reaper(s, log, 0, 0, 2).ReapOnce(t.Context(), now)
 	require.NoError(t, err)
 	require.True(t, rep.More)
 	require.True(t, exists(t, s, "unlisted"), "deleted without being logged")

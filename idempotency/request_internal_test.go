@@ -1,48 +1,13 @@
 package idempotency
 
 import (
-	"encoding/hex"
 	"errors"
 	"io"
-	"math"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
-
-// The largest limit there is still reads the body: limit+1 must not
-// overflow into a limit that reads nothing.
-func TestMaxRequestBodyOfMaxInt64ReadsTheBody(t *testing.T) {
-	const body = `{"amount_cents":1999}`
-	var got []byte
-	h := New(NewMemoryStore(), WithAnonymousKeys(), WithMaxRequestBody(math.MaxInt64))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, _ = io.ReadAll(r.Body)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
-	r.Header.Set("Idempotency-Key", "k-maxint")
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	if w.Code != http.StatusCreated || string(got) != body {
-		t.Fatalf("status %d, the handler read %q; want 201 and %q", w.Code, got, body)
-	}
-}
-
-// A request's ID is 16 lower-case hex digits, never repeated.
-func TestNewExecIDIsRandomHex(t *testing.T) {
-	seen := map[string]bool{}
-	for range 1000 {
-		id := newExecID()
-		if b, err := hex.DecodeString(id); err != nil || len(b) != 8 || hex.EncodeToString(b) != id {
-			t.Fatalf("newExecID() = %q: not 16 lower-case hex digits", id)
-		}
-		if seen[id] {
-			t.Fatalf("newExecID() repeated %q", id)
-		}
-		seen[id] = true
-	}
-}
 
 // readBody reads the whole body whatever its declared length says, and
 // refuses one over the limit.
@@ -62,5 +27,35 @@ func TestReadBodyIgnoresAWrongContentLength(t *testing.T) {
 		if _, err := readBody(r, 1499); !errors.Is(err, errTooLarge) {
 			t.Fatalf("declared %d: a body over the limit gave %v", declared, err)
 		}
+	}
+}
+
+// A stored request decodes to what was encoded, whatever its bytes
+// (encoding/json replaces invalid UTF-8 in strings with U+FFFD).
+func FuzzStoredRequest(f *testing.F) {
+	f.Add("0123abcd", "POST", "/orders?a=1&b=<2>", "api.example", "application/json", []byte(`{"a":1}`))
+	f.Add("", "PATCH", "/\u00e9\"\\\n", "", "", []byte{})
+	f.Add("x", "", "", "h\xff", "text/plain; charset=\"utf-8\"", []byte{0, 1, 2})
+	f.Fuzz(func(t *testing.T, id, method, url, host, ct string, body []byte) {
+		in := storedRequest{ID: id, Method: method, URL: url, Host: host, ContentType: ct, Body: body}
+		out, err := decodeRequest(in.encode())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []string{id, method, url, host, ct} {
+			if !utf8.ValidString(v) {
+				return
+			}
+		}
+		if len(in.Body) == 0 {
+			in.Body = nil
+		}
+		if out.ID != in.ID || out.Method != in.Method || out.URL != in.URL || out.Host != in.Host ||
+			out.ContentType != in.ContentType || string(out.Body) != string(in.Body) {
+			t.Fatalf("decoded %+v, encoded %+v", out, in)
+		}
+	})
+	if _, err := decodeRequest([]byte("{")); !errors.Is(err, errBadStoredRequest) {
+		f.Fatalf("a malformed stored request: %v", err)
 	}
 }

@@ -72,13 +72,18 @@ type Record struct {
 	Owner              string // current lease owner (in progress)
 	Generation         int64  // fencing generation
 	LeaseUntil         time.Time
-	RecoveryPoint      string // name of the last committed phase ("intent:<name>" while an External call's outcome is unknown), "" before any
-	RecoveryData       []byte // phase state saved with RecoveryPoint (opaque to stores; DecodeRecovery reads what Run.Phase writes)
-	Request            []byte // opaque encoded request saved at claim, for a resume (the completer); the MemoryStore drops it when the record completes
-	Response           *Response
-	CreatedAt          time.Time
-	UpdatedAt          time.Time
-	CompletedAt        time.Time // zero unless Completed
+	// RecoveryPoint is the last committed phase ("intent:<name>" while an
+	// External call's outcome is unknown), "" before any; RecoveryData the
+	// phases' state saved with it, opaque to stores.
+	RecoveryPoint string
+	RecoveryData  []byte
+	// Request is the request saved when the record was created, opaque to
+	// stores, for the Completer; a store may drop it at completion.
+	Request     []byte
+	Response    *Response
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt time.Time // zero unless Completed
 }
 
 // Lease returns the lease that the record's current owner holds.
@@ -98,34 +103,78 @@ type Claim struct {
 	ReplayWindow       time.Duration // a completed record older than this is treated as absent
 	// TakeoverOnly makes the claim a takeover or nothing: it never creates
 	// a record and never restarts a completed one (whatever ReplayWindow).
-	// With no record it returns a zero Record (State Absent) and acquired =
-	// false; otherwise it behaves as a claim of an existing record. The
-	// Completer claims this way, so that a record that vanished between
-	// its listing and its claim is not recreated without its request.
+	// With no record the result is ClaimExisting with a zero Record (State
+	// Absent). The Completer claims this way, so that a record that
+	// vanished between its listing and its claim is not recreated without
+	// its request.
 	TakeoverOnly bool
 }
 
-// Store errors. Stores return these (wrapped or bare) so that callers can
-// match them with errors.Is.
+// ClaimOutcome says what a Claim did. The zero value is ClaimExisting.
+type ClaimOutcome int
+
+const (
+	// ClaimExisting: the claim changed nothing. Record is the record that
+	// holds the scope, with Scope, State, Fingerprint, FingerprintVersion,
+	// Owner, Generation and LeaseUntil set, and for a completed record
+	// CompletedAt and Response too; Request, RecoveryPoint, RecoveryData,
+	// CreatedAt and UpdatedAt may be left zero. A TakeoverOnly claim that
+	// finds no record returns it with a zero Record (State Absent).
+	ClaimExisting ClaimOutcome = iota
+	// ClaimCreated: the claim created an in-progress record owned by
+	// Claim.Owner (no record, or a completed one past the replay window).
+	// Record has Scope, State, Fingerprint, FingerprintVersion, Owner,
+	// Generation, LeaseUntil, CreatedAt and UpdatedAt set; all but
+	// Generation are the claim's own values, so a store need only read
+	// Generation back. RecoveryPoint, RecoveryData and Response are zero;
+	// Request may be left zero (it is the claim's).
+	ClaimCreated
+	// ClaimTakenOver: the claim took over an in-progress record whose lease
+	// had expired. Record is set as for ClaimCreated (Generation the bumped
+	// one), plus the RecoveryPoint, RecoveryData, Request and CreatedAt
+	// that the record kept from its first execution.
+	ClaimTakenOver
+)
+
+// String returns "existing", "created" or "taken_over".
+func (o ClaimOutcome) String() string {
+	switch o {
+	case ClaimExisting:
+		return "existing"
+	case ClaimCreated:
+		return "created"
+	case ClaimTakenOver:
+		return "taken_over"
+	}
+	return "unknown"
+}
+
+// ClaimResult is what Store.Claim did, and the record as that outcome
+// needs it (see ClaimOutcome for which fields are set).
+type ClaimResult struct {
+	Outcome ClaimOutcome
+	Record  Record
+}
+
+// Acquired reports whether the claimant now owns the record: it was
+// created or taken over.
+func (r ClaimResult) Acquired() bool { return r.Outcome != ClaimExisting }
+
+// Store errors: stores return them, wrapped or bare, for errors.Is.
 var (
-	// ErrNotFound is returned by Get when no record exists for the scope.
+	// ErrNotFound: Get found no record for the scope.
 	ErrNotFound = errors.New("idempotency: record not found")
-	// ErrLeaseLost is returned by a conditional write whose lease no longer
-	// matches the record (expired and taken over, released, or completed).
+	// ErrLeaseLost: a write conditional on a lease found that it no longer
+	// holds (expired and taken over, released, or completed).
 	ErrLeaseLost = errors.New("idempotency: lease lost")
-	// ErrStoreFull is returned (wrapped) by the Claim of a bounded store
-	// (the MemoryStore, see NewMemoryStore) that has no room for the record
-	// the claim would create: no record was created or changed (records
-	// past their replay window may have been evicted). Such a store never
-	// returns it for a claim of an existing record (a replay, a takeover)
-	// nor from its other methods. The middleware answers it with 503
-	// CodeStoreUnavailable and Retry-After: 1: the store fails closed.
+	// ErrStoreFull: a bounded store (memstore) has no room for the record
+	// a Claim would create, and created or changed nothing. It is never
+	// returned for a claim of an existing record. The middleware answers
+	// 503 CodeStoreFull with Retry-After: 1.
 	ErrStoreFull = errors.New("idempotency: store full")
-	// ErrRecordTooLarge is returned (wrapped) by the Claim of a bounded
-	// store for a record larger than the store could ever hold (the
-	// MemoryStore's WithMaxBytes): nothing was created or changed. Unlike
-	// ErrStoreFull it does not pass: the middleware answers it with 413
-	// CodeRequestTooLarge, never as an outage a client would retry.
+	// ErrRecordTooLarge: a bounded store could never hold the record a
+	// Claim would create; nothing changed. The middleware answers 413
+	// CodeRequestTooLarge, which a client does not retry.
 	ErrRecordTooLarge = errors.New("idempotency: record larger than the store's limit")
 )
 
@@ -134,20 +183,20 @@ var (
 // Every method takes the current time as an argument where it matters; stores
 // never read a clock of their own.
 type Store interface {
-	// Claim atomically decides who runs a request. With no record (or a
-	// completed one out of the replay window: CompletedAt < Now -
-	// ReplayWindow, strictly) it creates an in-progress record
-	// owned by c.Owner with Generation 1 (or the old generation + 1) and
-	// returns it with acquired = true. With an in-progress record whose lease
+	// Claim atomically decides who runs a request and says what it did.
+	// With no record (or a completed one out of the replay window:
+	// CompletedAt < Now - ReplayWindow, strictly) it creates an
+	// in-progress record owned by c.Owner with Generation 1 (or the old
+	// generation + 1): ClaimCreated. With an in-progress record whose lease
 	// has expired (LeaseUntil < Now, strictly: a lease is alive up to and
-	// including LeaseUntil) and whose fingerprint equals c.Fingerprint, it takes the
-	// record over with a conditional update that sets Owner, bumps Generation
-	// and keeps RecoveryPoint/RecoveryData, and returns acquired = true.
-	// Otherwise it returns the existing record unchanged with acquired =
-	// false. A ReplayWindow of 0 or less never expires a completed record.
-	// With c.TakeoverOnly it never creates or restarts a record (see
-	// Claim.TakeoverOnly). Never select-then-insert: one atomic step.
-	Claim(ctx context.Context, c Claim) (rec Record, acquired bool, err error)
+	// including LeaseUntil) and whose fingerprint and version equal c's, it
+	// takes the record over with a conditional update that sets Owner,
+	// bumps Generation and keeps RecoveryPoint, RecoveryData and Request:
+	// ClaimTakenOver. Otherwise it changes nothing: ClaimExisting. A
+	// ReplayWindow of 0 or less never expires a completed record. With
+	// c.TakeoverOnly it never creates or restarts a record. Never
+	// select-then-insert: one atomic step.
+	Claim(ctx context.Context, c Claim) (ClaimResult, error)
 
 	// Get returns the record for the scope, or ErrNotFound.
 	Get(ctx context.Context, s Scope) (Record, error)
@@ -155,6 +204,12 @@ type Store interface {
 	// Heartbeat extends the lease to until. ErrLeaseLost if l is not the
 	// current owner of an in-progress record.
 	Heartbeat(ctx context.Context, l Lease, until time.Time) error
+
+	// EndLease ends the lease at now (LeaseUntil = now), keeping the record
+	// in progress with its recovery point, so that the next claim after now
+	// takes it over and resumes. ErrLeaseLost if l is not the current owner
+	// of an in-progress record.
+	EndLease(ctx context.Context, l Lease, now time.Time) error
 
 	// Complete stores resp and marks the record completed at now.
 	// ErrLeaseLost if l is not the current owner of an in-progress record.
@@ -180,11 +235,10 @@ type Store interface {
 	DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error)
 }
 
-// Transactor is implemented by stores that can run a handler's own writes
-// and the record's writes in one transaction (the SQL store; the memory
-// store too, whose units apply a handler's OnCommit writes with the
-// record's). The middleware and the phase API use it when the store offers
-// it.
+// Transactor is implemented by stores that can commit a handler's own
+// writes and the record's in one transaction (sqlstore; memstore, whose
+// units apply a handler's OnCommit writes with the record's). The
+// middleware and the phases use it when the store offers it.
 type Transactor interface {
 	// Begin starts a unit of work for the owner of l. The returned context
 	// carries the transaction for the handler (for the SQL store,
@@ -213,9 +267,8 @@ type Unit interface {
 	// its state) as of now, to apply at Commit. It fails with ErrLeaseLost
 	// (wrapped or bare) when the lease no longer owns an in-progress record
 	// (a store may report that at Commit instead), with an error after
-	// Commit or Rollback (the MemoryStore's is ErrUnitDone), and with the
-	// store's own error otherwise. After an ErrLeaseLost the Unit can never
-	// commit.
+	// Commit or Rollback, and with the store's own error otherwise. After
+	// an ErrLeaseLost the Unit can never commit.
 	SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error
 	// Complete stores resp and marks the record completed at now, to apply
 	// at Commit. Its errors are SetRecoveryPoint's.

@@ -1,7 +1,7 @@
 // Package otelsaferetry reports what saferetry does to OpenTelemetry: the
 // client Transport's attempts, retries, budget denials, exhausted calls and
 // waits as metrics, each attempt as a span, and the idempotency
-// middleware's claims, replays, conflicts and store latency as metrics.
+// middleware's claims, replays, refusals and store latency as metrics.
 //
 // It is built on the observers of the saferetry Transport
 // (saferetry.Observer) and of the idempotency middleware
@@ -11,8 +11,7 @@
 //	tr := saferetry.NewTransport(nil, otelsaferetry.ClientOptions()...)
 //
 //	obs := otelsaferetry.ServerObserver()
-//	mw := idempotency.New(store, idempotency.WithObserver(obs))
-//	reaper := idempotency.NewReaper(store, idempotency.ReaperConfig{Observer: obs})
+//	mw := idempotency.New(store, idempotency.WithObserver(obs)) // its Completer and Reaper too
 //
 // The meter and tracer come from the global providers unless
 // WithMeterProvider or WithTracerProvider says otherwise; the instrumentation

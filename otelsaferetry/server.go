@@ -3,6 +3,7 @@ package otelsaferetry
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -14,12 +15,12 @@ import (
 
 // Attribute keys of the server metrics, outside the semantic conventions.
 const (
-	// ExecutionOutcomeKey is how an execution ended (idempotency.Outcome*).
+	// ExecutionOutcomeKey is how an execution ended (idempotency.Observer's
+	// Executed: "completed", "released", "kept", ...).
 	ExecutionOutcomeKey = attribute.Key("saferetry.execution.outcome")
-	// ProblemCodeKey is the problem code of a conflict answer
-	// (idempotency.CodeInProgress, CodeKeyReused, CodeResponseNotReplayable).
+	// ProblemCodeKey is the problem code of a refusal (idempotency.Code*).
 	ProblemCodeKey = attribute.Key("saferetry.problem.code")
-	// StoreOperationKey is the store call (idempotency.Op*).
+	// StoreOperationKey is the store call ("claim", "get", "heartbeat", ...).
 	StoreOperationKey = attribute.Key("saferetry.store.operation")
 )
 
@@ -28,7 +29,7 @@ const (
 	ServerExecutions    = "saferetry.server.executions"     // counter, {execution}, by outcome
 	ServerTakeovers     = "saferetry.server.takeovers"      // counter, {takeover}
 	ServerReplays       = "saferetry.server.replays"        // counter, {replay}
-	ServerConflicts     = "saferetry.server.conflicts"      // counter, {conflict}, by problem code and status (409, 422)
+	ServerRefusals      = "saferetry.server.refusals"       // counter, {refusal}, by problem code and status
 	ServerStoreErrors   = "saferetry.server.store.errors"   // counter, {error}, by operation
 	ServerStoreDuration = "saferetry.server.store.duration" // histogram, s, by operation
 	ServerUnfinishedAge = "saferetry.server.unfinished.age" // histogram, s: age of the reaper's unfinished records
@@ -46,15 +47,15 @@ type server struct {
 	executions    metric.Int64Counter
 	takeovers     metric.Int64Counter
 	replays       metric.Int64Counter
-	conflicts     metric.Int64Counter
+	refusals      metric.Int64Counter
 	storeErrors   metric.Int64Counter
 	storeDuration metric.Float64Histogram
 	unfinished    metric.Float64Histogram
 }
 
 // ServerObserver returns an idempotency.Observer that records the server
-// metrics: give it to the middleware (idempotency.WithObserver) and to the
-// reaper (idempotency.ReaperConfig.Observer). Metrics carry the request
+// metrics: give it to the middleware (idempotency.WithObserver), whose
+// Completer and Reaper report to it too. Metrics carry the request
 // method, never the route (which may be a raw path) nor the key. It is safe
 // for concurrent use.
 func ServerObserver(opts ...Option) idempotency.Observer {
@@ -73,12 +74,12 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 		metric.WithDescription("Stored responses replayed.")); err != nil {
 		otel.Handle(err)
 	}
-	if s.conflicts, err = m.Int64Counter(ServerConflicts, metric.WithUnit("{conflict}"),
-		metric.WithDescription("Conflict answers: 409 in progress or not replayable, 422 key reused.")); err != nil {
+	if s.refusals, err = m.Int64Counter(ServerRefusals, metric.WithUnit("{refusal}"),
+		metric.WithDescription("Problem answers of the middleware's own: conflicts, invalid keys, a store unavailable or full.")); err != nil {
 		otel.Handle(err)
 	}
 	if s.storeErrors, err = m.Int64Counter(ServerStoreErrors, metric.WithUnit("{error}"),
-		metric.WithDescription("Store calls that failed (not found and lease lost are answers, not failures).")); err != nil {
+		metric.WithDescription("Store calls that failed (not found, lease lost, full and too large are answers, not failures).")); err != nil {
 		otel.Handle(err)
 	}
 	if s.storeDuration, err = m.Float64Histogram(ServerStoreDuration, metric.WithUnit("s"),
@@ -93,7 +94,7 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 	}
 	return idempotency.Observer{
 		Claimed: func(ctx context.Context, e idempotency.Event) {
-			if e.Takeover {
+			if e.Outcome == "taken_over" {
 				s.takeovers.Add(ctx, 1, metric.WithAttributes(method(e)))
 			}
 		},
@@ -104,23 +105,26 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 		Replayed: func(ctx context.Context, e idempotency.Event) {
 			s.replays.Add(ctx, 1, metric.WithAttributes(method(e), semconv.HTTPResponseStatusCode(e.Status)))
 		},
-		Conflict: func(ctx context.Context, e idempotency.Event) {
-			s.conflicts.Add(ctx, 1, metric.WithAttributes(method(e), ProblemCodeKey.String(e.Code),
+		Refused: func(ctx context.Context, e idempotency.Event) {
+			s.refusals.Add(ctx, 1, metric.WithAttributes(method(e), ProblemCodeKey.String(e.Code),
 				semconv.HTTPResponseStatusCode(e.Status)))
 		},
 		StoreCall: func(ctx context.Context, e idempotency.Event) {
 			op := StoreOperationKey.String(e.Op)
 			s.storeDuration.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(op))
-			if e.Err != nil && !errors.Is(e.Err, idempotency.ErrNotFound) && !errors.Is(e.Err, idempotency.ErrLeaseLost) {
+			if e.Err != nil && !errors.Is(e.Err, idempotency.ErrNotFound) && !errors.Is(e.Err, idempotency.ErrLeaseLost) &&
+				!errors.Is(e.Err, idempotency.ErrStoreFull) && !errors.Is(e.Err, idempotency.ErrRecordTooLarge) {
 				s.storeErrors.Add(ctx, 1, metric.WithAttributes(op))
 			}
 		},
-		Unfinished: func(ctx context.Context, e idempotency.Event) {
-			s.unfinished.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(method(e)))
+		Unfinished: func(ctx context.Context, rec idempotency.Record, age time.Duration) {
+			s.unfinished.Record(ctx, age.Seconds(), metric.WithAttributes(methodAttrKV(rec.Scope.Method)))
 		},
 	}
 }
 
-func method(e idempotency.Event) attribute.KeyValue {
-	return semconv.HTTPRequestMethodKey.String(methodAttr(e.Scope.Method))
+func method(e idempotency.Event) attribute.KeyValue { return methodAttrKV(e.Scope.Method) }
+
+func methodAttrKV(m string) attribute.KeyValue {
+	return semconv.HTTPRequestMethodKey.String(methodAttr(m))
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 var quietLog = slog.New(slog.DiscardHandler)
@@ -33,10 +35,10 @@ func send(t *testing.T, h http.Handler, key, body string) int {
 func TestServerMetrics(t *testing.T) {
 	tel := newTelemetry(t)
 	obs := ServerObserver(tel.options()...)
-	store := idempotency.NewMemoryStore()
+	store := memstore.New()
 	entered, release := make(chan struct{}), make(chan struct{})
-	h := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quietLog), idempotency.WithObserver(obs),
-		idempotency.WithInProgressWait(0))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.New(store, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quietLog), idempotency.WithObserver(obs),
+		idempotency.WithMaxInProgressWait(0)).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		if string(b) == "slow" {
 			close(entered)
@@ -56,28 +58,28 @@ func TestServerMetrics(t *testing.T) {
 	require.Equal(t, http.StatusCreated, <-done)
 
 	// A store that fails: 503, one store error.
-	failing := idempotency.New(failStore{}, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quietLog), idempotency.WithObserver(obs))(http.NotFoundHandler())
+	failing := idempotency.New(failStore{}, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quietLog), idempotency.WithObserver(obs)).Wrap(http.NotFoundHandler())
 	require.Equal(t, http.StatusServiceUnavailable, send(t, failing, "c", "x"))
 
 	// The reaper finds one record in progress for 100 hours.
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, ok, err := store.Claim(t.Context(), idempotency.Claim{
+	res, err := store.Claim(t.Context(), idempotency.Claim{
 		Scope: idempotency.Scope{Method: http.MethodPost, Route: "/stuck", Key: "d"}, Owner: "crashed",
 		Now: t0, LeaseFor: time.Second, Fingerprint: "fp", FingerprintVersion: 1,
 	})
 	require.NoError(t, err)
-	require.True(t, ok)
-	_, err = idempotency.NewReaper(store, idempotency.ReaperConfig{Logger: quietLog, Observer: obs}).
+	require.Equal(t, idempotency.ClaimCreated, res.Outcome)
+	_, err = idempotency.New(store, idempotency.WithLogger(quietLog), idempotency.WithObserver(obs)).Reaper().
 		ReapOnce(t.Context(), t0.Add(100*time.Hour))
 	require.NoError(t, err)
 
 	m := tel.collect(t)
-	assert.Equal(t, map[string]int64{idempotency.OutcomeCompleted: 2}, counts(t, m[ServerExecutions], ExecutionOutcomeKey))
+	assert.Equal(t, map[string]int64{"completed": 2}, counts(t, m[ServerExecutions], ExecutionOutcomeKey))
 	assert.Equal(t, map[string]int64{"POST": 1}, counts(t, m[ServerReplays], "http.request.method"))
-	assert.Equal(t, map[string]int64{idempotency.CodeKeyReused: 1, idempotency.CodeInProgress: 1},
-		counts(t, m[ServerConflicts], ProblemCodeKey))
-	assert.Equal(t, map[string]int64{"422": 1, "409": 1}, counts(t, m[ServerConflicts], "http.response.status_code"))
-	assert.Equal(t, map[string]int64{idempotency.OpClaim: 1}, counts(t, m[ServerStoreErrors], StoreOperationKey))
+	assert.Equal(t, map[string]int64{idempotency.CodeKeyReused: 1, idempotency.CodeInProgress: 1, idempotency.CodeStoreUnavailable: 1},
+		counts(t, m[ServerRefusals], ProblemCodeKey))
+	assert.Equal(t, map[string]int64{"422": 1, "409": 1, "503": 1}, counts(t, m[ServerRefusals], "http.response.status_code"))
+	assert.Equal(t, map[string]int64{"claim": 1}, counts(t, m[ServerStoreErrors], StoreOperationKey))
 
 	lat, ok := m[ServerStoreDuration].Data.(metricdata.Histogram[float64])
 	require.True(t, ok)
@@ -86,8 +88,8 @@ func TestServerMetrics(t *testing.T) {
 		v, _ := dp.Attributes.Value(StoreOperationKey)
 		ops[v.AsString()] += dp.Count
 	}
-	assert.Equal(t, uint64(6), ops[idempotency.OpClaim], "every claim is timed, the failed one included")
-	assert.Equal(t, uint64(2), ops[idempotency.OpComplete])
+	assert.Equal(t, uint64(6), ops["claim"], "every claim is timed, the failed one included")
+	assert.Equal(t, uint64(2), ops["complete"])
 
 	age, ok := m[ServerUnfinishedAge].Data.(metricdata.Histogram[float64])
 	require.True(t, ok)
@@ -101,23 +103,29 @@ type failStore struct{ idempotency.Store }
 
 var errDown = errors.New("store down")
 
-func (failStore) Claim(context.Context, idempotency.Claim) (idempotency.Record, bool, error) {
-	return idempotency.Record{}, false, errDown
+func (failStore) Claim(context.Context, idempotency.Claim) (idempotency.ClaimResult, error) {
+	return idempotency.ClaimResult{}, errDown
 }
 
+// A record kept for a resume (a phase committed, then a 503) is taken over
+// by the retry: one takeover.
 func TestServerTakeoverMetric(t *testing.T) {
 	tel := newTelemetry(t)
-	store := idempotency.NewMemoryStore()
-	body := "x"
-	_, ok, err := store.Claim(t.Context(), idempotency.Claim{
-		Scope: idempotency.Scope{Method: http.MethodPost, Route: "/payments", Key: "k"}, Owner: "crashed",
-		Now: time.Now().Add(-time.Hour), LeaseFor: time.Second, FingerprintVersion: idempotency.FingerprintVersion,
-		Fingerprint: idempotency.Fingerprint(http.MethodPost, "/payments", "/payments", "", "application/json", []byte(body)),
-	})
-	require.NoError(t, err)
-	require.True(t, ok)
-	h := idempotency.New(store, idempotency.WithAnonymousKeys(), idempotency.WithLogger(quietLog), idempotency.WithObserver(ServerObserver(tel.options()...)))(
-		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
-	require.Equal(t, http.StatusCreated, send(t, h, "k", body))
+	var calls atomic.Int64
+	h := idempotency.New(memstore.New(), idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quietLog),
+		idempotency.WithObserver(ServerObserver(tel.options()...))).Wrap(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if calls.Add(1) == 1 {
+				run, _ := idempotency.FromContext(r.Context())
+				_, err := run.Phase(r.Context(), "order", func(context.Context) ([]byte, error) { return nil, nil })
+				require.NoError(t, err)
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+	require.Equal(t, http.StatusServiceUnavailable, send(t, h, "k", "x"))
+	time.Sleep(time.Millisecond) // the lease ended at once; it is expired after that instant
+	require.Equal(t, http.StatusCreated, send(t, h, "k", "x"))
 	assert.Equal(t, map[string]int64{"POST": 1}, counts(t, tel.collect(t)[ServerTakeovers], "http.request.method"))
 }

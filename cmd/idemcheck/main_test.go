@@ -20,12 +20,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // newStore is the one place this file makes a store.
-func newStore() idempotency.Store { return idempotency.NewMemoryStore() }
+func newStore() idempotency.Store { return memstore.New() }
 
 // serve serves the middleware on POST /payments, scoped by the
 // Authorization header; each execution creates an effect eff_<n>. With
@@ -40,7 +41,7 @@ func serve(t *testing.T, dedupe bool) string {
 		fmt.Fprintf(w, `{"id":"eff_%d"}`, effects.Add(1))
 	})
 	if dedupe {
-		h = idempotency.New(newStore(), idempotency.WithLogger(slog.New(slog.DiscardHandler)))(h)
+		h = idempotency.New(newStore(), idempotency.WithLogger(slog.New(slog.DiscardHandler))).Wrap(h)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", h)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 // The bash retry loop published in docs/CONTRACT.md, run against the real
@@ -60,7 +61,7 @@ func newContractServer(faults ...string) *contractServer {
 		fmt.Fprintf(w, `{"payment":%d}`, n)
 	})
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", idempotency.New(idempotency.NewMemoryStore())(pay))
+	mux.Handle("POST /payments", idempotency.New(memstore.New()).Wrap(pay))
 	s.h = mux
 	return s
 }

@@ -163,7 +163,7 @@ func send(ctx context.Context, client *http.Client, url string, l *logical) resu
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+l.account)
-	req.Header.Set(idempotency.DefaultKeyHeader, l.key)
+	req.Header.Set("Idempotency-Key", l.key)
 	resp, err := client.Do(req)
 	if err != nil {
 		return result{err: err.Error()}

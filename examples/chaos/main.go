@@ -40,7 +40,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	faults := fs.String("faults", defaultFaults, "fault mix (see below)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the chaos phase (the whole run takes a few seconds more)")
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, each with its own connection pool and Transport")
-	fs.StringVar(&cfg.Store, "store", cfg.Store, "idempotency store: sqlite (a file in a temp dir) or postgres")
+	fs.StringVar(&cfg.Store, "store", cfg.Store, "idempotency store: memory, sqlite (a file in a temp dir) or postgres")
 	fs.StringVar(&cfg.DSN, "dsn", "", "postgres: connection string (default $SAFERETRY_PG_DSN); sqlite: a database file path (default: a new temp dir)")
 	fs.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", cfg.AttemptTimeout, "the clients' per-attempt timeout (saferetry.WithAttemptTimeout)")
 	fs.IntVar(&cfg.MaxAttempts, "attempts", cfg.MaxAttempts, "attempts per logical request, first included (saferetry.WithMaxAttempts)")
@@ -90,8 +90,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		cfg.DSN = os.Getenv("SAFERETRY_PG_DSN")
 	}
 	switch {
-	case cfg.Store != "sqlite" && cfg.Store != "postgres":
-		return cfg, fmt.Errorf("-store %q: want sqlite or postgres", cfg.Store)
+	case cfg.Store != "memory" && cfg.Store != "sqlite" && cfg.Store != "postgres":
+		return cfg, fmt.Errorf("-store %q: want memory, sqlite or postgres", cfg.Store)
 	case cfg.Duration <= 0 || cfg.Duration > time.Hour:
 		return cfg, errors.New("-duration must be between 0 and 1h")
 	case cfg.Clients <= 0 || cfg.Clients > 1000:

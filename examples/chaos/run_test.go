@@ -90,6 +90,14 @@ func TestRunPostgres(t *testing.T) {
 	require.Contains(t, out, "store postgres")
 }
 
+func TestRunMemory(t *testing.T) {
+	cfg := shortConfig(t, 2500*time.Millisecond)
+	cfg.Store = "memory"
+	sum, out := runOK(t, cfg)
+	requireGuarantee(t, sum, out)
+	require.Contains(t, out, "store memory")
+}
+
 func TestRunCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // PostgreSQL driver "pgx"
@@ -23,19 +25,43 @@ import (
 
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 	"github.com/saferetry/saferetry/keygen"
 )
 
 // backend is the database of the payments API: the idempotency records and
 // the business table "payments", whose rows are the side effects counted at
-// the end.
+// the end. With the memory store both live in the process: the payments in
+// a ledger that the memory store's units append to as they commit.
 type backend struct {
-	db      *sql.DB
+	db      *sql.DB // nil for the memory store
 	dialect sqlstore.Dialect
-	store   *sqlstore.Store
-	where   string // for the report: the SQLite file or the PostgreSQL schema
-	close   func() // drops what openBackend created
+	store   idempotency.Store
+	ledger  *ledger // the memory store's payments
+	where   string  // for the report: the SQLite file or the PostgreSQL schema
+	close   func()  // drops what openBackend created
+}
+
+// ledger is the payments table of the memory store: rows appended under
+// the store's lock when the unit they belong to commits.
+type ledger struct {
+	mu   sync.Mutex
+	next int64
+	rows map[string][]int64 // idempotency key -> payment ids
+}
+
+func (l *ledger) id() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.next++
+	return l.next
+}
+
+func (l *ledger) add(key string, id int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rows[key] = append(l.rows[key], id)
 }
 
 // openBackend opens a fresh database: a SQLite file in a new temporary
@@ -44,12 +70,15 @@ type backend struct {
 // the schema, unless keep is set.
 func openBackend(ctx context.Context, kind, dsn string, keep bool) (*backend, error) {
 	switch kind {
+	case "memory":
+		return &backend{store: memstore.New(), ledger: &ledger{rows: map[string][]int64{}},
+			where: "in this process", close: func() {}}, nil
 	case "sqlite":
 		return openSQLite(ctx, dsn, keep)
 	case "postgres":
 		return openPostgres(ctx, dsn, keep)
 	}
-	return nil, fmt.Errorf("unknown store %q (want sqlite or postgres)", kind)
+	return nil, fmt.Errorf("unknown store %q (want memory, sqlite or postgres)", kind)
 }
 
 func openSQLite(ctx context.Context, path string, keep bool) (*backend, error) {
@@ -205,6 +234,11 @@ func (b *backend) migrate(ctx context.Context, ddl string) error {
 
 // sideEffects returns the number of payments rows per idempotency key.
 func (b *backend) sideEffects(ctx context.Context) (map[string][]int64, error) {
+	if b.ledger != nil {
+		b.ledger.mu.Lock()
+		defer b.ledger.mu.Unlock()
+		return maps.Clone(b.ledger.rows), nil
+	}
 	rows, err := b.db.QueryContext(ctx, "SELECT idem_key, id FROM payments ORDER BY id")
 	if err != nil {
 		return nil, err
@@ -298,7 +332,11 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad payment", http.StatusBadRequest)
 		return
 	}
-	key, _ := keygen.ParseHeader(r.Header.Values(idempotency.DefaultKeyHeader))
+	key, _ := keygen.ParseHeader(r.Header.Values("Idempotency-Key"))
+	if a.b.ledger != nil {
+		a.createInMemory(w, r, key, p)
+		return
+	}
 	var row *sql.Row
 	if tx, ok := sqlstore.Tx(ctx); ok {
 		row = tx.QueryRowContext(ctx, a.insert, key, acct, p.Order, p.AmountCents, time.Now().UnixNano())
@@ -318,6 +356,27 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(paymentResponse{ID: id, Status: "captured", Order: p.Order, AmountCents: p.AmountCents})
 }
 
+// createInMemory is createPayment's write on the memory store: the payment
+// is appended to the ledger when the request's unit commits, together with
+// the stored response (without the middleware, at once).
+func (a *api) createInMemory(w http.ResponseWriter, r *http.Request, key string, p paymentRequest) {
+	id := a.b.ledger.id()
+	if run, ok := idempotency.FromContext(r.Context()); ok {
+		u, _, err := run.Unit(r.Context())
+		if err != nil {
+			http.Error(w, "storage failed", http.StatusServiceUnavailable)
+			return
+		}
+		u.(interface{ OnCommit(func()) }).OnCommit(func() { a.b.ledger.add(key, id) })
+	} else {
+		a.b.ledger.add(key, id)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/payments/"+strconv.FormatInt(id, 10))
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(paymentResponse{ID: id, Status: "captured", Order: p.Order, AmountCents: p.AmountCents})
+}
+
 // handler builds the service's handler chain, outermost first: the fault
 // layer, deadline propagation, the router, the idempotency middleware (unless
 // unsafe), the payments handler.
@@ -329,7 +388,7 @@ func (a *api) handler(f *faultLayer, unsafe bool, logger *slog.Logger, obs idemp
 			idempotency.WithLease(serverLease),
 			idempotency.WithLogger(logger),
 			idempotency.WithObserver(obs))
-		payments = mw(payments)
+		payments = mw.Wrap(payments)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", payments)

@@ -26,6 +26,7 @@ import (
 	"github.com/saferetry/saferetry"
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -143,9 +144,9 @@ func (p *process) confirm(ctx context.Context, url, order, key string) (status i
 func run(ctx context.Context, w io.Writer) (report, error) {
 	var rep report
 	m := &mailer{sent: map[string]*atomic.Int64{"42": {}, "43": {}}}
-	mw := idempotency.New(idempotency.NewMemoryStore())
+	mw := idempotency.New(memstore.New())
 	mux := http.NewServeMux()
-	mux.Handle("POST /confirmations", mw(m))
+	mux.Handle("POST /confirmations", mw.Wrap(m))
 	ts := httptest.NewServer(mux)
 	defer ts.Close()
 	url := ts.URL + "/confirmations"

@@ -378,7 +378,7 @@ func newApp(ctx context.Context, dir string, out *printer, down int) (*app, erro
 		idempotency.WithKeyRequired(true),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw(http.HandlerFunc(a.pay)))
+	mux.Handle("POST /payments", mw.Wrap(http.HandlerFunc(a.pay)))
 	return &app{db: db, proc: proc, handler: mux, close: func() {
 		procSrv.Close()
 		transport.CloseIdleConnections()

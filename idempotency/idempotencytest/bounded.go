@@ -47,12 +47,12 @@ func TestBoundedStore(t *testing.T, newStore func(t *testing.T, capacity int) id
 // wantFull claims c and requires ErrStoreFull, with nothing created.
 func wantFull(t *testing.T, s idempotency.Store, c idempotency.Claim) {
 	t.Helper()
-	rec, acquired, err := s.Claim(ctx(t), c)
+	res, err := s.Claim(ctx(t), c)
 	if !errors.Is(err, idempotency.ErrStoreFull) {
-		t.Fatalf("Claim(%q) on a full store: acquired %v, err %v; want ErrStoreFull", c.Scope.Key, acquired, err)
+		t.Fatalf("Claim(%q) on a full store: outcome %v, err %v; want ErrStoreFull", c.Scope.Key, res.Outcome, err)
 	}
-	if acquired || rec.State != idempotency.Absent {
-		t.Fatalf("Claim(%q) failing with ErrStoreFull returned acquired %v, state %v", c.Scope.Key, acquired, rec.State)
+	if res.Outcome != idempotency.ClaimExisting || res.Record.State != idempotency.Absent {
+		t.Fatalf("Claim(%q) failing with ErrStoreFull returned outcome %v, state %v", c.Scope.Key, res.Outcome, res.Record.State)
 	}
 	if _, err := s.Get(ctx(t), c.Scope); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("Get(%q) after a refused claim: err %v, want ErrNotFound", c.Scope.Key, err)
@@ -64,7 +64,7 @@ func fill(t *testing.T, s idempotency.Store, now time.Time, complete bool, keys 
 	t.Helper()
 	var recs []idempotency.Record
 	for _, k := range keys {
-		rec := mustClaim(t, s, claimOf(scope(k), "o-"+k, "fp", now), true)
+		rec := mustClaim(t, s, claimOf(scope(k), "o-"+k, "fp", now), idempotency.ClaimCreated)
 		if complete {
 			noErr(t, "Complete "+k, s.Complete(ctx(t), rec.Lease(), response(k), now))
 		}
@@ -78,34 +78,34 @@ func testFullRefusesNewKeysOnly(t *testing.T, s idempotency.Store) {
 	wantFull(t, s, claimOf(scope("d"), "d", "fp", at(1)))
 
 	// Everything on the records it holds goes on.
-	if got := mustClaim(t, s, claimOf(scope("a"), "x", "fp", at(1)), false); got.Owner != "o-a" {
+	if got := mustClaim(t, s, claimOf(scope("a"), "x", "fp", at(1)), idempotency.ClaimExisting); got.Owner != "o-a" {
 		t.Fatalf("a live claim of a full store's record: owner %q", got.Owner)
 	}
-	if got := mustClaim(t, s, claimOf(scope("a"), "x", "other-fp", at(1)), false); got.Fingerprint != "fp" {
+	if got := mustClaim(t, s, claimOf(scope("a"), "x", "other-fp", at(1)), idempotency.ClaimExisting); got.Fingerprint != "fp" {
 		t.Fatalf("a claim with another fingerprint changed the record: fp %q", got.Fingerprint)
 	}
 	noErr(t, "Complete on a full store", s.Complete(ctx(t), recs[0].Lease(), response("a"), at(2)))
-	if got := mustClaim(t, s, claimOf(scope("a"), "x", "fp", at(3)), false); got.State != idempotency.Completed {
+	if got := mustClaim(t, s, claimOf(scope("a"), "x", "fp", at(3)), idempotency.ClaimExisting); got.State != idempotency.Completed {
 		t.Fatalf("replay claim on a full store: state %v", got.State)
 	}
 	wantResponse(t, mustGet(t, s, scope("a")), response("a"))
 	noErr(t, "SetRecoveryPoint on a full store", s.SetRecoveryPoint(ctx(t), recs[1].Lease(), "order", []byte("data"), at(3)))
 	noErr(t, "Heartbeat on a full store", s.Heartbeat(ctx(t), recs[1].Lease(), at(3).Add(lease)))
-	took := mustClaim(t, s, claimOf(scope("c"), "y", "fp", at(20)), true) // c's lease ended at 10 s
+	took := mustClaim(t, s, claimOf(scope("c"), "y", "fp", at(20)), idempotency.ClaimTakenOver) // c's lease ended at 10 s
 	if took.Generation != recs[2].Generation+1 {
 		t.Fatalf("takeover on a full store: generation %d, want %d", took.Generation, recs[2].Generation+1)
 	}
 	completer := claimOf(scope("b"), "completer", "fp", at(100))
 	completer.Request, completer.ReplayWindow, completer.TakeoverOnly = nil, 0, true
-	if got := mustClaim(t, s, completer, true); got.RecoveryPoint != "order" {
+	if got := mustClaim(t, s, completer, idempotency.ClaimTakenOver); got.RecoveryPoint != "order" {
 		t.Fatalf("the completer's takeover on a full store: recovery point %q", got.RecoveryPoint)
 	}
 	wantFull(t, s, claimOf(scope("d"), "d", "fp", at(100)))
 	absent := claimOf(scope("e"), "completer", "fp", at(100))
 	absent.TakeoverOnly = true
-	if rec, acquired, err := s.Claim(ctx(t), absent); err != nil || acquired || rec.State != idempotency.Absent {
-		t.Fatalf("TakeoverOnly claim of an absent key on a full store: state %v acquired %v err %v; want absent, false, nil",
-			rec.State, acquired, err)
+	if res, err := s.Claim(ctx(t), absent); err != nil || res.Outcome != idempotency.ClaimExisting || res.Record.State != idempotency.Absent {
+		t.Fatalf("TakeoverOnly claim of an absent key on a full store: outcome %v state %v err %v; want existing, absent, nil",
+			res.Outcome, res.Record.State, err)
 	}
 }
 
@@ -120,7 +120,7 @@ func testFullKeepsInProgress(t *testing.T, s idempotency.Store) {
 			t.Fatalf("%s on a full store: state %v owner %q", rec.Scope.Key, got.State, got.Owner)
 		}
 	}
-	mustClaim(t, s, claimOf(scope("a"), "a2", "fp", late), true) // and a retry takes it over
+	mustClaim(t, s, claimOf(scope("a"), "a2", "fp", late), idempotency.ClaimTakenOver) // and a retry takes it over
 }
 
 // A completed record is replayed for its whole window (CompletedAt + window
@@ -130,7 +130,7 @@ func testFullKeepsWithinWindow(t *testing.T, s idempotency.Store) {
 	edge := at(1).Add(window) // the last instant of the window
 	wantFull(t, s, claimOf(scope("c"), "c", "fp", edge))
 	for _, k := range []string{"a", "b"} {
-		if got := mustClaim(t, s, claimOf(scope(k), "x", "fp", edge), false); got.State != idempotency.Completed {
+		if got := mustClaim(t, s, claimOf(scope(k), "x", "fp", edge), idempotency.ClaimExisting); got.State != idempotency.Completed {
 			t.Fatalf("%s at the end of its window on a full store: state %v", k, got.State)
 		}
 		wantResponse(t, mustGet(t, s, scope(k)), response(k))
@@ -143,7 +143,7 @@ func testExpiredMakeRoom(t *testing.T, s idempotency.Store) {
 	fill(t, s, at(1), true, "a")
 	fill(t, s, at(5), true, "b")
 	now := at(1).Add(window + time.Second) // a expired, b not
-	c := mustClaim(t, s, claimOf(scope("c"), "c", "fp", now), true)
+	c := mustClaim(t, s, claimOf(scope("c"), "c", "fp", now), idempotency.ClaimCreated)
 	if c.Generation != 1 {
 		t.Fatalf("new key c: generation %d", c.Generation)
 	}
@@ -153,7 +153,7 @@ func testExpiredMakeRoom(t *testing.T, s idempotency.Store) {
 		t.Fatalf("c after a refused claim: state %v", got.State)
 	}
 	later := at(5).Add(window + time.Second) // b expired too
-	mustClaim(t, s, claimOf(scope("d"), "d", "fp", later), true)
+	mustClaim(t, s, claimOf(scope("d"), "d", "fp", later), idempotency.ClaimCreated)
 	if got := mustGet(t, s, scope("c")); got.State != idempotency.InProgress {
 		t.Fatalf("c, in progress, after making room: state %v", got.State)
 	}
@@ -163,7 +163,7 @@ func testReleaseMakesRoom(t *testing.T, s idempotency.Store) {
 	a := fill(t, s, at(0), false, "a")[0]
 	wantFull(t, s, claimOf(scope("b"), "b", "fp", at(1)))
 	noErr(t, "Release", s.Release(ctx(t), a.Lease()))
-	b := mustClaim(t, s, claimOf(scope("b"), "b", "fp", at(1)), true)
+	b := mustClaim(t, s, claimOf(scope("b"), "b", "fp", at(1)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), b.Lease(), response("b"), at(1)))
 	wantFull(t, s, claimOf(scope("c"), "c", "fp", at(2)))
 	n, err := s.DeleteBefore(ctx(t), at(2), 10) // the Reaper's call
@@ -171,13 +171,13 @@ func testReleaseMakesRoom(t *testing.T, s idempotency.Store) {
 	if n != 1 {
 		t.Fatalf("DeleteBefore deleted %d, want 1", n)
 	}
-	mustClaim(t, s, claimOf(scope("c"), "c", "fp", at(2)), true)
+	mustClaim(t, s, claimOf(scope("c"), "c", "fp", at(2)), idempotency.ClaimCreated)
 }
 
 // A key reused after its window takes the place of its own expired record.
 func testReclaimWhenFull(t *testing.T, s idempotency.Store) {
 	fill(t, s, at(1), true, "a")
-	got := mustClaim(t, s, claimOf(scope("a"), "a2", "other-fp", at(1).Add(window+time.Second)), true)
+	got := mustClaim(t, s, claimOf(scope("a"), "a2", "other-fp", at(1).Add(window+time.Second)), idempotency.ClaimCreated)
 	if got.State != idempotency.InProgress || got.Owner != "a2" || got.Fingerprint != "other-fp" {
 		t.Fatalf("reclaim after the window on a full store: state %v owner %q fp %q", got.State, got.Owner, got.Fingerprint)
 	}

@@ -44,12 +44,12 @@ func testScopeAnyBytes(t *testing.T, s idempotency.Store) {
 	scopes := oddScopes()
 	for i, sc := range scopes {
 		c := claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0))
-		rec := mustClaim(t, s, c, true)
+		rec := mustClaim(t, s, c, idempotency.ClaimCreated)
 		if rec.Scope != sc {
 			t.Fatalf("scope %d: claim returned scope %q, want %q", i, rec.Scope, sc)
 		}
 		// A second claim sees the first one's record, in progress.
-		again := mustClaim(t, s, claimOf(sc, "other", "fp", at(1)), false)
+		again := mustClaim(t, s, claimOf(sc, "other", "fp", at(1)), idempotency.ClaimExisting)
 		if again.Owner != c.Owner || again.Scope != sc {
 			t.Fatalf("scope %d: second claim saw owner %q scope %q", i, again.Owner, again.Scope)
 		}
@@ -65,13 +65,13 @@ func testScopeAnyBytes(t *testing.T, s idempotency.Store) {
 			t.Fatalf("scope %d: Get = scope %q state %v", i, got.Scope, got.State)
 		}
 		wantResponse(t, got, response(fmt.Sprintf("odd-%d", i)))
-		replay := mustClaim(t, s, claimOf(sc, "late", "fp", at(3)), false)
+		replay := mustClaim(t, s, claimOf(sc, "late", "fp", at(3)), idempotency.ClaimExisting)
 		wantResponse(t, replay, response(fmt.Sprintf("odd-%d", i)))
 	}
 	// The reaper's and the completer's queries return the same scopes.
 	for i, sc := range scopes[:3] {
 		mustClaim(t, s, claimOf(idempotency.Scope{Principal: sc.Principal, Method: sc.Method, Route: sc.Route, Key: "abandoned"},
-			fmt.Sprintf("a%d", i), "fp", at(i)), true)
+			fmt.Sprintf("a%d", i), "fp", at(i)), idempotency.ClaimCreated)
 	}
 	abandoned, err := s.Abandoned(ctx(t), at(100), 10)
 	noErr(t, "Abandoned", err)
@@ -98,7 +98,7 @@ func testScopePartsDistinct(t *testing.T, s idempotency.Store) {
 		{Principal: "ab", Method: "POST\x00/r", Route: "", Key: "k"},
 	}
 	for i, sc := range scopes {
-		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)), true)
+		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)), idempotency.ClaimCreated)
 		if rec.Generation != 1 {
 			t.Fatalf("scope %d: generation %d", i, rec.Generation)
 		}
@@ -137,10 +137,10 @@ func testResponseBytesExact(t *testing.T, s idempotency.Store) {
 	}
 	for i, resp := range cases {
 		sc := scope(fmt.Sprintf("exact-%d", i))
-		rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+		rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 		noErr(t, "Complete", s.Complete(ctx(t), rec.Lease(), resp, at(1)))
 		wantExact(t, fmt.Sprintf("case %d: Get", i), mustGet(t, s, sc), resp)
-		wantExact(t, fmt.Sprintf("case %d: replaying Claim", i), mustClaim(t, s, claimOf(sc, "b", "fp", at(2)), false), resp)
+		wantExact(t, fmt.Sprintf("case %d: replaying Claim", i), mustClaim(t, s, claimOf(sc, "b", "fp", at(2)), idempotency.ClaimExisting), resp)
 	}
 }
 

@@ -46,6 +46,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"Fencing", testFencing},
 		{"Release", testRelease},
 		{"Heartbeat", testHeartbeat},
+		{"EndLease", testEndLease},
 		{"RecoveryPointKeptAcrossTakeover", testRecoveryPoint},
 		{"Abandoned", testAbandoned},
 		{"DeleteBefore", testDeleteBefore},
@@ -90,16 +91,63 @@ func claimOf(s idempotency.Scope, owner, fp string, now time.Time) idempotency.C
 
 func ctx(t *testing.T) context.Context { return t.Context() }
 
-// mustClaim claims and requires the outcome acquired.
-func mustClaim(t *testing.T, s idempotency.Store, c idempotency.Claim, acquired bool) idempotency.Record {
+// mustClaim claims with c, requires the outcome want, and checks that the
+// record holds what ClaimOutcome documents for it: the claim's own values,
+// and what the store holds (read back with Get) for the fields the outcome
+// sets from the record.
+func mustClaim(t *testing.T, s idempotency.Store, c idempotency.Claim, want idempotency.ClaimOutcome) idempotency.Record {
 	t.Helper()
-	rec, got, err := s.Claim(ctx(t), c)
+	res, err := s.Claim(ctx(t), c)
 	if err != nil {
 		t.Fatalf("Claim(%q, owner %q, now %s): %v", c.Scope.Key, c.Owner, c.Now.Sub(Base), err)
 	}
-	if got != acquired {
-		t.Fatalf("Claim(%q, owner %q, now %s): acquired = %v, want %v (record: state %v owner %q gen %d)",
-			c.Scope.Key, c.Owner, c.Now.Sub(Base), got, acquired, rec.State, rec.Owner, rec.Generation)
+	rec := res.Record
+	if res.Outcome != want {
+		t.Fatalf("Claim(%q, owner %q, now %s): outcome %v, want %v (record: state %v owner %q gen %d)",
+			c.Scope.Key, c.Owner, c.Now.Sub(Base), res.Outcome, want, rec.State, rec.Owner, rec.Generation)
+	}
+	if res.Acquired() != (want != idempotency.ClaimExisting) {
+		t.Fatalf("Claim(%q): Acquired() = %v for outcome %v", c.Scope.Key, res.Acquired(), res.Outcome)
+	}
+	if want == idempotency.ClaimExisting && c.TakeoverOnly && rec.State == idempotency.Absent {
+		return rec // nothing to take over
+	}
+	stored := mustGet(t, s, c.Scope)
+	what := fmt.Sprintf("Claim(%q) %v", c.Scope.Key, want)
+	if rec.Scope != c.Scope || rec.Generation != stored.Generation || rec.Owner != stored.Owner ||
+		rec.State != stored.State || !rec.LeaseUntil.Equal(stored.LeaseUntil) ||
+		rec.Fingerprint != stored.Fingerprint || rec.FingerprintVersion != stored.FingerprintVersion {
+		t.Fatalf("%s: record scope %+v state %v owner %q gen %d lease %v fp %q v%d; "+
+			"the store holds state %v owner %q gen %d lease %v fp %q v%d", what,
+			rec.Scope, rec.State, rec.Owner, rec.Generation, rec.LeaseUntil, rec.Fingerprint, rec.FingerprintVersion,
+			stored.State, stored.Owner, stored.Generation, stored.LeaseUntil, stored.Fingerprint, stored.FingerprintVersion)
+	}
+	if want == idempotency.ClaimExisting {
+		if stored.State == idempotency.Completed {
+			wantTime(t, what+": CompletedAt", rec.CompletedAt, stored.CompletedAt)
+			wantResponse(t, rec, *stored.Response)
+		}
+		return rec
+	}
+	if rec.State != idempotency.InProgress || rec.Owner != c.Owner || rec.Fingerprint != c.Fingerprint ||
+		rec.FingerprintVersion != c.FingerprintVersion || rec.Response != nil || rec.Generation < 1 {
+		t.Fatalf("%s: state %v owner %q fp %q v%d gen %d response %v; want in_progress, the claim's owner and fingerprint, no response",
+			what, rec.State, rec.Owner, rec.Fingerprint, rec.FingerprintVersion, rec.Generation, rec.Response)
+	}
+	wantTime(t, what+": LeaseUntil", rec.LeaseUntil, c.Now.Add(c.LeaseFor))
+	wantTime(t, what+": UpdatedAt", rec.UpdatedAt, c.Now)
+	if want == idempotency.ClaimCreated {
+		wantTime(t, what+": CreatedAt", rec.CreatedAt, c.Now)
+		if rec.RecoveryPoint != "" || len(rec.RecoveryData) != 0 {
+			t.Fatalf("%s: recovery point %q data %q, want none", what, rec.RecoveryPoint, rec.RecoveryData)
+		}
+		return rec
+	}
+	wantTime(t, what+": CreatedAt", rec.CreatedAt, stored.CreatedAt)
+	if rec.RecoveryPoint != stored.RecoveryPoint || !bytes.Equal(rec.RecoveryData, stored.RecoveryData) ||
+		!bytes.Equal(rec.Request, stored.Request) {
+		t.Fatalf("%s: recovery point %q data %q request %q; the store holds %q %q %q", what,
+			rec.RecoveryPoint, rec.RecoveryData, rec.Request, stored.RecoveryPoint, stored.RecoveryData, stored.Request)
 	}
 	return rec
 }
@@ -163,7 +211,7 @@ func wantResponse(t *testing.T, rec idempotency.Record, want idempotency.Respons
 
 func testClaimNew(t *testing.T, s idempotency.Store) {
 	sc := scope("new")
-	rec := mustClaim(t, s, claimOf(sc, "owner-a", "fp1", at(0)), true)
+	rec := mustClaim(t, s, claimOf(sc, "owner-a", "fp1", at(0)), idempotency.ClaimCreated)
 	if rec.Scope != sc || rec.State != idempotency.InProgress || rec.Owner != "owner-a" || rec.Generation != 1 {
 		t.Fatalf("new record = scope %+v state %v owner %q gen %d; want %+v in_progress owner-a 1",
 			rec.Scope, rec.State, rec.Owner, rec.Generation, sc)
@@ -202,19 +250,20 @@ func testClaimRace(t *testing.T, s idempotency.Store) {
 			defer wg.Done()
 			<-start
 			owner := fmt.Sprintf("owner-%02d", i)
-			rec, ok, err := s.Claim(context.Background(), claimOf(sc, owner, "fp", at(0)))
+			res, err := s.Claim(context.Background(), claimOf(sc, owner, "fp", at(0)))
+			rec := res.Record
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case err != nil:
 				errs = append(errs, err)
-			case ok:
+			case res.Outcome == idempotency.ClaimCreated:
 				winners = append(winners, owner)
 				owners[rec.Owner]++
 			default:
 				owners[rec.Owner]++
-				if rec.State != idempotency.InProgress || rec.Generation != 1 {
-					errs = append(errs, fmt.Errorf("loser saw state %v gen %d", rec.State, rec.Generation))
+				if res.Outcome != idempotency.ClaimExisting || rec.State != idempotency.InProgress || rec.Generation != 1 {
+					errs = append(errs, fmt.Errorf("loser saw outcome %v state %v gen %d", res.Outcome, rec.State, rec.Generation))
 				}
 			}
 		}()
@@ -240,7 +289,7 @@ func testGet(t *testing.T, s idempotency.Store) {
 	if !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("Get of a missing scope: err = %v, want ErrNotFound", err)
 	}
-	mustClaim(t, s, claimOf(scope("present"), "o", "fp", at(0)), true)
+	mustClaim(t, s, claimOf(scope("present"), "o", "fp", at(0)), idempotency.ClaimCreated)
 	if got := mustGet(t, s, scope("present")); got.Scope != scope("present") {
 		t.Fatalf("Get returned scope %+v", got.Scope)
 	}
@@ -265,7 +314,7 @@ func testScopeIsolation(t *testing.T, s idempotency.Store) {
 	v.Key = "k2"
 	variants = append(variants, v)
 	for i, sc := range variants {
-		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)), true)
+		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)), idempotency.ClaimCreated)
 		if rec.Generation != 1 {
 			t.Fatalf("variant %d: generation %d", i, rec.Generation)
 		}
@@ -280,16 +329,16 @@ func testScopeIsolation(t *testing.T, s idempotency.Store) {
 
 func testInProgressAlive(t *testing.T, s idempotency.Store) {
 	sc := scope("alive")
-	mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	for _, fp := range []string{"fp", "other"} {
-		rec := mustClaim(t, s, claimOf(sc, "b", fp, at(9)), false)
+		rec := mustClaim(t, s, claimOf(sc, "b", fp, at(9)), idempotency.ClaimExisting)
 		if rec.Owner != "a" || rec.Generation != 1 || rec.State != idempotency.InProgress || rec.Fingerprint != "fp" {
 			t.Fatalf("claim with fp %q during a live lease changed the record: owner %q gen %d state %v fp %q",
 				fp, rec.Owner, rec.Generation, rec.State, rec.Fingerprint)
 		}
 	}
 	// An expired lease with another fingerprint is not taken over either.
-	rec := mustClaim(t, s, claimOf(sc, "c", "other", at(20)), false)
+	rec := mustClaim(t, s, claimOf(sc, "c", "other", at(20)), idempotency.ClaimExisting)
 	if rec.Owner != "a" || rec.Generation != 1 {
 		t.Fatalf("claim with another fingerprint took an expired lease: owner %q gen %d", rec.Owner, rec.Generation)
 	}
@@ -297,7 +346,7 @@ func testInProgressAlive(t *testing.T, s idempotency.Store) {
 
 func testCompleteAndReplay(t *testing.T, s idempotency.Store) {
 	sc := scope("complete")
-	rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	resp := response("p1")
 	noErr(t, "Complete", s.Complete(ctx(t), rec.Lease(), resp, at(2)))
 	got := mustGet(t, s, sc)
@@ -308,7 +357,7 @@ func testCompleteAndReplay(t *testing.T, s idempotency.Store) {
 	wantResponse(t, got, resp)
 	// Within the window, even after the lease's end, a claim gets the record.
 	for _, fp := range []string{"fp", "other"} {
-		again := mustClaim(t, s, claimOf(sc, "b", fp, at(60)), false)
+		again := mustClaim(t, s, claimOf(sc, "b", fp, at(60)), idempotency.ClaimExisting)
 		if again.State != idempotency.Completed || again.Owner != "a" || again.Generation != 1 {
 			t.Fatalf("claim (fp %q) of a completed record: state %v owner %q gen %d", fp, again.State, again.Owner, again.Generation)
 		}
@@ -323,12 +372,12 @@ func testCompleteAndReplay(t *testing.T, s idempotency.Store) {
 
 func testReplayWindowExpiry(t *testing.T, s idempotency.Store) {
 	sc := scope("window")
-	rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), rec.Lease(), response("old"), at(1)))
 	inside := at(1).Add(window - time.Second)
-	mustClaim(t, s, claimOf(sc, "b", "fp", inside), false)
+	mustClaim(t, s, claimOf(sc, "b", "fp", inside), idempotency.ClaimExisting)
 	after := at(1).Add(window + time.Second)
-	fresh := mustClaim(t, s, claimOf(sc, "c", "other-fp", after), true)
+	fresh := mustClaim(t, s, claimOf(sc, "c", "other-fp", after), idempotency.ClaimCreated)
 	if fresh.State != idempotency.InProgress || fresh.Owner != "c" || fresh.Generation != 2 || fresh.Fingerprint != "other-fp" {
 		t.Fatalf("claim after the window: state %v owner %q gen %d fp %q; want in_progress c 2 other-fp",
 			fresh.State, fresh.Owner, fresh.Generation, fresh.Fingerprint)
@@ -343,9 +392,9 @@ func testReplayWindowExpiry(t *testing.T, s idempotency.Store) {
 
 func testTakeover(t *testing.T, s idempotency.Store) {
 	sc := scope("takeover")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
-	mustClaim(t, s, claimOf(sc, "x", "other", at(11)), false)
-	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), true)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
+	mustClaim(t, s, claimOf(sc, "x", "other", at(11)), idempotency.ClaimExisting)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver)
 	if b.Owner != "b" || b.Generation != a.Generation+1 || b.State != idempotency.InProgress {
 		t.Fatalf("takeover: owner %q gen %d state %v; want b %d in_progress", b.Owner, b.Generation, b.State, a.Generation+1)
 	}
@@ -355,9 +404,9 @@ func testTakeover(t *testing.T, s idempotency.Store) {
 		t.Fatalf("Get after takeover: owner %q gen %d", got.Owner, got.Generation)
 	}
 	// B's lease is alive: nobody takes it over.
-	mustClaim(t, s, claimOf(sc, "c", "fp", at(20)), false)
+	mustClaim(t, s, claimOf(sc, "c", "fp", at(20)), idempotency.ClaimExisting)
 	// Once it expires, the next takeover bumps again.
-	c := mustClaim(t, s, claimOf(sc, "c", "fp", at(22)), true)
+	c := mustClaim(t, s, claimOf(sc, "c", "fp", at(22)), idempotency.ClaimTakenOver)
 	if c.Generation != 3 {
 		t.Fatalf("second takeover generation %d, want 3", c.Generation)
 	}
@@ -365,8 +414,8 @@ func testTakeover(t *testing.T, s idempotency.Store) {
 
 func testFencing(t *testing.T, s idempotency.Store) {
 	sc := scope("fencing")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
-	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), true)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver)
 	old := a.Lease()
 	wantLeaseLost(t, "old Heartbeat", s.Heartbeat(ctx(t), old, at(100)))
 	wantLeaseLost(t, "old SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), old, "late", []byte("x"), at(12)))
@@ -392,7 +441,7 @@ func testFencing(t *testing.T, s idempotency.Store) {
 
 func testRelease(t *testing.T, s idempotency.Store) {
 	sc := scope("release")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	wantLeaseLost(t, "Release by a stranger", s.Release(ctx(t), idempotency.Lease{Scope: sc, Owner: "z", Generation: 1}))
 	noErr(t, "Release", s.Release(ctx(t), a.Lease()))
 	if _, err := s.Get(ctx(t), sc); !errors.Is(err, idempotency.ErrNotFound) {
@@ -401,7 +450,7 @@ func testRelease(t *testing.T, s idempotency.Store) {
 	wantLeaseLost(t, "second Release", s.Release(ctx(t), a.Lease()))
 	wantLeaseLost(t, "Complete after Release", s.Complete(ctx(t), a.Lease(), response("A"), at(1)))
 	// The key is free again, for any fingerprint, before the old lease's end.
-	b := mustClaim(t, s, claimOf(sc, "b", "other", at(1)), true)
+	b := mustClaim(t, s, claimOf(sc, "b", "other", at(1)), idempotency.ClaimCreated)
 	if b.Owner != "b" || b.Fingerprint != "other" {
 		t.Fatalf("claim after Release: owner %q fp %q", b.Owner, b.Fingerprint)
 	}
@@ -412,28 +461,52 @@ func testRelease(t *testing.T, s idempotency.Store) {
 
 func testHeartbeat(t *testing.T, s idempotency.Store) {
 	sc := scope("heartbeat")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "Heartbeat", s.Heartbeat(ctx(t), a.Lease(), at(40)))
 	wantTime(t, "LeaseUntil", mustGet(t, s, sc).LeaseUntil, at(40))
-	mustClaim(t, s, claimOf(sc, "b", "fp", at(30)), false) // the extended lease holds
-	// Ending the lease (heartbeat to now) lets a retry take over at once.
+	mustClaim(t, s, claimOf(sc, "b", "fp", at(30)), idempotency.ClaimExisting) // the extended lease holds
+	// A heartbeat to an earlier time moves the lease back.
 	noErr(t, "Heartbeat to now", s.Heartbeat(ctx(t), a.Lease(), at(31)))
-	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(32)), true)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(32)), idempotency.ClaimTakenOver)
 	if b.Generation != 2 {
-		t.Fatalf("takeover after ended lease: gen %d", b.Generation)
+		t.Fatalf("takeover after a heartbeat to an earlier time: gen %d", b.Generation)
 	}
+}
+
+// testEndLease checks Store.EndLease: the record stays in progress with its
+// recovery point, the lease ends at now (inclusive), and only the owner can
+// end it.
+func testEndLease(t *testing.T, s idempotency.Store) {
+	sc := scope("end-lease")
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
+	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), a.Lease(), "order", []byte("data"), at(1)))
+	wantLeaseLost(t, "EndLease by a stranger", s.EndLease(ctx(t), idempotency.Lease{Scope: sc, Owner: "z", Generation: 1}, at(2)))
+	noErr(t, "EndLease", s.EndLease(ctx(t), a.Lease(), at(2)))
+	got := mustGet(t, s, sc)
+	if got.State != idempotency.InProgress || got.Owner != "a" || got.RecoveryPoint != "order" {
+		t.Fatalf("after EndLease: state %v owner %q point %q; want in_progress a order", got.State, got.Owner, got.RecoveryPoint)
+	}
+	wantTime(t, "LeaseUntil after EndLease", got.LeaseUntil, at(2))
+	mustClaim(t, s, claimOf(sc, "b", "fp", at(2)), idempotency.ClaimExisting) // alive until LeaseUntil inclusive
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(3)), idempotency.ClaimTakenOver)
+	if b.RecoveryPoint != "order" || b.Generation != 2 {
+		t.Fatalf("takeover after EndLease: point %q gen %d; want order 2", b.RecoveryPoint, b.Generation)
+	}
+	wantLeaseLost(t, "EndLease by the old owner", s.EndLease(ctx(t), a.Lease(), at(4)))
+	noErr(t, "Complete", s.Complete(ctx(t), b.Lease(), response("b"), at(4)))
+	wantLeaseLost(t, "EndLease of a completed record", s.EndLease(ctx(t), b.Lease(), at(5)))
 }
 
 func testRecoveryPoint(t *testing.T, s idempotency.Store) {
 	sc := scope("recovery")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), a.Lease(), "order-created", []byte(`{"order":7}`), at(1)))
 	got := mustGet(t, s, sc)
 	if got.RecoveryPoint != "order-created" || string(got.RecoveryData) != `{"order":7}` {
 		t.Fatalf("recovery point = %q %q", got.RecoveryPoint, got.RecoveryData)
 	}
 	wantTime(t, "UpdatedAt after SetRecoveryPoint", got.UpdatedAt, at(1))
-	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(20)), true)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(20)), idempotency.ClaimTakenOver)
 	if b.RecoveryPoint != "order-created" || string(b.RecoveryData) != `{"order":7}` {
 		t.Fatalf("takeover lost the recovery point: %q %q", b.RecoveryPoint, b.RecoveryData)
 	}
@@ -448,10 +521,10 @@ func testRecoveryPoint(t *testing.T, s idempotency.Store) {
 func testAbandoned(t *testing.T, s idempotency.Store) {
 	// Three abandoned records with staggered leases, one live, one completed.
 	for i, key := range []string{"ab-1", "ab-2", "ab-3"} {
-		mustClaim(t, s, claimOf(scope(key), "o", "fp", at(i)), true)
+		mustClaim(t, s, claimOf(scope(key), "o", "fp", at(i)), idempotency.ClaimCreated)
 	}
-	mustClaim(t, s, claimOf(scope("live"), "o", "fp", at(50)), true)
-	done := mustClaim(t, s, claimOf(scope("done"), "o", "fp", at(0)), true)
+	mustClaim(t, s, claimOf(scope("live"), "o", "fp", at(50)), idempotency.ClaimCreated)
+	done := mustClaim(t, s, claimOf(scope("done"), "o", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), done.Lease(), response("d"), at(1)))
 
 	now := at(30)
@@ -483,13 +556,13 @@ func testDeleteBefore(t *testing.T, s idempotency.Store) {
 	// Completed long ago (x3), completed recently, in progress with an old
 	// expired lease, in progress but still leased past the horizon.
 	for i, key := range []string{"old-1", "old-2", "old-3"} {
-		r := mustClaim(t, s, claimOf(scope(key), "o", "fp", at(i)), true)
+		r := mustClaim(t, s, claimOf(scope(key), "o", "fp", at(i)), idempotency.ClaimCreated)
 		noErr(t, "Complete", s.Complete(ctx(t), r.Lease(), response(key), at(i+1)))
 	}
-	r := mustClaim(t, s, claimOf(scope("recent"), "o", "fp", at(500)), true)
+	r := mustClaim(t, s, claimOf(scope("recent"), "o", "fp", at(500)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), r.Lease(), response("recent"), at(501)))
-	mustClaim(t, s, claimOf(scope("stuck"), "o", "fp", at(5)), true) // lease until at(15)
-	leased := mustClaim(t, s, claimOf(scope("leased"), "o", "fp", at(5)), true)
+	mustClaim(t, s, claimOf(scope("stuck"), "o", "fp", at(5)), idempotency.ClaimCreated) // lease until at(15)
+	leased := mustClaim(t, s, claimOf(scope("leased"), "o", "fp", at(5)), idempotency.ClaimCreated)
 	noErr(t, "Heartbeat", s.Heartbeat(ctx(t), leased.Lease(), at(1000)))
 
 	horizon := at(100)
@@ -526,21 +599,19 @@ func testDeleteBefore(t *testing.T, s idempotency.Store) {
 func testRequestBytes(t *testing.T, s idempotency.Store) {
 	c := claimOf(scope("request"), "a", "fp", at(0))
 	c.Request = []byte("POST /payments\x00\xff binary \"ok\"")
-	rec := mustClaim(t, s, c, true)
-	if !bytes.Equal(rec.Request, c.Request) {
-		t.Fatalf("Claim returned Request %q, want %q", rec.Request, c.Request)
-	}
+	mustClaim(t, s, c, idempotency.ClaimCreated)
 	if got := mustGet(t, s, c.Scope); !bytes.Equal(got.Request, c.Request) {
 		t.Fatalf("Get returned Request %q, want %q", got.Request, c.Request)
 	}
-	b := mustClaim(t, s, claimOf(c.Scope, "b", "fp", at(20)), true)
+	b := mustClaim(t, s, claimOf(c.Scope, "b", "fp", at(20)), idempotency.ClaimTakenOver)
 	if !bytes.Equal(b.Request, c.Request) {
 		t.Fatalf("takeover returned Request %q, want %q", b.Request, c.Request)
 	}
 	c2 := claimOf(scope("request-nil"), "a", "fp", at(0))
 	c2.Request = nil
-	if rec := mustClaim(t, s, c2, true); len(rec.Request) != 0 {
-		t.Fatalf("nil Request stored as %q", rec.Request)
+	mustClaim(t, s, c2, idempotency.ClaimCreated)
+	if got := mustGet(t, s, c2.Scope); len(got.Request) != 0 {
+		t.Fatalf("nil Request stored as %q", got.Request)
 	}
 }
 
@@ -548,20 +619,20 @@ func testRequestBytes(t *testing.T, s idempotency.Store) {
 // and no Request. It never restarts a completed record, however old, and a
 // takeover keeps the stored request and recovery point.
 func testCompleterClaim(t *testing.T, s idempotency.Store) {
-	done := mustClaim(t, s, claimOf(scope("completer-done"), "a", "fp", at(0)), true)
+	done := mustClaim(t, s, claimOf(scope("completer-done"), "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), done.Lease(), response("old"), at(1)))
 	c := claimOf(done.Scope, "completer", "fp", at(1).Add(100*window))
 	c.ReplayWindow, c.Request = 0, nil
-	if got := mustClaim(t, s, c, false); got.State != idempotency.Completed || got.Owner != "a" {
+	if got := mustClaim(t, s, c, idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" {
 		t.Fatalf("a claim with ReplayWindow 0 changed a completed record: state %v owner %q", got.State, got.Owner)
 	}
 
 	orig := claimOf(scope("completer-takeover"), "a", "fp", at(0))
-	rec := mustClaim(t, s, orig, true)
+	rec := mustClaim(t, s, orig, idempotency.ClaimCreated)
 	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), rec.Lease(), "order", []byte("data"), at(1)))
 	c = claimOf(orig.Scope, "completer", "fp", at(11))
 	c.ReplayWindow, c.Request = 0, nil
-	got := mustClaim(t, s, c, true)
+	got := mustClaim(t, s, c, idempotency.ClaimTakenOver)
 	if got.Generation != rec.Generation+1 || got.RecoveryPoint != "order" || !bytes.Equal(got.RecoveryData, []byte("data")) ||
 		!bytes.Equal(got.Request, orig.Request) {
 		t.Fatalf("completer takeover: gen %d point %q data %q request %q; want %d order data %q",
@@ -584,7 +655,7 @@ func begin(t *testing.T, s idempotency.Store, l idempotency.Lease) (idempotency.
 
 func testUnitCommit(t *testing.T, s idempotency.Store) {
 	sc := scope("unit-commit")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	u, err := begin(t, s, a.Lease())
 	noErr(t, "Begin", err)
 	noErr(t, "Unit.SetRecoveryPoint", u.SetRecoveryPoint(ctx(t), "phase-1", []byte("d1"), at(1)))
@@ -632,7 +703,7 @@ func testUnitCommit(t *testing.T, s idempotency.Store) {
 
 func testUnitRollback(t *testing.T, s idempotency.Store) {
 	sc := scope("unit-rollback")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	u, err := begin(t, s, a.Lease())
 	noErr(t, "Begin", err)
 	noErr(t, "Unit.SetRecoveryPoint", u.SetRecoveryPoint(ctx(t), "phase-1", []byte("d1"), at(1)))
@@ -649,8 +720,8 @@ func testUnitRollback(t *testing.T, s idempotency.Store) {
 
 func testUnitLeaseLost(t *testing.T, s idempotency.Store) {
 	sc := scope("unit-lost")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
-	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), true) // a's lease moved
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver) // a's lease moved
 	// The stale unit must fail at Begin, at a write or at Commit.
 	u, err := begin(t, s, a.Lease())
 	if err == nil {
@@ -677,18 +748,17 @@ func testUnitLeaseLost(t *testing.T, s idempotency.Store) {
 // unit must fail with ErrLeaseLost and the successor owns the record.
 func testUnitRace(t *testing.T, s idempotency.Store) {
 	sc := scope("unit-race")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	u, err := begin(t, s, a.Lease())
 	noErr(t, "Begin", err)
 	type claimResult struct {
-		rec      idempotency.Record
 		acquired bool
 		err      error
 	}
 	done := make(chan claimResult, 1)
 	go func() {
-		rec, ok, err := s.Claim(context.Background(), claimOf(sc, "b", "fp", at(11)))
-		done <- claimResult{rec, ok, err}
+		res, err := s.Claim(context.Background(), claimOf(sc, "b", "fp", at(11)))
+		done <- claimResult{res.Outcome == idempotency.ClaimTakenOver, err}
 	}()
 	err = u.Complete(ctx(t), response("A"), at(11))
 	if err == nil {
@@ -726,9 +796,9 @@ func testUnitRace(t *testing.T, s idempotency.Store) {
 // before the horizon.
 func testBoundaries(t *testing.T, s idempotency.Store) {
 	sc := scope("boundary-lease")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), true) // lease until at(10)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated) // lease until at(10)
 	wantTime(t, "LeaseUntil", a.LeaseUntil, at(10))
-	if got := mustClaim(t, s, claimOf(sc, "b", "fp", at(10)), false); got.Owner != "a" || got.Generation != 1 {
+	if got := mustClaim(t, s, claimOf(sc, "b", "fp", at(10)), idempotency.ClaimExisting); got.Owner != "a" || got.Generation != 1 {
 		t.Fatalf("claim at LeaseUntil took the record over: owner %q gen %d; a lease is alive until LeaseUntil inclusive",
 			got.Owner, got.Generation)
 	}
@@ -745,22 +815,22 @@ func testBoundaries(t *testing.T, s idempotency.Store) {
 	if n, err := s.DeleteBefore(ctx(t), at(10), 10); err != nil || n != 0 {
 		t.Fatalf("DeleteBefore(horizon = LeaseUntil) = %d, %v; want 0 (an in-progress record goes only when LeaseUntil < horizon)", n, err)
 	}
-	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), true)
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver)
 	if b.Generation != 2 {
 		t.Fatalf("takeover after LeaseUntil: gen %d, want 2", b.Generation)
 	}
 
 	sw := scope("boundary-window")
-	c := mustClaim(t, s, claimOf(sw, "a", "fp", at(0)), true)
+	c := mustClaim(t, s, claimOf(sw, "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), c.Lease(), response("w"), at(1)))
 	edge := at(1).Add(window) // CompletedAt == now - ReplayWindow: still inside
-	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge), false); got.State != idempotency.Completed || got.Owner != "a" {
+	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge), idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" {
 		t.Fatalf("claim at CompletedAt + ReplayWindow restarted the record: state %v owner %q", got.State, got.Owner)
 	}
 	if n, err := s.DeleteBefore(ctx(t), at(1), 10); err != nil || n != 0 {
 		t.Fatalf("DeleteBefore(horizon = UpdatedAt) = %d, %v; want 0 (a record goes only when updated strictly before the horizon)", n, err)
 	}
-	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge.Add(time.Second)), true); got.Generation != 2 {
+	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge.Add(time.Second)), idempotency.ClaimCreated); got.Generation != 2 {
 		t.Fatalf("claim after the window: gen %d, want 2", got.Generation)
 	}
 }
@@ -771,11 +841,12 @@ func testBoundaries(t *testing.T, s idempotency.Store) {
 func testTakeoverOnly(t *testing.T, s idempotency.Store) {
 	absent := claimOf(scope("takeover-only-absent"), "completer", "fp", at(0))
 	absent.Request, absent.TakeoverOnly = nil, true
-	rec, acquired, err := s.Claim(ctx(t), absent)
+	res, err := s.Claim(ctx(t), absent)
 	noErr(t, "TakeoverOnly claim of an absent scope", err)
-	if acquired {
-		t.Fatalf("a TakeoverOnly claim created a record for an absent scope (owner %q gen %d); it must return a zero record, not acquired",
-			rec.Owner, rec.Generation)
+	rec := res.Record
+	if res.Outcome != idempotency.ClaimExisting {
+		t.Fatalf("a TakeoverOnly claim of an absent scope: outcome %v (owner %q gen %d); want existing with a zero record",
+			res.Outcome, rec.Owner, rec.Generation)
 	}
 	if rec.State != idempotency.Absent || rec.Owner != "" {
 		t.Fatalf("TakeoverOnly claim of an absent scope returned state %v owner %q, want a zero record", rec.State, rec.Owner)
@@ -784,22 +855,22 @@ func testTakeoverOnly(t *testing.T, s idempotency.Store) {
 		t.Fatalf("TakeoverOnly claim of an absent scope left a record: Get err = %v", err)
 	}
 
-	done := mustClaim(t, s, claimOf(scope("takeover-only-done"), "a", "fp", at(0)), true)
+	done := mustClaim(t, s, claimOf(scope("takeover-only-done"), "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), done.Lease(), response("d"), at(1)))
 	c := claimOf(done.Scope, "completer", "fp", at(1).Add(10*window))
 	c.Request, c.TakeoverOnly = nil, true // ReplayWindow stays set: TakeoverOnly wins
-	if got := mustClaim(t, s, c, false); got.State != idempotency.Completed || got.Owner != "a" || got.Generation != 1 {
+	if got := mustClaim(t, s, c, idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" || got.Generation != 1 {
 		t.Fatalf("TakeoverOnly claim restarted a completed record: state %v owner %q gen %d", got.State, got.Owner, got.Generation)
 	}
 	wantResponse(t, mustGet(t, s, done.Scope), response("d"))
 
 	orig := claimOf(scope("takeover-only-expired"), "a", "fp", at(0))
-	mustClaim(t, s, orig, true)
+	mustClaim(t, s, orig, idempotency.ClaimCreated)
 	c = claimOf(orig.Scope, "completer", "fp", at(5))
 	c.Request, c.TakeoverOnly = nil, true
-	mustClaim(t, s, c, false) // the lease is alive
+	mustClaim(t, s, c, idempotency.ClaimExisting) // the lease is alive
 	c.Now = at(11)
-	got := mustClaim(t, s, c, true)
+	got := mustClaim(t, s, c, idempotency.ClaimTakenOver)
 	if got.Owner != "completer" || got.Generation != 2 || !bytes.Equal(got.Request, orig.Request) {
 		t.Fatalf("TakeoverOnly takeover: owner %q gen %d request %q; want completer 2 %q", got.Owner, got.Generation, got.Request, orig.Request)
 	}

@@ -35,7 +35,7 @@ func TestMiddlewareAnyPathAndExactReplay(t *testing.T) {
 			_, _ = w.Write(body)
 		})
 		mw := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))
-		srv := httptest.NewServer(mw(h))
+		srv := httptest.NewServer(mw.Wrap(h))
 		t.Cleanup(srv.Close)
 
 		for _, path := range []string{"/pay/%ff", "/pay/%00", "/pay/" + strings.Repeat("x", 4000)} {
@@ -71,7 +71,7 @@ func TestScopeHashMatchesDocumentedSQL(t *testing.T) {
 		{Principal: "", Method: "", Route: "", Key: ""},
 		{Principal: "a\x00", Method: "POST", Route: strings.Repeat("r", 5000), Key: "order 42"},
 	} {
-		_, won, err := s.Claim(t.Context(), claimAt(sc, "o", "fp", t0))
+		_, won, err := claimed(s.Claim(t.Context(), claimAt(sc, "o", "fp", t0)))
 		require.NoError(t, err)
 		require.True(t, won, "scope %d", i)
 	}

@@ -83,7 +83,7 @@ func benchStore(b *testing.B, db *sql.DB, d sqlstore.Dialect, plainDDL string) {
 	})
 	mw := idempotency.New(s,
 		idempotency.WithPrincipal(func(*http.Request) (string, error) { return "bench", nil }),
-		idempotency.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))(h)
+		idempotency.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))).Wrap(h)
 
 	claim := `INSERT INTO bench_plain (id, owner, state, lease_until, created_at, updated_at) VALUES ($1, $2, 1, $3, $4, $4)
 ON CONFLICT (id) DO NOTHING RETURNING id`
@@ -114,7 +114,7 @@ ON CONFLICT (id) DO NOTHING RETURNING id`
 				Fingerprint: "fp", FingerprintVersion: 1, Owner: "owner-" + run, Request: []byte(reqBody),
 				Now: now, LeaseFor: 30 * time.Second, ReplayWindow: 24 * time.Hour,
 			}
-			rec, won, err := s.Claim(b.Context(), c)
+			rec, won, err := claimed(s.Claim(b.Context(), c))
 			if err != nil || !won {
 				b.Errorf("claim: %v %v", won, err)
 				return

@@ -22,7 +22,7 @@ import (
 func TestPostgresClaimBehindATakeoverAnswersTheSuccessor(t *testing.T) {
 	ctx := t.Context()
 	s, db := newStore(t, backends[1])
-	rec, won, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+	rec, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 	require.NoError(t, err)
 	require.True(t, won)
 	later := t0.Add(time.Minute) // A's lease expired
@@ -58,7 +58,7 @@ func claimBehind(t *testing.T, s *sqlstore.Store, db *sql.DB, c idempotency.Clai
 	)
 	go func() {
 		defer close(done)
-		got, acquired, claimErr = late.Claim(context.Background(), c)
+		got, acquired, claimErr = claimed(late.Claim(context.Background(), c))
 	}()
 	require.True(t, waitLockedOrDone(t, db, pid, done), "the claim waits for the row")
 	require.NoError(t, commit())
@@ -79,7 +79,7 @@ func claimBehind(t *testing.T, s *sqlstore.Store, db *sql.DB, c idempotency.Clai
 func TestPostgresLosingClaimSeesTheRecordItWaitedFor(t *testing.T) {
 	ctx := t.Context()
 	s, db := newStore(t, backends[1])
-	_, won, err := s.Claim(ctx, claimAt(scope("k"), "A", "fpX", t0))
+	_, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fpX", t0)))
 	require.NoError(t, err)
 	require.True(t, won)
 	now := t0.Add(time.Second) // A's lease still live
@@ -105,7 +105,7 @@ func TestPostgresLosingClaimSeesTheRecordItWaitedFor(t *testing.T) {
 func TestPostgresLosingClaimBehindACompletionSeesItCompleted(t *testing.T) {
 	ctx := t.Context()
 	s, db := newStore(t, backends[1])
-	a, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+	a, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 	require.NoError(t, err)
 	u, _, err := s.Begin(ctx, a.Lease())
 	require.NoError(t, err)

@@ -48,7 +48,7 @@ func orderServer(t *testing.T, s *sqlstore.Store) (*httptest.Server, *atomic.Int
 	})
 	mw := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw(h))
+	mux.Handle("POST /orders", mw.Wrap(h))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv, &runs

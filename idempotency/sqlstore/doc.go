@@ -160,7 +160,7 @@
 // returns the phase's own transaction instead: the phase's rows commit
 // together with its recovery point. Phases come before the request's own
 // transaction: once Tx has opened that one, a new phase is refused with
-// idempotency.ErrPhaseMisuse. A phase's output is []byte; convert it with
+// idempotency.ErrMisuse. A phase's output is []byte; convert it with
 // string(out) before binding it where a TEXT column is expected, or SQLite
 // stores a BLOB, which compares unequal to the same text (a foreign key to a
 // TEXT id then fails).
@@ -171,7 +171,7 @@
 // the times its callers pass, which come from each server's own clock. A
 // takeover compares the lease end written by one server with the time of
 // another, so in a fleet sharing PostgreSQL the servers' clocks must agree
-// to well below the lease (idempotency.DefaultLease, 30 s; keep them in sync
+// to well below the lease (idempotency.WithLease, 30 s; keep them in sync
 // with NTP or similar, and lengthen the lease if they drift more). A server
 // whose clock runs ahead by more than the time left on a lease sees it
 // expired early and takes over a record whose owner is still working (the
@@ -218,13 +218,13 @@
 //
 // # Cleanup
 //
-// Records are never deleted by the claim path. Run idempotency.Reaper over
+// Records are never deleted by the claim path. Run the middleware's Reaper over
 // the store to delete those past the cleanup horizon (72 hours by default)
 // in bounded batches. Its DELETE re-checks the horizon on every row it
 // deletes and, on PostgreSQL, skips rows that a running claim, heartbeat or
 // completion holds (FOR UPDATE SKIP LOCKED), so it never waits for a request
 // and never deletes a record that one just took over or completed:
 //
-//	stop := idempotency.NewReaper(store, idempotency.ReaperConfig{}).Start(ctx)
+//	stop := mw.Reaper().Start(ctx, 0) // mw := idempotency.New(store, ...)
 //	defer stop()
 package sqlstore

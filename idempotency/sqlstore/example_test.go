@@ -48,7 +48,7 @@ func Example() {
 		w.WriteHeader(http.StatusCreated)
 	})
 	mw := idempotency.New(store, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))
-	http.Handle("POST /payments", mw(pay))
+	http.Handle("POST /payments", mw.Wrap(pay))
 
 	var n int
 	_ = db.QueryRow(`SELECT COUNT(*) FROM payments`).Scan(&n)

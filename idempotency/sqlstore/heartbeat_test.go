@@ -40,7 +40,7 @@ func TestHeartbeatBehindTheHandlersOwnUnit(t *testing.T) {
 		mw := idempotency.New(s, idempotency.WithLease(300*time.Millisecond),
 			idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))
 		mux := http.NewServeMux()
-		mux.Handle("POST /orders", mw(h))
+		mux.Handle("POST /orders", mw.Wrap(h))
 		srv := httptest.NewServer(mux)
 		t.Cleanup(srv.Close)
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	_ "modernc.org/sqlite"
 
+	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
@@ -114,4 +115,9 @@ func newStore(t testing.TB, b backend, opts ...sqlstore.Option) (*sqlstore.Store
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(t.Context()))
 	return s, db
+}
+
+// claimed unpacks a Claim's result as (record, acquired, error).
+func claimed(res idempotency.ClaimResult, err error) (idempotency.Record, bool, error) {
+	return res.Record, res.Acquired(), err
 }

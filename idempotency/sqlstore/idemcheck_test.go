@@ -41,7 +41,7 @@ func TestIdemcheckPassesOnSQLStores(t *testing.T) {
 		var next atomic.Int64
 		hold := newConflictHold(n)
 		mux := http.NewServeMux()
-		mux.Handle("POST /payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.Handle("POST /payments", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			hold.wait(r.Header.Get("Idempotency-Key"))
 			tx, ok := sqlstore.Tx(r.Context())
 			if !ok {

@@ -88,13 +88,13 @@ func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
 		require.Equal(t, `{"id":1}`, string(done.Response.Body))
 		require.Equal(t, "req", string(done.Request))
 
-		replay, won, err := s.Claim(ctx, claimAt(done.Scope, "B", "fp", t0))
+		replay, won, err := claimed(s.Claim(ctx, claimAt(done.Scope, "B", "fp", t0)))
 		require.NoError(t, err)
 		require.False(t, won)
 		require.Equal(t, 201, replay.Response.Status)
 
 		busy := idempotency.Scope{Principal: "acct", Method: "POST", Route: "/pay", Key: "k-busy"}
-		taken, won, err := s.Claim(ctx, claimAt(busy, "B", "fp", t0))
+		taken, won, err := claimed(s.Claim(ctx, claimAt(busy, "B", "fp", t0)))
 		require.NoError(t, err)
 		require.True(t, won, "the copied record's lease had expired")
 		require.Equal(t, int64(4), taken.Generation)

@@ -36,7 +36,7 @@ func TestPostgresUnitIsReadCommittedWhateverTheServerDefault(t *testing.T) {
 			successor, err := sqlstore.Open(db, sqlstore.Postgres)
 			require.NoError(t, err)
 
-			rec, ok, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+			rec, ok, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 			require.NoError(t, err)
 			require.True(t, ok)
 			u, uctx, err := s.Begin(ctx, rec.Lease())
@@ -49,7 +49,7 @@ func TestPostgresUnitIsReadCommittedWhateverTheServerDefault(t *testing.T) {
 			var n int
 			require.NoError(t, tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM idempotency_records`).Scan(&n))
 
-			taken, ok, err := successor.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(time.Minute)))
+			taken, ok, err := claimed(successor.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(time.Minute))))
 			require.NoError(t, err)
 			require.True(t, ok)
 
@@ -91,7 +91,7 @@ func TestPostgresStatementsRetrySerializationFailures(t *testing.T) {
 			return s.Release(ctx, old)
 		}},
 		{"claim", func(ctx context.Context, s *sqlstore.Store, old idempotency.Lease) error {
-			rec, ok, err := s.Claim(ctx, claimAt(scope("k"), "C", "fp", later))
+			rec, ok, err := claimed(s.Claim(ctx, claimAt(scope("k"), "C", "fp", later)))
 			if err != nil {
 				return err
 			}
@@ -101,7 +101,7 @@ func TestPostgresStatementsRetrySerializationFailures(t *testing.T) {
 			return idempotency.ErrLeaseLost // C lost to B, as the writes of A do
 		}},
 		{"takeover-only claim", func(ctx context.Context, s *sqlstore.Store, old idempotency.Lease) error {
-			rec, ok, err := s.Claim(ctx, takeoverOnly(scope("k"), "C", "fp", later))
+			rec, ok, err := claimed(s.Claim(ctx, takeoverOnly(scope("k"), "C", "fp", later)))
 			if err != nil {
 				return err
 			}
@@ -121,7 +121,7 @@ func TestPostgresStatementsRetrySerializationFailures(t *testing.T) {
 				require.NoError(t, err)
 				pid := backendPID(t, strictDB)
 
-				rec, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+				rec, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 				require.NoError(t, err)
 				tx, err := db.BeginTx(ctx, nil)
 				require.NoError(t, err)
@@ -180,7 +180,7 @@ func TestPostgresUnitDeadlockIsARetryableStoreError(t *testing.T) {
 	s, err := sqlstore.Open(victimDB, sqlstore.Postgres)
 	require.NoError(t, err)
 
-	rec, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+	rec, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 	require.NoError(t, err)
 	u, uctx, err := s.Begin(ctx, rec.Lease())
 	require.NoError(t, err)

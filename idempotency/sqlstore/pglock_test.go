@@ -78,7 +78,7 @@ func waitLockedOrDone(t *testing.T, admin *sql.DB, pid int, done <-chan struct{}
 func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 	now := t0.Add(200 * time.Hour)
 	old := now.Add(-100 * time.Hour)
-	horizon := now.Add(-idempotency.DefaultCleanupHorizon)
+	horizon := now.Add(-72 * time.Hour) // the default cleanup horizon
 
 	cases := []struct {
 		name string
@@ -93,7 +93,7 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 		{
 			name: "takeover of an abandoned record",
 			setup: func(t *testing.T, s *sqlstore.Store) idempotency.Record {
-				rec, _, err := s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old))
+				rec, _, err := claimed(s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old)))
 				require.NoError(t, err)
 				return rec
 			},
@@ -115,7 +115,7 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 		{
 			name: "fresh start over a stale completed record",
 			setup: func(t *testing.T, s *sqlstore.Store) idempotency.Record {
-				rec, _, err := s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old))
+				rec, _, err := claimed(s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old)))
 				require.NoError(t, err)
 				require.NoError(t, s.Complete(t.Context(), rec.Lease(), idempotency.Response{Status: 201}, old))
 				return rec
@@ -138,7 +138,7 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 		{
 			name: "heartbeat of a late owner",
 			setup: func(t *testing.T, s *sqlstore.Store) idempotency.Record {
-				rec, _, err := s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old))
+				rec, _, err := claimed(s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old)))
 				require.NoError(t, err)
 				return rec
 			},
@@ -157,7 +157,7 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 		{
 			name: "completion in a unit",
 			setup: func(t *testing.T, s *sqlstore.Store) idempotency.Record {
-				rec, _, err := s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old))
+				rec, _, err := claimed(s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old)))
 				require.NoError(t, err)
 				return rec
 			},
@@ -177,7 +177,7 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 		{
 			name: "recovery point in a unit",
 			setup: func(t *testing.T, s *sqlstore.Store) idempotency.Record {
-				rec, _, err := s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old))
+				rec, _, err := claimed(s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", old)))
 				require.NoError(t, err)
 				return rec
 			},
@@ -200,7 +200,7 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 			s, db := newStore(t, backends[1])
 			stale := tc.setup(t, s)
 			// A stale record nobody touches: the reaper must delete it.
-			other, _, err := s.Claim(ctx, claimAt(scope("other"), "A", "fp", old))
+			other, _, err := claimed(s.Claim(ctx, claimAt(scope("other"), "A", "fp", old)))
 			require.NoError(t, err)
 			require.NoError(t, s.Complete(ctx, other.Lease(), idempotency.Response{Status: 201}, old))
 

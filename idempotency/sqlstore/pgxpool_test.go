@@ -46,7 +46,7 @@ func TestPgxNativePool(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, "ord_1")
 	})
-	srv := httptest.NewServer(idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))(h))
+	srv := httptest.NewServer(idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil })).Wrap(h))
 	t.Cleanup(srv.Close)
 	for i := range 2 {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/orders", strings.NewReader("x"))

@@ -25,7 +25,7 @@ func raceClaims(t *testing.T, s idempotency.Store, sc idempotency.Scope, fp stri
 		go func() {
 			defer wg.Done()
 			<-start
-			recs[i], oks[i], errs[i] = s.Claim(t.Context(), claimAt(sc, fmt.Sprintf("owner-%d", i), fp, now))
+			recs[i], oks[i], errs[i] = claimed(s.Claim(t.Context(), claimAt(sc, fmt.Sprintf("owner-%d", i), fp, now)))
 		}()
 	}
 	close(start)
@@ -87,7 +87,7 @@ func TestClaimRaceHasOneWinner(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, acquired[i], errs[i] = s.Claim(t.Context(), claimAt(scope(fmt.Sprintf("k-%d", i)), "o", "fp", t0))
+				_, acquired[i], errs[i] = claimed(s.Claim(t.Context(), claimAt(scope(fmt.Sprintf("k-%d", i)), "o", "fp", t0)))
 			}()
 		}
 		wg.Wait()

@@ -187,7 +187,7 @@ func TestStatementsPerStoreCall(t *testing.T) {
 		ctx := t.Context()
 
 		m := log.mark()
-		rec, won, err := s.Claim(ctx, claimAt(scope("fresh"), "A", "fp", t0))
+		rec, won, err := claimed(s.Claim(ctx, claimAt(scope("fresh"), "A", "fp", t0)))
 		require.NoError(t, err)
 		require.True(t, won)
 		require.Len(t, log.since(m), 1, "fresh claim: %q", log.since(m))
@@ -197,17 +197,17 @@ func TestStatementsPerStoreCall(t *testing.T) {
 		require.Len(t, log.since(m), 1, "completion outside a unit: %q", log.since(m))
 
 		m = log.mark()
-		got, won, err := s.Claim(ctx, claimAt(scope("fresh"), "B", "fp", t0))
+		got, won, err := claimed(s.Claim(ctx, claimAt(scope("fresh"), "B", "fp", t0)))
 		require.NoError(t, err)
 		require.False(t, won)
 		require.Equal(t, idempotency.Completed, got.State)
 		require.Equal(t, []byte("ok"), got.Response.Body)
 		require.Len(t, log.since(m), 1, "claim of a completed record: %q", log.since(m))
 
-		_, _, err = s.Claim(ctx, claimAt(scope("busy"), "A", "fp", t0))
+		_, _, err = claimed(s.Claim(ctx, claimAt(scope("busy"), "A", "fp", t0)))
 		require.NoError(t, err)
 		m = log.mark()
-		got, won, err = s.Claim(ctx, claimAt(scope("busy"), "B", "fp", t0))
+		got, won, err = claimed(s.Claim(ctx, claimAt(scope("busy"), "B", "fp", t0)))
 		require.NoError(t, err)
 		require.False(t, won)
 		require.Equal(t, idempotency.InProgress, got.State)
@@ -237,7 +237,7 @@ func TestStatementsPerRequest(t *testing.T) {
 			_, _ = io.WriteString(w, `{"id":"pay_1"}`)
 		})
 		mw := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))
-		srv := httptest.NewServer(mw(h))
+		srv := httptest.NewServer(mw.Wrap(h))
 		t.Cleanup(srv.Close)
 		send := func(query, key string) int {
 			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/pay"+query, strings.NewReader(`{"a":1}`))

@@ -244,15 +244,31 @@ func trimSpace(s string) string {
 // in-progress record whose lease ended before Now with the same fingerprint
 // and fingerprint version is taken over (generation+1, recovery point, data and
 // request kept). Otherwise the same statement returns the existing record,
-// with acquired false; it reads the record a second time only when the
+// (idempotency.ClaimExisting); it reads the record a second time only when the
 // statement could not see its current version (on PostgreSQL, a concurrent
 // insert or takeover that committed after the statement began). With
 // c.TakeoverOnly the statement is one conditional
 // UPDATE ... RETURNING instead, which only takes over such an expired
 // in-progress record: it never inserts and never restarts a completed record
-// (whatever ReplayWindow), and with no record it returns a zero Record and
-// acquired false. Errors are *OpError with Op "claim".
-func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
+// (whatever ReplayWindow), and with no record it returns ClaimExisting with
+// a zero Record. Errors are *OpError with Op "claim".
+func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
+	rec, won, err := s.claim(ctx, c)
+	if err != nil || !won {
+		return idempotency.ClaimResult{Record: rec}, err
+	}
+	// The statement sets created_at to the claim's time only when it creates
+	// the record (a new key, or a restart after the replay window); a
+	// takeover keeps the first claim's, which is before Now (its lease
+	// ended before Now).
+	if c.TakeoverOnly || nanos(rec.CreatedAt) != nanos(c.Now) {
+		return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: rec}, nil
+	}
+	return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated, Record: rec}, nil
+}
+
+// claim runs the claim and returns the record and whether the claim won it.
+func (s *Store) claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
 	// The loop only repeats when the row that beat our insert vanished
 	// (released or reaped) before we could read it: then we claim again.
 	for range 3 {
@@ -353,6 +369,13 @@ func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Reco
 // until. idempotency.ErrLeaseLost when l does not own an in-progress record.
 func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
 	return retriedErr(func() error { return s.heartbeat(ctx, s.stmts, l, until) })
+}
+
+// EndLease implements idempotency.Store.EndLease with the heartbeat's
+// statement: it sets the lease end to now. idempotency.ErrLeaseLost when l
+// does not own an in-progress record.
+func (s *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time) error {
+	return retriedErr(func() error { return s.heartbeat(ctx, s.stmts, l, now) })
 }
 
 // Complete implements idempotency.Store.Complete outside any transaction.

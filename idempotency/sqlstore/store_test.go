@@ -69,12 +69,12 @@ func TestMigrateIsIdempotentAndTablesAreIndependent(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, other.Migrate(ctx))
 
-		_, ok, err := s.Claim(ctx, claimAt(scope("k"), "o1", "fp", t0))
+		_, ok, err := claimed(s.Claim(ctx, claimAt(scope("k"), "o1", "fp", t0)))
 		require.NoError(t, err)
 		require.True(t, ok)
 		_, err = other.Get(ctx, scope("k"))
 		require.ErrorIs(t, err, idempotency.ErrNotFound)
-		_, ok, err = other.Claim(ctx, claimAt(scope("k"), "o2", "fp", t0))
+		_, ok, err = claimed(other.Claim(ctx, claimAt(scope("k"), "o2", "fp", t0)))
 		require.NoError(t, err)
 		require.True(t, ok, "another table is another store")
 	})
@@ -85,7 +85,7 @@ func TestMissingTableIsAnOpError(t *testing.T) {
 		db := b.open(t)
 		s, err := sqlstore.Open(db, b.dialect)
 		require.NoError(t, err)
-		_, _, err = s.Claim(t.Context(), claimAt(scope("k"), "o1", "fp", t0))
+		_, _, err = claimed(s.Claim(t.Context(), claimAt(scope("k"), "o1", "fp", t0)))
 		var oe *sqlstore.OpError
 		require.ErrorAs(t, err, &oe)
 		require.Equal(t, "claim", oe.Op)
@@ -103,7 +103,7 @@ func TestClaimLifecycle(t *testing.T) {
 		sc := scope("key-1")
 
 		// Absent: the first claim creates generation 1.
-		rec, ok, err := s.Claim(ctx, claimAt(sc, "A", "fp1", t0))
+		rec, ok, err := claimed(s.Claim(ctx, claimAt(sc, "A", "fp1", t0)))
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Equal(t, idempotency.InProgress, rec.State)
@@ -122,7 +122,7 @@ func TestClaimLifecycle(t *testing.T) {
 		leaseA := rec.Lease()
 
 		// Lease alive: another claimant gets the record, not the lease.
-		got, ok, err := s.Claim(ctx, claimAt(sc, "B", "fp1", t0.Add(5*time.Second)))
+		got, ok, err := claimed(s.Claim(ctx, claimAt(sc, "B", "fp1", t0.Add(5*time.Second))))
 		require.NoError(t, err)
 		require.False(t, ok)
 		require.Equal(t, "A", got.Owner)
@@ -139,18 +139,18 @@ func TestClaimLifecycle(t *testing.T) {
 		require.Equal(t, []byte(`{"charge":"ch_1"}`), got.RecoveryData)
 
 		// Still alive at exactly the lease end: no takeover.
-		_, ok, err = s.Claim(ctx, claimAt(sc, "B", "fp1", t0.Add(20*time.Second)))
+		_, ok, err = claimed(s.Claim(ctx, claimAt(sc, "B", "fp1", t0.Add(20*time.Second))))
 		require.NoError(t, err)
 		require.False(t, ok)
 
 		// Expired but another fingerprint: no takeover.
-		_, ok, err = s.Claim(ctx, claimAt(sc, "B", "fp-other", t0.Add(21*time.Second)))
+		_, ok, err = claimed(s.Claim(ctx, claimAt(sc, "B", "fp-other", t0.Add(21*time.Second))))
 		require.NoError(t, err)
 		require.False(t, ok)
 
 		// Expired, same fingerprint: takeover keeps recovery point, data,
 		// request and creation time, and bumps the generation.
-		rec, ok, err = s.Claim(ctx, claimAt(sc, "B", "fp1", t0.Add(21*time.Second)))
+		rec, ok, err = claimed(s.Claim(ctx, claimAt(sc, "B", "fp1", t0.Add(21*time.Second))))
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Equal(t, "B", rec.Owner)
@@ -187,7 +187,7 @@ func TestClaimLifecycle(t *testing.T) {
 		require.ErrorIs(t, s.Complete(ctx, leaseB, resp, done), idempotency.ErrLeaseLost)
 		require.ErrorIs(t, s.Release(ctx, leaseB), idempotency.ErrLeaseLost)
 		require.ErrorIs(t, s.Heartbeat(ctx, leaseB, done), idempotency.ErrLeaseLost)
-		got, ok, err = s.Claim(ctx, claimAt(sc, "C", "fp1", done.Add(time.Hour)))
+		got, ok, err = claimed(s.Claim(ctx, claimAt(sc, "C", "fp1", done.Add(time.Hour))))
 		require.NoError(t, err)
 		require.False(t, ok, "exactly at the end of the replay window the record still replays")
 		require.Equal(t, idempotency.Completed, got.State)
@@ -197,7 +197,7 @@ func TestClaimLifecycle(t *testing.T) {
 		// fingerprint) starts over with the next generation, clean.
 		c := claimAt(sc, "C", "fp2", done.Add(time.Hour+time.Nanosecond))
 		c.FingerprintVersion = 2
-		rec, ok, err = s.Claim(ctx, c)
+		rec, ok, err = claimed(s.Claim(ctx, c))
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Equal(t, idempotency.InProgress, rec.State)
@@ -215,7 +215,7 @@ func TestClaimLifecycle(t *testing.T) {
 		require.NoError(t, s.Release(ctx, rec.Lease()))
 		_, err = s.Get(ctx, sc)
 		require.ErrorIs(t, err, idempotency.ErrNotFound)
-		rec, ok, err = s.Claim(ctx, claimAt(sc, "D", "fp1", c.Now))
+		rec, ok, err = claimed(s.Claim(ctx, claimAt(sc, "D", "fp1", c.Now)))
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.EqualValues(t, 1, rec.Generation)
@@ -241,7 +241,7 @@ func TestScopeColumnsAllSeparateRecords(t *testing.T) {
 		v.Key = "k2"
 		variants = append(variants, v)
 		for i, sc := range variants {
-			rec, ok, err := s.Claim(ctx, claimAt(sc, "owner", "fp", t0))
+			rec, ok, err := claimed(s.Claim(ctx, claimAt(sc, "owner", "fp", t0)))
 			require.NoError(t, err)
 			require.True(t, ok, "variant %d", i)
 			require.Equal(t, sc, rec.Scope)
@@ -255,7 +255,7 @@ func TestNilAndEmptyValuesRoundTrip(t *testing.T) {
 		s, _ := newStore(t, b)
 		c := claimAt(scope("nil"), "A", "fp", t0)
 		c.Request = nil
-		rec, ok, err := s.Claim(ctx, c)
+		rec, ok, err := claimed(s.Claim(ctx, c))
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Nil(t, rec.Request)
@@ -267,7 +267,7 @@ func TestNilAndEmptyValuesRoundTrip(t *testing.T) {
 		require.Empty(t, got.Response.Body)
 
 		c = claimAt(scope("empty"), "A", "fp", t0)
-		rec, _, err = s.Claim(ctx, c)
+		rec, _, err = claimed(s.Claim(ctx, c))
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 200, Header: http.Header{}}, t0))
 		got, err = s.Get(ctx, c.Scope)
@@ -283,7 +283,7 @@ func TestAbandonedListsExpiredLeasesOldestFirst(t *testing.T) {
 		// Leases end at t0+10s+i*1s for keys k0..k4; k4 gets completed.
 		for i := range 5 {
 			now := t0.Add(time.Duration(4-i) * time.Second) // claimed in reverse order
-			rec, ok, err := s.Claim(ctx, claimAt(scope(string(rune('a'+i))), "o", "fp", now))
+			rec, ok, err := claimed(s.Claim(ctx, claimAt(scope(string(rune('a'+i))), "o", "fp", now)))
 			require.NoError(t, err)
 			require.True(t, ok)
 			if i == 0 {
@@ -316,18 +316,18 @@ func TestDeleteBeforeIsBoundedAndSparesRecent(t *testing.T) {
 		// 7 old completed, 1 old in progress with an expired lease, 1 old in
 		// progress whose lease reaches past the horizon, 2 recent completed.
 		for i := range 7 {
-			rec, _, err := s.Claim(ctx, claimAt(scope("old-done-"+string(rune('a'+i))), "o", "fp", t0))
+			rec, _, err := claimed(s.Claim(ctx, claimAt(scope("old-done-"+string(rune('a'+i))), "o", "fp", t0)))
 			require.NoError(t, err)
 			require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 200}, t0.Add(time.Second)))
 		}
-		_, _, err := s.Claim(ctx, claimAt(scope("old-abandoned"), "o", "fp", t0))
+		_, _, err := claimed(s.Claim(ctx, claimAt(scope("old-abandoned"), "o", "fp", t0)))
 		require.NoError(t, err)
 		long := claimAt(scope("old-long-lease"), "o", "fp", t0)
 		long.LeaseFor = 2 * time.Hour
-		_, _, err = s.Claim(ctx, long)
+		_, _, err = claimed(s.Claim(ctx, long))
 		require.NoError(t, err)
 		for i := range 2 {
-			rec, _, err := s.Claim(ctx, claimAt(scope("recent-"+string(rune('a'+i))), "o", "fp", horizon))
+			rec, _, err := claimed(s.Claim(ctx, claimAt(scope("recent-"+string(rune('a'+i))), "o", "fp", horizon)))
 			require.NoError(t, err)
 			require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 200}, horizon))
 		}
@@ -363,7 +363,7 @@ func TestCanceledContextIsAnError(t *testing.T) {
 		s, _ := newStore(t, b)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		_, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+		_, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 		require.ErrorIs(t, err, context.Canceled)
 	})
 }

@@ -29,18 +29,18 @@ func TestTakeoverOnlyClaimNeverCreatesOrRestarts(t *testing.T) {
 		ctx := t.Context()
 		s, _ := newStore(t, b)
 
-		rec, ok, err := s.Claim(ctx, takeoverOnly(scope("absent"), "C", "fp", t0))
+		rec, ok, err := claimed(s.Claim(ctx, takeoverOnly(scope("absent"), "C", "fp", t0)))
 		require.NoError(t, err)
 		require.False(t, ok)
 		require.Equal(t, idempotency.Record{}, rec)
 		_, err = s.Get(ctx, scope("absent"))
 		require.ErrorIs(t, err, idempotency.ErrNotFound, "a takeover-only claim created a record")
 
-		done, _, err := s.Claim(ctx, claimAt(scope("done"), "A", "fp", t0))
+		done, _, err := claimed(s.Claim(ctx, claimAt(scope("done"), "A", "fp", t0)))
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(ctx, done.Lease(), idempotency.Response{Status: 201, Body: []byte("d")}, t0))
 		c := takeoverOnly(scope("done"), "C", "fp", t0.Add(100*time.Hour)) // ReplayWindow 1 h is set: TakeoverOnly wins
-		rec, ok, err = s.Claim(ctx, c)
+		rec, ok, err = claimed(s.Claim(ctx, c))
 		require.NoError(t, err)
 		require.False(t, ok)
 		require.Equal(t, idempotency.Completed, rec.State)
@@ -49,29 +49,29 @@ func TestTakeoverOnlyClaimNeverCreatesOrRestarts(t *testing.T) {
 		require.Equal(t, "d", string(rec.Response.Body))
 
 		orig := claimAt(scope("running"), "A", "fp", t0)
-		first, ok, err := s.Claim(ctx, orig)
+		first, ok, err := claimed(s.Claim(ctx, orig))
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.NoError(t, s.SetRecoveryPoint(ctx, first.Lease(), "charged", []byte("ch_1"), t0.Add(time.Second)))
 		// Alive up to and including its end.
-		rec, ok, err = s.Claim(ctx, takeoverOnly(orig.Scope, "C", "fp", first.LeaseUntil))
+		rec, ok, err = claimed(s.Claim(ctx, takeoverOnly(orig.Scope, "C", "fp", first.LeaseUntil)))
 		require.NoError(t, err)
 		require.False(t, ok)
 		require.Equal(t, first.Lease(), rec.Lease())
 		// Expired, but another request.
 		later := first.LeaseUntil.Add(time.Nanosecond)
-		rec, ok, err = s.Claim(ctx, takeoverOnly(orig.Scope, "C", "other-fp", later))
+		rec, ok, err = claimed(s.Claim(ctx, takeoverOnly(orig.Scope, "C", "other-fp", later)))
 		require.NoError(t, err)
 		require.False(t, ok)
 		require.Equal(t, first.Lease(), rec.Lease())
 		v2 := takeoverOnly(orig.Scope, "C", "fp", later)
 		v2.FingerprintVersion = 2
-		rec, ok, err = s.Claim(ctx, v2)
+		rec, ok, err = claimed(s.Claim(ctx, v2))
 		require.NoError(t, err)
 		require.False(t, ok)
 		require.Equal(t, first.Lease(), rec.Lease())
 
-		rec, ok, err = s.Claim(ctx, takeoverOnly(orig.Scope, "C", "fp", later))
+		rec, ok, err = claimed(s.Claim(ctx, takeoverOnly(orig.Scope, "C", "fp", later)))
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Equal(t, "C", rec.Owner)
@@ -103,9 +103,9 @@ func TestTakeoverOnlyClaimRaceHasOneWinner(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		ctx := t.Context()
 		s, _ := newStore(t, b)
-		first, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+		first, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 		require.NoError(t, err)
-		gone, _, err := s.Claim(ctx, claimAt(scope("gone"), "A", "fp", t0))
+		gone, _, err := claimed(s.Claim(ctx, claimAt(scope("gone"), "A", "fp", t0)))
 		require.NoError(t, err)
 		later := t0.Add(time.Minute)
 
@@ -122,8 +122,8 @@ func TestTakeoverOnlyClaimRaceHasOneWinner(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				recs[i], oks[i], errs[i] = s.Claim(ctx, takeoverOnly(scope("k"), fmt.Sprintf("owner-%d", i), "fp", later))
-				_, goneOK[i], goneErrs[i] = s.Claim(ctx, takeoverOnly(scope("gone"), fmt.Sprintf("owner-%d", i), "fp", t0))
+				recs[i], oks[i], errs[i] = claimed(s.Claim(ctx, takeoverOnly(scope("k"), fmt.Sprintf("owner-%d", i), "fp", later)))
+				_, goneOK[i], goneErrs[i] = claimed(s.Claim(ctx, takeoverOnly(scope("gone"), fmt.Sprintf("owner-%d", i), "fp", t0)))
 			}()
 		}
 		close(start)

@@ -76,7 +76,7 @@ func TestUnitCommitsBusinessRowsWithTheResponse(t *testing.T) {
 		ctx := t.Context()
 		s, db := newStore(t, b)
 		createOrders(t, db, b.dialect)
-		rec, ok, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+		rec, ok, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 		require.NoError(t, err)
 		require.True(t, ok)
 
@@ -108,7 +108,7 @@ func TestUnitRollbackLeavesNeither(t *testing.T) {
 		ctx := t.Context()
 		s, db := newStore(t, b)
 		createOrders(t, db, b.dialect)
-		rec, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+		rec, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 		require.NoError(t, err)
 
 		u, uctx, err := s.Begin(ctx, rec.Lease())
@@ -133,10 +133,10 @@ func TestUnitOfALostLeaseCannotCommitItsWrites(t *testing.T) {
 		ctx := t.Context()
 		s, db := newStore(t, b)
 		createOrders(t, db, b.dialect)
-		old, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+		old, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 		require.NoError(t, err)
 		// A's lease expires; B takes over.
-		cur, ok, err := s.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(time.Minute)))
+		cur, ok, err := claimed(s.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(time.Minute))))
 		require.NoError(t, err)
 		require.True(t, ok)
 
@@ -167,7 +167,7 @@ func TestUnitFailureAtCommitLeavesNeither(t *testing.T) {
 		ctx := t.Context()
 		s, db := newStore(t, b)
 		createOrders(t, db, b.dialect)
-		rec, _, err := s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0))
+		rec, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 		require.NoError(t, err)
 
 		u, uctx, err := s.Begin(ctx, rec.Lease())

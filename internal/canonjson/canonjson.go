@@ -3,6 +3,16 @@
 // encoding/json writes them without HTML escaping), refusing input that it
 // could not canonicalise without merging two different values. The
 // idempotency fingerprint hashes JSON bodies in this form.
+//
+// It gives the same bytes, and refuses the same inputs, as the short
+// encoding/json version its tests keep as the oracle (decode into interface
+// values with UseNumber, check for ambiguity, re-encode without HTML
+// escaping); it exists for its cost, which every guarded request pays. On a
+// 553-byte payment body (BenchmarkParser, BenchmarkReference) it takes about
+// 2 us and no allocation against 45 us and 516 allocations: the short
+// version alone would cost twice the rest of a guarded request on the
+// memory store (about 20 us, 55 allocations, bench BenchmarkMiddleware) and
+// a sixth of one on SQLite (0.29 ms).
 package canonjson
 
 import (

@@ -96,7 +96,7 @@ func run(addr, dsn string, work time.Duration, conns int) error {
 		_, _ = fmt.Fprintf(w, `{"charge":%d,"pid":%d}`, id, pid)
 	})
 	mux := http.NewServeMux()
-	mux.Handle("POST /charges", mw(charge))
+	mux.Handle("POST /charges", mw.Wrap(charge))
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -108,14 +108,10 @@ func run(driver, dsn, processor, crash string, lease, completer time.Duration) e
 		idempotency.WithPrincipal(func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }),
 		idempotency.WithLease(lease), idempotency.WithLogger(logger))
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw(pay))
+	mux.Handle("POST /payments", mw.Wrap(pay))
 
 	if completer > 0 {
-		c := idempotency.NewCompleter(store, idempotency.CompleterConfig{
-			Routes:   map[string]http.Handler{"POST /payments": pay},
-			Interval: completer, Lease: lease, Logger: logger,
-		})
-		defer c.Start(ctx)()
+		defer mw.Completer(map[string]http.Handler{"POST /payments": pay}).Start(ctx, completer)()
 	}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,20 +1,19 @@
-package idempotency_test
+package memstore_test
 
 import (
 	"bytes"
-	"context"
+	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strconv"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
 var boundsT0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -30,25 +29,25 @@ func boundsClaim(key string, request []byte, now time.Time) idempotency.Claim {
 // The byte limit refuses a new record that would take the store over it,
 // counts a record's stored request only while it is in progress, and makes
 // room again when a completion drops it.
-func TestMemoryStoreMaxBytes(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.WithMaxBytes(10_000))
+func TestMaxBytes(t *testing.T) {
+	s := memstore.New(memstore.WithMaxBytes(10_000))
 	req := bytes.Repeat([]byte("r"), 3000)
-	a, ok, err := s.Claim(t.Context(), boundsClaim("a", req, boundsT0))
+	a, ok, err := claimed(s.Claim(t.Context(), boundsClaim("a", req, boundsT0)))
 	require.NoError(t, err)
 	require.True(t, ok)
 	one := s.Bytes()
 	require.Greater(t, one, 3000, "the stored request is counted")
-	_, ok, err = s.Claim(t.Context(), boundsClaim("b", req, boundsT0))
+	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("b", req, boundsT0)))
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, 2*one, s.Bytes())
 
-	_, ok, err = s.Claim(t.Context(), boundsClaim("c", req, boundsT0))
+	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("c", req, boundsT0)))
 	require.ErrorIs(t, err, idempotency.ErrStoreFull)
 	require.False(t, ok)
 	require.Equal(t, 2, s.Len())
 	require.Equal(t, 2*one, s.Bytes(), "a refused claim changes nothing")
-	_, ok, err = s.Claim(t.Context(), boundsClaim("small", nil, boundsT0))
+	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("small", nil, boundsT0)))
 	require.NoError(t, err, "a record that fits is accepted")
 	require.True(t, ok)
 	small := s.Bytes() - 2*one
@@ -62,56 +61,27 @@ func TestMemoryStoreMaxBytes(t *testing.T) {
 	require.Empty(t, got.Request, "a completed record keeps no request")
 	require.Equal(t, resp.Body, got.Response.Body)
 	require.Less(t, s.Bytes(), 2*one+small-3000+100)
-	_, ok, err = s.Claim(t.Context(), boundsClaim("c", req, boundsT0))
+	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("c", req, boundsT0)))
 	require.NoError(t, err)
 	require.True(t, ok)
 
 	// A record larger than the whole limit never fits: not a full store
 	// (which would pass) but a request too large for it.
-	_, _, err = idempotency.NewMemoryStore(idempotency.WithMaxBytes(1000)).Claim(t.Context(), boundsClaim("big", req, boundsT0))
+	_, _, err = claimed(memstore.New(memstore.WithMaxBytes(1000)).Claim(t.Context(), boundsClaim("big", req, boundsT0)))
 	require.ErrorIs(t, err, idempotency.ErrRecordTooLarge)
 	require.NotErrorIs(t, err, idempotency.ErrStoreFull)
-}
-
-// Through the middleware, a request whose record could never fit in the
-// store is a 413, not a 503 to retry forever; smaller ones still run.
-func TestMemoryStoreRecordTooLargeIs413(t *testing.T) {
-	store := idempotency.NewMemoryStore(idempotency.WithMaxBytes(4096))
-	var runs atomic.Int32
-	srv := serve(t, store, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		runs.Add(1)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	requireProblem(t, post(t, srv, "big", `{"note":"`+strings.Repeat("x", 8000)+`"}`),
-		http.StatusRequestEntityTooLarge, idempotency.CodeRequestTooLarge)
-	require.Equal(t, http.StatusCreated, post(t, srv, "small", `{}`).Status)
-	require.Equal(t, int32(1), runs.Load())
-}
-
-// Bad limits keep the defaults: the defaults hold as many records as they
-// say, and no more.
-func TestMemoryStoreDefaultLimits(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.WithMaxRecords(0), idempotency.WithMaxBytes(-1), nil)
-	var err error
-	n := 0
-	for ; err == nil; n++ {
-		_, _, err = s.Claim(t.Context(), boundsClaim(strconv.Itoa(n), nil, boundsT0))
-	}
-	require.ErrorIs(t, err, idempotency.ErrStoreFull)
-	require.Equal(t, idempotency.DefaultMemoryMaxRecords, n-1)
-	require.Less(t, s.Bytes(), idempotency.DefaultMemoryMaxBytes)
 }
 
 // The count of bytes follows every change of a record (a takeover's owner,
 // recovery points, a unit's writes, completions) and returns to zero when
 // the records are gone: released, evicted after their window, reaped.
-func TestMemoryStoreBytesReturnToZero(t *testing.T) {
-	s := idempotency.NewMemoryStore()
+func TestBytesReturnToZero(t *testing.T) {
+	s := memstore.New()
 	ctx := t.Context()
 	req := []byte(`{"method":"POST","body":"` + string(bytes.Repeat([]byte("x"), 500)) + `"}`)
 	claim := func(key string, now time.Time) idempotency.Record {
 		t.Helper()
-		rec, ok, err := s.Claim(ctx, boundsClaim(key, req, now))
+		rec, ok, err := claimed(s.Claim(ctx, boundsClaim(key, req, now)))
 		require.NoError(t, err)
 		require.True(t, ok)
 		return rec
@@ -126,7 +96,7 @@ func TestMemoryStoreBytesReturnToZero(t *testing.T) {
 	claim("taken", boundsT0)
 	c := boundsClaim("taken", nil, boundsT0.Add(2*time.Minute))
 	c.Owner = "a much longer owner token than the first one"
-	taken, ok, err := s.Claim(ctx, c)
+	taken, ok, err := claimed(s.Claim(ctx, c))
 	require.NoError(t, err)
 	require.True(t, ok)
 	u, _, err := s.Begin(ctx, taken.Lease())
@@ -158,61 +128,13 @@ func TestMemoryStoreBytesReturnToZero(t *testing.T) {
 	require.Zero(t, s.Bytes())
 }
 
-// clockStore is a MemoryStore (a Transactor too) whose claims see the time
-// moved on by shift: the middleware's claims carry time.Now, and the store
-// takes its time from them.
-type clockStore struct {
-	*idempotency.MemoryStore
-	shift atomic.Int64
-}
-
-func (s *clockStore) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
-	c.Now = c.Now.Add(time.Duration(s.shift.Load()))
-	return s.MemoryStore.Claim(ctx, c)
-}
-
-// A full store answers a new key with 503 idempotency_store_unavailable and
-// Retry-After through the middleware, keeps replaying what it holds, and
-// takes new keys again once its records are past the replay window, with no
-// reaper running.
-func TestMemoryStoreFullAnswers503WithRetryAfter(t *testing.T) {
-	store := &clockStore{MemoryStore: idempotency.NewMemoryStore(idempotency.WithMaxRecords(2))}
-	var runs atomic.Int32
-	srv := serve(t, store, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		runs.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write([]byte(`{"run":` + strconv.Itoa(int(runs.Load())) + `}`))
-	}))
-	a := post(t, srv, "a", `{"n":1}`)
-	require.Equal(t, http.StatusCreated, a.Status)
-	b := post(t, srv, "b", `{"n":2}`)
-	require.Equal(t, http.StatusCreated, b.Status)
-
-	full := post(t, srv, "c", `{"n":3}`)
-	requireProblem(t, full, http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
-	require.Equal(t, "1", full.Header.Get("Retry-After"))
-	require.EqualValues(t, 2, runs.Load(), "the handler did not run for the refused key")
-	requireReplay(t, post(t, srv, "a", `{"n":1}`), a)
-
-	store.shift.Store(int64(idempotency.DefaultReplayWindow + time.Minute))
-	c := post(t, srv, "c", `{"n":3}`)
-	require.Equal(t, http.StatusCreated, c.Status)
-	requireFresh(t, c)
-	require.Equal(t, 1, store.Len(), "a and b were evicted past their window")
-	a2 := post(t, srv, "a", `{"n":1}`)
-	requireFresh(t, a2)
-	require.Equal(t, `{"run":4}`, a2.Body, "past its window a key is a new request")
-	require.EqualValues(t, 4, runs.Load())
-}
-
 // What a record costs: the heap a store's records keep (after a garbage
 // collection), against what the store counts (Bytes), for requests with
 // 64-byte and 64 KiB bodies through the middleware, and for records in
 // progress that hold a 64 KiB request. The count must follow the heap, or
-// WithMaxBytes bounds nothing. go test -run TestMemoryStoreCountsWhatItHolds
+// WithMaxBytes bounds nothing. go test -run TestCountsWhatItHolds
 // -v prints the figures.
-func TestMemoryStoreCountsWhatItHolds(t *testing.T) {
+func TestCountsWhatItHolds(t *testing.T) {
 	respBody := []byte(`{"id":"pay_0123456789abcdef01234567","status":"created","amount":1}`) // 64 bytes
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -226,7 +148,7 @@ func TestMemoryStoreCountsWhatItHolds(t *testing.T) {
 		runtime.ReadMemStats(&ms)
 		return int64(ms.HeapAlloc)
 	}
-	measure := func(name string, n int, s *idempotency.MemoryStore, before int64) (kept, counted float64) {
+	measure := func(name string, n int, s *memstore.Store, before int64) (kept, counted float64) {
 		t.Helper()
 		kept = float64(heapNow()-before) / float64(n)
 		counted = float64(s.Bytes()) / float64(n)
@@ -239,8 +161,8 @@ func TestMemoryStoreCountsWhatItHolds(t *testing.T) {
 		n    int
 		body int
 	}{{"completed, 64-byte body", 3000, 64}, {"completed, 64 KiB body", 100, 64 << 10}} {
-		s := idempotency.NewMemoryStore()
-		h := idempotency.New(s, idempotency.WithLogger(quiet))(handler)
+		s := memstore.New()
+		h := idempotency.New(s, idempotency.WithLogger(nil)).Wrap(handler)
 		body := bytes.Repeat([]byte("a"), tc.body)
 		before := heapNow()
 		for i := range tc.n {
@@ -265,12 +187,12 @@ func TestMemoryStoreCountsWhatItHolds(t *testing.T) {
 
 	// In progress, a record holds the request the middleware stores.
 	const n = 100
-	s := idempotency.NewMemoryStore()
+	s := memstore.New()
 	before := heapNow()
 	for i := range n {
-		req := idempotency.StoredRequest{ID: "0123456789abcdef", Method: "POST", URL: "/payments", Host: "example.com",
-			ContentType: "application/json", Body: bytes.Repeat([]byte("a"), 64<<10)}.Encode()
-		_, ok, err := s.Claim(t.Context(), boundsClaim(strconv.Itoa(i), req, boundsT0))
+		req := []byte(`{"id":"0123456789abcdef","method":"POST","url":"/payments","host":"example.com",` +
+			`"content_type":"application/json","body":"` + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("a"), 64<<10)) + `"}`)
+		_, ok, err := claimed(s.Claim(t.Context(), boundsClaim(strconv.Itoa(i), req, boundsT0)))
 		require.NoError(t, err)
 		require.True(t, ok)
 	}

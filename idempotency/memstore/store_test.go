@@ -1,4 +1,4 @@
-package idempotency_test
+package memstore_test
 
 import (
 	"bytes"
@@ -12,23 +12,24 @@ import (
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/idempotency/idempotencytest"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
-func TestMemoryStoreConformance(t *testing.T) {
-	idempotencytest.TestStore(t, func(*testing.T) idempotency.Store { return idempotency.NewMemoryStore() })
+func TestConformance(t *testing.T) {
+	idempotencytest.TestStore(t, func(*testing.T) idempotency.Store { return memstore.New() })
 }
 
-func TestMemoryStoreBounded(t *testing.T) {
+func TestBoundedConformance(t *testing.T) {
 	idempotencytest.TestBoundedStore(t, func(_ *testing.T, n int) idempotency.Store {
-		return idempotency.NewMemoryStore(idempotency.WithMaxRecords(n))
+		return memstore.New(memstore.WithMaxRecords(n))
 	})
 }
 
-func TestMemoryUnitOnCommit(t *testing.T) {
-	s := idempotency.NewMemoryStore()
+func TestUnitOnCommit(t *testing.T) {
+	s := memstore.New()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	sc := idempotency.Scope{Principal: "p", Method: "POST", Route: "/r", Key: "k"}
-	rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+	rec, ok, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second}))
 	require.NoError(t, err)
 	require.True(t, ok)
 
@@ -37,7 +38,7 @@ func TestMemoryUnitOnCommit(t *testing.T) {
 	require.NoError(t, err)
 	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
 	require.NoError(t, u.Rollback())
-	require.ErrorIs(t, u.Commit(), idempotency.ErrUnitDone)
+	require.ErrorContains(t, u.Commit(), "already committed or rolled back")
 	require.Zero(t, applied, "a rolled-back unit ran its hook")
 
 	u, _, err = s.Begin(t.Context(), rec.Lease())
@@ -46,28 +47,28 @@ func TestMemoryUnitOnCommit(t *testing.T) {
 	require.NoError(t, u.Complete(t.Context(), idempotency.Response{Status: 201}, now))
 	require.NoError(t, u.Commit())
 	require.Equal(t, 1, applied)
-	require.ErrorIs(t, u.Complete(t.Context(), idempotency.Response{}, now), idempotency.ErrUnitDone)
+	require.ErrorContains(t, u.Complete(t.Context(), idempotency.Response{}, now), "already committed or rolled back")
 
 	// A hook of a unit whose lease moved never runs.
 	sc2 := sc
 	sc2.Key = "k2"
-	rec2, _, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+	rec2, _, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second}))
 	require.NoError(t, err)
 	u, _, err = s.Begin(t.Context(), rec2.Lease())
 	require.NoError(t, err)
 	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
-	_, took, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "b", Now: now.Add(2 * time.Second), LeaseFor: time.Second})
+	_, took, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "b", Now: now.Add(2 * time.Second), LeaseFor: time.Second}))
 	require.NoError(t, err)
 	require.True(t, took)
 	require.ErrorIs(t, u.Commit(), idempotency.ErrLeaseLost)
 	require.Equal(t, 1, applied)
 }
 
-func TestMemoryStoreCanceledContext(t *testing.T) {
-	s := idempotency.NewMemoryStore()
+func TestCanceledContext(t *testing.T) {
+	s := memstore.New()
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, _, err := s.Claim(ctx, idempotency.Claim{})
+	_, _, err := claimed(s.Claim(ctx, idempotency.Claim{}))
 	require.True(t, errors.Is(err, context.Canceled))
 	_, err = s.Get(ctx, idempotency.Scope{})
 	require.ErrorIs(t, err, context.Canceled)
@@ -75,12 +76,12 @@ func TestMemoryStoreCanceledContext(t *testing.T) {
 
 // A unit applies its writes at Commit in the order they were made, the
 // completion included, and a second completion wins over the first.
-func TestMemoryUnitKeepsTheOrderOfItsWrites(t *testing.T) {
-	s := idempotency.NewMemoryStore()
+func TestUnitKeepsTheOrderOfItsWrites(t *testing.T) {
+	s := memstore.New()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i, order := range [][]string{{"point:a", "complete:201", "point:b"}, {"complete:201", "complete:202", "point:c"}} {
 		sc := idempotency.Scope{Method: "POST", Route: "/r", Key: "order-" + string(rune('a'+i))}
-		rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Minute})
+		rec, ok, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Minute}))
 		require.NoError(t, err)
 		require.True(t, ok)
 		u, _, err := s.Begin(t.Context(), rec.Lease())
@@ -115,7 +116,7 @@ func TestMemoryUnitKeepsTheOrderOfItsWrites(t *testing.T) {
 // returns is exactly what was completed (nil and empty headers, nil and
 // repeated values, nil and empty bodies), and shares no memory with either
 // the completed response or another Get's.
-func TestMemoryStoreReturnsTheResponseItWasGiven(t *testing.T) {
+func TestReturnsTheResponseItWasGiven(t *testing.T) {
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	for name, resp := range map[string]idempotency.Response{
 		"nil header and body":   {Status: 204},
@@ -134,9 +135,9 @@ func TestMemoryStoreReturnsTheResponseItWasGiven(t *testing.T) {
 		}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			s := idempotency.NewMemoryStore()
+			s := memstore.New()
 			sc := idempotency.Scope{Method: "POST", Route: "/r", Key: "k"}
-			rec, ok, err := s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second})
+			rec, ok, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc, Fingerprint: "f", Owner: "a", Now: now, LeaseFor: time.Second}))
 			require.NoError(t, err)
 			require.True(t, ok)
 			want := idempotency.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
@@ -166,4 +167,9 @@ func TestMemoryStoreReturnsTheResponseItWasGiven(t *testing.T) {
 			require.Equal(t, want, *again.Response)
 		})
 	}
+}
+
+// claimed unpacks a Claim's result as (record, acquired, error).
+func claimed(res idempotency.ClaimResult, err error) (idempotency.Record, bool, error) {
+	return res.Record, res.Acquired(), err
 }

@@ -1,0 +1,192 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/saferetry/saferetry/keygen"
+)
+
+// logObserver is the Observer that writes the slog records of a Middleware,
+// its Completer and its Reaper (WithLogger). A request is named by method,
+// route and the digests of its key and principal, never the raw values.
+type logObserver struct {
+	l *slog.Logger
+	// One record a second at most for each kind of refusal that a fill or
+	// an outage repeats for every request, with the count of those left
+	// out.
+	unavailable, full refusals
+}
+
+type refusals struct {
+	every   rate.Sometimes
+	skipped atomic.Int64
+}
+
+// do runs f with the count of the refusals skipped since the last run, at
+// most once a second.
+func (r *refusals) do(f func(skipped int64)) {
+	ran := false
+	r.every.Do(func() {
+		ran = true
+		f(r.skipped.Swap(0))
+	})
+	if !ran {
+		r.skipped.Add(1)
+	}
+}
+
+func newLogObserver(l *slog.Logger) Observer {
+	o := &logObserver{l: l}
+	o.unavailable.every.Interval = time.Second
+	o.full.every.Interval = time.Second
+	return Observer{
+		Claimed: o.claimed, Executed: o.executed, Refused: o.refused, StoreCall: o.storeCall,
+		Unfinished: o.unfinishedRecord, CompleterRun: o.completerRun, ReaperRun: o.reaperRun,
+	}
+}
+
+func scopeAttrs(s Scope, attrs ...slog.Attr) []slog.Attr {
+	return append([]slog.Attr{
+		slog.String("method", s.Method), slog.String("route", s.Route),
+		slog.String("key_digest", keygen.Digest(s.Key)), slog.String("principal_digest", keygen.Digest(s.Principal)),
+	}, attrs...)
+}
+
+func (o *logObserver) claimed(ctx context.Context, e Event) {
+	if e.Background {
+		o.l.LogAttrs(ctx, slog.LevelInfo, "idempotency completer: took over an abandoned request",
+			scopeAttrs(e.Scope, slog.Int64("generation", e.Generation), slog.String("recovery_point", e.RecoveryPoint))...)
+	}
+}
+
+func (o *logObserver) executed(ctx context.Context, e Event) {
+	level, msg := slog.LevelDebug, "idempotency: the response was stored"
+	switch e.Outcome {
+	case "completed":
+		if e.Background {
+			level, msg = slog.LevelInfo, "idempotency completer: completed an abandoned request"
+		}
+	case "released":
+		msg = "idempotency: the answer is not stored; the key was given up"
+		if e.Background {
+			level, msg = slog.LevelWarn, "idempotency completer: the resumed request failed before any phase; the key was given up"
+		}
+	case "kept":
+		level, msg = slog.LevelInfo, "idempotency: the answer is not stored; the record is kept at its recovery point for a resume"
+		if e.Background {
+			level, msg = slog.LevelWarn, "idempotency completer: the resumed request failed after a committed phase; it stays in progress"
+		}
+	case "incomplete":
+		level, msg = slog.LevelError, "idempotency: the handler answered while an external call's outcome is unknown; "+
+			"its answer is neither stored nor sent, and the record is kept for a resume"
+	case "panicked":
+		level, msg = slog.LevelWarn, "idempotency: the handler panicked; the key was given up or kept for a resume"
+	case "lost":
+		level, msg = slog.LevelWarn, "idempotency: the lease was lost before completion; the response is discarded"
+	case "failed":
+		level, msg = slog.LevelError, "idempotency: the store failed at the end of the request"
+	case "unresumable":
+		level, msg = slog.LevelWarn, "idempotency completer: an abandoned request cannot be resumed; it stays until the Reaper deletes it"
+	}
+	if e.Err != nil {
+		level = max(level, slog.LevelWarn)
+	}
+	if !o.l.Enabled(ctx, level) {
+		return
+	}
+	attrs := scopeAttrs(e.Scope, slog.String("outcome", e.Outcome), slog.Int("status", e.Status),
+		slog.Int64("generation", e.Generation), slog.String("recovery_point", e.RecoveryPoint),
+		slog.Duration("duration", e.Duration))
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("error", e.Err.Error()))
+	}
+	o.l.LogAttrs(ctx, level, msg, attrs...)
+}
+
+func (o *logObserver) refused(ctx context.Context, e Event) {
+	level, msg, r := slog.LevelError, "idempotency: store unavailable; guarded requests are refused", &o.unavailable
+	switch e.Code {
+	case CodeStoreUnavailable:
+	case CodeStoreFull:
+		level, msg, r = slog.LevelWarn, "idempotency: store full; new keys are refused until records expire", &o.full
+	default:
+		return // an answer about the request, not about the server
+	}
+	r.do(func(skipped int64) {
+		attrs := scopeAttrs(e.Scope, slog.Int64("refused_since_last_record", skipped))
+		if e.Err != nil {
+			attrs = append(attrs, slog.String("error", e.Err.Error()))
+		}
+		o.l.LogAttrs(ctx, level, msg, attrs...)
+	})
+}
+
+func (o *logObserver) storeCall(ctx context.Context, e Event) {
+	if e.Err == nil {
+		return
+	}
+	lost := errors.Is(e.Err, ErrLeaseLost)
+	switch {
+	case e.Op == opHeartbeat && lost:
+		o.l.LogAttrs(ctx, slog.LevelWarn, "idempotency: the lease was lost while the handler ran; its context is canceled",
+			scopeAttrs(e.Scope)...)
+	case e.Op == opHeartbeat:
+		o.l.LogAttrs(ctx, slog.LevelWarn, "idempotency: heartbeat failed",
+			scopeAttrs(e.Scope, slog.String("error", e.Err.Error()))...)
+	case (e.Op == opRelease || e.Op == opEndLease) && !lost:
+		o.l.LogAttrs(ctx, slog.LevelError, "idempotency: giving the key up failed; it stays claimed until its lease expires",
+			scopeAttrs(e.Scope, slog.String("op", e.Op), slog.String("error", e.Err.Error()))...)
+	}
+}
+
+// unfinishedRecord logs a record the Reaper is about to delete, for a
+// person to act on: with the phase and downstream key digest of an External
+// call whose outcome is unknown, the side effect to check first.
+func (o *logObserver) unfinishedRecord(ctx context.Context, rec Record, age time.Duration) {
+	attrs := scopeAttrs(rec.Scope,
+		slog.String("owner", rec.Owner), slog.Int64("generation", rec.Generation),
+		slog.String("recovery_point", rec.RecoveryPoint), slog.Int("recovery_data_bytes", len(rec.RecoveryData)),
+		slog.Time("created_at", rec.CreatedAt), slog.Time("lease_until", rec.LeaseUntil), slog.Duration("age", age))
+	if data, err := decodeRecovery(rec.RecoveryData); err == nil && data.Pending != nil {
+		attrs = append(attrs, slog.String("pending_phase", data.Pending.Phase),
+			slog.String("downstream_key_digest", keygen.Digest(data.Pending.DownstreamKey)))
+	}
+	o.l.LogAttrs(ctx, slog.LevelWarn,
+		"idempotency reaper: deleting an unfinished request past the cleanup horizon; check its side effects", attrs...)
+}
+
+func (o *logObserver) completerRun(ctx context.Context, rep CompleterReport, err error) {
+	if err != nil {
+		o.l.LogAttrs(ctx, slog.LevelError, "idempotency completer: run failed",
+			slog.String("error", err.Error()), slog.Int("completed", rep.Completed))
+		return
+	}
+	level := slog.LevelInfo
+	if rep.Found == 0 {
+		level = slog.LevelDebug
+	}
+	o.l.LogAttrs(ctx, level, "idempotency completer: run finished",
+		slog.Int("found", rep.Found), slog.Int("completed", rep.Completed), slog.Int("released", rep.Released),
+		slog.Int("kept", rep.Kept), slog.Int("skipped", rep.Skipped), slog.Int("failed", rep.Failed))
+}
+
+func (o *logObserver) reaperRun(ctx context.Context, rep ReaperReport, err error) {
+	if err != nil {
+		o.l.LogAttrs(ctx, slog.LevelError, "idempotency reaper: run failed",
+			slog.String("error", err.Error()), slog.Int("deleted", rep.Deleted))
+		return
+	}
+	level := slog.LevelInfo
+	if rep.Deleted == 0 && len(rep.Unfinished) == 0 {
+		level = slog.LevelDebug
+	}
+	o.l.LogAttrs(ctx, level, "idempotency reaper: run finished",
+		slog.Time("horizon", rep.Horizon), slog.Int("deleted", rep.Deleted), slog.Int("batches", rep.Batches),
+		slog.Int("unfinished", len(rep.Unfinished)), slog.Int("skipped", rep.Skipped))
+}

@@ -1,0 +1,220 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/saferetry/saferetry/keygen"
+)
+
+// Run is the execution of a guarded request that owns its record: the
+// middleware (and the Completer) puts it on the handler's context, where
+// FromContext finds it. Its methods are safe for concurrent use, but phases
+// run one at a time. After the handler returns, Unit, Phase and External
+// fail with ErrMisuse.
+type Run struct {
+	// Scope is the record's scope (principal, method, route, key).
+	Scope Scope
+	// Lease is the owner token and fencing generation of this execution.
+	Lease Lease
+	// RecoveryPoint is the record's recovery point at the claim: "" for a
+	// new request, the last committed phase when this execution took over
+	// one whose owner's lease expired.
+	RecoveryPoint string
+
+	m            *Middleware
+	recoveryData []byte                  // the record's at the claim
+	bg           context.Context         // not canceled with the client: the request's unit lives in it
+	execID       string                  // storedRequest.ID: the base of downstream keys
+	created      time.Time               // the record's CreatedAt: the base without an ID
+	cancel       context.CancelCauseFunc // cancels the handler's context
+
+	mu         sync.Mutex
+	leaseUntil time.Time
+	unit       Unit            // the request's unit, once begun
+	unitCtx    context.Context // Begin's context for unit
+	unitErr    error           // Begin's error, kept for the completion
+	done       bool            // the handler returned
+	expired    bool            // the lease ran out while heartbeats failed: no new phase may start
+	inPhase    bool
+	phase      string    // the running phase's name, while inPhase
+	rec        *recovery // decoded lazily from recoveryData
+	point      string    // the current recovery point
+	seen       map[string]bool
+}
+
+// newRun returns the Run of an execution that created or took over
+// res.Record: a takeover keeps the first execution's identity (the ID of
+// the request stored in the record), a new record has req.execID.
+func (m *Middleware) newRun(bg context.Context, req request, res ClaimResult) *Run {
+	rec := res.Record
+	run := &Run{
+		Scope: req.scope, Lease: Lease{Scope: req.scope, Owner: rec.Owner, Generation: rec.Generation},
+		RecoveryPoint: rec.RecoveryPoint, m: m, recoveryData: rec.RecoveryData, bg: bg,
+		created: rec.CreatedAt, leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
+	}
+	if res.Outcome == ClaimCreated {
+		run.execID = req.execID
+	} else if sr, err := decodeRequest(rec.Request); err == nil {
+		run.execID = sr.ID
+	}
+	return run
+}
+
+// ErrMisuse is matched by the errors of a Run used in a way that cannot be
+// made safe: after its handler returned, or with phases out of their rules
+// (see Run.Phase).
+var ErrMisuse = errors.New("idempotency: misuse of a run")
+
+// errLeaseExpired is the cause with which the middleware cancels a
+// handler's context when its heartbeats kept failing (the store
+// unreachable) until less than a third of the lease was left: past that
+// point a retry or the Completer may take the record over, so the first
+// execution must stop. Phase and External then fail with it; what the
+// handler did before is still completed, fenced, when it returns.
+var errLeaseExpired = fmt.Errorf("%w: it ran out while heartbeats failed", ErrLeaseLost)
+
+// Unit returns the unit of work in which the handler's writes at ctx
+// belong, and a context with ctx's deadline and cancellation that carries
+// the store's transaction (sqlstore.Tx calls Unit itself):
+//
+//   - inside a phase (ctx derives from the one Phase gave its function):
+//     the phase's unit, which commits with its recovery point;
+//   - elsewhere: the request's unit, which commits with the stored
+//     response, or not at all. It is begun on the first call, so that a
+//     handler holds no transaction while it works; begin it after the last
+//     phase, since phases cannot start once it is open.
+//
+// The handler must not Commit or Roll back either unit. Errors: one
+// wrapping errors.ErrUnsupported when the store is not a Transactor;
+// ErrMisuse after the handler returned, and a *PhaseError (Op "use") when
+// asked for the request's unit with another context while a phase runs;
+// the store's Begin error, after which the request answers 503
+// CodeStoreUnavailable whatever the handler writes.
+func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
+	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r && p.unit != nil {
+		return p.unit, mergeValues(ctx, p.ctx), nil
+	}
+	if r.m.tx == nil {
+		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work (not a Transactor): %w", errors.ErrUnsupported)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.done:
+		return nil, ctx, errRunDone
+	case r.inPhase:
+		// ctx is not the phase's: the request's unit would take the
+		// phase's writes out of the phase.
+		return nil, ctx, &PhaseError{Phase: r.phase, Op: "use", Err: fmt.Errorf(
+			"%w: the request's unit asked for while phase %q runs; use the context the phase gave its function", ErrMisuse, r.phase)}
+	case r.unitErr != nil:
+		return nil, ctx, r.unitErr
+	case r.unit == nil:
+		u, uctx, err := r.m.tx.Begin(r.bg, r.Lease)
+		if err != nil {
+			r.unitErr = err
+			return nil, ctx, err
+		}
+		r.unit, r.unitCtx = u, uctx
+	}
+	return r.unit, mergeValues(ctx, r.unitCtx), nil
+}
+
+var errRunDone = fmt.Errorf("%w: the handler of this run has returned", ErrMisuse)
+
+// close marks the run done and hands the request's unit (nil if never
+// begun) and Begin's error to the completion.
+func (r *Run) close() (Unit, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done = true
+	return r.unit, r.unitErr
+}
+
+// currentPoint returns the recovery point as of the last committed phase.
+func (r *Run) currentPoint() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.point
+}
+
+// expiring reports whether the lease the run last extended ends within
+// margin of now (now >= leaseUntil - margin), and if so marks the run
+// expired: no phase may start after that.
+func (r *Run) expiring(now time.Time, margin time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now.Before(r.leaseUntil.Add(-margin)) {
+		return false
+	}
+	r.expired = true
+	return true
+}
+
+// extend records a successful heartbeat.
+func (r *Run) extend(until time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if until.After(r.leaseUntil) {
+		r.leaseUntil = until
+	}
+}
+
+// DownstreamKey returns the idempotency key this request uses towards
+// another service for phase: the same in every execution of the request (a
+// takeover keeps it), different for another principal, route or method
+// and for a key reused after the replay window. External passes it to its
+// call; use it for any other downstream call that can de-duplicate. It is
+// a valid bare key (keygen.Validate).
+func (r *Run) DownstreamKey(phase string) string {
+	id := r.execID
+	if id == "" {
+		sum := sha256.Sum256([]byte(r.Scope.Principal + "\x00" + r.Scope.Method + "\x00" + r.Scope.Route + "\x00" + r.Scope.Key +
+			"\x00" + strconv.FormatInt(r.created.UnixNano(), 10)))
+		id = hex.EncodeToString(sum[:8])
+	}
+	return keygen.Event(r.Scope.Key, phase, id)
+}
+
+type runKey struct{}
+
+// FromContext returns the Run of the guarded request whose context ctx
+// derives from, and false outside a guarded execution.
+func FromContext(ctx context.Context) (*Run, bool) {
+	r, ok := ctx.Value(runKey{}).(*Run)
+	return r, ok
+}
+
+// withRun returns ctx carrying r, which FromContext finds.
+func withRun(ctx context.Context, r *Run) context.Context {
+	return context.WithValue(ctx, runKey{}, r)
+}
+
+// valuesCtx has the deadline and cancellation of its Context and looks values
+// up in vals first: a unit's context (begun in a context that is not
+// canceled with the request) merged with the caller's.
+type valuesCtx struct {
+	context.Context
+	vals context.Context
+}
+
+func (c valuesCtx) Value(key any) any {
+	if v := c.vals.Value(key); v != nil {
+		return v
+	}
+	return c.Context.Value(key)
+}
+
+func mergeValues(ctx, vals context.Context) context.Context {
+	if vals == nil || vals == ctx {
+		return ctx
+	}
+	return valuesCtx{Context: ctx, vals: vals}
+}
