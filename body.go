@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"mime"
 	"net/http"
@@ -24,10 +25,10 @@ func (c *call) prepareBody() error {
 		c.getBody = req.GetBody
 		return nil
 	}
-	if c.maxTries == 1 {
+	if c.maxAttempts == 1 {
 		return nil // nothing to replay: send the body as it is
 	}
-	limit := min(c.t.cfg.bodyBufferLimit, math.MaxInt64-1) // limit+1 must not overflow
+	limit := min(c.t.cfg.maxBufferedBody, math.MaxInt64-1) // limit+1 must not overflow
 	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 	if err != nil {
 		return fmt.Errorf("saferetry: reading request body: %w", err)
@@ -47,24 +48,13 @@ func (c *call) prepareBody() error {
 	return nil
 }
 
-// shallowCopy copies h's map, sharing its value slices (never appended to),
-// with room for extra more keys.
-func shallowCopy(h http.Header, extra int) http.Header {
-	c := make(http.Header, len(h)+extra)
-	for k, v := range h {
-		c[k] = v
+// cloneHeader copies h's map, sharing its value slices (never appended
+// to), so that the copy can take a header of its own.
+func cloneHeader(h http.Header) http.Header {
+	if h == nil {
+		return make(http.Header, 1)
 	}
-	return c
-}
-
-// discard drains a bounded amount of a response that will not be returned,
-// so its connection can be reused, and closes it.
-func discard(resp *http.Response) {
-	if resp.Body == nil {
-		return
-	}
-	_, _ = io.CopyN(io.Discard, resp.Body, drainLimit)
-	resp.Body.Close()
+	return maps.Clone(h)
 }
 
 // maxProblemPeek bounds how much of a 409 body is read to find its code.
@@ -72,6 +62,7 @@ const maxProblemPeek = 4 << 10
 
 // peekProblemCode reads the "code" member of an application/problem+json 409
 // without consuming the body for the caller: the bytes read are put back.
+// The read is bounded in bytes here and in time by the attempt's context.
 func peekProblemCode(resp *http.Response) string {
 	if resp.Body == nil {
 		return ""

@@ -80,26 +80,30 @@ func (s *script) Waits() []time.Duration {
 	return waits
 }
 
-// fastWaits shrinks the backoff of tests on the real clock (outside a
-// synctest bubble), so that their retries sleep microseconds; the tests of
-// the waits themselves run in a bubble, with the default backoff.
-var fastWaits = WithBackoff(jitter.Config{Base: time.Microsecond, ThrottleBase: time.Microsecond, Cap: time.Microsecond})
-
-// newTestTransport builds a Transport with short waits, a fixed random
-// value (0.5), an unlimited budget and a discarding logger unless opts say
-// otherwise.
-func newTestTransport(base http.RoundTripper, opts ...Option) *Transport {
-	all := append([]Option{fastWaits, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	tr := NewTransport(base, all...)
-	tr.rand = func() float64 { return 0.5 }
-	return tr
+// halfJitter is full jitter with the random value fixed at 0.5, so that
+// every wait is exactly half of its bound.
+func halfJitter(attempt int, prev, base, cap time.Duration, _ float64) time.Duration {
+	return jitter.Full(attempt, prev, base, cap, 0.5)
 }
 
-// newBubbleTransport is newTestTransport with the default backoff, for tests
-// inside a synctest bubble, whose fake clock makes every wait instant and
-// exact.
+// fastWaits shrinks the backoff of tests on the real clock (outside a
+// synctest bubble), so that their retries sleep microseconds; the tests of
+// the waits themselves run in a bubble, with the default bases.
+var fastWaits = WithBackoff(jitter.Config{Func: halfJitter, Base: time.Microsecond,
+	ThrottleBase: time.Microsecond, Cap: time.Microsecond})
+
+// newTestTransport builds a Transport with short waits, half jitter, an
+// unlimited budget and no logs unless opts say otherwise.
+func newTestTransport(base http.RoundTripper, opts ...Option) *Transport {
+	all := append([]Option{fastWaits, WithBudget(budget.Unlimited()), WithLogger(nil)}, opts...)
+	return NewTransport(base, all...)
+}
+
+// newBubbleTransport is newTestTransport with the default bases and cap,
+// for tests inside a synctest bubble, whose fake clock makes every wait
+// instant and exact.
 func newBubbleTransport(base http.RoundTripper, opts ...Option) *Transport {
-	return newTestTransport(base, append([]Option{WithBackoff(jitter.Config{})}, opts...)...)
+	return newTestTransport(base, append([]Option{WithBackoff(jitter.Config{Func: halfJitter})}, opts...)...)
 }
 
 // closeTracker wraps a base transport and records whether each response
@@ -181,7 +185,7 @@ func TestRetry500IsOptIn(t *testing.T) {
 	srv := &script{statuses: []int{500}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr := newTestTransport(nil, WithRetry500())
+	tr := newTestTransport(nil, WithRetryPolicy(retry.Status(retry.Allow, 500)))
 	resp, err := tr.RoundTrip(get(t, ts.URL))
 	require.NoError(t, err, "a response is returned with a nil error")
 	resp.Body.Close()
@@ -409,7 +413,7 @@ func TestBodyAboveBufferLimitIsSentOnceWithoutRetry(t *testing.T) {
 	srv := &script{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr := newTestTransport(nil, WithBodyBufferLimit(10))
+	tr := newTestTransport(nil, WithMaxBufferedBody(10))
 	req, err := http.NewRequest(http.MethodPost, ts.URL, io.NopCloser(strings.NewReader("0123456789ABCDEF")))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(req)
@@ -567,6 +571,15 @@ func TestOneLogRecordPerAttempt(t *testing.T) {
 		assert.Equal(t, keygen.Digest(key), a["key_digest"].String())
 		if i < 2 {
 			assert.Contains(t, a, "wait")
+			assert.Equal(t, "retry", a["outcome"].String())
+		} else {
+			assert.Equal(t, "stopped", a["outcome"].String())
+			assert.Equal(t, "max_attempts", a["stop"].String())
+		}
+		for _, k := range []string{"class", "outcome", "stop"} {
+			if v, ok := a[k]; ok {
+				assert.Regexp(t, `^[a-z0-9]+(_[a-z0-9]+)*$`, v.String(), "%s is snake_case", k)
+			}
 		}
 		for _, v := range a {
 			assert.NotContains(t, v.String(), key, "the raw key never appears")
@@ -588,8 +601,6 @@ func TestFirstTrySuccessLogsAtDebug(t *testing.T) {
 	require.Len(t, h.records, 1)
 	assert.Equal(t, slog.LevelDebug, h.records[0].Level)
 }
-
-// --- keys (issue 3) ---
 
 func TestOneGeneratedKeyReusedAcrossRetries(t *testing.T) {
 	srv := &script{statuses: []int{503, 503, 200}}
@@ -702,24 +713,28 @@ func TestInvalidCallerKeysFailBeforeAnyIO(t *testing.T) {
 	defer ts.Close()
 	tr := newTestTransport(nil)
 	for name, set := range map[string]func(h http.Header){
-		"256 chars":  func(h http.Header) { h.Set("Idempotency-Key", strings.Repeat("k", 256)) },
+		"256 chars":  func(h http.Header) { h.Set("Idempotency-Key", strings.Repeat("secret", 43)) },
 		"empty":      func(h http.Header) { h.Set("Idempotency-Key", "") },
-		"tab":        func(h http.Header) { h.Set("Idempotency-Key", "a\tb") },
-		"control":    func(h http.Header) { h.Set("Idempotency-Key", "a\x01b") },
-		"non-ASCII":  func(h http.Header) { h.Set("Idempotency-Key", "caf\u00e9") },
-		"twice":      func(h http.Header) { h.Add("Idempotency-Key", "a"); h.Add("Idempotency-Key", "b") },
-		"bad escape": func(h http.Header) { h.Set("Idempotency-Key", `"a\qb"`) },
+		"tab":        func(h http.Header) { h.Set("Idempotency-Key", "secret\tb") },
+		"control":    func(h http.Header) { h.Set("Idempotency-Key", "secret\x01b") },
+		"non-ASCII":  func(h http.Header) { h.Set("Idempotency-Key", "secret-caf\u00e9") },
+		"twice":      func(h http.Header) { h.Add("Idempotency-Key", "secret-a"); h.Add("Idempotency-Key", "secret-b") },
+		"bad escape": func(h http.Header) { h.Set("Idempotency-Key", `"secret\qb"`) },
 		// Two spellings of the name go out as two field lines of one field:
 		// the server refuses them as a list, so the Transport does too.
-		"two spellings": func(h http.Header) { h.Set("Idempotency-Key", "k1"); h["idempotency-key"] = []string{"k1"} },
+		"two spellings": func(h http.Header) {
+			h.Set("Idempotency-Key", "secret-1")
+			h["idempotency-key"] = []string{"secret-1"}
+		},
 	} {
 		req := post(t, context.Background(), ts.URL, "x")
 		set(req.Header)
 		_, err := tr.RoundTrip(req)
 		require.Error(t, err, name)
-		assert.ErrorIs(t, err, ErrInvalidKey, name)
+		assert.ErrorIs(t, err, keygen.ErrInvalidKey, name)
 		var ke *keygen.InvalidKeyError
 		assert.ErrorAs(t, err, &ke, name)
+		assert.NotContains(t, err.Error(), "secret", "%s: the error names the key by its digest only", name)
 	}
 	assert.Equal(t, int32(0), hits.Load(), "the server saw nothing")
 }
@@ -727,7 +742,7 @@ func TestInvalidCallerKeysFailBeforeAnyIO(t *testing.T) {
 func TestIdempotentOverrideRetriesPostOnReadTimeout(t *testing.T) {
 	ts, hits := hangingServer(t)
 	tr := newTestTransport(nil, WithAutoKeys(false), WithAttemptTimeout(50*time.Millisecond))
-	ctx := Idempotent(context.Background())
+	ctx := Idempotent(context.Background(), true)
 	_, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
 	require.Error(t, err)
 	assert.Equal(t, int32(3), hits.Load())
@@ -736,7 +751,7 @@ func TestIdempotentOverrideRetriesPostOnReadTimeout(t *testing.T) {
 func TestNotIdempotentOverrideStopsPutRetries(t *testing.T) {
 	ts, hits := hangingServer(t)
 	tr := newTestTransport(nil, WithAttemptTimeout(50*time.Millisecond))
-	req, err := http.NewRequestWithContext(NotIdempotent(context.Background()), http.MethodPut, ts.URL, strings.NewReader("append"))
+	req, err := http.NewRequestWithContext(Idempotent(context.Background(), false), http.MethodPut, ts.URL, strings.NewReader("append"))
 	require.NoError(t, err)
 	_, err = tr.RoundTrip(req)
 	require.Error(t, err)
@@ -855,7 +870,8 @@ func TestBudgetDenialReturnsTheLastResponse(t *testing.T) {
 	last := h.records[len(h.records)-1]
 	assert.Equal(t, slog.LevelWarn, last.Level)
 	assert.Equal(t, int64(0), attrs(last)["budget_left"].Int64())
-	assert.Equal(t, retry.ReasonBudget, attrs(last)["outcome"].String())
+	assert.Equal(t, "stopped", attrs(last)["outcome"].String())
+	assert.Equal(t, "budget_denied", attrs(last)["stop"].String())
 }
 
 func TestCancellationDuringSleepStops(t *testing.T) {
@@ -892,7 +908,7 @@ func TestInProgressConflictIsRetriedAndKeyReusedIsNot(t *testing.T) {
 	for _, tc := range []struct {
 		code string
 		hits int
-	}{{retry.ProblemInProgress, 2}, {retry.ProblemKeyReused, 1}} {
+	}{{"idempotency_request_in_progress", 2}, {"idempotency_key_reused", 1}} {
 		synctest.Test(t, func(t *testing.T) {
 			var n atomic.Int32
 			base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -925,6 +941,65 @@ func TestNilBaseMeansDefaultTransport(t *testing.T) {
 	c := NewClient(WithMaxAttempts(2))
 	require.IsType(t, &Transport{}, c.Transport)
 	assert.Equal(t, 2, c.Transport.(*Transport).cfg.maxAttempts)
+}
+
+// An option value below its range means what its documentation says, never
+// the default in disguise, and bad input never panics mid-request.
+func TestOptionValuesBelowTheirRange(t *testing.T) {
+	for _, n := range []int{0, -1} {
+		srv := &script{statuses: []int{503, 200}}
+		ts := httptest.NewServer(srv)
+		tr := newTestTransport(nil, WithMaxAttempts(n))
+		resp, err := tr.RoundTrip(get(t, ts.URL))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 503, resp.StatusCode)
+		assert.Len(t, srv.Hits(), 1, "WithMaxAttempts(%d) is a single attempt", n)
+		ts.Close()
+	}
+
+	t.Run("a nil logger logs nothing", func(t *testing.T) {
+		h := &recordingHandler{}
+		defer slog.SetDefault(slog.Default())
+		slog.SetDefault(slog.New(h))
+		srv := &script{statuses: []int{503, 200}}
+		ts := httptest.NewServer(srv)
+		defer ts.Close()
+		for _, logs := range []bool{false, true} {
+			opts := []Option{WithBudget(budget.Unlimited()), fastWaits}
+			if !logs {
+				opts = append(opts, WithLogger(nil))
+			}
+			srv.hits = nil
+			resp, err := NewTransport(nil, opts...).RoundTrip(get(t, ts.URL))
+			require.NoError(t, err)
+			resp.Body.Close()
+		}
+		require.Len(t, h.records, 2, "only the Transport without WithLogger(nil) wrote, to slog.Default()")
+	})
+
+	t.Run("a typed nil base is the default transport", func(t *testing.T) {
+		ts := httptest.NewServer(&script{statuses: []int{200}})
+		defer ts.Close()
+		for _, base := range []http.RoundTripper{(*http.Transport)(nil), roundTripperFunc(nil)} {
+			resp, err := newTestTransport(base).RoundTrip(get(t, ts.URL))
+			require.NoError(t, err, "%T", base)
+			resp.Body.Close()
+			assert.Equal(t, 200, resp.StatusCode)
+		}
+	})
+
+	t.Run("no bound of its own: the context's deadline alone", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tr := newBubbleTransport(blockingBase{}, WithMaxElapsed(0))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			start := time.Now()
+			_, err := tr.RoundTrip(get(t, "http://example.invalid/").WithContext(ctx))
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.Equal(t, time.Minute, time.Since(start), "past the default 30 s")
+		})
+	})
 }
 
 var errBoom = errors.New("boom")
@@ -993,40 +1068,41 @@ func TestDeliveredBodyOutlivesTheLoop(t *testing.T) {
 	assert.Equal(t, "the whole body", string(body))
 }
 
-// lateBase answers after about the attempt timeout and ignores the context,
-// so the attempt timer and the loop race.
-type lateBase struct{ d time.Duration }
-
-func (b lateBase) RoundTrip(r *http.Request) (*http.Response, error) {
-	time.Sleep(b.d)
-	return &http.Response{StatusCode: 503, Body: io.NopCloser(strings.NewReader("x")), Header: http.Header{}, Request: r}, nil
-}
-
-func TestAttemptTimerRacingTheLoop(t *testing.T) {
-	tr := NewTransport(lateBase{d: time.Millisecond}, WithBudget(budget.Unlimited()),
-		WithLogger(slog.New(slog.DiscardHandler)), WithAttemptTimeout(time.Millisecond),
-		WithBackoff(jitter.Config{Base: time.Microsecond, ThrottleBase: time.Microsecond, Cap: time.Microsecond}))
-	var wg sync.WaitGroup
-	for g := 0; g < 32; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 100; i++ {
-				resp, err := tr.RoundTrip(get(t, "http://example.test/"))
-				if err == nil {
-					resp.Body.Close()
-				}
+// An attempt's time limit that fires as the loop ends that attempt never
+// reaches the next one, which starts at the same instant: each timer holds
+// its own attempt's cancellation.
+func TestAttemptTimerNeverCancelsTheNextAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int32
+		base := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			status := http.StatusOK
+			if calls.Add(1)%2 == 1 {
+				time.Sleep(time.Second) // a 503 just as the limit fires
+				status = http.StatusServiceUnavailable
 			}
-		}()
-	}
-	wg.Wait() // a timer calling a cancel the loop already cleared would panic here
+			return &http.Response{StatusCode: status, Body: io.NopCloser(strings.NewReader("body")),
+				Header: http.Header{}, Request: r}, nil
+		})
+		noWait := func(int, time.Duration, time.Duration, time.Duration, float64) time.Duration { return 0 }
+		tr := newBubbleTransport(base, WithAttemptTimeout(time.Second), WithBackoff(jitter.Config{Func: noWait}))
+		for range 50 {
+			resp, err := tr.RoundTrip(get(t, "http://example.test/"))
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.NoError(t, resp.Request.Context().Err(), "the delivered attempt's context lives on")
+			synctest.Wait() // every timer due now has run
+			assert.NoError(t, resp.Request.Context().Err(), "no earlier attempt's timer ended it")
+			require.NoError(t, resp.Body.Close())
+		}
+		assert.Equal(t, int32(100), calls.Load())
+	})
 }
 
 func TestHugeBodyBufferLimitStillSendsTheBody(t *testing.T) {
 	srv := &script{statuses: []int{503, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr := newTestTransport(nil, WithBodyBufferLimit(math.MaxInt64))
+	tr := newTestTransport(nil, WithMaxBufferedBody(math.MaxInt64))
 	req, err := http.NewRequest(http.MethodPost, ts.URL, io.NopCloser(strings.NewReader("pay 10")))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(req)
@@ -1051,7 +1127,7 @@ func TestExhaustedErrorCarriesTheKeyForALaterResend(t *testing.T) {
 func TestNotIdempotentWinsOverAKeyOnPut(t *testing.T) {
 	ts, hits := hangingServer(t)
 	tr := newTestTransport(nil, WithAttemptTimeout(50*time.Millisecond))
-	req, err := http.NewRequestWithContext(NotIdempotent(context.Background()), http.MethodPut, ts.URL, strings.NewReader("append"))
+	req, err := http.NewRequestWithContext(Idempotent(context.Background(), false), http.MethodPut, ts.URL, strings.NewReader("append"))
 	require.NoError(t, err)
 	req.Header.Set("Idempotency-Key", "put-1")
 	_, err = tr.RoundTrip(req)
@@ -1064,7 +1140,7 @@ func TestOverridesCombine(t *testing.T) {
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
 	tr := newTestTransport(nil)
-	ctx := Idempotent(NoRetry(context.Background()))
+	ctx := Idempotent(NoRetry(context.Background()), true)
 	resp, err := tr.RoundTrip(post(t, ctx, ts.URL, "x"))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -1284,10 +1360,9 @@ type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// The attempt's time limit stops as soon as the response headers arrive:
-// time the loop then spends in rules and observers cannot cut the body of
-// the response it hands over (a slow observer once made a 200's body read
-// fail with ErrAttemptTimeout).
+// The attempt's time limit stops when the response is handed over, before
+// the AttemptDone observers of a final answer run: an observer slower than
+// the time left cannot cut the body of the response the caller gets.
 func TestSlowObserverDoesNotCutTheDeliveredBody(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

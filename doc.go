@@ -10,81 +10,111 @@
 //
 // or build one: client := saferetry.NewClient(saferetry.WithMaxAttempts(3)).
 //
+// This documentation is where the allow-list and the defaults are stated;
+// the README and docs/CONTRACT.md link here.
+//
 // # What is retried
 //
-// Statuses 429 (honouring Retry-After), 502, 503, 504 and the idempotency
-// middleware's in-progress 409 (code "idempotency_request_in_progress"); 500
-// only with WithRetry500. Errors: connection refused or reset, EOF before a
-// response, a per-attempt timeout, a refused HTTP/2 stream or GOAWAY. Never:
-// other 4xx, TLS verification failures, the caller's own cancellation or
-// deadline, or anything unrecognised. A request is retried on those outcomes
-// only when it is safe to repeat: its method is GET, HEAD, OPTIONS, TRACE, PUT
-// or DELETE, or it carries an idempotency key, or the caller marked it with
-// Idempotent. An unsafe request without a key (a POST with WithAutoKeys(false),
-// or a request marked NotIdempotent) is retried only when it provably never
-// left: a dial error or a refused stream, never a read timeout.
+// Statuses 429, 502, 503, 504, and 409 with the idempotency middleware's
+// problem code "idempotency_request_in_progress"; 500 only when a rule asks
+// (WithRetryPolicy(retry.Status(retry.Allow, 500))). Errors: connection
+// refused or reset, EOF before a response, an attempt's time limit or a
+// transport timeout, a refused HTTP/2 stream, GOAWAY. Never: any other
+// status, TLS verification failures, the caller's own cancellation or
+// deadline, or anything unrecognised.
+//
+// Those outcomes are retried only when the request may be repeated: its
+// method is GET, HEAD, OPTIONS, TRACE, PUT or DELETE, or it carries an
+// idempotency key, or the caller marked it Idempotent(ctx, true). Any other request (a
+// POST with WithAutoKeys(false), a request marked Idempotent(ctx, false)) is retried
+// only when it provably never left: a dial error or a refused stream, never
+// a status, a reset or a timeout. No rule of WithRetryPolicy lifts that, nor
+// makes a success or the caller's cancellation retryable.
+//
+// Before each retry, the loop stops, returning the outcome in hand, when:
+// the caller's context has ended; the attempts are used up; the request
+// body cannot be sent again; the server's Retry-After exceeds
+// WithMaxRetryAfter; the wait would end after the overall deadline; the
+// retry budget refuses. The wait is the backoff, or the server's
+// Retry-After (429, 503, the in-progress 409) when longer.
+//
+// # Defaults
+//
+//	attempts          3 in all, the first included      WithMaxAttempts
+//	backoff           full jitter, base 50 ms           WithBackoff
+//	                  (1 s for 429, 503 with
+//	                  Retry-After, the in-progress
+//	                  409), cap 20 s
+//	overall deadline  the context's, at most 30 s       WithMaxElapsed
+//	per attempt       none                              WithAttemptTimeout
+//	Retry-After       honoured up to 30 s               WithMaxRetryAfter
+//	budget            token bucket per host, shared     WithBudget
+//	                  process-wide: 500 tokens, a
+//	                  transient retry costs 14, a
+//	                  throttled one 5, a retried
+//	                  success refunds its cost, a
+//	                  first-try success adds 1
+//	keys              random UUIDv4 for POST and PATCH  WithAutoKeys, WithKeyHeader
+//	                  without a key, in Idempotency-Key
+//	request body      GetBody, or bodies up to 1 MiB    WithMaxBufferedBody
+//	                  buffered; larger ones sent once
+//	deadline header   Request-Deadline-Ms, only when    WithDeadlineHeader
+//	                  the context has a deadline
+//	logs              one slog record per attempt,      WithLogger
+//	                  to slog.Default()
+//	rules, hooks      none                              WithRetryPolicy, WithPrepare,
+//	                                                    WithObserver
+//
+// Per request, through its context: Idempotent(ctx, true or false), NoRetry.
 //
 // # Keys
 //
 // A POST or PATCH without a key gets one before its first attempt, and every
-// retry reuses it. Best first: an event-derived key (keygen.Event("order-confirm",
-// orderID)), deterministic so that even a retry from a restarted process
-// carries it; a request-scoped key carried in the context (keygen.NewContext);
-// a random UUID kept across retries, which is what the Transport attaches
-// when the caller gave none. A new value per attempt is the anti-pattern: it
-// turns every retry into a new request and makes duplicates certain. The
-// Transport never overwrites a caller's key; an invalid one fails before any
-// network I/O with an error matching ErrInvalidKey. The key used is visible
-// afterwards on resp.Request.Header.
+// retry reuses it. Best first: an event-derived key (keygen.Event), the same
+// in every process that handles the event; a request-scoped key carried in
+// the context (keygen.NewContext); a random UUID kept across retries, which
+// is what the Transport attaches when the caller gave none. A new value per
+// attempt is the anti-pattern: it makes every retry a new request. The
+// Transport never overwrites a caller's key; an invalid one fails before
+// any network I/O with an error matching keygen.ErrInvalidKey, which names
+// the key by its digest, never its bytes. The key sent is on
+// resp.Request.Header, and on retry.ExhaustedError.Key.
 //
-// The server side of the guarantee is package idempotency: with both halves,
-// a logical request has its effect effectively once within the key's scope
-// and the server's replay window (24 h by default). Delivery over a network
-// can never be made exactly-once; de-duplication is what makes repeats harmless.
-//
-// # Defaults
-//
-//	attempts          3 in total                       WithMaxAttempts
-//	backoff           full jitter, base 50 ms          WithBackoff
-//	                  (1 s for 429 / 503+Retry-After),
-//	                  cap 20 s
-//	overall deadline  the context's, at most 30 s       WithMaxElapsed
-//	per attempt       off                              WithAttemptTimeout
-//	Retry-After       honoured up to 30 s               WithRetryAfterCap
-//	budget            token bucket per host, shared     WithBudget, WithBudgetRegistry
-//	                  process-wide: 500 tokens,
-//	                  transient retry 14, throttled 5
-//	keys              random UUIDv4 for POST/PATCH      WithAutoKeys, WithKeyHeader
-//	deadline header   Request-Deadline-Ms sent only     WithDeadlineHeader
-//	                  when the context has a deadline
-//	logs              one slog record per attempt       WithLogger
+// Automatic keys make a POST retryable on every allow-listed outcome,
+// timeouts included: that is safe only against a server that de-duplicates
+// by key (package idempotency, Stripe, others); against one that does not,
+// use WithAutoKeys(false). With both halves, a logical request takes effect
+// effectively once within the key's scope and the server's replay window;
+// nothing over a network is delivered exactly once. When the loop ends
+// without a definitive answer (an error, a final 503 or in-progress 409),
+// the outcome is unknown: send the request again later with the same key,
+// never a new one.
 //
 // # Deadlines
 //
 // One overall deadline bounds each logical request: the earlier of the
-// request context's deadline and its start plus MaxElapsed (30 s by
-// default). Each attempt runs on a context canceled at the per-attempt
-// timeout or at that deadline, whichever is first; no backoff sleep starts
-// that would end after it. Both bound the wait for the response headers,
-// never the reading of the returned body, which the caller's context alone
-// governs.
+// context's deadline and the start plus WithMaxElapsed. Each attempt has a
+// time limit, the earlier of WithAttemptTimeout and that deadline, which
+// covers everything the Transport does with the attempt: sending it,
+// waiting for the headers, classifying the response, peeking at a 409's
+// problem code, and draining a response it discards (at most 64 KiB, and
+// ended early enough for the wait that follows). It stops when the response
+// is handed to the caller, whose context alone then governs the body. No
+// wait starts that would end after the overall deadline.
 //
 // The time left is told to the server in the Request-Deadline-Ms header
 // (package deadline) only when the caller's context has a deadline, as gRPC
-// sends grpc-timeout: the Transport's own MaxElapsed bounds the loop but is
-// not advertised. WithDeadlineHeader(true) sends it on every request (from
-// MaxElapsed when the context has no deadline); WithDeadlineHeader(false)
-// never sends it.
+// sends grpc-timeout: WithMaxElapsed bounds the loop but is not advertised.
 //
 // # Plugging in
 //
 // WithRetryPolicy widens or narrows the allow-list per outcome with
-// retry.Rule values; no rule lifts the safety rules above (nor the attempt
-// limit, the deadline, the budget). WithPrepare re-signs or re-authorises
-// each attempt's own copy just before it is sent (PrepareFunc). WithObserver
-// installs an Observer that sees every attempt and call; the slog records of
-// WithLogger are written by such an observer, and the otelsaferetry module
-// turns one into OpenTelemetry metrics and spans.
+// retry.Rule values. WithPrepare re-signs or re-authorises each attempt's
+// own copy just before it is sent. WithObserver installs an
+// Observer that sees every attempt and call; the slog records of WithLogger
+// come from such an observer, and the otelsaferetry module turns one into
+// OpenTelemetry metrics and spans. Labels (Outcome, retry.Class,
+// retry.Reason) are snake_case.
 //
 // # Order with other resilience layers
 //

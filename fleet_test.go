@@ -98,7 +98,7 @@ func TestFleetFullOutageAmplification(t *testing.T) {
 		srv := newFleetServer(t, func(int64) int { return http.StatusServiceUnavailable })
 		ok := sendFleet(t, srv.URL, fastBackoff,
 			// A fresh registry: the process-wide one is shared by every test.
-			saferetry.WithBudgetRegistry(budget.NewRegistry(nil)))
+			saferetry.WithBudget(budget.NewRegistry(nil)))
 		assert.Zero(t, ok)
 		hits := srv.hits.Load()
 		amplification := float64(hits) / fleetRequests
@@ -132,7 +132,7 @@ func TestFleetTenPercentFailures(t *testing.T) {
 		return http.StatusOK
 	})
 	reg := budget.NewRegistry(nil)
-	ok := sendFleet(t, srv.URL, fastBackoff, saferetry.WithBudgetRegistry(reg))
+	ok := sendFleet(t, srv.URL, fastBackoff, saferetry.WithBudget(reg))
 	hits := srv.hits.Load()
 	success := float64(ok) / fleetRequests
 	amplification := float64(hits) / fleetRequests

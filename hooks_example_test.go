@@ -7,9 +7,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/saferetry/saferetry"
@@ -22,7 +23,7 @@ import (
 // of their own.
 var quiet = []saferetry.Option{
 	saferetry.WithBackoff(jitter.Config{Base: time.Millisecond, ThrottleBase: time.Millisecond}),
-	saferetry.WithLogger(slog.New(slog.DiscardHandler)),
+	saferetry.WithLogger(nil),
 	saferetry.WithBudget(budget.Unlimited()),
 }
 
@@ -31,12 +32,20 @@ var quiet = []saferetry.Option{
 func ExampleWithRetryPolicy() {
 	srv := flakyServer() // 503, 503, then 200
 	defer srv.Close()
-	noRetryOnReports := retry.OnRequest(func(r *http.Request) bool {
-		return strings.HasPrefix(r.URL.Path, "/reports/")
-	}, retry.Status(retry.Deny, http.StatusServiceUnavailable))
-	retry500OnLedger := retry.OnRequest(func(r *http.Request) bool {
-		return r.URL.Host == "ledger.internal"
-	}, retry.Status(retry.Allow, http.StatusInternalServerError))
+	deny503 := retry.Status(retry.Deny, http.StatusServiceUnavailable)
+	noRetryOnReports := func(in retry.Input, d retry.Decision) retry.Verdict {
+		if !strings.HasPrefix(in.Request.URL.Path, "/reports/") {
+			return retry.Keep
+		}
+		return deny503(in, d)
+	}
+	allow500 := retry.Status(retry.Allow, http.StatusInternalServerError)
+	retry500OnLedger := func(in retry.Input, d retry.Decision) retry.Verdict {
+		if in.Request.URL.Host != "ledger.internal" {
+			return retry.Keep
+		}
+		return allow500(in, d)
+	}
 
 	client := &http.Client{Transport: saferetry.NewTransport(nil,
 		append(quiet, saferetry.WithRetryPolicy(noRetryOnReports, retry500OnLedger))...)}
@@ -48,6 +57,36 @@ func ExampleWithRetryPolicy() {
 	resp.Body.Close()
 	fmt.Println(resp.StatusCode)
 	// Output: 503
+}
+
+// go-retryablehttp's DefaultRetryPolicy retries every 5xx but 501. A rule
+// gets that here, for requests that are safe to repeat.
+func ExampleWithRetryPolicy_every5xxBut501() {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusInsufficientStorage) // 507
+			return
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	defer srv.Close()
+	every5xxBut501 := func(in retry.Input, _ retry.Decision) retry.Verdict {
+		if in.Response != nil && in.Response.StatusCode >= 500 && in.Response.StatusCode != 501 {
+			return retry.Allow
+		}
+		return retry.Keep
+	}
+	client := &http.Client{Transport: saferetry.NewTransport(nil,
+		append(quiet, saferetry.WithRetryPolicy(every5xxBut501))...)}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, "after", n.Load(), "attempts")
+	// Output: 200 after 2 attempts
 }
 
 // Sign every attempt with a fresh timestamp: a retry is signed anew.
@@ -90,7 +129,7 @@ func ExampleWithPrepare() {
 func ExampleWithObserver() {
 	srv := flakyServer()
 	defer srv.Close()
-	retries := map[string]int{}
+	retries := map[retry.Class]int{}
 	obs := saferetry.Observer{
 		AttemptDone: func(_ context.Context, a saferetry.AttemptDoneInfo) {
 			if a.Outcome == saferetry.OutcomeRetry {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
 
@@ -50,7 +51,7 @@ func TestPolicyCannotRetryUnkeyedPostAfterItMayHaveLeft(t *testing.T) {
 		ts := httptest.NewServer(srv)
 		defer ts.Close()
 		tr := newTestTransport(nil, retryEverything)
-		req, err := http.NewRequestWithContext(NotIdempotent(context.Background()), http.MethodPut, ts.URL, nil)
+		req, err := http.NewRequestWithContext(Idempotent(context.Background(), false), http.MethodPut, ts.URL, nil)
 		require.NoError(t, err)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -80,7 +81,7 @@ func TestPolicyStillHonoursAttemptsBudgetAndCancellation(t *testing.T) {
 		resp, err := tr.RoundTrip(get(t, ts.URL))
 		require.NoError(t, err)
 		resp.Body.Close()
-		assert.Len(t, srv.Hits(), DefaultMaxAttempts)
+		assert.Len(t, srv.Hits(), 3, "the default attempts")
 	})
 	t.Run("budget", func(t *testing.T) {
 		srv := &script{statuses: []int{500}}
@@ -114,6 +115,17 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 
 var errShardMoving = errors.New("shard moving")
 
+// onRequest applies r to the requests match accepts, as a user's rule that
+// looks at the request does.
+func onRequest(match func(*http.Request) bool, r retry.Rule) retry.Rule {
+	return func(in retry.Input, d retry.Decision) retry.Verdict {
+		if in.Request == nil || !match(in.Request) {
+			return retry.Keep
+		}
+		return r(in, d)
+	}
+}
+
 func TestPolicyWidensAndNarrowsPerRequest(t *testing.T) {
 	srv := &script{statuses: []int{500, 503, 200}}
 	ts := httptest.NewServer(srv)
@@ -122,8 +134,8 @@ func TestPolicyWidensAndNarrowsPerRequest(t *testing.T) {
 	onHost := func(r *http.Request) bool { return r.URL.Host == host }
 	onPath := func(r *http.Request) bool { return r.URL.Path == "/fragile" }
 	tr := newTestTransport(nil, WithMaxAttempts(5),
-		WithRetryPolicy(retry.OnRequest(onHost, retry.Status(retry.Allow, 500))),
-		WithRetryPolicy(retry.OnRequest(onPath, retry.Status(retry.Deny, 503))))
+		WithRetryPolicy(onRequest(onHost, retry.Status(retry.Allow, 500))),
+		WithRetryPolicy(onRequest(onPath, retry.Status(retry.Deny, 503))))
 
 	resp, err := tr.RoundTrip(get(t, ts.URL+"/fragile"))
 	require.NoError(t, err)
@@ -221,9 +233,7 @@ func TestPrepareErrorEndsTheLoopTyped(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorIs(t, err, errTokenExpired)
 	assert.ErrorIs(t, err, retry.ErrExhausted)
-	var pe *PrepareError
-	require.ErrorAs(t, err, &pe)
-	assert.Equal(t, 2, pe.Attempt)
+	assert.Contains(t, err.Error(), "preparing attempt 2: token expired")
 	var ex *retry.ExhaustedError
 	require.ErrorAs(t, err, &ex)
 	assert.Equal(t, retry.ReasonPrepare, ex.Reason)
@@ -293,8 +303,9 @@ func TestPrepareCannotChangeTheKey(t *testing.T) {
 type event struct {
 	kind    string
 	attempt int
-	class   string
-	outcome string
+	class   retry.Class
+	outcome Outcome
+	stop    retry.Reason
 	status  int
 	tag     any // the value the attempt's context carried
 }
@@ -313,13 +324,14 @@ func (l *eventLog) observer(name string) Observer {
 		AttemptStart: func(ctx context.Context, a AttemptStartInfo) context.Context {
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			l.events = append(l.events, event{kind: name + ":start", attempt: a.Attempt, class: a.RetryReason, tag: ctx.Value(tagKey{})})
+			l.events = append(l.events, event{kind: name + ":start", attempt: a.Attempt, class: a.Retrying, tag: ctx.Value(tagKey{})})
 			return context.WithValue(ctx, tagKey{}, name+strconv.Itoa(a.Attempt))
 		},
 		AttemptDone: func(ctx context.Context, a AttemptDoneInfo) {
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			e := event{kind: name + ":done", attempt: a.Attempt, class: a.Decision.Class, outcome: a.Outcome, tag: ctx.Value(tagKey{})}
+			e := event{kind: name + ":done", attempt: a.Attempt, class: a.Decision.Class, outcome: a.Outcome,
+				stop: a.Stop, tag: ctx.Value(tagKey{})}
 			if a.Response != nil {
 				e.status = a.Response.StatusCode
 			}
@@ -329,7 +341,8 @@ func (l *eventLog) observer(name string) Observer {
 		CallDone: func(_ context.Context, c CallDoneInfo) {
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			l.events = append(l.events, event{kind: name + ":call", attempt: c.Attempts, outcome: c.Outcome})
+			l.events = append(l.events, event{kind: name + ":call", attempt: c.Attempts, outcome: c.Outcome,
+				stop: c.Stop})
 			l.calls = append(l.calls, c)
 		},
 	}
@@ -353,20 +366,27 @@ func TestObserversSeeEveryAttemptAndCall(t *testing.T) {
 	resp.Body.Close()
 
 	want := []event{}
-	prev := ""
+	prev := retry.Class("")
 	for n, st := range []struct {
-		class, outcome string
-		status         int
-	}{{"status_503", OutcomeRetry, 503}, {"status_502", OutcomeRetry, 502}, {retry.ClassOK, OutcomeFinal, 200}} {
+		class   retry.Class
+		outcome Outcome
+		stop    retry.Reason
+		status  int
+	}{{"status_503", OutcomeRetry, "", 503}, {"status_502", OutcomeRetry, "", 502},
+		{retry.ClassOK, OutcomeFinal, retry.ReasonNotRetryable, 200}} {
 		a, b := "a"+strconv.Itoa(n+1), "b"+strconv.Itoa(n+1)
 		want = append(want,
 			event{kind: "a:start", attempt: n + 1, class: prev},         // the class it retries
 			event{kind: "b:start", attempt: n + 1, class: prev, tag: a}, // composed: b sees a's context
-			event{kind: "a:done", attempt: n + 1, class: st.class, outcome: st.outcome, status: st.status, tag: b},
-			event{kind: "b:done", attempt: n + 1, class: st.class, outcome: st.outcome, status: st.status, tag: b})
+			event{kind: "a:done", attempt: n + 1, class: st.class, outcome: st.outcome, stop: st.stop,
+				status: st.status, tag: b},
+			event{kind: "b:done", attempt: n + 1, class: st.class, outcome: st.outcome, stop: st.stop,
+				status: st.status, tag: b})
 		prev = st.class
 	}
-	want = append(want, event{kind: "a:call", attempt: 3, outcome: OutcomeFinal}, event{kind: "b:call", attempt: 3, outcome: OutcomeFinal})
+	want = append(want,
+		event{kind: "a:call", attempt: 3, outcome: OutcomeFinal, stop: retry.ReasonNotRetryable},
+		event{kind: "b:call", attempt: 3, outcome: OutcomeFinal, stop: retry.ReasonNotRetryable})
 	assert.Equal(t, want, l.events)
 	assert.Equal(t, []any{"b1", "b1", "b2", "b2", "b3", "b3"}, seen)
 
@@ -387,14 +407,15 @@ func TestObserverSeesBudgetDenialAndExhaustion(t *testing.T) {
 	require.Error(t, err)
 	require.Len(t, l.dones, 2)
 	assert.Equal(t, OutcomeRetry, l.dones[0].Outcome)
-	assert.False(t, l.dones[0].BudgetDenied)
-	assert.Equal(t, retry.ReasonBudget, l.dones[1].Outcome)
-	assert.True(t, l.dones[1].BudgetDenied)
+	assert.Empty(t, l.dones[0].Stop)
+	assert.Equal(t, OutcomeStopped, l.dones[1].Outcome)
+	assert.Equal(t, retry.ReasonBudget, l.dones[1].Stop)
 	assert.Equal(t, 0, l.dones[1].BudgetLeft)
 	assert.True(t, l.dones[1].Decision.NeverSent)
 	require.Len(t, l.calls, 1)
 	assert.Equal(t, 2, l.calls[0].Attempts)
-	assert.Equal(t, retry.ReasonBudget, l.calls[0].Outcome)
+	assert.Equal(t, OutcomeStopped, l.calls[0].Outcome)
+	assert.Equal(t, retry.ReasonBudget, l.calls[0].Stop)
 	assert.Same(t, err, l.calls[0].Err)
 	assert.Nil(t, l.calls[0].Response)
 }
@@ -405,7 +426,7 @@ func TestObserverNotCalledWhenNoAttemptStarts(t *testing.T) {
 	req := get(t, "http://127.0.0.1:1/")
 	req.Header.Set("Idempotency-Key", "has\x01control")
 	_, err := tr.RoundTrip(req)
-	require.ErrorIs(t, err, ErrInvalidKey)
+	require.ErrorIs(t, err, keygen.ErrInvalidKey)
 	assert.Empty(t, l.events)
 }
 

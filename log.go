@@ -3,7 +3,6 @@ package saferetry
 import (
 	"context"
 	"log/slog"
-	"math"
 
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
@@ -13,8 +12,8 @@ import (
 // WithLogger's logger, or slog.Default() at the time of each record when
 // none was set. The raw key never appears: only its digest.
 type logObserver struct {
-	logger      *slog.Logger // nil: slog.Default()
-	bufferLimit int64
+	logger  *slog.Logger // nil: slog.Default()
+	maxBody int64        // WithMaxBufferedBody
 }
 
 func (l logObserver) observer() Observer {
@@ -32,17 +31,17 @@ func (l logObserver) get() *slog.Logger {
 // large to buffer, which is sent once without retries.
 func (l logObserver) attemptStart(ctx context.Context, a AttemptStartInfo) context.Context {
 	if a.Attempt == 1 && a.NotRetrying == retry.ReasonBodyNotRewindable {
-		limit := min(l.bufferLimit, math.MaxInt64-1)
-		l.get().LogAttrs(ctx, slog.LevelInfo, "saferetry: request body too large to buffer; sent once without retries",
-			slog.String("method", a.Request.Method), slog.String("host", a.Request.URL.Host), slog.String("path", a.Request.URL.Path),
-			slog.Int64("buffer_limit", limit))
+		l.get().LogAttrs(ctx, slog.LevelInfo,
+			"saferetry: request body too large to buffer; sent once without retries",
+			slog.String("method", a.Request.Method), slog.String("host", a.Request.URL.Host),
+			slog.String("path", a.Request.URL.Path), slog.Int64("max_buffered_body", l.maxBody))
 	}
 	return ctx
 }
 
-// attemptDone writes the one record of an attempt. Debug: a first-try final
-// outcome; Info: an attempt that will be retried, or a final outcome after
-// retries or with a 5xx; Warn: giving up.
+// attemptDone writes the one record of an attempt. Debug: a first-try
+// answer below 500; Info: an attempt that will be retried, or an answer
+// after retries or a 5xx; Warn: an error, or a stopped loop.
 func (l logObserver) attemptDone(ctx context.Context, a AttemptDoneInfo) {
 	level := slog.LevelWarn
 	switch {
@@ -64,7 +63,7 @@ func (l logObserver) attemptDone(ctx context.Context, a AttemptDoneInfo) {
 		slog.String("method", a.Request.Method),
 		slog.String("host", a.Request.URL.Host),
 		slog.String("path", a.Request.URL.Path),
-		slog.String("class", a.Decision.Class),
+		slog.String("class", string(a.Decision.Class)),
 	)
 	if a.Response != nil {
 		attrs = append(attrs, slog.Int("status", a.Response.StatusCode))
@@ -75,15 +74,18 @@ func (l logObserver) attemptDone(ctx context.Context, a AttemptDoneInfo) {
 	attrs = append(attrs,
 		slog.Duration("elapsed", a.Elapsed),
 		slog.Duration("total", a.Total),
-		slog.String("outcome", a.Outcome),
+		slog.String("outcome", string(a.Outcome)),
 	)
-	if a.Outcome == OutcomeRetry {
+	switch a.Outcome {
+	case OutcomeRetry:
 		attrs = append(attrs, slog.Duration("wait", a.Wait))
+	case OutcomeStopped:
+		attrs = append(attrs, slog.String("stop", string(a.Stop)))
 	}
 	if a.Decision.HasRetryAfter {
 		attrs = append(attrs, slog.Duration("retry_after", a.Decision.RetryAfter))
 	}
-	if a.BudgetDenied {
+	if a.Stop == retry.ReasonBudget {
 		attrs = append(attrs, slog.Int("budget_left", a.BudgetLeft))
 	}
 	if a.Key != "" {

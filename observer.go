@@ -8,17 +8,23 @@ import (
 	"github.com/saferetry/saferetry/retry"
 )
 
-// Outcomes of an attempt, in AttemptDoneInfo.Outcome and CallDoneInfo.Outcome,
-// besides the retry.Reason* constants, which say why the loop stopped while
-// the outcome was still a retryable failure (or why it could not go on).
+// Outcome is what the retry loop did after an attempt: a label for logs
+// and metrics (snake_case), in AttemptDoneInfo and CallDoneInfo.
+type Outcome string
+
+// The outcomes of an attempt, and of a call (final or stopped).
 const (
-	// OutcomeFinal: the loop returns this attempt's response, a success or
-	// a status that is not retried. (An error that is not retried ends the
-	// loop with retry.ReasonNotRetryable, or retry.ReasonCanceled for the
-	// caller's cancellation or deadline.)
-	OutcomeFinal = "final"
-	// OutcomeRetry: the attempt failed and will be retried after Wait.
-	OutcomeRetry = "retry"
+	// OutcomeRetry: the outcome may be retried, and will be after Wait.
+	OutcomeRetry Outcome = "retry"
+	// OutcomeFinal: the outcome is not retried (Decision.Retry is false):
+	// a success, a status or an error outside the allow-list, the caller's
+	// own cancellation or deadline. It is returned as it is.
+	OutcomeFinal Outcome = "final"
+	// OutcomeStopped: the outcome could have been retried but the loop
+	// stopped, for the reason in Stop (the attempt limit, the deadline,
+	// the budget, the caller's cancellation, a body that cannot be sent
+	// again, or a preparation that failed before the attempt was sent).
+	OutcomeStopped Outcome = "stopped"
 )
 
 // Observer sees every attempt and every call of a Transport. Each field is
@@ -61,14 +67,13 @@ type AttemptStartInfo struct {
 	Request *http.Request // the caller's request (read-only)
 	Attempt int           // 1 for the first attempt
 	Key     string        // the idempotency key every attempt carries, "" for none
-	// RetryReason is the Decision.Class of the previous attempt's outcome,
-	// which this attempt retries ("status_503", "conn_refused"); "" for
-	// the first attempt.
-	RetryReason string
+	// Retrying is the class of the previous attempt's outcome, which this
+	// attempt retries ("status_503", "conn_refused"); "" for the first.
+	Retrying retry.Class
 	// NotRetrying is why this request will not be retried whatever its
 	// outcome (retry.ReasonBodyNotRewindable for a body too large to
 	// buffer), "" when it may be.
-	NotRetrying string
+	NotRetrying retry.Reason
 }
 
 // AttemptDoneInfo describes the outcome of one attempt and what the loop
@@ -77,41 +82,42 @@ type AttemptDoneInfo struct {
 	Request *http.Request // the caller's request (read-only)
 	Attempt int           // 1 for the first attempt
 	Key     string        // "" for none
-	// Decision is the classification of the outcome (its Class is the
-	// label for logs and metrics: "status_503", "conn_refused", ...).
+	// Decision is the classification of the outcome; its Class is the
+	// label for logs and metrics.
 	Decision retry.Decision
 	// Response is the attempt's response (status and headers only: never
 	// read its body), nil when there is none.
 	Response *http.Response
 	// Err is the attempt's error, nil when Response is set. When the
-	// preparation failed (Outcome retry.ReasonPrepare) it is the
-	// *PrepareError and the attempt was not sent.
+	// preparation failed (Stop retry.ReasonPrepare), the attempt was not
+	// sent and Err is the preparation's error.
 	Err error
-	// Elapsed is the attempt's duration, until its response headers or its
-	// error; Total the time since the call's first attempt started.
+	// Elapsed is the attempt's duration, until its outcome was classified;
+	// Total the time since the call's first attempt started.
 	Elapsed, Total time.Duration
-	// Outcome is OutcomeFinal, OutcomeRetry, or the retry.Reason* constant
-	// that ended the loop.
-	Outcome string
-	// Wait is the sleep chosen before the next attempt (Outcome
-	// OutcomeRetry only).
+	// Outcome is what the loop does next.
+	Outcome Outcome
+	// Stop is why the loop ends with this attempt, "" when it retries it:
+	// retry.ReasonNotRetryable or retry.ReasonCanceled for OutcomeFinal,
+	// any Reason for OutcomeStopped.
+	Stop retry.Reason
+	// Wait is the sleep before the next attempt (OutcomeRetry only).
 	Wait time.Duration
-	// BudgetDenied is true when the retry budget refused this retry
-	// (Outcome retry.ReasonBudget); BudgetLeft is then the tokens left.
-	// A granted retry has Outcome OutcomeRetry.
-	BudgetDenied bool
-	BudgetLeft   int
+	// BudgetLeft is what the retry budget had left when it refused this
+	// retry (Stop retry.ReasonBudget only): tokens, or retries for a ratio.
+	BudgetLeft int
 }
 
 // CallDoneInfo describes a finished call: one RoundTrip and its attempts.
 type CallDoneInfo struct {
 	Request  *http.Request // the caller's request (read-only)
 	Key      string        // "" for none
-	Attempts int           // attempts made (the one whose preparation failed not counted)
-	// Outcome is the last attempt's Outcome: OutcomeFinal, or the
-	// retry.Reason* constant that ended the loop (retry.ReasonCanceled
-	// also when the caller canceled during a sleep).
-	Outcome string
+	Attempts int           // attempts made (not one whose preparation failed)
+	// Outcome is OutcomeFinal or OutcomeStopped, as for the last attempt
+	// (OutcomeStopped also when the caller canceled during a wait).
+	Outcome Outcome
+	// Stop is why the loop ended (see AttemptDoneInfo.Stop).
+	Stop retry.Reason
 	// Response is the response RoundTrip returns (never read its body),
 	// Err the error; exactly one is non-nil.
 	Response *http.Response

@@ -2,54 +2,46 @@ package saferetry
 
 import (
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/jitter"
 	"github.com/saferetry/saferetry/retry"
 )
 
-// Defaults of a Transport built with no options. Each has an Option.
+// Defaults of a Transport built with no options, stated for users in the
+// package documentation.
 const (
-	// DefaultMaxAttempts is the number of attempts in total, first one
-	// included (the AWS SDKs' standard mode).
-	DefaultMaxAttempts = 3
-	// DefaultMaxElapsed bounds the whole retry loop: attempts and sleeps.
-	DefaultMaxElapsed = 30 * time.Second
-	// DefaultRetryAfterCap is the longest Retry-After the Transport sleeps;
-	// a longer one ends the loop and the response is returned at once.
-	DefaultRetryAfterCap = 30 * time.Second
-	// DefaultBodyBufferLimit is the largest request body without GetBody
-	// that is buffered to make it retryable.
-	DefaultBodyBufferLimit = 1 << 20
-	// DefaultKeyHeader is the idempotency key header.
-	DefaultKeyHeader = "Idempotency-Key"
-	// drainLimit bounds how much of a discarded response body is read so
-	// that its connection can be reused.
-	drainLimit = 64 << 10
+	defaultMaxBufferedBody = 1 << 20
+	defaultKeyHeader       = "Idempotency-Key"
+	// maxDrain bounds how much of a discarded response body is read so that
+	// its connection can be reused.
+	maxDrain = 64 << 10
 )
 
-// Option configures a Transport. Options are applied in order; a later one
-// wins. Invalid values (a negative duration, zero attempts) are ignored and
-// the default stays, so an Option never makes a Transport unusable.
+// Option configures a Transport: one option per setting, applied in order,
+// a later one winning. Each option's documentation says what every value
+// means, the out-of-range ones included; no value is silently replaced by a
+// default.
 type Option func(*config)
 
 type config struct {
 	maxAttempts     int
 	backoff         jitter.Config
-	maxElapsed      time.Duration
-	attemptTimeout  time.Duration
-	retryAfterCap   time.Duration
-	logger          *slog.Logger
-	retry500        bool
-	bodyBufferLimit int64
+	maxElapsed      time.Duration // 0: no bound of the Transport's own
+	attemptTimeout  time.Duration // 0: none
+	maxRetryAfter   time.Duration
+	logger          *slog.Logger // nil: slog.Default(), unless noLog
+	noLog           bool
+	maxBufferedBody int64
 	budget          budget.Budget
-	registry        *budget.Registry
 	autoKeys        bool
 	keyHeader       string
 	deadlineHeader  deadlineMode
 	rules           []retry.Rule
-	prepare         []PrepareFunc
+	prepare         []func(*http.Request, int) error
 	observers       []Observer
 }
 
@@ -64,163 +56,120 @@ const (
 
 func defaultConfig() config {
 	return config{
-		maxAttempts:     DefaultMaxAttempts,
-		maxElapsed:      DefaultMaxElapsed,
-		retryAfterCap:   DefaultRetryAfterCap,
-		bodyBufferLimit: DefaultBodyBufferLimit,
+		maxAttempts:     decide.DefaultMaxAttempts,
+		maxElapsed:      decide.DefaultMaxElapsed,
+		maxRetryAfter:   decide.DefaultMaxRetryAfter,
+		maxBufferedBody: defaultMaxBufferedBody,
 		autoKeys:        true,
-		keyHeader:       DefaultKeyHeader,
+		keyHeader:       defaultKeyHeader,
 	}
 }
 
-// WithMaxAttempts sets the number of attempts in total, the first included
-// (default 3). 1 disables retries. Values below 1 are ignored.
+// WithMaxAttempts sets the number of attempts in all, the first included
+// (default 3). 1, and any value below 1, means a single attempt: no retries.
 func WithMaxAttempts(n int) Option {
-	return func(c *config) {
-		if n >= 1 {
-			c.maxAttempts = n
-		}
-	}
+	return func(c *config) { c.maxAttempts = max(1, n) }
 }
 
-// WithBackoff sets the backoff formula and its bases and cap. Zero fields of
-// cfg mean the jitter package's defaults: full jitter, base 50 ms for
-// transient failures, 1 s for throttling (429, or 503 with Retry-After),
-// cap 20 s.
+// WithBackoff sets the wait before each retry (default full jitter, base
+// 50 ms for transient failures and 1 s for throttling, cap 20 s). Zero
+// fields of cfg mean those defaults (see jitter.Config). A server's
+// Retry-After, when longer, wins.
 func WithBackoff(cfg jitter.Config) Option {
 	return func(c *config) { c.backoff = cfg }
 }
 
-// WithMaxElapsed bounds the whole retry loop (default 30 s): the overall
-// deadline is the earlier of the request context's deadline and the start
-// plus d. No attempt starts and no sleep begins that would end after it.
-// The server is told of d only with WithDeadlineHeader(true): by default the
-// deadline header carries the caller's own deadline alone. Values of 0 or
-// less are ignored.
+// WithMaxElapsed bounds the whole retry loop, attempts and waits (default
+// 30 s): the overall deadline is the earlier of the request context's
+// deadline and the start plus d. No attempt outlives it and no wait starts
+// that would end after it. d <= 0 means no bound of the Transport's own:
+// the context's deadline alone, if any, and WithAttemptTimeout bound the
+// loop.
 func WithMaxElapsed(d time.Duration) Option {
-	return func(c *config) {
-		if d > 0 {
-			c.maxElapsed = d
-		}
-	}
+	return func(c *config) { c.maxElapsed = max(0, d) }
 }
 
-// WithAttemptTimeout bounds each attempt until its response headers arrive
-// (default off: only the overall deadline applies). An attempt that times out
-// is retried when the request is idempotent or carries a key. A good value is
-// 2 to 3 times the measured p99 latency of the endpoint. The timeout never
-// extends past the overall deadline; it does not cut the reading of the
-// returned response's body, which the caller's context governs. 0 turns it
-// off; negative values are ignored.
+// WithAttemptTimeout bounds each attempt (default none: the overall
+// deadline alone): from its start until its response is handed over, which
+// covers the wait for the headers and everything the Transport then does
+// with the response, never the caller's reading of the returned body. It
+// never extends past the overall deadline. An attempt that times out is
+// retried when the request may be repeated. A good value is 2 to 3 times
+// the endpoint's measured p99 latency. d <= 0 means none.
 func WithAttemptTimeout(d time.Duration) Option {
-	return func(c *config) {
-		if d >= 0 {
-			c.attemptTimeout = d
-		}
-	}
+	return func(c *config) { c.attemptTimeout = max(0, d) }
 }
 
-// WithRetryAfterCap sets the longest server-sent Retry-After the Transport
-// honours by sleeping (default 30 s). A longer one, or one that would end
-// after the overall deadline, ends the loop and returns that response at once.
-// Values of 0 or less are ignored.
-func WithRetryAfterCap(d time.Duration) Option {
-	return func(c *config) {
-		if d > 0 {
-			c.retryAfterCap = d
-		}
-	}
+// WithMaxRetryAfter sets the longest Retry-After the Transport honours by
+// waiting (default 30 s). A longer one, or one that would end after the
+// overall deadline, ends the loop and the response is returned at once.
+// d <= 0 means that any positive Retry-After ends the loop.
+func WithMaxRetryAfter(d time.Duration) Option {
+	return func(c *config) { c.maxRetryAfter = max(0, d) }
 }
 
-// WithLogger sets the logger that receives one record per attempt (default
-// slog.Default(), looked up at each record). Debug: a first-try final
-// outcome; Info: an attempt that will be retried, or a final outcome after
-// retries; Warn: giving up while the outcome was still a retryable failure.
-// The records are written by the Transport's logging Observer, which runs
-// before those of WithObserver. A nil logger is ignored.
+// WithLogger sets the logger of the one record written per attempt
+// (default slog.Default(), looked up at each record); nil turns logging
+// off. Debug: a first-try answer below 500; Info: an attempt that will be
+// retried, or an answer after retries or a 5xx; Warn: an error, or the
+// loop stopped while the outcome could have been retried. The records
+// never carry the raw key, only its digest. They are written by an
+// Observer that runs before those of WithObserver.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
-		if l != nil {
-			c.logger = l
-		}
-	}
+	return func(c *config) { c.logger, c.noLog = l, l == nil }
 }
 
-// WithRetry500 opts in to retrying 500 Internal Server Error (default off:
-// a 500 usually means a bug, and a bug does not go away on retry). It only
-// applies to requests that are idempotent or carry a key.
-func WithRetry500() Option {
-	return func(c *config) { c.retry500 = true }
+// WithMaxBufferedBody sets how many bytes of a request body without GetBody
+// are buffered to make it replayable (default 1 MiB). A larger body is sent
+// once, as a stream, and not retried, which is logged. n <= 0 means that no
+// body without GetBody is buffered, so none is retried.
+func WithMaxBufferedBody(n int64) Option {
+	return func(c *config) { c.maxBufferedBody = max(0, n) }
 }
 
-// WithBodyBufferLimit sets how many bytes of a request body without GetBody
-// are buffered to make it retryable (default 1 MiB). A larger body is sent
-// once and not retried, and that is logged. Negative values are ignored; 0
-// means such bodies are never buffered.
-func WithBodyBufferLimit(n int64) Option {
-	return func(c *config) {
-		if n >= 0 {
-			c.bodyBufferLimit = n
-		}
-	}
-}
-
-// WithBudget makes every request of this Transport draw its retries from b,
-// instead of the process-wide per-host registry (budget.Default()). Use
-// budget.Unlimited() for tests and batch jobs. A nil b is ignored.
+// WithBudget sets the retry budget this Transport asks before every retry
+// (default: a process-wide budget.Registry of default token buckets, one
+// per host, shared by every Transport). A *budget.Registry gives each
+// request its host's budget; any other Budget is shared by every host of
+// this Transport. budget.Unlimited() grants every retry: for tests and
+// batch jobs only. nil means the default.
 func WithBudget(b budget.Budget) Option {
-	return func(c *config) {
-		if b != nil {
-			c.budget, c.registry = b, nil
-		}
-	}
-}
-
-// WithBudgetRegistry makes this Transport draw retries from r.For(host) for
-// each request's host (default budget.Default(), shared by every Transport in
-// the process). A nil r is ignored.
-func WithBudgetRegistry(r *budget.Registry) Option {
-	return func(c *config) {
-		if r != nil {
-			c.registry, c.budget = r, nil
-		}
-	}
+	return func(c *config) { c.budget = b }
 }
 
 // WithAutoKeys turns the automatic idempotency key on or off (default on).
-// When on, a POST or PATCH request without a key gets one before its first
-// attempt: the key of keygen.FromContext(ctx) when the context carries one,
-// otherwise keygen.Random(). Every attempt of that request reuses it, and
-// because the key lets the server de-duplicate them, such requests are
-// retried on every allow-listed outcome. Keep it on only for servers that
-// honour Idempotency-Key; with it off, a POST or PATCH without a key is
-// retried only when it provably never left.
+// When on, a POST or PATCH without a key gets one before its first attempt:
+// the key of keygen.FromContext(ctx) when the context carries one,
+// otherwise keygen.Random(). Every attempt reuses it, and because the key
+// lets the server de-duplicate them, such requests are retried on every
+// allow-listed outcome. Keep it on only for servers that honour
+// Idempotency-Key; with it off, a POST or PATCH without a key is retried
+// only when it provably never left.
 func WithAutoKeys(on bool) Option {
 	return func(c *config) { c.autoKeys = on }
 }
 
 // WithKeyHeader sets the name of the idempotency key header (default
-// "Idempotency-Key"). An empty name is ignored.
+// "Idempotency-Key"). "" means the default name.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
-		if name != "" {
-			c.keyHeader = name
+		c.keyHeader = name
+		if name == "" {
+			c.keyHeader = defaultKeyHeader
 		}
 	}
 }
 
 // WithDeadlineHeader sets when each attempt tells the server how long the
-// client still waits, in the deadline.Header header (Request-Deadline-Ms,
-// whole milliseconds before the overall deadline, recomputed per attempt),
-// which deadline.Middleware turns back into a context deadline on the server.
+// client still waits, in the deadline.Header header (Request-Deadline-Ms:
+// whole milliseconds left before the overall deadline, per attempt), which
+// deadline.Middleware turns back into a context deadline.
 //
-// By default (this option not given) the header is sent only when the
-// request's context has a deadline, as gRPC sends grpc-timeout: the value is
-// the time left before the earlier of that deadline and the start plus
-// MaxElapsed. The Transport's own MaxElapsed alone still bounds the retry
-// loop, but is not advertised. WithDeadlineHeader(true) sends the header on
-// every request, a context without a deadline included (the value then comes
-// from MaxElapsed); WithDeadlineHeader(false) never sends it.
+// By default the header goes only with a request whose context has a
+// deadline, as gRPC sends grpc-timeout; WithMaxElapsed alone bounds the
+// loop but is not advertised. true sends it on every request that has an
+// overall deadline (from WithMaxElapsed when the context has none); false
+// never sends it.
 func WithDeadlineHeader(on bool) Option {
 	return func(c *config) {
 		c.deadlineHeader = deadlineNever
@@ -230,21 +179,13 @@ func WithDeadlineHeader(on bool) Option {
 	}
 }
 
-// WithRetryPolicy adds rules that widen or narrow the retry allow-list per
-// outcome: status, error, request, attempt number (default none). For
-// example retry.OnRequest(onHostA, retry.Status(retry.Allow, 500)) retries
-// 500 on one host, retry.Status(retry.Deny, 503) never retries 503. Rules
-// run in order, those of earlier WithRetryPolicy options first, after the
-// built-in decision; the first verdict other than retry.Keep decides.
-//
-// No rule lifts the safety rules, which are applied after the rules: a
-// success (a status below 400) is never retried; an unsafe request without
-// a key (a POST with WithAutoKeys(false), a request marked NotIdempotent)
-// is never sent again once it may have reached the server (after a status,
-// a reset or a timeout), only when it provably never left; the caller's cancellation and deadline end the loop; the attempt
-// limit, the overall deadline, the Retry-After cap and the retry budget are
-// still checked before every retry. See retry.Classify. Nil rules are
-// ignored.
+// WithRetryPolicy adds rules that widen or narrow the allow-list per
+// outcome (default none): for example retry.Status(retry.Allow, 500)
+// retries 500, retry.Status(retry.Deny, 503) never retries 503. Rules run
+// in order, those of earlier options first; the first verdict other than
+// retry.Keep decides. No rule lifts the safety rules of the package
+// documentation, nor the attempt limit, the deadline or the budget. Nil
+// rules are skipped.
 func WithRetryPolicy(rules ...retry.Rule) Option {
 	return func(c *config) {
 		for _, r := range rules {
@@ -256,10 +197,28 @@ func WithRetryPolicy(rules ...retry.Rule) Option {
 }
 
 // WithPrepare adds f to the functions that prepare each attempt's request
-// just before it is sent (default none): see PrepareFunc. Several run in the
-// order of their options. When one is set, each attempt gets its own header
-// map and URL. A nil f is ignored.
-func WithPrepare(f PrepareFunc) Option {
+// just before it is sent (default none); several run in the order of their
+// options. f runs after the body is rewound, after the AttemptStart
+// observers (r.Context() is the attempt's context) and after the deadline
+// header is set; attempt is 1 for the first attempt. Use it to sign each
+// attempt (AWS SigV4, an HMAC of a webhook) or to set a fresh token.
+//
+// r is the attempt's own copy: f may change r.Header (its own map and value
+// slices) and r.URL (its own copy, for example a presigned query), never
+// the caller's request. It must not read or replace r.Body; to hash the
+// payload, it reads a fresh copy from r.GetBody, set whenever the body can
+// be replayed. It must not change the idempotency key header: that fails
+// the attempt with ErrKeyChanged, since a signature over a key the
+// Transport put back would be wrong.
+//
+// An error from f, or ErrKeyChanged, ends the loop before the attempt is
+// sent: RoundTrip returns a *retry.ExhaustedError with Reason
+// retry.ReasonPrepare, Attempts the attempts sent before, and an Err that
+// wraps f's error. When an earlier attempt may have reached the server, its
+// outcome is unknown: send the request again later with the same key
+// (ExhaustedError.Key). f may be called concurrently for different
+// requests; a panic in it is not recovered. A nil f is skipped.
+func WithPrepare(f func(r *http.Request, attempt int) error) Option {
 	return func(c *config) {
 		if f != nil {
 			c.prepare = append(c.prepare, f)
@@ -270,7 +229,7 @@ func WithPrepare(f PrepareFunc) Option {
 // WithObserver adds o to the Transport's observers (default: only the
 // logging observer of WithLogger). Every observer sees every attempt and
 // call, in the order of their options, after the logging observer. An
-// Observer with no function set is ignored.
+// Observer with no function set is skipped.
 func WithObserver(o Observer) Option {
 	return func(c *config) {
 		if o.AttemptStart != nil || o.AttemptDone != nil || o.CallDone != nil {

@@ -19,7 +19,7 @@ import (
 
 // An unkeyed POST that reached the server is never sent again, whatever
 // text the server puts in its answer: an HTTP/1 status line that reads
-// "REFUSED_STREAM" (echoed in net/http's parse error) once passed for a
+// "REFUSED_STREAM" (echoed in net/http's parse error) must not pass for a
 // refused HTTP/2 stream, a request that provably never left.
 func TestServerTextCannotPassForARefusedStream(t *testing.T) {
 	for _, status := range []string{"REFUSED_STREAM", "stream error: stream ID 1; REFUSED_STREAM"} {

@@ -12,18 +12,16 @@
 // # Token bucket (the default)
 //
 // [TokenBucket] implements the retry quota of the AWS SDKs' retry behaviour
-// announced for 2026 (opt in with AWS_NEW_RETRIES_2026=true, the default from
-// November 2026): a bucket of 500 tokens, starting full; a retry after a
-// transient failure costs 14 tokens, a retry after throttling (429, or 503
-// with Retry-After) costs 5; a retry that succeeds refunds its cost; a
-// first-try success adds 1, never above 500; a retry whose cost exceeds what
-// is left is denied and takes nothing. Pre-2026 SDKs charged 5 per retry and
-// 10 per timeout. There is no refill with time, only with successes: during a
-// full outage the bucket drains after 35 transient retries and the client
-// then sends each request once, so amplification tends to 1; with the
-// defaults the quota keeps draining once roughly 22% or more of first
-// attempts fail for a sustained period (each failure's retry costs 14, funded
-// by first-try successes at 1 each).
+// 2.1: a bucket of 500 tokens, starting full; a retry after a transient
+// failure costs 14 tokens, a retry after throttling (429, or 503 with
+// Retry-After) costs 5; a retry that succeeds refunds its cost; a first-try
+// success adds 1, never above 500; a retry whose cost exceeds what is left
+// is denied and takes nothing. There is no refill with time, only with
+// successes: during a full outage the bucket drains after 35 transient
+// retries and the client then sends each request once, so amplification
+// tends to 1; with the defaults the quota keeps draining once roughly 22% or
+// more of first attempts fail for a sustained period (each failure's retry
+// costs 14, funded by first-try successes at 1 each).
 //
 // # Ratio
 //
@@ -44,10 +42,11 @@
 // # Registry
 //
 // Budgets are per host: one outage of one host must not stop retries to
-// others. A [Registry] creates one budget per host lazily; [Default] is the
-// process-wide registry of default token buckets that every Transport shares
-// unless given its own budget or registry. [Unlimited] exists for tests and
-// batch jobs.
+// others. A [Registry] creates one budget per host lazily. Every saferetry
+// Transport shares one process-wide registry of default token buckets
+// unless its WithBudget option gives it another Budget: a Registry of its
+// own (per host), or one budget for all its hosts. [Unlimited] exists for
+// tests and batch jobs.
 //
 // All types are safe for concurrent use, start no goroutines and take the
 // current time as a parameter, so tests and simulations drive the clock.

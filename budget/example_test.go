@@ -12,9 +12,9 @@ import (
 func ExampleTokenBucket() {
 	now := time.Now()
 	b := budget.NewTokenBucket(budget.TokenBucketConfig{}) // 500 tokens
-	cost, ok := b.AcquireRetry(now, budget.Transient)
+	cost, ok := b.AcquireRetry(now, false)                 // after a transient failure
 	fmt.Println(cost, ok, b.Available(now))
-	cost, ok = b.AcquireRetry(now, budget.Throttle)
+	cost, ok = b.AcquireRetry(now, true) // after throttling
 	fmt.Println(cost, ok, b.Available(now))
 	b.OnSuccess(now, cost) // the throttled retry succeeded: refund
 	b.OnSuccess(now, 0)    // another request succeeded on its first try
@@ -33,7 +33,7 @@ func ExampleTokenBucket_outage() {
 	retries := 0
 	for range 1000 {
 		b.OnRequest(now)
-		if _, ok := b.AcquireRetry(now, budget.Transient); ok {
+		if _, ok := b.AcquireRetry(now, false); ok {
 			retries++
 		}
 	}
@@ -51,7 +51,7 @@ func ExampleRatio() {
 	}
 	granted := 0
 	for range 50 {
-		if _, ok := r.AcquireRetry(now, budget.Transient); ok {
+		if _, ok := r.AcquireRetry(now, false); ok {
 			granted++
 		}
 	}
@@ -65,7 +65,7 @@ func ExampleRegistry() {
 	now := time.Now()
 	reg := budget.NewRegistry(nil) // default token buckets
 	for range 100 {
-		reg.For("flaky.example").AcquireRetry(now, budget.Transient)
+		reg.For("flaky.example").AcquireRetry(now, false)
 	}
 	fmt.Println(reg.For("flaky.example").Available(now), reg.For("healthy.example").Available(now))
 	// Output: 10 500

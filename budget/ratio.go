@@ -11,10 +11,10 @@ import (
 
 // Defaults of a [Ratio] budget.
 const (
-	DefaultRatio          = 0.2              // retries per logical request in the window
-	DefaultWindow         = 10 * time.Second // length of the sliding window
-	DefaultBuckets        = 10               // sub-buckets of the window (1 s each by default)
-	DefaultFloorPerSecond = 10.0             // retries per second allowed whatever the traffic
+	defaultRatio          = 0.2              // retries per logical request in the window
+	defaultWindow         = 10 * time.Second // length of the sliding window
+	defaultBuckets        = 10               // sub-buckets of the window (1 s each by default)
+	defaultFloorPerSecond = 10.0             // retries per second allowed whatever the traffic
 )
 
 // ppmScale converts the ratio to integer parts per million so that the
@@ -27,20 +27,20 @@ const maxRatio = 1000
 // RatioConfig configures [NewRatio]. The zero value means all defaults.
 type RatioConfig struct {
 	// Ratio is the share of requests that may be retried within the window,
-	// resolved to parts per million. 0 means DefaultRatio (0.2); NaN,
-	// infinities and negative values are treated as 0; values above 1000 as 1000.
+	// resolved to parts per million. 0 means 0.2; NaN, infinities and
+	// negative values mean the same as 0; values above 1000 mean 1000.
 	Ratio float64
-	// Window is the length of the sliding window. 0 means DefaultWindow (10 s);
-	// negative is treated as 0.
+	// Window is the length of the sliding window. 0 means 10 s; a negative
+	// value means the same as 0.
 	Window time.Duration
 	// Buckets is the number of fixed sub-buckets the window is made of (the
-	// window moves one sub-bucket at a time). 0 means DefaultBuckets (10);
-	// negative is treated as 0; at most one sub-bucket per nanosecond of Window.
+	// window moves one sub-bucket at a time). 0 means 10; a negative value
+	// means the same as 0; at most one sub-bucket per nanosecond of Window.
 	Buckets int
 	// FloorPerSecond is the rate of retries allowed even without requests
-	// to fund them, through a golang.org/x/time/rate Limiter. 0 means
-	// DefaultFloorPerSecond (10); a negative value disables the floor; NaN and
-	// infinities are treated as 0.
+	// to fund them, through a golang.org/x/time/rate Limiter. 0 means 10; a
+	// negative value disables the floor; NaN and infinities mean the same
+	// as 0.
 	FloorPerSecond float64
 	// FloorBurst is the floor limiter's burst. 0 means FloorPerSecond rounded
 	// up (10 by default); negative is treated as 0.
@@ -50,10 +50,10 @@ type RatioConfig struct {
 // Validate reports the first field NewRatio would replace by a default or
 // clamp: Ratio NaN, infinite, negative or above 1000; Window, Buckets or
 // FloorBurst negative; FloorPerSecond NaN or infinite. It returns a
-// [*ConfigError] wrapping [ErrInvalidConfig], or nil (also for the zero value).
+// error matching [ErrInvalidConfig], or nil (also for the zero value).
 func (c RatioConfig) Validate() error {
 	bad := func(field, value, reason string) error {
-		return &ConfigError{Field: "RatioConfig." + field, Value: value, Reason: reason}
+		return configError("RatioConfig."+field, value, reason)
 	}
 	switch {
 	case math.IsNaN(c.Ratio) || math.IsInf(c.Ratio, 0) || c.Ratio < 0 || c.Ratio > maxRatio:
@@ -77,7 +77,7 @@ func (c RatioConfig) Validate() error {
 // Precisely:
 //   - "Requests" are logical requests, counted once each by OnRequest (the
 //     client calls it before attempt 1); retries are never counted as requests.
-//     "Retries" are the grants of AcquireRetry (each counts 1, whatever its Kind).
+//     "Retries" are the grants of AcquireRetry (each counts 1, throttled or not).
 //   - Time is cut into fixed sub-buckets of Window/Buckets, counted from the
 //     first time the budget sees. The window at time t, W(t), is the sub-bucket
 //     holding t and the Buckets-1 before it: it covers at least the last
@@ -132,23 +132,23 @@ var _ Budget = (*Ratio)(nil)
 func NewRatio(c RatioConfig) *Ratio {
 	ratio := c.Ratio
 	if math.IsNaN(ratio) || math.IsInf(ratio, 0) || ratio <= 0 {
-		ratio = DefaultRatio
+		ratio = defaultRatio
 	}
 	ratio = min(ratio, maxRatio)
 	window := c.Window
 	if window <= 0 {
-		window = DefaultWindow
+		window = defaultWindow
 	}
 	n := c.Buckets
 	if n <= 0 {
-		n = DefaultBuckets
+		n = defaultBuckets
 	}
 	if int64(n) > int64(window) {
 		n = int(window) // at least one nanosecond per sub-bucket
 	}
 	perSec := c.FloorPerSecond
 	if math.IsNaN(perSec) || math.IsInf(perSec, 0) || perSec == 0 {
-		perSec = DefaultFloorPerSecond
+		perSec = defaultFloorPerSecond
 	}
 	burst := c.FloorBurst
 	if perSec < 0 {
@@ -222,7 +222,7 @@ func (r *Ratio) OnRequest(now time.Time) {
 // AcquireRetry grants a retry (cost 1) from the ratio credit of the window
 // at now, else from the floor limiter; otherwise it returns (0, false) and
 // takes nothing. k is ignored: every retry counts 1. Safe for concurrent use.
-func (r *Ratio) AcquireRetry(now time.Time, _ Kind) (int, bool) {
+func (r *Ratio) AcquireRetry(now time.Time, _ bool) (int, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.advance(now)

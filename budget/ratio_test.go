@@ -1,7 +1,6 @@
 package budget
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -16,7 +15,7 @@ import (
 
 func acquireN(b Budget, now time.Time, n int) (granted int) {
 	for range n {
-		if _, ok := b.AcquireRetry(now, Transient); ok {
+		if _, ok := b.AcquireRetry(now, false); ok {
 			granted++
 		}
 	}
@@ -31,7 +30,7 @@ func TestRatioWithoutFloor(t *testing.T) {
 		r.OnRequest(t0)
 	}
 	require.Equal(t, 20, r.Available(t0))
-	cost, ok := r.AcquireRetry(t0, Throttle)
+	cost, ok := r.AcquireRetry(t0, true)
 	require.True(t, ok)
 	require.Equal(t, 1, cost, "every retry counts 1, whatever its kind")
 	require.Equal(t, 19, acquireN(r, t0, 100), "20% of 100 requests")
@@ -96,7 +95,7 @@ func TestRatioTimeGoingBackwards(t *testing.T) {
 	z.OnRequest(time.Time{})
 	far := time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 	require.NotPanics(t, func() {
-		z.AcquireRetry(far, Transient)
+		z.AcquireRetry(far, false)
 		z.OnRequest(far)
 		z.Available(time.Time{})
 	})
@@ -138,9 +137,7 @@ func TestRatioConfigValidate(t *testing.T) {
 	} {
 		err := c.cfg.Validate()
 		require.ErrorIs(t, err, ErrInvalidConfig, c.field)
-		var ce *ConfigError
-		require.True(t, errors.As(err, &ce))
-		require.Equal(t, c.field, ce.Field)
+		require.Contains(t, err.Error(), c.field+"=")
 	}
 }
 
@@ -234,7 +231,7 @@ func randomTraffic(b Budget, rng *rand.Rand, n int) []ratioEvent {
 		if e.request {
 			b.OnRequest(now)
 		} else {
-			_, e.granted = b.AcquireRetry(now, Kind(rng.IntN(2)))
+			_, e.granted = b.AcquireRetry(now, rng.IntN(2) == 1)
 		}
 		log = append(log, e)
 	}

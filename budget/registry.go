@@ -3,36 +3,28 @@ package budget
 import (
 	"strings"
 	"sync"
+	"time"
 )
 
-// DefaultMaxHosts is the number of hosts a [Registry] gives a budget of their
-// own unless [MaxHosts] says otherwise.
-const DefaultMaxHosts = 4096
+// maxHosts is the number of hosts a Registry gives a budget of their own.
+const maxHosts = 4096
 
-// RegistryOption configures [NewRegistry].
-type RegistryOption func(*Registry)
-
-// MaxHosts bounds the hosts that get a budget of their own; n <= 0 means
-// [DefaultMaxHosts]. Hosts seen after the bound is reached all share one
-// overflow budget, so memory stays bounded however many hosts a process calls
-// (a crawler, say), and a drained budget is never silently reset by eviction.
-// Sharing errs on the safe side: fewer retries, never more.
-func MaxHosts(n int) RegistryOption {
-	return func(r *Registry) {
-		if n <= 0 {
-			n = DefaultMaxHosts
-		}
-		r.max = n
-	}
-}
-
-// Registry hands out one [Budget] per host, created lazily by the function
-// given to [NewRegistry] on the first For call for that host, so that one
-// outage of one host does not stop retries to others while every Transport
-// using the registry shares each host's budget. It holds at most MaxHosts
-// budgets (default [DefaultMaxHosts]) plus one overflow budget and never
-// forgets a host. A Registry is safe for concurrent use; it starts no
-// goroutines. Create it with [NewRegistry]; the zero value is not usable.
+// Registry hands out one [Budget] per host, created on the first For call
+// for that host by the function given to [NewRegistry], so that an outage
+// of one host does not stop retries to others while every user of the
+// registry shares each host's budget. The saferetry Transport asks a
+// Registry given to its WithBudget option for each request's host (the
+// default is a process-wide registry of default token buckets).
+//
+// It holds at most 4096 hosts' budgets and never forgets a host: the hosts
+// seen after that share one overflow budget, so memory stays bounded however
+// many hosts a process calls (a crawler, say), and sharing errs on the safe
+// side (fewer retries, never more).
+//
+// A Registry is itself a Budget: used without a host, its methods act on the
+// budget of the empty host "". A Registry is safe for concurrent use and
+// starts no goroutines. Create it with [NewRegistry]; the zero value is not
+// usable.
 type Registry struct {
 	newBudget func() Budget
 	max       int
@@ -45,25 +37,20 @@ type Registry struct {
 	overflow Budget
 }
 
+var _ Budget = (*Registry)(nil)
+
 // NewRegistry returns an empty registry whose budgets newBudget creates; nil
 // (or a newBudget that returns nil) means NewTokenBucket(TokenBucketConfig{}),
 // the default token bucket. newBudget is called under the registry's lock,
-// once per host, and must not call the registry. Options: [MaxHosts].
-func NewRegistry(newBudget func() Budget, opts ...RegistryOption) *Registry {
-	r := &Registry{newBudget: newBudget, max: DefaultMaxHosts}
-	for _, o := range opts {
-		if o != nil {
-			o(r)
-		}
-	}
-	return r
+// once per host, and must not call the registry.
+func NewRegistry(newBudget func() Budget) *Registry {
+	return &Registry{newBudget: newBudget, max: maxHosts}
 }
 
 // For returns the budget of host, creating it on first use. host is
-// compared case-insensitively and otherwise as given: callers pass the
-// request URL's Host (host or host:port), so "example.com" and
-// "example.com:443" are different hosts. Past MaxHosts distinct hosts, new
-// hosts get the shared overflow budget. Safe for concurrent use; never nil.
+// compared case-insensitively and otherwise as given: the Transport passes
+// the request URL's Host (host or host:port), so "example.com" and
+// "example.com:443" are different hosts. Safe for concurrent use; never nil.
 func (r *Registry) For(host string) Budget {
 	host = strings.ToLower(host) // no allocation when already lower case
 	if b, ok := r.known.Load(host); ok {
@@ -103,11 +90,16 @@ func (r *Registry) create() Budget {
 	return NewTokenBucket(TokenBucketConfig{})
 }
 
-var defaultRegistry = sync.OnceValue(func() *Registry { return NewRegistry(nil) })
+// OnRequest calls OnRequest on the budget of the host "".
+func (r *Registry) OnRequest(now time.Time) { r.For("").OnRequest(now) }
 
-// Default returns the process-wide registry of default token buckets (see
-// [NewTokenBucket]), one per host up to [DefaultMaxHosts], created lazily.
-// It is what a Transport uses unless told otherwise, so every Transport in
-// the process shares each host's budget. Safe for concurrent use; always
-// the same *Registry.
-func Default() *Registry { return defaultRegistry() }
+// AcquireRetry calls AcquireRetry on the budget of the host "".
+func (r *Registry) AcquireRetry(now time.Time, throttled bool) (int, bool) {
+	return r.For("").AcquireRetry(now, throttled)
+}
+
+// OnSuccess calls OnSuccess on the budget of the host "".
+func (r *Registry) OnSuccess(now time.Time, retryCost int) { r.For("").OnSuccess(now, retryCost) }
+
+// Available calls Available on the budget of the host "".
+func (r *Registry) Available(now time.Time) int { return r.For("").Available(now) }

@@ -18,11 +18,11 @@ func TestRegistryPerHostIsolation(t *testing.T) {
 	require.NotSame(t, b.(*TokenBucket), r.For("b.example").(*TokenBucket), "the port is part of the host")
 
 	for range 100 {
-		a.AcquireRetry(t0, Transient) // an outage of a.example drains its budget
+		a.AcquireRetry(t0, false) // an outage of a.example drains its budget
 	}
 	require.Equal(t, 10, a.Available(t0))
 	require.Equal(t, 500, b.Available(t0), "b.example keeps its retries")
-	_, ok := r.For("b.example:8443").AcquireRetry(t0, Transient)
+	_, ok := r.For("b.example:8443").AcquireRetry(t0, false)
 	require.True(t, ok)
 	require.Equal(t, 3, r.Len())
 }
@@ -39,7 +39,8 @@ func TestRegistryNewBudget(t *testing.T) {
 }
 
 func TestRegistryMaxHosts(t *testing.T) {
-	r := NewRegistry(nil, MaxHosts(2), nil)
+	r := NewRegistry(nil)
+	r.max = 2
 	h1, h2 := r.For("h1"), r.For("h2")
 	o3, o4 := r.For("h3"), r.For("h4")
 	require.Same(t, o3.(*TokenBucket), o4.(*TokenBucket), "hosts past the bound share the overflow budget")
@@ -47,8 +48,7 @@ func TestRegistryMaxHosts(t *testing.T) {
 	require.NotSame(t, h2.(*TokenBucket), o3.(*TokenBucket))
 	require.Same(t, h1.(*TokenBucket), r.For("h1").(*TokenBucket), "known hosts keep their own budget")
 	require.Equal(t, 2, r.Len())
-
-	require.Equal(t, DefaultMaxHosts, NewRegistry(nil, MaxHosts(0)).max)
+	require.Equal(t, maxHosts, NewRegistry(nil).max)
 }
 
 func TestRegistryConcurrent(t *testing.T) {
@@ -62,7 +62,7 @@ func TestRegistryConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 200 {
 				b := r.For(fmt.Sprintf("host%d", (w+i)%10))
-				b.AcquireRetry(t0, Throttle)
+				b.AcquireRetry(t0, true)
 				b.OnSuccess(t0, 5)
 				got[w] = append(got[w], b)
 			}
@@ -81,11 +81,16 @@ func TestRegistryConcurrent(t *testing.T) {
 	}
 }
 
-func TestDefault(t *testing.T) {
-	require.Same(t, Default(), Default())
-	b, ok := Default().For("default-test.invalid").(*TokenBucket)
-	require.True(t, ok, "default budgets are token buckets")
-	require.Equal(t, 500, b.Capacity())
-	require.Equal(t, 14, b.Cost(Transient))
-	require.Equal(t, 5, b.Cost(Throttle))
+func TestRegistryIsABudgetForTheEmptyHost(t *testing.T) {
+	r := NewRegistry(nil)
+	var b Budget = r
+	cost, ok := b.AcquireRetry(t0, false)
+	require.True(t, ok)
+	require.Equal(t, 14, cost)
+	require.Equal(t, 486, b.Available(t0))
+	require.Equal(t, 486, r.For("").Available(t0), "the same budget as the host \"\"")
+	require.Equal(t, 500, r.For("a.example").Available(t0), "other hosts untouched")
+	b.OnRequest(t0)
+	b.OnSuccess(t0, cost)
+	require.Equal(t, 500, r.For("").Available(t0), "the refund reached it too")
 }

@@ -6,48 +6,48 @@ import (
 	"time"
 )
 
-// Defaults of a [TokenBucket], the numbers of the AWS SDKs' retry behaviour of 2026.
+// Defaults of a [TokenBucket], the numbers of the AWS SDKs' retry behaviour 2.1.
 const (
-	DefaultCapacity      = 500 // tokens in a full bucket; a bucket starts full
-	DefaultTransientCost = 14  // tokens a retry after a transient failure costs
-	DefaultThrottleCost  = 5   // tokens a retry after throttling costs
-	DefaultSuccessReward = 1   // tokens a first-try success adds (never above capacity)
+	defaultCapacity      = 500 // tokens in a full bucket; a bucket starts full
+	defaultTransientCost = 14  // tokens a retry after a transient failure costs
+	defaultThrottleCost  = 5   // tokens a retry after throttling costs
+	defaultSuccessReward = 1   // tokens a first-try success adds (never above capacity)
 )
 
 // TokenBucketConfig configures [NewTokenBucket]. The zero value means all defaults.
 type TokenBucketConfig struct {
-	// Capacity is the size of the bucket, which starts full. 0 means
-	// DefaultCapacity (500); NewTokenBucket treats a negative value as 0.
+	// Capacity is the size of the bucket, which starts full. 0 means 500;
+	// a negative value means the same as 0.
 	Capacity int
-	// TransientCost is what a Transient retry takes. 0 means
-	// DefaultTransientCost (14); negative is treated as 0.
+	// TransientCost is what a retry after a transient failure takes. 0
+	// means 14; a negative value means the same as 0.
 	TransientCost int
-	// ThrottleCost is what a Throttle retry takes. 0 means
-	// DefaultThrottleCost (5); negative is treated as 0.
+	// ThrottleCost is what a retry after throttling takes. 0 means 5; a
+	// negative value means the same as 0.
 	ThrottleCost int
 	// SuccessReward is what a first-try success adds, never above Capacity.
-	// 0 means DefaultSuccessReward (1); a negative value disables the reward,
-	// leaving only refunds to refill the bucket.
+	// 0 means 1; a negative value disables the reward, leaving only refunds
+	// to refill the bucket.
 	SuccessReward int
 }
 
 // Validate reports the first field NewTokenBucket would replace by a default:
-// a negative Capacity, TransientCost or ThrottleCost, as a [*ConfigError]
-// wrapping [ErrInvalidConfig]. It returns nil for the zero value.
+// a negative Capacity, TransientCost or ThrottleCost, as an error matching
+// [ErrInvalidConfig]. It returns nil for the zero value.
 func (c TokenBucketConfig) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    int
 	}{{"Capacity", c.Capacity}, {"TransientCost", c.TransientCost}, {"ThrottleCost", c.ThrottleCost}} {
 		if f.v < 0 {
-			return &ConfigError{Field: "TokenBucketConfig." + f.name, Value: strconv.Itoa(f.v), Reason: "must not be negative"}
+			return configError("TokenBucketConfig."+f.name, strconv.Itoa(f.v), "must not be negative")
 		}
 	}
 	return nil
 }
 
-// TokenBucket is the default [Budget], the retry quota of the AWS SDKs' 2026
-// retry behaviour: a bucket of Capacity tokens, starting full. A retry takes
+// TokenBucket is the default [Budget], the retry quota of the AWS SDKs'
+// retry behaviour 2.1: a bucket of Capacity tokens, starting full. A retry takes
 // its cost (TransientCost or ThrottleCost) and is denied, taking nothing, when
 // the cost exceeds what is left. A retry that succeeds refunds its cost; a
 // first-try success adds SuccessReward; the bucket never exceeds Capacity.
@@ -56,8 +56,8 @@ func (c TokenBucketConfig) Validate() error {
 // defaults) and further failures are not retried until requests succeed again.
 //
 // A TokenBucket is safe for concurrent use (the level is an atomic integer,
-// updated by compare-and-swap) and starts no goroutines. It ignores time and OnRequest. Create it with
-// [NewTokenBucket]; the zero value is not usable.
+// updated by compare-and-swap) and starts no goroutines. It ignores time and
+// OnRequest. Create it with [NewTokenBucket]; the zero value is not usable.
 type TokenBucket struct {
 	capacity, transient, throttle, reward int
 
@@ -72,14 +72,14 @@ var _ Budget = (*TokenBucket)(nil)
 // [TokenBucketConfig] (use its Validate method to reject them instead).
 func NewTokenBucket(c TokenBucketConfig) *TokenBucket {
 	b := &TokenBucket{
-		capacity:  orDefault(c.Capacity, DefaultCapacity),
-		transient: orDefault(c.TransientCost, DefaultTransientCost),
-		throttle:  orDefault(c.ThrottleCost, DefaultThrottleCost),
+		capacity:  orDefault(c.Capacity, defaultCapacity),
+		transient: orDefault(c.TransientCost, defaultTransientCost),
+		throttle:  orDefault(c.ThrottleCost, defaultThrottleCost),
 		reward:    c.SuccessReward,
 	}
 	switch {
 	case b.reward == 0:
-		b.reward = DefaultSuccessReward
+		b.reward = defaultSuccessReward
 	case b.reward < 0:
 		b.reward = 0
 	}
@@ -94,10 +94,10 @@ func orDefault(v, def int) int {
 	return v
 }
 
-// Cost returns what a retry of kind k costs in this bucket. Kinds other than
-// [Throttle] cost TransientCost. Safe for concurrent use.
-func (b *TokenBucket) Cost(k Kind) int {
-	if k == Throttle {
+// Cost returns what a retry costs in this bucket: ThrottleCost when
+// throttled, else TransientCost. Safe for concurrent use.
+func (b *TokenBucket) Cost(throttled bool) int {
+	if throttled {
 		return b.throttle
 	}
 	return b.transient
@@ -109,11 +109,11 @@ func (b *TokenBucket) Capacity() int { return b.capacity }
 // OnRequest does nothing: a token bucket counts successes, not requests.
 func (b *TokenBucket) OnRequest(time.Time) {}
 
-// AcquireRetry takes Cost(k) tokens and returns (Cost(k), true), or returns
-// (0, false) and takes nothing when fewer than Cost(k) tokens are left.
+// AcquireRetry takes Cost(throttled) tokens and returns them and true, or
+// returns (0, false) and takes nothing when fewer are left.
 // Safe for concurrent use; now is ignored.
-func (b *TokenBucket) AcquireRetry(_ time.Time, k Kind) (int, bool) {
-	cost := int64(b.Cost(k))
+func (b *TokenBucket) AcquireRetry(_ time.Time, throttled bool) (int, bool) {
+	cost := int64(b.Cost(throttled))
 	for {
 		tokens := b.tokens.Load()
 		if cost > tokens {

@@ -1,27 +1,17 @@
-// Package deadline does the time arithmetic of a retry loop and carries
-// the caller's remaining time to the server.
+// Package deadline carries the caller's remaining time from a saferetry
+// Transport to the server, as gRPC carries grpc-timeout.
 //
-// Client side: [Overall] fixes one deadline for a whole logical request (the
-// earlier of the context's deadline and start + MaxElapsed, default
-// [DefaultMaxElapsed]); [AttemptTimeout] bounds each attempt by the
-// per-attempt timeout and the time left; [SleepFits] says whether a backoff
-// sleep would end before the deadline, so the loop never sleeps in vain; and
-// [Propagate] writes the remaining time into the [Header] request header of
-// each attempt.
+// The client side is the Transport's: when the request's context has a
+// deadline, each attempt carries the time left before the loop's overall
+// deadline in the [Header] request header. The server side is [Middleware]:
+// it reads that header and applies it to the request context with
+// context.WithTimeout, bounded by 5 minutes, so that handlers (and the
+// idempotency middleware) stop work the client has already given up on. A
+// propagated deadline never extends a deadline the context already has.
 //
-// Server side: [Middleware] reads that header and applies it to the request
-// context with context.WithTimeout, bounded by [MaxPropagated], so handlers
-// (and the idempotency middleware) stop work the client has already given up
-// on. A propagated deadline never extends a deadline the context already
-// has.
-//
-// The wire format is deliberately simple: the header value is the remaining
-// time in whole milliseconds as a non-negative decimal integer, rounded
-// down ([Format], [Parse]). Clocks need not be synchronised, because only a
-// duration crosses the network; the time the request spends in flight is not
-// subtracted, so the server's view is slightly generous.
-//
-// Every function takes the current time as a parameter (no hidden clock)
-// except Middleware, which uses the real clock through context.WithTimeout.
-// All functions are safe for concurrent use.
+// The wire format is deliberately simple: the remaining time in whole
+// milliseconds as a non-negative decimal integer, rounded down. Clocks need
+// not be synchronised, because only a duration crosses the network; the time
+// the request spends in flight is not subtracted, so the server's view is
+// slightly generous.
 package deadline

@@ -3,19 +3,22 @@ package deadline_test
 import (
 	"fmt"
 	"net/http"
-	"time"
+	"net/http/httptest"
 
 	"github.com/saferetry/saferetry/deadline"
 )
 
-func ExamplePropagate() {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	overall := now.Add(2500 * time.Millisecond)
-	h := http.Header{}
-	deadline.Propagate(h, now, overall)
-	fmt.Println(h.Get(deadline.Header))
-	fmt.Println(deadline.SleepFits(now, overall, 3*time.Second))
-	// Output:
-	// 2500
-	// false
+// A handler behind Middleware sees the client's remaining time as its
+// context's deadline.
+func ExampleMiddleware() {
+	h := deadline.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, ok := r.Context().Deadline()
+		fmt.Fprint(w, ok)
+	}))
+	req := httptest.NewRequest(http.MethodPost, "/payments", nil)
+	req.Header.Set(deadline.Header, "2500") // what a saferetry Transport sends
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	fmt.Println("deadline:", rec.Body.String())
+	// Output: deadline: true
 }

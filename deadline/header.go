@@ -2,8 +2,6 @@ package deadline
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -19,149 +17,54 @@ import (
 // [Middleware] applies it.
 const Header = "Request-Deadline-Ms"
 
-// MaxPropagated is the longest remaining time [Middleware] applies to a
-// request context. Larger header values are clamped to it, so a client
-// cannot pin server resources for longer by sending a huge value.
-const MaxPropagated = 5 * time.Minute
+// maxPropagated is the longest remaining time Middleware applies: larger
+// values are clamped to it, so a client cannot pin server resources for
+// longer by sending a huge value.
+const maxPropagated = 5 * time.Minute
 
-// ErrInvalidHeader is the sentinel matched (with errors.Is) by every error
-// that [Parse] and [FromHeader] return.
-var ErrInvalidHeader = errors.New("deadline: invalid " + Header + " header")
-
-// Reasons reported in [HeaderError.Reason].
-const (
-	ReasonEmpty    = "empty"
-	ReasonNegative = "negative"
-	ReasonSyntax   = "not a decimal integer"
-	ReasonOverflow = "overflow"
-	ReasonMultiple = "multiple values"
-)
-
-// maxMillis is the largest millisecond count that fits in a time.Duration.
-const maxMillis = math.MaxInt64 / int64(time.Millisecond)
-
-// HeaderError describes why a [Header] value was rejected. It matches
-// [ErrInvalidHeader] with errors.Is. Value is for display only: Go-quoted and
-// truncated to its first 32 bytes, so it is safe to log.
-type HeaderError struct {
-	Value  string // the rejected value, quoted and truncated
-	Reason string // one of the Reason constants
-}
-
-// Error describes the rejected value, for example
-// `deadline: invalid Request-Deadline-Ms header "-5": negative`.
-func (e *HeaderError) Error() string {
-	return fmt.Sprintf("deadline: invalid %s header %s: %s", Header, e.Value, e.Reason)
-}
-
-// Is reports whether target is [ErrInvalidHeader].
-func (e *HeaderError) Is(target error) bool { return target == ErrInvalidHeader }
-
-func headerError(v, reason string) error {
-	shown := v
-	if len(shown) > 32 {
-		shown = shown[:32]
-	}
-	q := strconv.QuoteToASCII(shown)
-	if len(v) > 32 {
-		q += "..."
-	}
-	return &HeaderError{Value: q, Reason: reason}
-}
-
-// Format renders a remaining time as a [Header] value: whole milliseconds,
-// rounded down, and "0" for zero or negative durations. Safe for concurrent
-// use.
-func Format(remaining time.Duration) string {
-	if remaining <= 0 {
-		return "0"
-	}
-	return strconv.FormatInt(int64(remaining/time.Millisecond), 10)
-}
-
-// Parse reads a [Header] value: ASCII digits only (leading zeros allowed),
-// optionally surrounded by spaces or tabs, meaning that many milliseconds.
-// It returns an error matching [ErrInvalidHeader] (an *[HeaderError]) for an
-// empty value, a sign ("-5" is negative, "+5" is rejected), anything that is
-// not a plain decimal integer ("1.5", "5ms", "1e3", "5, 6") and values that
-// do not fit in a time.Duration. Safe for concurrent use.
-func Parse(value string) (time.Duration, error) {
-	v := strings.Trim(value, " \t")
-	if v == "" {
-		return 0, headerError(value, ReasonEmpty)
-	}
-	if v[0] == '-' {
-		return 0, headerError(value, ReasonNegative)
-	}
-	var n int64
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if c < '0' || c > '9' {
-			return 0, headerError(value, ReasonSyntax)
-		}
-		if n > (maxMillis-int64(c-'0'))/10 {
-			return 0, headerError(value, ReasonOverflow)
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return time.Duration(n) * time.Millisecond, nil
-}
-
-// FromHeader reads the [Header] of h. It returns ok == false with a nil
-// error when the header is absent, and an error matching [ErrInvalidHeader]
-// when it is present more than once (reason [ReasonMultiple]) or its value
-// does not [Parse]. Safe for concurrent use with other readers of h.
-func FromHeader(h http.Header) (d time.Duration, ok bool, err error) {
-	vals := h.Values(Header)
-	switch len(vals) {
-	case 0:
-		return 0, false, nil
-	case 1:
-		d, err := Parse(vals[0])
-		if err != nil {
-			return 0, false, err
-		}
-		return d, true, nil
-	default:
-		return 0, false, headerError(strings.Join(vals, ", "), ReasonMultiple)
-	}
-}
-
-// Propagate sets the [Header] of h to the time left at now before overall,
-// rounded down to whole milliseconds and never negative (0 once the deadline
-// has passed). A zero overall means there is no deadline to propagate:
-// h is left untouched. A nil h is a no-op. Propagate replaces any earlier
-// value, so call it on each attempt's own header map just before sending.
-// It is not safe to call concurrently with other users of the same h.
-func Propagate(h http.Header, now, overall time.Time) {
-	if h == nil || overall.IsZero() {
-		return
-	}
-	h.Set(Header, Format(Remaining(now, overall)))
-}
-
-// Middleware returns a handler that applies the client's propagated
-// remaining time to the request context before calling next: when the
-// request carries exactly one valid [Header] value, next runs with
-// context.WithTimeout(r.Context(), min(value, MaxPropagated)). The timeout
-// never extends a deadline the context already has (context.WithTimeout
-// keeps the earlier one). A missing, repeated or invalid header is ignored
-// and next runs with the request unchanged: the header is advisory, so a bad
-// one must not fail the request. A value of 0 gives next a context that is
-// already done. The context is cancelled when next returns. Safe for
+// Middleware returns a handler that applies the client's remaining time to
+// the request context before calling next: when the request carries exactly
+// one valid [Header] value, next runs with context.WithTimeout(r.Context(),
+// min(value, 5 min)). It never extends a deadline the context already has.
+// A missing, repeated or invalid value (not ASCII digits only, surrounded by
+// optional spaces or tabs; too large for a time.Duration) is ignored and
+// next runs with the request unchanged: the header is advisory, so a bad one
+// must not fail the request. A value of 0 gives next a context that is
+// already done. The context is canceled when next returns. Safe for
 // concurrent use.
 func Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		d, ok, err := FromHeader(r.Header)
-		if !ok || err != nil {
+		d, ok := fromHeader(r.Header)
+		if !ok {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if d > MaxPropagated {
-			d = MaxPropagated
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), d)
+		ctx, cancel := context.WithTimeout(r.Context(), min(d, maxPropagated))
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// fromHeader reads the one Header value of h; ok is false when there is
+// none, more than one, or an invalid one.
+func fromHeader(h http.Header) (d time.Duration, ok bool) {
+	vals := h.Values(Header)
+	if len(vals) != 1 {
+		return 0, false
+	}
+	return parse(vals[0])
+}
+
+// parse reads a Header value: ASCII digits only (leading zeros allowed),
+// optionally surrounded by spaces or tabs, meaning that many milliseconds.
+// It refuses an empty value, a sign, anything else that is not a plain
+// decimal integer ("1.5", "5ms", "5, 6") and values too large for a
+// time.Duration.
+func parse(value string) (time.Duration, bool) {
+	// In base 10, ParseUint takes digits only: no sign, no "_", no prefix.
+	n, err := strconv.ParseUint(strings.Trim(value, " \t"), 10, 64)
+	if err != nil || n > math.MaxInt64/uint64(time.Millisecond) {
+		return 0, false // not digits, or strconv.ErrRange, or too many ms
+	}
+	return time.Duration(n) * time.Millisecond, true
 }

@@ -87,7 +87,7 @@ func TestKeysRealClientsSend(t *testing.T) {
 			before := effects.Load()
 			// The Transport refuses it before any network I/O.
 			_, _, err := send(tc.header)
-			require.ErrorIs(t, err, saferetry.ErrInvalidKey)
+			require.ErrorIs(t, err, keygen.ErrInvalidKey)
 			var ike *keygen.InvalidKeyError
 			require.True(t, errors.As(err, &ike), "%v", err)
 			require.Equal(t, tc.reason, ike.Reason)
@@ -111,7 +111,7 @@ func TestKeysRealClientsSend(t *testing.T) {
 		require.NoError(t, err)
 		req.Header["Idempotency-Key"] = []string{"k1", "k1"}
 		_, err = client.Do(req)
-		require.ErrorIs(t, err, saferetry.ErrInvalidKey)
+		require.ErrorIs(t, err, keygen.ErrInvalidKey)
 		a := post(t, srv, "k1", `{}`, "Idempotency-Key: k1", "Authorization: Bearer alice")
 		requireProblem(t, a, http.StatusBadRequest, idempotency.CodeKeyInvalid)
 	})

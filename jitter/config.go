@@ -9,19 +9,15 @@ import (
 
 // Defaults applied by [Config.Backoff] to zero (or negative) fields.
 const (
-	// DefaultBase is the base wait for transient failures (5xx, resets, timeouts).
-	DefaultBase = 50 * time.Millisecond
-	// DefaultThrottleBase is the base wait for throttling (429, or 503 with Retry-After).
-	DefaultThrottleBase = 1 * time.Second
-	// DefaultCap is the largest wait any formula returns.
-	DefaultCap = 20 * time.Second
+	defaultBase         = 50 * time.Millisecond // transient failures: 5xx, resets, timeouts
+	defaultThrottleBase = 1 * time.Second       // throttling: 429, or 503 with Retry-After
+	defaultCap          = 20 * time.Second      // the largest wait
 )
 
 // Config selects a backoff formula and its parameters. The zero value is
-// ready to use: Func nil means [Full], Base 0 means [DefaultBase] (50 ms),
-// ThrottleBase 0 means [DefaultThrottleBase] (1 s) and Cap 0 means
-// [DefaultCap] (20 s); negative durations are treated like 0. A Config is a
-// plain value, safe to copy and to use from many goroutines.
+// ready to use: Func nil means [Full], Base 0 means 50 ms, ThrottleBase 0
+// means 1 s and Cap 0 means 20 s; a negative duration means the same as 0.
+// A Config is a plain value, safe to copy and to use from many goroutines.
 type Config struct {
 	Func         Func          // formula; nil: Full
 	Base         time.Duration // base for transient failures; <= 0: 50ms
@@ -35,13 +31,13 @@ func (c Config) withDefaults() Config {
 		c.Func = Full
 	}
 	if c.Base <= 0 {
-		c.Base = DefaultBase
+		c.Base = defaultBase
 	}
 	if c.ThrottleBase <= 0 {
-		c.ThrottleBase = DefaultThrottleBase
+		c.ThrottleBase = defaultThrottleBase
 	}
 	if c.Cap <= 0 {
-		c.Cap = DefaultCap
+		c.Cap = defaultCap
 	}
 	return c
 }

@@ -60,3 +60,20 @@ func ExampleNewBackOff() {
 	// Output:
 	// 4 attempt 4 failed
 }
+
+// go-retryablehttp's LinearJitterBackoff(min, max) as a Func: a random wait
+// between min (Base) and max (Cap), times the retry's number. Results above
+// Cap are cut to Cap by Config.Backoff.
+func ExampleFunc_linearJitter() {
+	linear := func(n int, _, base, cap time.Duration, r float64) time.Duration {
+		return time.Duration((float64(base) + r*float64(cap-base)) * float64(n+1))
+	}
+	c := jitter.Config{Func: linear, Base: time.Second, Cap: 30 * time.Second}
+	for n := range 3 {
+		fmt.Println(c.Backoff(n, 0, false, 0.1))
+	}
+	// Output:
+	// 3.9s
+	// 7.8s
+	// 11.7s
+}

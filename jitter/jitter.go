@@ -90,9 +90,9 @@ func Full(attempt int, prev, base, cap time.Duration, r float64) time.Duration {
 //	sleep = temp/2 + random_between(0, temp/2)
 //	      = temp/2 + r * temp/2
 //
-// The result lies in [temp-temp/2, temp) (temp when temp <= 1ns); prev is ignored. It keeps a minimum
-// wait but Brooker found it does more work than [Full]; it exists for
-// comparison and simulation. Argument handling matches [Full]. Equal is pure
+// The result lies in [temp-temp/2, temp) (temp when temp <= 1ns); prev is
+// ignored. It keeps a minimum wait but Brooker found it does more work than
+// [Full]; it exists for comparison and simulation. Argument handling matches [Full]. Equal is pure
 // and safe for concurrent use.
 func Equal(attempt int, prev, base, cap time.Duration, r float64) time.Duration {
 	temp := exponential(attempt, base, cap)

@@ -162,5 +162,5 @@ func TestConfigClampsMisbehavingFunc(t *testing.T) {
 	neg := Config{Func: func(int, time.Duration, time.Duration, time.Duration, float64) time.Duration { return -time.Second }}
 	require.Equal(t, time.Duration(0), neg.Backoff(0, 0, false, 0.5))
 	huge := Config{Func: func(int, time.Duration, time.Duration, time.Duration, float64) time.Duration { return time.Hour }}
-	require.Equal(t, DefaultCap, huge.Backoff(0, 0, false, 0.5))
+	require.Equal(t, defaultCap, huge.Backoff(0, 0, false, 0.5))
 }

@@ -13,7 +13,7 @@
 //     are deterministic, so a process that crashes and starts over, a job
 //     re-run or a dead-letter replay computes the same key again: a retry
 //     cannot forget it.
-//  2. Request-scoped keys ([NewContext], [FromContext], [EnsureContext]):
+//  2. Request-scoped keys ([NewContext], [FromContext]):
 //     a key attached to a context once per logical outgoing operation and
 //     reused by that operation's request and every re-run of it within the
 //     process. One key belongs to one operation: a unit of work that makes
@@ -31,7 +31,7 @@
 //
 // # Validation
 //
-// [Validate] accepts 1 to [MaxLen] (255) bytes of visible ASCII and inner
+// [Validate] accepts 1 to 255 bytes of visible ASCII and inner
 // spaces (0x20 to 0x7E; no space first or last): no control characters, no
 // non-ASCII bytes. That is what real clients send (stripe-go sends any key
 // of up to 255 characters after trimming spaces, such as "order 42" or

@@ -34,5 +34,5 @@ func ExampleValidate() {
 	// <nil>
 	// true
 	// invalid character 5
-	// keygen: invalid idempotency key "order\t42": invalid character 0x09 at byte 5 (want visible ASCII or a space, 0x20..0x7E)
+	// keygen: invalid idempotency key (digest 9aae19a5693b, 8 bytes): invalid character 0x09 at byte 5 (want visible ASCII or a space, 0x20..0x7E)
 }

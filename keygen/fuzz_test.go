@@ -12,7 +12,7 @@ func FuzzValidate(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, key string) {
 		err := Validate(key)
-		valid := len(key) >= 1 && len(key) <= MaxLen && key[0] != ' ' && key[len(key)-1] != ' '
+		valid := len(key) >= 1 && len(key) <= maxLen && key[0] != ' ' && key[len(key)-1] != ' '
 		for i := 0; valid && i < len(key); i++ {
 			valid = key[i] >= 0x20 && key[i] <= 0x7E
 		}

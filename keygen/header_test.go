@@ -128,7 +128,7 @@ func referenceParse(v string) (string, bool) {
 		}
 		v = string(b)
 	}
-	if len(v) < 1 || len(v) > keygen.MaxLen || v[0] == ' ' || v[len(v)-1] == ' ' {
+	if len(v) < 1 || len(v) > 255 || v[0] == ' ' || v[len(v)-1] == ' ' {
 		return "", false
 	}
 	for i := 0; i < len(v); i++ {

@@ -9,8 +9,8 @@ import (
 	"github.com/google/uuid"
 )
 
-// MaxLen is the maximum length of a valid key, in bytes.
-const MaxLen = 255
+// maxLen is the maximum length of a valid key, in bytes.
+const maxLen = 255
 
 // hashMarker separates the kept prefix of an over-long [Event] key from the
 // hex SHA-256 of the full key. Outside this marker, every '%' in an Event key
@@ -20,8 +20,8 @@ const MaxLen = 255
 const hashMarker = "%~"
 
 // hashedPrefixLen is the longest prefix kept before hashMarker and the 64 hex
-// digits of the SHA-256, so that a shortened key is at most MaxLen bytes.
-const hashedPrefixLen = MaxLen - len(hashMarker) - sha256.Size*2
+// digits of the SHA-256, so that a shortened key is at most maxLen bytes.
+const hashedPrefixLen = maxLen - len(hashMarker) - sha256.Size*2
 
 // Event returns a deterministic key derived from a business event: the
 // event name followed by the values that identify one occurrence of it, for
@@ -55,11 +55,11 @@ const hashedPrefixLen = MaxLen - len(hashMarker) - sha256.Size*2
 // fixed number of parts for each event name, and names that are not
 // '-'-joined prefixes of each other's names plus values.
 //
-// Length: when the escaped key is longer than [MaxLen] bytes, Event keeps
+// Length: when the escaped key is longer than 255 bytes, Event keeps
 // its longest prefix that ends on an escape boundary and is at most 189
 // bytes, then appends "%~" and the 64 lower-case hex digits of the SHA-256 of
 // the full escaped key. The result is still deterministic and at most
-// MaxLen bytes; two different long keys coincide only if SHA-256 collides,
+// maxLen bytes; two different long keys coincide only if SHA-256 collides,
 // and a shortened key never equals an unshortened one, because "%~" never
 // occurs in an unshortened key.
 //
@@ -75,7 +75,7 @@ func Event(parts ...string) string {
 		escapePart(&b, p, i > 0)
 	}
 	s := b.String()
-	if len(s) <= MaxLen {
+	if len(s) <= maxLen {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
@@ -120,8 +120,14 @@ type ctxKey struct{}
 // NewContext returns a copy of ctx that carries key as the request-scoped
 // idempotency key: the saferetry Transport attaches it to every POST and PATCH
 // made with the returned context that has no key of its own, so use one such
-// context per logical outgoing operation (see [EnsureContext]). A nil ctx is treated as context.Background(). The key is
-// not validated here: the saferetry Transport validates it when it attaches
+// context per logical outgoing operation: its request, and any re-run of
+// it, then share one key. Do not make two different operations with one
+// such context: a server would take the second for a retry of the first (a
+// 422 for a different body, or the first one's stored answer for the same
+// body). A unit of work that makes several writes derives one key per
+// write, for example Event(key, "charge") and Event(key, "receipt").
+// A nil ctx is treated as context.Background(). The key is not validated
+// here: the saferetry Transport validates it when it attaches
 // it to a request, and [Validate] is available for earlier checks. An empty
 // key is stored but reported as absent by [FromContext]. Safe for concurrent
 // use.
@@ -141,27 +147,6 @@ func FromContext(ctx context.Context) (string, bool) {
 	}
 	key, _ := ctx.Value(ctxKey{}).(string)
 	return key, key != ""
-}
-
-// EnsureContext returns ctx and its request-scoped key when it already
-// carries one; otherwise it attaches a new [Random] key with [NewContext] and
-// returns the new context and that key. Call it once per logical outgoing
-// operation (one charge, one order) and make that operation's request, and
-// any re-run of it, with the returned context, so that they share one key.
-// Do not make two different operations with one such context: the saferetry
-// Transport attaches the context's key to every POST and PATCH made with it,
-// and a server would take the second operation for a retry of the first (a
-// 422 for a different body, or the first one's stored answer for the same
-// body). When one incoming unit of work makes several writes, derive one key
-// per write, for example Event(key, "charge") and Event(key, "receipt").
-// A nil ctx is treated as context.Background(). Safe for concurrent use; it
-// does not fail.
-func EnsureContext(ctx context.Context) (context.Context, string) {
-	if key, ok := FromContext(ctx); ok {
-		return ctx, key
-	}
-	key := Random()
-	return NewContext(ctx, key), key
 }
 
 // Digest returns the short digest under which the saferetry Transport and

@@ -101,7 +101,7 @@ func TestEventDocumentedCollision(t *testing.T) {
 func TestEventLong(t *testing.T) {
 	long := strings.Repeat("x", 300)
 	k1 := Event("ev", long)
-	require.LessOrEqual(t, len(k1), MaxLen)
+	require.LessOrEqual(t, len(k1), maxLen)
 	require.NoError(t, Validate(k1))
 	require.Equal(t, k1, Event("ev", long))
 	require.True(t, strings.HasPrefix(k1, "ev-xxxx"))
@@ -109,10 +109,10 @@ func TestEventLong(t *testing.T) {
 	require.NotEqual(t, k1, Event("ev", long+"y"), "the hash covers the tail")
 	require.NotEqual(t, k1, Event("ev", strings.Repeat("x", 299)))
 
-	// Exactly MaxLen is kept as is; one more byte is shortened.
-	exact := Event(strings.Repeat("a", MaxLen))
-	require.Equal(t, strings.Repeat("a", MaxLen), exact)
-	over := Event(strings.Repeat("a", MaxLen+1))
+	// Exactly maxLen is kept as is; one more byte is shortened.
+	exact := Event(strings.Repeat("a", maxLen))
+	require.Equal(t, strings.Repeat("a", maxLen), exact)
+	over := Event(strings.Repeat("a", maxLen+1))
 	require.Len(t, over, hashedPrefixLen+len(hashMarker)+64)
 
 	// The prefix never ends inside an escape, at any alignment.
@@ -124,7 +124,7 @@ func TestEventLong(t *testing.T) {
 		require.NotEqual(t, byte('%'), prefix[len(prefix)-1])
 		require.NotEqual(t, byte('%'), prefix[len(prefix)-2])
 		require.NoError(t, Validate(k))
-		require.LessOrEqual(t, len(k), MaxLen)
+		require.LessOrEqual(t, len(k), maxLen)
 	}
 }
 
@@ -201,25 +201,8 @@ func TestContext(t *testing.T) {
 	_, ok = FromContext(NewContext(ctx, ""))
 	require.False(t, ok, "an empty key counts as absent")
 
-	// EnsureContext keeps an existing key.
-	ctx3, k3 := EnsureContext(ctx2)
-	require.Equal(t, "abc", k3)
-	require.Equal(t, ctx2, ctx3)
-
-	// EnsureContext attaches one random key, then keeps it.
-	ctx4, k4 := EnsureContext(ctx)
-	require.NoError(t, Validate(k4))
-	got, ok := FromContext(ctx4)
-	require.True(t, ok)
-	require.Equal(t, k4, got)
-	_, again := EnsureContext(ctx4)
-	require.Equal(t, k4, again)
-	_, other := EnsureContext(ctx)
-	require.NotEqual(t, k4, other, "a context without a key gets a fresh one")
-
 	//lint:ignore SA1012 a nil context is the input under test
-	ctx5, k5 := EnsureContext(nil)
-	got, ok = FromContext(ctx5)
+	k, ok = FromContext(NewContext(nil, "def"))
 	require.True(t, ok)
-	require.Equal(t, k5, got)
+	require.Equal(t, "def", k)
 }

@@ -3,7 +3,6 @@ package keygen
 import (
 	"errors"
 	"fmt"
-	"strconv"
 )
 
 // ErrInvalidKey is the sentinel matched (with errors.Is) by every error
@@ -14,7 +13,7 @@ var ErrInvalidKey = errors.New("keygen: invalid idempotency key")
 const (
 	// ReasonEmpty: the key has no bytes.
 	ReasonEmpty = "empty"
-	// ReasonTooLong: the key is longer than MaxLen bytes.
+	// ReasonTooLong: the key is longer than 255 bytes.
 	ReasonTooLong = "too long"
 	// ReasonInvalidChar: the key has a byte outside visible ASCII and the
 	// space, 0x20..0x7E (a control character such as a tab or a newline,
@@ -33,17 +32,13 @@ const (
 	ReasonMalformedString = "malformed string"
 )
 
-// displayLen is the number of key bytes kept in InvalidKeyError.Key.
-const displayLen = 40
-
-// InvalidKeyError describes why [Validate] rejected a key. It matches
-// [ErrInvalidKey] with errors.Is. Key holds at most the first 40 bytes of
-// the rejected value, quoted and escaped: a short key appears whole.
+// InvalidKeyError describes why a key was rejected, without its bytes: an
+// idempotency key is a credential-like value that logs must not carry. It
+// matches [ErrInvalidKey] with errors.Is.
 type InvalidKeyError struct {
-	// Key is the rejected key for display only: at most its first 40 bytes,
-	// Go-quoted with non-ASCII and control bytes escaped, followed by "..."
-	// when it was truncated.
-	Key string
+	// Digest is the rejected value's [Digest], to match it with the
+	// client's and the server's records without the key itself.
+	Digest string
 	// Reason is one of ReasonEmpty, ReasonTooLong, ReasonInvalidChar,
 	// ReasonOuterSpace, or for header values ReasonList and
 	// ReasonMalformedString.
@@ -54,22 +49,25 @@ type InvalidKeyError struct {
 	Pos int
 	// Char is the byte at Pos (0 when Pos is -1).
 	Char byte
-	// Len is the length of the rejected key in bytes.
+	// Len is the length of the rejected value in bytes.
 	Len int
 }
 
-// Error describes the rejection without echoing the raw key, for example
-// `keygen: invalid idempotency key "a\x01b": invalid character 0x01 at byte 1`.
+// Error describes the rejection by the key's digest, reason, length and
+// offending byte, never its bytes, for example `keygen: invalid idempotency
+// key (digest 9a3e51a4c1f0, 3 bytes): invalid character 0x01 at byte 1`.
 func (e *InvalidKeyError) Error() string {
+	msg := fmt.Sprintf("keygen: invalid idempotency key (digest %s, %d bytes): ", e.Digest, e.Len)
 	switch e.Reason {
 	case ReasonTooLong:
-		return fmt.Sprintf("keygen: invalid idempotency key %s: too long (%d bytes, max %d)", e.Key, e.Len, MaxLen)
+		return msg + fmt.Sprintf("too long (max %d)", maxLen)
 	case ReasonInvalidChar:
-		return fmt.Sprintf("keygen: invalid idempotency key %s: invalid character 0x%02X at byte %d (want visible ASCII or a space, 0x20..0x7E)", e.Key, e.Char, e.Pos)
+		return msg + fmt.Sprintf("invalid character 0x%02X at byte %d "+
+			"(want visible ASCII or a space, 0x20..0x7E)", e.Char, e.Pos)
 	case ReasonOuterSpace:
-		return fmt.Sprintf("keygen: invalid idempotency key %s: %s at byte %d", e.Key, e.Reason, e.Pos)
+		return msg + fmt.Sprintf("%s at byte %d", e.Reason, e.Pos)
 	default:
-		return fmt.Sprintf("keygen: invalid idempotency key %s: %s", e.Key, e.Reason)
+		return msg + e.Reason
 	}
 }
 
@@ -78,7 +76,7 @@ func (e *InvalidKeyError) Is(target error) bool { return target == ErrInvalidKey
 
 // Validate checks key against the one rule every idempotency key must meet,
 // the rule of the Transport, the middleware and docs/CONTRACT.md alike: 1 to
-// [MaxLen] (255) bytes, each one visible ASCII or a space (0x20..0x7E), and
+// 255 bytes, each one visible ASCII or a space (0x20..0x7E), and
 // neither the first nor the last byte a space. So "order 42",
 // "invoice,2024-7" and `a"b\c` are valid keys (stripe-go sends any such
 // key); control characters (tabs and newlines included), DEL and non-ASCII
@@ -91,7 +89,7 @@ func Validate(key string) error {
 	if key == "" {
 		return newInvalid(key, ReasonEmpty, -1)
 	}
-	if len(key) > MaxLen {
+	if len(key) > maxLen {
 		return newInvalid(key, ReasonTooLong, -1)
 	}
 	for i := 0; i < len(key); i++ {
@@ -109,16 +107,9 @@ func Validate(key string) error {
 }
 
 func newInvalid(key, reason string, pos int) *InvalidKeyError {
-	e := &InvalidKeyError{Key: display(key), Reason: reason, Pos: pos, Len: len(key)}
+	e := &InvalidKeyError{Digest: Digest(key), Reason: reason, Pos: pos, Len: len(key)}
 	if pos >= 0 {
 		e.Char = key[pos]
 	}
 	return e
-}
-
-func display(key string) string {
-	if len(key) <= displayLen {
-		return strconv.QuoteToASCII(key)
-	}
-	return strconv.QuoteToASCII(key[:displayLen]) + "..."
 }

@@ -61,16 +61,31 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// An error about a key names it by its digest, reason, length and offending
+// byte, never by its bytes.
 func TestInvalidKeyErrorMessages(t *testing.T) {
-	require.Equal(t,
-		`keygen: invalid idempotency key "a\x01b": invalid character 0x01 at byte 1 (want visible ASCII or a space, 0x20..0x7E)`,
+	require.Equal(t, "keygen: invalid idempotency key (digest "+Digest("a\x01b")+", 3 bytes): "+
+		"invalid character 0x01 at byte 1 (want visible ASCII or a space, 0x20..0x7E)",
 		Validate("a\x01b").Error())
-	require.Equal(t, `keygen: invalid idempotency key "": empty`, Validate("").Error())
-	require.Equal(t, `keygen: invalid idempotency key "order 42 ": leading or trailing space at byte 8`, Validate("order 42 ").Error())
+	require.Equal(t, "keygen: invalid idempotency key (digest "+Digest("")+", 0 bytes): empty",
+		Validate("").Error())
+	require.Equal(t, "keygen: invalid idempotency key (digest "+Digest("order 42 ")+", 9 bytes): "+
+		"leading or trailing space at byte 8", Validate("order 42 ").Error())
 	long := strings.Repeat("z", 300)
-	require.Equal(t,
-		`keygen: invalid idempotency key "`+strings.Repeat("z", 40)+`"...: too long (300 bytes, max 255)`,
-		Validate(long).Error())
+	require.Equal(t, "keygen: invalid idempotency key (digest "+Digest(long)+", 300 bytes): "+
+		"too long (max 255)", Validate(long).Error())
+	for _, key := range []string{"secret-order-42\x01", "secret order 42 ", strings.Repeat("secret", 50)} {
+		err := Validate(key)
+		require.Error(t, err)
+		require.NotContains(t, err.Error(), "secret", "the key's bytes never appear")
+		var ike *InvalidKeyError
+		require.ErrorAs(t, err, &ike)
+		require.Equal(t, Digest(key), ike.Digest)
+	}
+	_, err := ParseHeader([]string{"secret-1", "secret-2"})
+	require.NotContains(t, err.Error(), "secret")
+	_, err = ParseHeader([]string{`"secret\q"`})
+	require.NotContains(t, err.Error(), "secret")
 	require.False(t, errors.Is(Validate(""), errors.New("keygen: invalid idempotency key")))
 }
 

@@ -16,20 +16,23 @@ import (
 
 	"github.com/saferetry/saferetry"
 	"github.com/saferetry/saferetry/keygen"
+	"github.com/saferetry/saferetry/retry"
 )
 
 // Attribute keys of this package, outside the semantic conventions.
 const (
-	// AttemptClassKey is the class of an attempt's outcome
-	// (retry.Decision.Class: "ok", "status_503", "conn_refused", ...).
+	// AttemptClassKey is the class of an attempt's outcome (a retry.Class:
+	// "ok", "status_503", "conn_refused", ...).
 	AttemptClassKey = attribute.Key("saferetry.attempt.class")
-	// AttemptOutcomeKey is what the loop did after an attempt:
-	// saferetry.OutcomeFinal, saferetry.OutcomeRetry, or the retry.Reason*
-	// constant that ended the loop.
+	// AttemptOutcomeKey is what the loop did after an attempt (a
+	// saferetry.Outcome: "retry", "final" or "stopped").
 	AttemptOutcomeKey = attribute.Key("saferetry.attempt.outcome")
-	// RetryReasonKey is the class of the outcome a retry retries.
-	RetryReasonKey = attribute.Key("saferetry.retry.reason")
-	// StopReasonKey is why a call gave up (a retry.Reason* constant).
+	// RetryClassKey is the class of the outcome that a retry retries, or
+	// that the budget refused to retry.
+	RetryClassKey = attribute.Key("saferetry.retry.class")
+	// StopReasonKey is why the loop stopped (a retry.Reason:
+	// "max_attempts", "budget_denied", ...), on an attempt or call whose
+	// outcome is "stopped".
 	StopReasonKey = attribute.Key("saferetry.stop.reason")
 	// KeyDigestKey is the digest of the idempotency key (keygen.Digest),
 	// never the key itself.
@@ -39,8 +42,8 @@ const (
 // Client metric names.
 const (
 	ClientAttempts      = "saferetry.client.attempts"       // counter, {attempt}
-	ClientRetries       = "saferetry.client.retries"        // counter, {retry}, by saferetry.retry.reason
-	ClientBudgetDenials = "saferetry.client.budget.denials" // counter, {denial}
+	ClientRetries       = "saferetry.client.retries"        // counter, {retry}, by saferetry.retry.class
+	ClientBudgetDenials = "saferetry.client.budget.denials" // counter, {denial}, by saferetry.retry.class
 	ClientExhausted     = "saferetry.client.exhausted"      // counter, {call}, by saferetry.stop.reason
 	ClientRetryWait     = "saferetry.client.retry.wait"     // histogram, s
 )
@@ -75,7 +78,7 @@ func newClient(c config) *client {
 		otel.Handle(err)
 	}
 	if cl.exhausted, err = m.Int64Counter(ClientExhausted, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls that gave up without a final answer, by reason.")); err != nil {
+		metric.WithDescription("Calls that stopped while their outcome could have been retried, by reason.")); err != nil {
 		otel.Handle(err)
 	}
 	if cl.wait, err = m.Float64Histogram(ClientRetryWait, metric.WithUnit("s"),
@@ -94,11 +97,11 @@ func ClientObserver(opts ...Option) saferetry.Observer {
 }
 
 // ClientOptions returns the saferetry options that instrument a Transport:
-// the observer of ClientObserver, and a saferetry.PrepareFunc that injects
+// the observer of ClientObserver, and a preparation (saferetry.WithPrepare) that injects
 // each attempt's span context into its headers with the configured
 // propagators (traceparent with the default W3C propagator), so that the
 // server's span is the attempt's child. Give them to saferetry.NewTransport
-// with the other options: the preparation runs before any PrepareFunc given
+// with the other options: the preparation runs before any WithPrepare given
 // after it (a signature must come last, over the trace headers).
 func ClientOptions(opts ...Option) []saferetry.Option {
 	c := newConfig(opts)
@@ -129,7 +132,7 @@ func (cl *client) attemptStart(ctx context.Context, a saferetry.AttemptStartInfo
 	}
 	attrs = append(attrs, semconv.URLFull(redactedURL(r.URL)))
 	if a.Attempt > 1 {
-		attrs = append(attrs, semconv.HTTPRequestResendCount(a.Attempt-1), RetryReasonKey.String(a.RetryReason))
+		attrs = append(attrs, semconv.HTTPRequestResendCount(a.Attempt-1), RetryClassKey.String(string(a.Retrying)))
 	}
 	if a.Key != "" {
 		attrs = append(attrs, KeyDigestKey.String(keygen.Digest(a.Key)))
@@ -146,22 +149,27 @@ func (cl *client) attemptDone(ctx context.Context, a saferetry.AttemptDoneInfo) 
 	r := a.Request
 	host := semconv.ServerAddress(r.URL.Hostname())
 	method := semconv.HTTPRequestMethodKey.String(methodAttr(r.Method))
-	class := AttemptClassKey.String(a.Decision.Class)
-	cl.attempts.Add(ctx, 1, metric.WithAttributes(method, host, class, AttemptOutcomeKey.String(a.Outcome)))
-	if a.Outcome == saferetry.OutcomeRetry {
-		reason := RetryReasonKey.String(a.Decision.Class)
-		cl.retries.Add(ctx, 1, metric.WithAttributes(method, host, reason))
-		cl.wait.Record(ctx, a.Wait.Seconds(), metric.WithAttributes(host, reason))
+	class := AttemptClassKey.String(string(a.Decision.Class))
+	outcome := AttemptOutcomeKey.String(string(a.Outcome))
+	attrs := []attribute.KeyValue{method, host, class, outcome}
+	if a.Outcome == saferetry.OutcomeStopped {
+		attrs = append(attrs, StopReasonKey.String(string(a.Stop)))
 	}
-	if a.BudgetDenied {
-		cl.budgetDenials.Add(ctx, 1, metric.WithAttributes(host, RetryReasonKey.String(a.Decision.Class)))
+	cl.attempts.Add(ctx, 1, metric.WithAttributes(attrs...))
+	switch {
+	case a.Outcome == saferetry.OutcomeRetry:
+		retried := RetryClassKey.String(string(a.Decision.Class))
+		cl.retries.Add(ctx, 1, metric.WithAttributes(method, host, retried))
+		cl.wait.Record(ctx, a.Wait.Seconds(), metric.WithAttributes(host, retried))
+	case a.Stop == retry.ReasonBudget:
+		cl.budgetDenials.Add(ctx, 1, metric.WithAttributes(host, RetryClassKey.String(string(a.Decision.Class))))
 	}
 
 	span, ok := ctx.Value(spanKey{}).(trace.Span)
 	if !ok {
 		return
 	}
-	span.SetAttributes(class, AttemptOutcomeKey.String(a.Outcome))
+	span.SetAttributes(attrs[2:]...) // class, outcome and the stop reason
 	switch {
 	case a.Response != nil:
 		code := a.Response.StatusCode
@@ -173,19 +181,19 @@ func (cl *client) attemptDone(ctx context.Context, a saferetry.AttemptDoneInfo) 
 			span.SetStatus(codes.Error, "")
 		}
 	case a.Err != nil:
-		span.SetAttributes(semconv.ErrorTypeKey.String(a.Decision.Class))
+		span.SetAttributes(semconv.ErrorTypeKey.String(string(a.Decision.Class)))
 		span.SetStatus(codes.Error, a.Err.Error())
 	}
 	span.End()
 }
 
 func (cl *client) callDone(ctx context.Context, c saferetry.CallDoneInfo) {
-	if c.Outcome == saferetry.OutcomeFinal {
+	if c.Outcome != saferetry.OutcomeStopped {
 		return
 	}
 	r := c.Request
 	cl.exhausted.Add(ctx, 1, metric.WithAttributes(semconv.HTTPRequestMethodKey.String(methodAttr(r.Method)),
-		semconv.ServerAddress(r.URL.Hostname()), StopReasonKey.String(c.Outcome)))
+		semconv.ServerAddress(r.URL.Hostname()), StopReasonKey.String(string(c.Stop))))
 }
 
 // methodAttr is the http.request.method value: the known methods as they

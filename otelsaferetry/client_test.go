@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -97,14 +98,14 @@ func TestClientSpansOnePerAttemptChildOfTheCaller(t *testing.T) {
 	first, second := attrMap(ended[0].Attributes()), attrMap(ended[1].Attributes())
 	assert.Equal(t, int64(503), first[semconv.HTTPResponseStatusCodeKey].AsInt64())
 	assert.Equal(t, "status_503", first[AttemptClassKey].AsString())
-	assert.Equal(t, saferetry.OutcomeRetry, first[AttemptOutcomeKey].AsString())
+	assert.Equal(t, "retry", first[AttemptOutcomeKey].AsString())
 	assert.Equal(t, codes.Error, ended[0].Status().Code)
 	_, resent := first[semconv.HTTPRequestResendCountKey]
 	assert.False(t, resent, "the first attempt is no resend")
 	assert.Equal(t, int64(1), second[semconv.HTTPRequestResendCountKey].AsInt64())
-	assert.Equal(t, "status_503", second[RetryReasonKey].AsString(), "the reason of the resend")
+	assert.Equal(t, "status_503", second[RetryClassKey].AsString(), "the class the resend retries")
 	assert.Equal(t, int64(200), second[semconv.HTTPResponseStatusCodeKey].AsInt64())
-	assert.Equal(t, saferetry.OutcomeFinal, second[AttemptOutcomeKey].AsString())
+	assert.Equal(t, "final", second[AttemptOutcomeKey].AsString())
 	assert.Equal(t, codes.Unset, ended[1].Status().Code)
 
 	// Each attempt's traceparent names the attempt's own span.
@@ -132,14 +133,24 @@ func TestClientMetrics(t *testing.T) {
 	require.ErrorIs(t, err, retry.ErrExhausted)
 
 	m := tel.collect(t)
-	assert.Equal(t, map[string]int64{"status_503": 1, "status_502": 1, "ok": 1, retry.ClassConnRefused: 2},
+	assert.Equal(t, map[string]int64{"status_503": 1, "status_502": 1, "ok": 1, "conn_refused": 2},
 		counts(t, m[ClientAttempts], AttemptClassKey))
-	assert.Equal(t, map[string]int64{saferetry.OutcomeRetry: 3, saferetry.OutcomeFinal: 1, retry.ReasonBudget: 1},
+	assert.Equal(t, map[string]int64{"retry": 3, "final": 1, "stopped": 1},
 		counts(t, m[ClientAttempts], AttemptOutcomeKey))
-	assert.Equal(t, map[string]int64{"status_503": 1, "status_502": 1, retry.ClassConnRefused: 1},
-		counts(t, m[ClientRetries], RetryReasonKey))
-	assert.Equal(t, map[string]int64{retry.ClassConnRefused: 1}, counts(t, m[ClientBudgetDenials], RetryReasonKey))
-	assert.Equal(t, map[string]int64{retry.ReasonBudget: 1}, counts(t, m[ClientExhausted], StopReasonKey))
+	assert.Equal(t, map[string]int64{"": 4, "budget_denied": 1}, counts(t, m[ClientAttempts], StopReasonKey),
+		"a stop reason on stopped attempts only")
+	assert.Equal(t, map[string]int64{"status_503": 1, "status_502": 1, "conn_refused": 1},
+		counts(t, m[ClientRetries], RetryClassKey))
+	assert.Equal(t, map[string]int64{"conn_refused": 1}, counts(t, m[ClientBudgetDenials], RetryClassKey))
+	assert.Equal(t, map[string]int64{"budget_denied": 1}, counts(t, m[ClientExhausted], StopReasonKey))
+	for _, key := range []attribute.Key{AttemptClassKey, AttemptOutcomeKey, StopReasonKey} {
+		for label := range counts(t, m[ClientAttempts], key) {
+			if label == "" {
+				continue
+			}
+			assert.Regexp(t, `^[a-z0-9]+(_[a-z0-9]+)*$`, label, "%s is snake_case", key)
+		}
+	}
 
 	wait := m[ClientRetryWait]
 	assert.Equal(t, "s", wait.Unit)

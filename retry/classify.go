@@ -18,56 +18,46 @@ import (
 // Problem codes (the "code" member of an application/problem+json body)
 // that the saferetry idempotency middleware sends with its conflicts.
 const (
-	// ProblemInProgress marks a 409 for a key whose first request is still
+	// problemInProgress marks a 409 for a key whose first request is still
 	// running. It is the only 409 that is retried.
-	ProblemInProgress = "idempotency_request_in_progress"
-	// ProblemKeyReused marks a key reused with a different request
+	problemInProgress = "idempotency_request_in_progress"
+	// problemKeyReused marks a key reused with a different request
 	// (422, or 409 when so configured). It is never retried.
-	ProblemKeyReused = "idempotency_key_reused"
+	problemKeyReused = "idempotency_key_reused"
 )
 
-// Decision classes, the stable labels found in [Decision].Class. Statuses
-// outside the cases below are labelled "status_NNN" (for example
-// "status_503", "status_404"); statuses below 400 are [ClassOK].
+// Class labels the outcome of one attempt for logs, metrics and rules:
+// one of the constants below, or "status_NNN" for a status they do not
+// name (for example "status_503", "status_404"; "status_invalid" outside
+// 100-999). Every value is snake_case.
+type Class string
+
+// The classes of [Decision].Class.
 const (
-	ClassOK              = "ok"                // a status below 400: nothing to retry
-	ClassConnRefused     = "conn_refused"      // ECONNREFUSED while dialling (never sent)
-	ClassDial            = "dial"              // any other dial error, e.g. DNS or unreachable network (never sent)
-	ClassConnReset       = "conn_reset"        // ECONNRESET
-	ClassEOF             = "eof"               // io.EOF / io.ErrUnexpectedEOF before a response
-	ClassTimeout         = "timeout"           // the per-attempt timeout fired, or a transport timeout
-	ClassH2RefusedStream = "h2_refused_stream" // HTTP/2 REFUSED_STREAM (never processed)
-	ClassH2GoAway        = "h2_goaway"         // HTTP/2 GOAWAY
-	ClassTLS             = "tls"               // certificate verification failed
-	ClassCanceled        = "canceled"          // the caller canceled its context
-	ClassDeadline        = "deadline"          // the caller's own deadline passed
-	ClassInProgress      = "in_progress"       // 409 with ProblemInProgress
-	ClassKeyReused       = "key_reused"        // a conflict with ProblemKeyReused
-	ClassNotRetryable    = "not_retryable"     // an unrecognised error, or no outcome at all
+	ClassOK              Class = "ok"                // a status below 400: nothing to retry
+	ClassConnRefused     Class = "conn_refused"      // ECONNREFUSED while dialling (never sent)
+	ClassDial            Class = "dial"              // any other dial error, e.g. DNS (never sent)
+	ClassConnReset       Class = "conn_reset"        // ECONNRESET
+	ClassEOF             Class = "eof"               // io.EOF or io.ErrUnexpectedEOF before a response
+	ClassTimeout         Class = "timeout"           // the attempt's time limit, or the transport's
+	ClassH2RefusedStream Class = "h2_refused_stream" // HTTP/2 REFUSED_STREAM (never processed)
+	ClassH2GoAway        Class = "h2_goaway"         // HTTP/2 GOAWAY
+	ClassTLS             Class = "tls"               // certificate verification failed
+	ClassCanceled        Class = "canceled"          // the caller canceled its context
+	ClassDeadline        Class = "deadline"          // the caller's own deadline passed
+	ClassInProgress      Class = "in_progress"       // 409 idempotency_request_in_progress
+	ClassKeyReused       Class = "key_reused"        // a conflict idempotency_key_reused
+	ClassNotRetryable    Class = "not_retryable"     // an unrecognised error, or no outcome at all
 )
-
-// Policy holds the options of [Classify]. The zero value is the default:
-// 500 is not retried, because it usually means a bug that a retry will not
-// fix, and no rule is applied.
-type Policy struct {
-	// Retry500 adds 500 Internal Server Error to the retryable statuses
-	// (for idempotent requests only). Default false.
-	Retry500 bool
-	// Rules widen or narrow the allow-list (default none). They run in
-	// order after the built-in decision; the first whose verdict is not
-	// Keep decides. The safety rules are applied after them and no Rule
-	// lifts them: see [Classify].
-	Rules []Rule
-}
 
 // Input describes the outcome of one attempt.
 type Input struct {
 	// Method is the request method (informational; Idempotent decides).
 	Method string
-	// Idempotent is true when the method is idempotent (IsIdempotentMethod),
-	// an Idempotency-Key is attached, or the caller declared the request
-	// idempotent. When false, only failures where the request provably never
-	// reached the server are retried.
+	// Idempotent is true when the request may be repeated: an idempotent
+	// method, an Idempotency-Key attached, or the caller declared it so.
+	// When false, only failures where the request provably never reached
+	// the server are retried.
 	Idempotent bool
 	// Response is the attempt's response; nil when Err is non-nil.
 	// Classify reads only StatusCode and Header, never the body.
@@ -75,8 +65,8 @@ type Input struct {
 	// Err is the error the attempt returned, if any. It takes precedence
 	// over Response.
 	Err error
-	// AttemptTimedOut is true when the per-attempt timeout fired while the
-	// caller's own context was still alive.
+	// AttemptTimedOut is true when the attempt's own time limit ended it
+	// while the caller's context was still alive.
 	AttemptTimedOut bool
 	// ProblemCode is the "code" member of a problem+json body, when the
 	// caller peeked one (for 409 conflicts); "" otherwise.
@@ -84,86 +74,71 @@ type Input struct {
 	// Request is the caller's request, for [Rule]s (nil allowed; the
 	// built-in allow-list ignores it). Read-only: never its body.
 	Request *http.Request
-	// Attempt is the attempt's number, 1 for the first (informational, for
-	// [Rule]s).
+	// Attempt is the attempt's number, 1 for the first (for [Rule]s).
 	Attempt int
 }
 
 // Decision is the verdict of [Classify].
 type Decision struct {
-	// Retry reports whether the attempt may be retried (budget, deadline
-	// and attempt limits are the caller's to check).
+	// Retry reports whether the outcome may be retried; the attempt
+	// limit, the deadline and the budget are the caller's to check.
 	Retry bool
-	// Class is a short stable label for logs and metrics (the Class*
-	// constants, or "status_NNN").
-	Class string
+	// Class labels the outcome.
+	Class Class
 	// Throttle is true for 429, for 503 carrying a valid Retry-After, and
-	// for the in-progress 409:
-	// the caller uses the throttling backoff base and budget cost.
+	// for the in-progress 409: the caller uses the throttling backoff base
+	// and budget cost.
 	Throttle bool
-	// RetryAfter is the server's Retry-After hint (429, 503 and the in-progress 409 only), valid
-	// when HasRetryAfter is true; it may be huge, the caller caps it.
+	// RetryAfter is the server's Retry-After hint (429, 503 and the
+	// in-progress 409 only), valid when HasRetryAfter is true; it may be
+	// huge, the caller caps it.
 	RetryAfter time.Duration
 	// HasRetryAfter reports whether a valid Retry-After was present.
 	HasRetryAfter bool
 	// NeverSent is true when the request provably never reached the server
-	// (dial error, HTTP/2 refused stream); only then is a non-idempotent
-	// request retried.
+	// (a dial error, an HTTP/2 refused stream); only then is a request that
+	// is not idempotent retried.
 	NeverSent bool
 }
 
-// IsIdempotentMethod reports whether method is retried as idempotent by
-// default: GET, HEAD, OPTIONS, TRACE, PUT and DELETE (RFC 9110 section
-// 9.2.2). The comparison is case-sensitive, as HTTP methods are; "" counts as
-// GET, like net/http does. POST, PATCH, CONNECT and unknown methods are
-// unsafe. IsIdempotentMethod is safe for concurrent use.
-func IsIdempotentMethod(method string) bool {
-	switch method {
-	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace,
-		http.MethodPut, http.MethodDelete:
-		return true
-	}
-	return false
-}
-
-// Classify decides whether the attempt described by in may be retried under
-// policy p, and labels it. now is used to turn an HTTP-date Retry-After into
-// a duration. See the package documentation for the allow-list.
+// Classify decides whether the attempt described by in may be retried, and
+// labels it. now turns an HTTP-date Retry-After into a duration. The
+// allow-list is in the package documentation.
 //
-// The built-in decision comes first, then p.Rules may turn its Retry on or
-// off; the other fields (Class, Throttle, RetryAfter, NeverSent) stay the
-// built-in ones. Then the safety rules, which no Rule lifts: a success
-// (ClassOK) and the caller's own cancellation or deadline (ClassCanceled,
-// ClassDeadline) are never retried, and a request that is not idempotent (in.Idempotent false: an
-// unsafe method without a key, or marked so by the caller) is retried only
-// when it provably never reached the server (NeverSent), never after a
-// status or a timeout. Attempt limits, the overall deadline and the budget
-// are the caller's to check after Classify, and no Rule skips them either.
+// The built-in decision comes first, then rules may turn its Retry on or
+// off (the first verdict other than [Keep] decides; nil rules are skipped);
+// Class, Throttle, RetryAfter and NeverSent stay the built-in ones. Then the
+// safety rules, which no Rule lifts: a success ([ClassOK]) and the caller's
+// own cancellation or deadline ([ClassCanceled], [ClassDeadline]) are never
+// retried, and a request that is not idempotent is retried only when it
+// provably never reached the server (NeverSent), never after a status or a
+// timeout. The attempt limit, the deadline and the budget are the caller's
+// to check after Classify.
 //
 // Classify is pure, never panics unless a Rule does (a zero Input yields
-// ClassNotRetryable) and is safe for concurrent use when its Rules are.
-func Classify(p Policy, in Input, now time.Time) Decision {
+// [ClassNotRetryable]) and is safe for concurrent use when its rules are.
+func Classify(rules []Rule, in Input, now time.Time) Decision {
 	var d Decision
 	switch {
 	case in.Err != nil:
 		d = classifyErr(in)
 	case in.Response != nil:
-		d = classifyStatus(p, in, now)
+		d = classifyStatus(in, now)
 	default:
 		d = Decision{Class: ClassNotRetryable}
 	}
-	if len(p.Rules) > 0 {
-		d = apply(p, in, d)
+	if len(rules) > 0 {
+		d = apply(rules, in, d)
 	}
 	return d
 }
 
-func classifyStatus(p Policy, in Input, now time.Time) Decision {
+func classifyStatus(in Input, now time.Time) Decision {
 	code := in.Response.StatusCode
 	d := Decision{Class: statusClass(code)}
 	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable ||
-		(code == http.StatusConflict && in.ProblemCode == ProblemInProgress) {
-		d.RetryAfter, d.HasRetryAfter = ParseRetryAfter(in.Response.Header.Get("Retry-After"), now)
+		(code == http.StatusConflict && in.ProblemCode == problemInProgress) {
+		d.RetryAfter, d.HasRetryAfter = parseRetryAfter(in.Response.Header.Get("Retry-After"), now)
 	}
 	switch code {
 	case http.StatusTooManyRequests:
@@ -174,19 +149,17 @@ func classifyStatus(p Policy, in Input, now time.Time) Decision {
 		d.Retry = true
 	case http.StatusBadGateway, http.StatusGatewayTimeout:
 		d.Retry = true
-	case http.StatusInternalServerError:
-		d.Retry = p.Retry500
 	case http.StatusConflict:
 		switch in.ProblemCode {
-		case ProblemInProgress:
+		case problemInProgress:
 			// The server asks us to wait for the first request to finish:
 			// a throttle, not a failure (cheaper budget cost, throttle base).
 			d.Class, d.Retry, d.Throttle = ClassInProgress, true, true
-		case ProblemKeyReused:
+		case problemKeyReused:
 			d.Class = ClassKeyReused
 		}
 	default:
-		if in.ProblemCode == ProblemKeyReused {
+		if in.ProblemCode == problemKeyReused {
 			d.Class = ClassKeyReused
 		}
 	}
@@ -195,12 +168,12 @@ func classifyStatus(p Policy, in Input, now time.Time) Decision {
 	return d
 }
 
-func statusClass(code int) string {
+func statusClass(code int) Class {
 	switch {
 	case code >= 100 && code < 400:
 		return ClassOK
 	case code >= 400 && code <= 999:
-		return "status_" + strconv.Itoa(code)
+		return Class("status_" + strconv.Itoa(code))
 	}
 	return "status_invalid"
 }
@@ -222,7 +195,7 @@ func classifyErr(in Input) Decision {
 			class = ClassConnRefused
 		}
 		return Decision{Class: class, NeverSent: true, Retry: true}
-	case hasIdentity(err, context.DeadlineExceeded):
+	case isContextDeadline(err):
 		return Decision{Class: ClassDeadline}
 	}
 	// Text matches on net/http's bundled HTTP/2 errors, which are unexported.
@@ -232,7 +205,7 @@ func classifyErr(in Input) Decision {
 	switch {
 	case strings.Contains(text, "GOAWAY"):
 		return Decision{Class: ClassH2GoAway, Retry: in.Idempotent}
-	case inChain(err, isRefusedStream):
+	case inTree(err, isRefusedStream):
 		return Decision{Class: ClassH2RefusedStream, NeverSent: true, Retry: true}
 	case errors.Is(err, syscall.ECONNRESET):
 		return Decision{Class: ClassConnReset, Retry: in.Idempotent}
@@ -268,9 +241,9 @@ func isRefusedStream(e error) bool {
 	return rest == "; REFUSED_STREAM" || strings.HasPrefix(rest, "; REFUSED_STREAM; ")
 }
 
-// inChain reports whether match holds for err or any error it wraps
-// (errors.Unwrap, including joined errors).
-func inChain(err error, match func(error) bool) bool {
+// inTree reports whether match holds for err or any error in its tree
+// (errors.Unwrap, joined errors included).
+func inTree(err error, match func(error) bool) bool {
 	if err == nil {
 		return false
 	}
@@ -279,10 +252,10 @@ func inChain(err error, match func(error) bool) bool {
 	}
 	switch u := err.(type) {
 	case interface{ Unwrap() error }:
-		return inChain(u.Unwrap(), match)
+		return inTree(u.Unwrap(), match)
 	case interface{ Unwrap() []error }:
 		for _, e := range u.Unwrap() {
-			if inChain(e, match) {
+			if inTree(e, match) {
 				return true
 			}
 		}
@@ -320,29 +293,12 @@ func isTransportTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// hasIdentity reports whether target itself (compared with ==, not Is) is in
-// err's tree. It separates a context's DeadlineExceeded from net's socket
-// timeouts, which also answer errors.Is(err, context.DeadlineExceeded).
-func hasIdentity(err, target error) bool {
-	for err != nil {
-		if err == target {
-			return true
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if hasIdentity(e, target) {
-					return true
-				}
-			}
-			return false
-		default:
-			return false
-		}
-	}
-	return false
+// isContextDeadline reports whether context.DeadlineExceeded itself
+// (compared with ==, not errors.Is) is in err's tree. It separates a
+// context's deadline from net's socket timeouts, which also answer
+// errors.Is(err, context.DeadlineExceeded).
+func isContextDeadline(err error) bool {
+	return inTree(err, func(e error) bool { return e == context.DeadlineExceeded })
 }
 
 // errText returns the message of err without a *url.Error prefix, whose URL

@@ -20,6 +20,9 @@ import (
 
 var now = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 
+// allow500 is the rule that opts in to retrying 500.
+var allow500 = []Rule{Status(Allow, 500)}
+
 func resp(code int, header ...string) *http.Response {
 	h := http.Header{}
 	for i := 0; i+1 < len(header); i += 2 {
@@ -32,48 +35,48 @@ func TestClassifyStatuses(t *testing.T) {
 	date := now.Add(30 * time.Second).Format(http.TimeFormat)
 	tests := []struct {
 		name   string
-		p      Policy
+		rules  []Rule
 		resp   *http.Response
 		code   string // ProblemCode
 		idem   Decision
 		unsafe Decision // same input with Idempotent=false
 	}{
-		{"200", Policy{}, resp(200), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
-		{"204", Policy{}, resp(204), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
-		{"301", Policy{}, resp(301), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
-		{"400", Policy{}, resp(400), "", Decision{Class: "status_400"}, Decision{Class: "status_400"}},
-		{"401", Policy{}, resp(401), "", Decision{Class: "status_401"}, Decision{Class: "status_401"}},
-		{"403", Policy{}, resp(403), "", Decision{Class: "status_403"}, Decision{Class: "status_403"}},
-		{"408", Policy{}, resp(408), "", Decision{Class: "status_408"}, Decision{Class: "status_408"}},
-		{"422 key reused", Policy{}, resp(422), ProblemKeyReused, Decision{Class: ClassKeyReused}, Decision{Class: ClassKeyReused}},
-		{"409 plain", Policy{}, resp(409), "", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
-		{"409 other code", Policy{}, resp(409), "something_else", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
-		{"409 in progress", Policy{}, resp(409, "Retry-After", "1"), ProblemInProgress, Decision{Retry: true, Class: ClassInProgress, Throttle: true, RetryAfter: time.Second, HasRetryAfter: true}, Decision{Class: ClassInProgress, Throttle: true, RetryAfter: time.Second, HasRetryAfter: true}},
-		{"409 plain ignores Retry-After", Policy{}, resp(409, "Retry-After", "1"), "", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
-		{"409 key reused", Policy{}, resp(409), ProblemKeyReused, Decision{Class: ClassKeyReused}, Decision{Class: ClassKeyReused}},
-		{"422 in progress code is not retried", Policy{}, resp(422), ProblemInProgress, Decision{Class: "status_422"}, Decision{Class: "status_422"}},
-		{"429 no header", Policy{}, resp(429), "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
-		{"429 delta", Policy{}, resp(429, "Retry-After", "3"), "", Decision{Retry: true, Class: "status_429", Throttle: true, RetryAfter: 3 * time.Second, HasRetryAfter: true}, Decision{Class: "status_429", Throttle: true, RetryAfter: 3 * time.Second, HasRetryAfter: true}},
-		{"429 garbage header", Policy{}, resp(429, "Retry-After", "soon"), "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
-		{"500 default", Policy{}, resp(500), "", Decision{Class: "status_500"}, Decision{Class: "status_500"}},
-		{"500 opted in", Policy{Retry500: true}, resp(500), "", Decision{Retry: true, Class: "status_500"}, Decision{Class: "status_500"}},
-		{"501", Policy{Retry500: true}, resp(501), "", Decision{Class: "status_501"}, Decision{Class: "status_501"}},
-		{"502", Policy{}, resp(502), "", Decision{Retry: true, Class: "status_502"}, Decision{Class: "status_502"}},
-		{"502 ignores Retry-After", Policy{}, resp(502, "Retry-After", "5"), "", Decision{Retry: true, Class: "status_502"}, Decision{Class: "status_502"}},
-		{"503 no header", Policy{}, resp(503), "", Decision{Retry: true, Class: "status_503"}, Decision{Class: "status_503"}},
-		{"503 date", Policy{}, resp(503, "Retry-After", date), "", Decision{Retry: true, Class: "status_503", Throttle: true, RetryAfter: 30 * time.Second, HasRetryAfter: true}, Decision{Class: "status_503", Throttle: true, RetryAfter: 30 * time.Second, HasRetryAfter: true}},
-		{"503 invalid header is transient", Policy{}, resp(503, "Retry-After", "-1"), "", Decision{Retry: true, Class: "status_503"}, Decision{Class: "status_503"}},
-		{"504", Policy{}, resp(504), "", Decision{Retry: true, Class: "status_504"}, Decision{Class: "status_504"}},
-		{"505", Policy{}, resp(505), "", Decision{Class: "status_505"}, Decision{Class: "status_505"}},
-		{"nonsense status", Policy{}, resp(0), "", Decision{Class: "status_invalid"}, Decision{Class: "status_invalid"}},
-		{"nil header", Policy{}, &http.Response{StatusCode: 429}, "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
+		{"200", nil, resp(200), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
+		{"204", nil, resp(204), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
+		{"301", nil, resp(301), "", Decision{Class: ClassOK}, Decision{Class: ClassOK}},
+		{"400", nil, resp(400), "", Decision{Class: "status_400"}, Decision{Class: "status_400"}},
+		{"401", nil, resp(401), "", Decision{Class: "status_401"}, Decision{Class: "status_401"}},
+		{"403", nil, resp(403), "", Decision{Class: "status_403"}, Decision{Class: "status_403"}},
+		{"408", nil, resp(408), "", Decision{Class: "status_408"}, Decision{Class: "status_408"}},
+		{"422 key reused", nil, resp(422), problemKeyReused, Decision{Class: ClassKeyReused}, Decision{Class: ClassKeyReused}},
+		{"409 plain", nil, resp(409), "", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
+		{"409 other code", nil, resp(409), "something_else", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
+		{"409 in progress", nil, resp(409, "Retry-After", "1"), problemInProgress, Decision{Retry: true, Class: ClassInProgress, Throttle: true, RetryAfter: time.Second, HasRetryAfter: true}, Decision{Class: ClassInProgress, Throttle: true, RetryAfter: time.Second, HasRetryAfter: true}},
+		{"409 plain ignores Retry-After", nil, resp(409, "Retry-After", "1"), "", Decision{Class: "status_409"}, Decision{Class: "status_409"}},
+		{"409 key reused", nil, resp(409), problemKeyReused, Decision{Class: ClassKeyReused}, Decision{Class: ClassKeyReused}},
+		{"422 in progress code is not retried", nil, resp(422), problemInProgress, Decision{Class: "status_422"}, Decision{Class: "status_422"}},
+		{"429 no header", nil, resp(429), "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
+		{"429 delta", nil, resp(429, "Retry-After", "3"), "", Decision{Retry: true, Class: "status_429", Throttle: true, RetryAfter: 3 * time.Second, HasRetryAfter: true}, Decision{Class: "status_429", Throttle: true, RetryAfter: 3 * time.Second, HasRetryAfter: true}},
+		{"429 garbage header", nil, resp(429, "Retry-After", "soon"), "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
+		{"500 default", nil, resp(500), "", Decision{Class: "status_500"}, Decision{Class: "status_500"}},
+		{"500 opted in", allow500, resp(500), "", Decision{Retry: true, Class: "status_500"}, Decision{Class: "status_500"}},
+		{"501", allow500, resp(501), "", Decision{Class: "status_501"}, Decision{Class: "status_501"}},
+		{"502", nil, resp(502), "", Decision{Retry: true, Class: "status_502"}, Decision{Class: "status_502"}},
+		{"502 ignores Retry-After", nil, resp(502, "Retry-After", "5"), "", Decision{Retry: true, Class: "status_502"}, Decision{Class: "status_502"}},
+		{"503 no header", nil, resp(503), "", Decision{Retry: true, Class: "status_503"}, Decision{Class: "status_503"}},
+		{"503 date", nil, resp(503, "Retry-After", date), "", Decision{Retry: true, Class: "status_503", Throttle: true, RetryAfter: 30 * time.Second, HasRetryAfter: true}, Decision{Class: "status_503", Throttle: true, RetryAfter: 30 * time.Second, HasRetryAfter: true}},
+		{"503 invalid header is transient", nil, resp(503, "Retry-After", "-1"), "", Decision{Retry: true, Class: "status_503"}, Decision{Class: "status_503"}},
+		{"504", nil, resp(504), "", Decision{Retry: true, Class: "status_504"}, Decision{Class: "status_504"}},
+		{"505", nil, resp(505), "", Decision{Class: "status_505"}, Decision{Class: "status_505"}},
+		{"nonsense status", nil, resp(0), "", Decision{Class: "status_invalid"}, Decision{Class: "status_invalid"}},
+		{"nil header", nil, &http.Response{StatusCode: 429}, "", Decision{Retry: true, Class: "status_429", Throttle: true}, Decision{Class: "status_429", Throttle: true}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			in := Input{Method: http.MethodGet, Idempotent: true, Response: tc.resp, ProblemCode: tc.code}
-			require.Equal(t, tc.idem, Classify(tc.p, in, now))
+			require.Equal(t, tc.idem, Classify(tc.rules, in, now))
 			in.Method, in.Idempotent = http.MethodPost, false
-			require.Equal(t, tc.unsafe, Classify(tc.p, in, now))
+			require.Equal(t, tc.unsafe, Classify(tc.rules, in, now))
 		})
 	}
 }
@@ -153,32 +156,23 @@ func TestClassifyErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			in := Input{Method: http.MethodPut, Idempotent: true, Err: tc.err, AttemptTimedOut: tc.timedOut}
-			require.Equal(t, tc.idem, Classify(Policy{}, in, now))
+			require.Equal(t, tc.idem, Classify(nil, in, now))
 			in.Method, in.Idempotent = http.MethodPost, false
-			require.Equal(t, tc.unsafe, Classify(Policy{Retry500: true}, in, now))
+			require.Equal(t, tc.unsafe, Classify(allow500, in, now))
 		})
 	}
 }
 
 func TestClassifyErrTakesPrecedenceAndZeroInput(t *testing.T) {
-	require.Equal(t, Decision{Class: ClassNotRetryable}, Classify(Policy{}, Input{}, now))
-	d := Classify(Policy{}, Input{Idempotent: true, Err: io.EOF, Response: resp(200)}, now)
+	require.Equal(t, Decision{Class: ClassNotRetryable}, Classify(nil, Input{}, now))
+	d := Classify(nil, Input{Idempotent: true, Err: io.EOF, Response: resp(200)}, now)
 	require.Equal(t, Decision{Retry: true, Class: ClassEOF}, d)
-}
-
-func TestIsIdempotentMethod(t *testing.T) {
-	for _, m := range []string{"", "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"} {
-		require.True(t, IsIdempotentMethod(m), m)
-	}
-	for _, m := range []string{"POST", "PATCH", "CONNECT", "get", "put", "PROPFIND", "FOO"} {
-		require.False(t, IsIdempotentMethod(m), m)
-	}
 }
 
 func TestExhaustedError(t *testing.T) {
 	cause := fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
 	e := &ExhaustedError{Attempts: 3, Reason: ReasonMaxAttempts, Err: cause}
-	require.Equal(t, "saferetry: gave up after 3 attempts (max attempts): dial: connection refused", e.Error())
+	require.Equal(t, "saferetry: gave up after 3 attempts (max_attempts): dial: connection refused", e.Error())
 	require.ErrorIs(t, e, ErrExhausted)
 	require.ErrorIs(t, e, syscall.ECONNREFUSED)
 	wrapped := fmt.Errorf("pay: %w", e)
@@ -188,12 +182,13 @@ func TestExhaustedError(t *testing.T) {
 	require.ErrorIs(t, wrapped, syscall.ECONNREFUSED)
 
 	one := &ExhaustedError{Attempts: 1, Reason: ReasonBodyNotRewindable}
-	require.Equal(t, "saferetry: gave up after 1 attempt (body not rewindable)", one.Error())
+	require.Equal(t, "saferetry: gave up after 1 attempt (body_not_rewindable)", one.Error())
 	require.ErrorIs(t, one, ErrExhausted)
 	require.Equal(t, []error{ErrExhausted}, one.Unwrap())
 	require.Equal(t, "saferetry: gave up after 0 attempts", (&ExhaustedError{}).Error())
 
-	for _, r := range []string{ReasonMaxAttempts, ReasonNotRetryable, ReasonDeadline, ReasonBudget, ReasonCanceled, ReasonBodyNotRewindable} {
-		require.NotEmpty(t, r)
+	for _, r := range []Reason{ReasonNotRetryable, ReasonCanceled, ReasonMaxAttempts,
+		ReasonBodyNotRewindable, ReasonDeadline, ReasonBudget, ReasonPrepare} {
+		require.Regexp(t, `^[a-z]+(_[a-z]+)*$`, string(r), "a label is snake_case")
 	}
 }

@@ -10,37 +10,17 @@ import (
 	"github.com/saferetry/saferetry/retry"
 )
 
-func ExampleParseRetryAfter() {
-	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	for _, v := range []string{
-		"120",
-		"Thu, 01 Jan 2026 12:00:30 GMT",
-		"Thu, 01 Jan 2026 11:00:00 GMT", // in the past
-		"-1",
-		"soon",
-	} {
-		d, ok := retry.ParseRetryAfter(v, now)
-		fmt.Println(d, ok)
-	}
-	// Output:
-	// 2m0s true
-	// 30s true
-	// 0s true
-	// 0s false
-	// 0s false
-}
-
 func ExampleClassify() {
 	now := time.Now()
 	throttled := &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"2"}}}
-	d := retry.Classify(retry.Policy{}, retry.Input{Method: "GET", Idempotent: true, Response: throttled}, now)
+	d := retry.Classify(nil, retry.Input{Method: "GET", Idempotent: true, Response: throttled}, now)
 	fmt.Println(d.Retry, d.Class, d.Throttle, d.RetryAfter)
 
 	// A POST without an idempotency key: a 503 is final, a refused connection is not.
 	unavailable := &http.Response{StatusCode: http.StatusServiceUnavailable}
-	d = retry.Classify(retry.Policy{}, retry.Input{Method: "POST", Response: unavailable}, now)
+	d = retry.Classify(nil, retry.Input{Method: "POST", Response: unavailable}, now)
 	fmt.Println(d.Retry, d.Class)
-	d = retry.Classify(retry.Policy{}, retry.Input{Method: "POST", Err: syscall.ECONNREFUSED}, now)
+	d = retry.Classify(nil, retry.Input{Method: "POST", Err: syscall.ECONNREFUSED}, now)
 	fmt.Println(d.Retry, d.Class, d.NeverSent)
 	// Output:
 	// true status_429 true 2s
@@ -53,6 +33,6 @@ func ExampleExhaustedError() {
 	fmt.Println(err)
 	fmt.Println(errors.Is(err, retry.ErrExhausted), errors.Is(err, syscall.ECONNREFUSED))
 	// Output:
-	// saferetry: gave up after 3 attempts (max attempts): connection refused
+	// saferetry: gave up after 3 attempts (max_attempts): connection refused
 	// true true
 }

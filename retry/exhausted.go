@@ -9,15 +9,28 @@ import (
 // Transport stopped retrying and had no response to return.
 var ErrExhausted = errors.New("saferetry: retries exhausted")
 
-// Reasons recorded in [ExhaustedError].Reason: why the retry loop stopped.
+// Reason is why a retry loop stopped: every value is snake_case, a label
+// for logs and metrics as well as [ExhaustedError].Reason.
+type Reason string
+
+// The reasons a retry loop stops.
 const (
-	ReasonMaxAttempts       = "max attempts"        // every allowed attempt ran
-	ReasonNotRetryable      = "not retryable"       // Classify refused the last outcome
-	ReasonDeadline          = "deadline"            // the overall deadline passed or the next wait would cross it
-	ReasonBudget            = "budget denied"       // the retry budget refused a token
-	ReasonCanceled          = "canceled"            // the caller canceled its context
-	ReasonBodyNotRewindable = "body not rewindable" // the body could not be replayed (no GetBody, above the buffer limit)
-	ReasonPrepare           = "prepare failed"      // the user's preparation of the next attempt failed (saferetry.PrepareError)
+	// ReasonNotRetryable: Classify refused the outcome.
+	ReasonNotRetryable Reason = "not_retryable"
+	// ReasonCanceled: the caller's context ended.
+	ReasonCanceled Reason = "canceled"
+	// ReasonMaxAttempts: every allowed attempt ran.
+	ReasonMaxAttempts Reason = "max_attempts"
+	// ReasonBodyNotRewindable: the request body cannot be sent again.
+	ReasonBodyNotRewindable Reason = "body_not_rewindable"
+	// ReasonDeadline: the wait before the next attempt would end after the
+	// overall deadline, or the server's Retry-After exceeds the longest
+	// the Transport honours.
+	ReasonDeadline Reason = "deadline"
+	// ReasonBudget: the retry budget refused the retry.
+	ReasonBudget Reason = "budget_denied"
+	// ReasonPrepare: the preparation of the next attempt failed.
+	ReasonPrepare Reason = "prepare_failed"
 )
 
 // ExhaustedError is returned when the retry loop ends without a response. It
@@ -26,8 +39,8 @@ const (
 // works. The zero value is usable; an ExhaustedError is immutable once built
 // and safe to share between goroutines.
 type ExhaustedError struct {
-	Attempts int    // attempts that ran, including the first
-	Reason   string // why the loop stopped: one of the Reason* constants
+	Attempts int    // attempts made, the first included
+	Reason   Reason // why the loop stopped
 	Err      error  // the last attempt's error; may be nil
 	// Key is the idempotency key every attempt carried ("" for none). When
 	// an attempt may have reached the server, the outcome is unknown: send
@@ -37,14 +50,15 @@ type ExhaustedError struct {
 }
 
 // Error returns, for example,
-// "saferetry: gave up after 3 attempts (max attempts): dial tcp 127.0.0.1:1: connect: connection refused".
+// "saferetry: gave up after 3 attempts (max_attempts): dial tcp 127.0.0.1:1:
+// connect: connection refused".
 func (e *ExhaustedError) Error() string {
 	msg := "saferetry: gave up after " + strconv.Itoa(e.Attempts) + " attempt"
 	if e.Attempts != 1 {
 		msg += "s"
 	}
 	if e.Reason != "" {
-		msg += " (" + e.Reason + ")"
+		msg += " (" + string(e.Reason) + ")"
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()

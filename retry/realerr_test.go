@@ -90,7 +90,7 @@ func TestClassifyRealConnRefused(t *testing.T) {
 				var ue *url.Error
 				require.ErrorAs(t, err, &ue)
 			}
-			d := Classify(Policy{}, Input{Method: method, Idempotent: IsIdempotentMethod(method), Err: err}, time.Now())
+			d := Classify(nil, Input{Method: method, Idempotent: method == http.MethodGet, Err: err}, time.Now())
 			require.Equal(t, Decision{Retry: true, Class: ClassConnRefused, NeverSent: true}, d, "method %s wrap %v: %v", method, wrap, err)
 
 			// The exhausted error keeps the root cause reachable through every wrapper.
@@ -100,7 +100,7 @@ func TestClassifyRealConnRefused(t *testing.T) {
 			var op *net.OpError
 			require.ErrorAs(t, ex, &op)
 			require.Equal(t, "dial", op.Op)
-			require.Contains(t, ex.Error(), "saferetry: gave up after 3 attempts (max attempts): ")
+			require.Contains(t, ex.Error(), "saferetry: gave up after 3 attempts (max_attempts): ")
 			require.Contains(t, ex.Error(), "connection refused")
 		}
 	}
@@ -114,9 +114,9 @@ func TestClassifyRealConnReset(t *testing.T) {
 	err := roundTrip(t, context.Background(), &http.Transport{}, http.MethodPost, u, true)
 	require.ErrorIs(t, err, syscall.ECONNRESET, "%v", err)
 	require.Equal(t, Decision{Retry: true, Class: ClassConnReset},
-		Classify(Policy{}, Input{Method: http.MethodPost, Idempotent: true, Err: err}, time.Now()))
+		Classify(nil, Input{Method: http.MethodPost, Idempotent: true, Err: err}, time.Now()))
 	require.Equal(t, Decision{Retry: false, Class: ClassConnReset},
-		Classify(Policy{}, Input{Method: http.MethodPost, Idempotent: false, Err: err}, time.Now()),
+		Classify(nil, Input{Method: http.MethodPost, Idempotent: false, Err: err}, time.Now()),
 		"a reset after the request was written is never retried without idempotency")
 }
 
@@ -125,9 +125,9 @@ func TestClassifyRealEOF(t *testing.T) {
 	err := roundTrip(t, context.Background(), &http.Transport{}, http.MethodPost, u, false)
 	require.ErrorIs(t, err, io.EOF, "%v", err)
 	require.Equal(t, Decision{Retry: true, Class: ClassEOF},
-		Classify(Policy{}, Input{Idempotent: true, Err: err}, time.Now()))
+		Classify(nil, Input{Idempotent: true, Err: err}, time.Now()))
 	require.Equal(t, Decision{Class: ClassEOF},
-		Classify(Policy{}, Input{Idempotent: false, Err: err}, time.Now()))
+		Classify(nil, Input{Idempotent: false, Err: err}, time.Now()))
 }
 
 func TestClassifyRealTLSUntrusted(t *testing.T) {
@@ -141,7 +141,7 @@ func TestClassifyRealTLSUntrusted(t *testing.T) {
 		require.ErrorAs(t, err, &ua, "%v", err)
 		var cv *tls.CertificateVerificationError
 		require.ErrorAs(t, err, &cv)
-		require.Equal(t, Decision{Class: ClassTLS}, Classify(Policy{}, Input{Idempotent: true, Err: err}, time.Now()))
+		require.Equal(t, Decision{Class: ClassTLS}, Classify(nil, Input{Idempotent: true, Err: err}, time.Now()))
 	}
 
 	// Trusted CA but the wrong name: a HostnameError.
@@ -151,7 +151,7 @@ func TestClassifyRealTLSUntrusted(t *testing.T) {
 	err := roundTrip(t, context.Background(), tr, http.MethodGet, srv.URL, true)
 	var he x509.HostnameError
 	require.ErrorAs(t, err, &he, "%v", err)
-	require.Equal(t, Decision{Class: ClassTLS}, Classify(Policy{}, Input{Idempotent: true, Err: err}, time.Now()))
+	require.Equal(t, Decision{Class: ClassTLS}, Classify(nil, Input{Idempotent: true, Err: err}, time.Now()))
 }
 
 func TestClassifyRealAttemptTimeout(t *testing.T) {
@@ -170,18 +170,18 @@ func TestClassifyRealAttemptTimeout(t *testing.T) {
 	timedOut := parent.Err() == nil && errors.Is(attemptCtx.Err(), context.DeadlineExceeded)
 	require.True(t, timedOut)
 	require.Equal(t, Decision{Retry: true, Class: ClassTimeout},
-		Classify(Policy{}, Input{Idempotent: true, Err: err, AttemptTimedOut: true}, time.Now()))
+		Classify(nil, Input{Idempotent: true, Err: err, AttemptTimedOut: true}, time.Now()))
 	require.Equal(t, Decision{Class: ClassTimeout},
-		Classify(Policy{}, Input{Idempotent: false, Err: err, AttemptTimedOut: true}, time.Now()),
+		Classify(nil, Input{Idempotent: false, Err: err, AttemptTimedOut: true}, time.Now()),
 		"a timeout is never retried for an unsafe request")
 	// The same error from the caller's own deadline is final.
 	require.Equal(t, Decision{Class: ClassDeadline},
-		Classify(Policy{}, Input{Idempotent: true, Err: err}, time.Now()))
+		Classify(nil, Input{Idempotent: true, Err: err}, time.Now()))
 
 	// A transport-level timeout (ResponseHeaderTimeout) is a per-attempt timeout too.
 	err = roundTrip(t, context.Background(), &http.Transport{ResponseHeaderTimeout: 20 * time.Millisecond}, http.MethodGet, u, true)
 	require.Equal(t, Decision{Retry: true, Class: ClassTimeout},
-		Classify(Policy{}, Input{Idempotent: true, Err: err}, time.Now()), "%v", err)
+		Classify(nil, Input{Idempotent: true, Err: err}, time.Now()), "%v", err)
 }
 
 func TestClassifyRealCanceled(t *testing.T) {
@@ -190,7 +190,7 @@ func TestClassifyRealCanceled(t *testing.T) {
 	u := rawServer(t, func(c *net.TCPConn) { c.Close() })
 	err := roundTrip(t, ctx, &http.Transport{}, http.MethodGet, u, true)
 	require.ErrorIs(t, err, context.Canceled)
-	require.Equal(t, Decision{Class: ClassCanceled}, Classify(Policy{}, Input{Idempotent: true, Err: err}, time.Now()))
+	require.Equal(t, Decision{Class: ClassCanceled}, Classify(nil, Input{Idempotent: true, Err: err}, time.Now()))
 }
 
 func TestClassifyRealStatuses(t *testing.T) {
@@ -217,11 +217,11 @@ func TestClassifyRealStatuses(t *testing.T) {
 		return resp
 	}
 	require.Equal(t, Decision{Retry: true, Class: "status_429", Throttle: true, RetryAfter: 7 * time.Second, HasRetryAfter: true},
-		Classify(Policy{}, Input{Idempotent: true, Response: get("/429")}, now))
+		Classify(nil, Input{Idempotent: true, Response: get("/429")}, now))
 	require.Equal(t, Decision{Retry: true, Class: "status_503", Throttle: true, RetryAfter: 90 * time.Second, HasRetryAfter: true},
-		Classify(Policy{}, Input{Idempotent: true, Response: get("/503-date")}, now))
+		Classify(nil, Input{Idempotent: true, Response: get("/503-date")}, now))
 	require.Equal(t, Decision{Retry: true, Class: "status_503"},
-		Classify(Policy{}, Input{Idempotent: true, Response: get("/503")}, now))
+		Classify(nil, Input{Idempotent: true, Response: get("/503")}, now))
 	require.Equal(t, Decision{Class: "status_404"},
-		Classify(Policy{}, Input{Idempotent: true, Response: get("/404")}, now))
+		Classify(nil, Input{Idempotent: true, Response: get("/404")}, now))
 }

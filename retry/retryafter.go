@@ -1,43 +1,36 @@
 package retry
 
 import (
+	"errors"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
 
-// maxDuration is the largest time.Duration, used to clamp huge hints.
-const maxDuration = time.Duration(math.MaxInt64)
-
-// maxDeltaSeconds is the largest delta-seconds value that fits in a Duration.
-const maxDeltaSeconds = int64(maxDuration / time.Second)
-
-// ParseRetryAfter parses a Retry-After header value (RFC 9110 section 10.2.3)
-// relative to now. It accepts delta-seconds (a non-empty run of ASCII digits,
-// surrounding spaces and tabs ignored) and an HTTP-date in any of the formats
-// http.ParseTime accepts (IMF-fixdate, RFC 850, asctime).
-//
-// It returns ok=false and 0 for an empty value, a negative or signed number,
-// a fraction, or anything else it cannot parse. A date in the past (or now)
-// yields 0, true. A delta too large for a time.Duration (for example
-// "99999999999999999999") is clamped to the largest time.Duration, true;
-// callers are expected to cap the hint themselves. ParseRetryAfter never
-// panics and is safe for concurrent use.
-func ParseRetryAfter(value string, now time.Time) (d time.Duration, ok bool) {
+// parseRetryAfter parses a Retry-After header value (RFC 9110 section
+// 10.2.3) relative to now: delta-seconds (ASCII digits only, surrounding
+// spaces and tabs ignored) or an HTTP-date in any format http.ParseTime
+// accepts. It returns 0, false for an empty value, a sign, a fraction or
+// anything else it cannot parse; 0, true for a date in the past; and the
+// largest time.Duration, true for a delta too large for one (callers cap
+// the hint).
+func parseRetryAfter(value string, now time.Time) (time.Duration, bool) {
 	v := strings.Trim(value, " \t")
 	if v == "" {
 		return 0, false
 	}
-	if isDigits(v) {
-		var secs int64
-		for i := 0; i < len(v); i++ {
-			if secs > (maxDeltaSeconds-int64(v[i]-'0'))/10 {
-				return maxDuration, true
-			}
-			secs = secs*10 + int64(v[i]-'0')
+	if v[0] >= '0' && v[0] <= '9' { // ParseUint accepts no sign; "0x" and "_" need base 0
+		secs, err := strconv.ParseUint(v, 10, 64)
+		switch {
+		case errors.Is(err, strconv.ErrRange), err == nil && secs > math.MaxInt64/uint64(time.Second):
+			return time.Duration(math.MaxInt64), true
+		case err == nil:
+			return time.Duration(secs) * time.Second, true
 		}
-		return time.Duration(secs) * time.Second, true
+		// Not all digits: an HTTP-date never starts with a digit either.
+		return 0, false
 	}
 	t, err := http.ParseTime(v)
 	if err != nil {
@@ -46,19 +39,5 @@ func ParseRetryAfter(value string, now time.Time) (d time.Duration, ok bool) {
 	if !t.After(now) {
 		return 0, true
 	}
-	// t.Sub saturates at the largest Duration for far-future dates.
-	return t.Sub(now), true
-}
-
-// isDigits reports whether s is a non-empty run of ASCII digits.
-func isDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
+	return t.Sub(now), true // Sub saturates for far-future dates
 }

@@ -10,6 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// maxDuration is the largest time.Duration, what a huge hint saturates at.
+const maxDuration = time.Duration(math.MaxInt64)
+
+// maxDeltaSeconds is the largest delta-seconds that fits in a Duration.
+const maxDeltaSeconds = int64(maxDuration / time.Second)
+
 func TestParseRetryAfter(t *testing.T) {
 	tests := []struct {
 		in   string
@@ -47,12 +53,11 @@ func TestParseRetryAfter(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {
-			d, ok := ParseRetryAfter(tc.in, now)
+			d, ok := parseRetryAfter(tc.in, now)
 			require.Equal(t, tc.ok, ok)
 			require.Equal(t, tc.want, d)
 		})
 	}
-	require.Equal(t, int64(math.MaxInt64/int64(time.Second)), maxDeltaSeconds)
 }
 
 func FuzzParseRetryAfter(f *testing.F) {
@@ -62,29 +67,29 @@ func FuzzParseRetryAfter(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		d, ok := ParseRetryAfter(s, now)
+		d, ok := parseRetryAfter(s, now)
 		if !ok {
 			if d != 0 {
-				t.Fatalf("ParseRetryAfter(%q) = %v, false: want 0 when not ok", s, d)
+				t.Fatalf("parseRetryAfter(%q) = %v, false: want 0 when not ok", s, d)
 			}
 			return
 		}
 		if d < 0 {
-			t.Fatalf("ParseRetryAfter(%q) = %v, true: negative", s, d)
+			t.Fatalf("parseRetryAfter(%q) = %v, true: negative", s, d)
 		}
 		if d%time.Second != 0 && d != maxDuration {
-			t.Fatalf("ParseRetryAfter(%q) = %v: not whole seconds", s, d)
+			t.Fatalf("parseRetryAfter(%q) = %v: not whole seconds", s, d)
 		}
 		// A valid delta-seconds value round-trips.
 		if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 && n <= maxDeltaSeconds && s == strconv.FormatInt(n, 10) {
 			if d != time.Duration(n)*time.Second {
-				t.Fatalf("ParseRetryAfter(%q) = %v, want %ds", s, d, n)
+				t.Fatalf("parseRetryAfter(%q) = %v, want %ds", s, d, n)
 			}
 		}
 		// Parsing is deterministic and independent of later calls.
-		d2, ok2 := ParseRetryAfter(s, now)
+		d2, ok2 := parseRetryAfter(s, now)
 		if d2 != d || ok2 != ok {
-			t.Fatalf("ParseRetryAfter(%q) not deterministic", s)
+			t.Fatalf("parseRetryAfter(%q) not deterministic", s)
 		}
 	})
 }

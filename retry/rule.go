@@ -1,7 +1,5 @@
 package retry
 
-import "net/http"
-
 // Verdict is what a [Rule] says about one attempt's outcome.
 type Verdict int8
 
@@ -29,8 +27,8 @@ type Rule func(in Input, d Decision) Verdict
 
 // Status returns a Rule that gives v to every response with one of the
 // given status codes and [Keep] to every other outcome. For example
-// Status(Deny, 503) turns off retries of 503, and Status(Allow, 500) is
-// the same as Policy.Retry500.
+// Status(Deny, 503) turns off retries of 503, and Status(Allow, 500)
+// retries 500 (never retried by default: it usually means a bug).
 func Status(v Verdict, codes ...int) Rule {
 	return func(in Input, _ Decision) Verdict {
 		if in.Err != nil || in.Response == nil {
@@ -45,23 +43,10 @@ func Status(v Verdict, codes ...int) Rule {
 	}
 }
 
-// OnRequest returns a Rule that applies r only to requests for which match
-// returns true, and [Keep] to the others. For example
-// OnRequest(func(r *http.Request) bool { return r.URL.Host == "a.example" }, Status(Allow, 500))
-// retries 500 on one host only. match must not read the request body.
-func OnRequest(match func(*http.Request) bool, r Rule) Rule {
-	return func(in Input, d Decision) Verdict {
-		if in.Request == nil || !match(in.Request) {
-			return Keep
-		}
-		return r(in, d)
-	}
-}
-
-// apply runs p's rules in order (the first verdict other than Keep wins),
+// apply runs the rules in order (the first verdict other than Keep wins),
 // then the safety rules, which no verdict lifts.
-func apply(p Policy, in Input, d Decision) Decision {
-	for _, r := range p.Rules {
+func apply(rules []Rule, in Input, d Decision) Decision {
+	for _, r := range rules {
 		if r == nil {
 			continue
 		}
@@ -78,9 +63,9 @@ func apply(p Policy, in Input, d Decision) Decision {
 
 // safe clamps d to the rules that hold whatever a Rule says: a success (a
 // status below 400) and the caller's own cancellation or deadline are never
-// retried, and a request that is not
-// idempotent (no key, no idempotent method, or marked so by the caller) is
-// retried only when it provably never reached the server.
+// retried, and a request that is not idempotent (no key, no idempotent
+// method, or marked so by the caller) is retried only when it provably
+// never reached the server.
 func safe(in Input, d Decision) Decision {
 	switch d.Class {
 	case ClassOK, ClassCanceled, ClassDeadline:

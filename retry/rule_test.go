@@ -14,6 +14,17 @@ import (
 
 var errCustom = errors.New("custom: shard moving")
 
+// onRequest applies r to the requests match accepts, as a user's rule
+// that looks at the request would.
+func onRequest(match func(*http.Request) bool, r Rule) Rule {
+	return func(in Input, d Decision) Verdict {
+		if in.Request == nil || !match(in.Request) {
+			return Keep
+		}
+		return r(in, d)
+	}
+}
+
 func TestRulesWidenAndNarrowTheAllowList(t *testing.T) {
 	now := time.Unix(0, 0)
 	get, _ := http.NewRequest(http.MethodGet, "http://a.example/orders", nil)
@@ -25,12 +36,12 @@ func TestRulesWidenAndNarrowTheAllowList(t *testing.T) {
 		}
 		return Keep
 	}
-	p := Policy{Rules: []Rule{
+	p := []Rule{
 		nil, // ignored
-		OnRequest(onA, Status(Allow, 500)),
-		OnRequest(func(r *http.Request) bool { return r.URL.Path == "/orders" }, Status(Deny, 503)),
+		onRequest(onA, Status(Allow, 500)),
+		onRequest(func(r *http.Request) bool { return r.URL.Path == "/orders" }, Status(Deny, 503)),
 		custom,
-	}}
+	}
 	cases := []struct {
 		name string
 		in   Input
@@ -51,16 +62,16 @@ func TestRulesWidenAndNarrowTheAllowList(t *testing.T) {
 }
 
 func TestFirstDefinitiveRuleWins(t *testing.T) {
-	p := Policy{Rules: []Rule{Status(Deny, 502), Status(Allow, 502)}}
+	p := []Rule{Status(Deny, 502), Status(Allow, 502)}
 	d := Classify(p, Input{Idempotent: true, Response: &http.Response{StatusCode: 502}}, time.Time{})
 	assert.False(t, d.Retry)
-	assert.Equal(t, "status_502", d.Class, "a rule changes Retry, not the class")
+	assert.Equal(t, Class("status_502"), d.Class, "a rule changes Retry, not the class")
 }
 
 // No rule lifts the safety rules: an unsafe request is never retried after it
 // may have reached the server, and the caller's cancellation is final.
 func TestRulesCannotLiftSafety(t *testing.T) {
-	everything := Policy{Rules: []Rule{func(Input, Decision) Verdict { return Allow }}}
+	everything := []Rule{func(Input, Decision) Verdict { return Allow }}
 	now := time.Unix(0, 0)
 	mayHaveLeft := []Input{
 		{Method: "POST", Response: &http.Response{StatusCode: 503}},
@@ -80,6 +91,6 @@ func TestRulesCannotLiftSafety(t *testing.T) {
 	dial := &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}
 	assert.True(t, Classify(everything, Input{Method: "POST", Err: dial}, now).Retry)
 	// And Deny can turn that off too.
-	deny := Policy{Rules: []Rule{func(Input, Decision) Verdict { return Deny }}}
+	deny := []Rule{func(Input, Decision) Verdict { return Deny }}
 	assert.False(t, Classify(deny, Input{Method: "POST", Err: dial}, now).Retry)
 }

@@ -7,6 +7,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,10 +24,42 @@ import (
 )
 
 func main() {
+	if err := parseFlags(os.Args[1:], os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		os.Exit(2)
+	}
 	if _, err := run(context.Background(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "basic:", err)
 		os.Exit(1)
 	}
+}
+
+const usage = `Usage: go run ./examples/basic
+
+Swaps the Transport of an existing http.Client for a saferetry.Transport and
+makes three calls to a local flaky server (loopback only): a GET retried
+after two 503s, a POST retried with one automatic Idempotency-Key after a
+502, and a 400 returned at once. It prints each attempt's log record and
+what the server saw.
+`
+
+// parseFlags reads the command line, which takes no flag but -h: it
+// returns flag.ErrHelp after writing the usage to w for -h, and an error
+// for anything else.
+func parseFlags(args []string, w io.Writer) error {
+	fs := flag.NewFlagSet("basic", flag.ContinueOnError)
+	fs.SetOutput(w)
+	fs.Usage = func() { fmt.Fprint(w, usage) }
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return nil
 }
 
 // flaky is a server that fails the first attempts of each path and records
@@ -94,9 +128,9 @@ func run(ctx context.Context, w io.Writer) (map[string]outcome, error) {
 	}))
 	client.Transport = saferetry.NewTransport(client.Transport,
 		saferetry.WithLogger(logger),
-		// This program's own budget; by default every Transport of a process
-		// shares one per host (budget.Default()).
-		saferetry.WithBudgetRegistry(budget.NewRegistry(nil)))
+		// This program's own budget, one per host; by default every
+		// Transport of a process shares one process-wide.
+		saferetry.WithBudget(budget.NewRegistry(nil)))
 
 	out := map[string]outcome{}
 	call := func(method, path, body string) error {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"io"
 	"net/http"
 	"testing"
 
@@ -38,4 +40,12 @@ func TestRun(t *testing.T) {
 
 	require.Contains(t, buf.String(), "retrying")
 	require.Contains(t, buf.String(), "after 3 request(s)")
+}
+
+func TestHelpPrintsTheUsage(t *testing.T) {
+	var buf bytes.Buffer
+	require.ErrorIs(t, parseFlags([]string{"-h"}, &buf), flag.ErrHelp)
+	require.Contains(t, buf.String(), "Usage: go run ./examples/basic")
+	require.Error(t, parseFlags([]string{"extra"}, io.Discard))
+	require.NoError(t, parseFlags(nil, io.Discard))
 }

@@ -27,7 +27,7 @@ import (
 type attemptCounter struct {
 	attempts   atomic.Int64
 	retries    atomic.Int64 // outcome "retry"
-	denials    atomic.Int64 // outcome "budget denied"
+	denials    atomic.Int64 // stop "budget_denied"
 	inProgress atomic.Int64 // class "in_progress": the middleware's 409
 
 	mu       sync.Mutex
@@ -44,7 +44,7 @@ func (c *attemptCounter) WithGroup(string) slog.Handler            { return c }
 
 func (c *attemptCounter) Handle(_ context.Context, r slog.Record) error {
 	var isAttempt bool
-	var outcome, class string
+	var outcome, stop, class string
 	var status int64
 	r.Attrs(func(a slog.Attr) bool {
 		switch a.Key {
@@ -52,6 +52,8 @@ func (c *attemptCounter) Handle(_ context.Context, r slog.Record) error {
 			isAttempt = true
 		case "outcome":
 			outcome = a.Value.String()
+		case "stop":
+			stop = a.Value.String()
 		case "class":
 			class = a.Value.String()
 		case "status":
@@ -63,19 +65,19 @@ func (c *attemptCounter) Handle(_ context.Context, r slog.Record) error {
 		return nil // not an attempt record (e.g. "body too large")
 	}
 	c.attempts.Add(1)
-	switch outcome {
-	case "retry":
+	switch {
+	case outcome == string(saferetry.OutcomeRetry):
 		c.retries.Add(1)
-	case retry.ReasonBudget:
+	case stop == string(retry.ReasonBudget):
 		c.denials.Add(1)
 	}
-	if class == retry.ClassInProgress {
+	if class == string(retry.ClassInProgress) {
 		c.inProgress.Add(1)
 	}
 	label := class
 	if status != 0 {
 		label = strconv.FormatInt(status, 10)
-		if class == retry.ClassInProgress {
+		if class == string(retry.ClassInProgress) {
 			label += " in progress"
 		}
 	}

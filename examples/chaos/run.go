@@ -48,7 +48,7 @@ func defaultConfig() config {
 		Faults:         mix,
 		Store:          "sqlite",
 		AttemptTimeout: 300 * time.Millisecond,
-		MaxAttempts:    saferetry.DefaultMaxAttempts,
+		MaxAttempts:    3, // the Transport's default
 		Think:          10 * time.Millisecond,
 	}
 }
@@ -172,7 +172,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 			saferetry.WithMaxAttempts(cfg.MaxAttempts),
 			saferetry.WithAttemptTimeout(cfg.AttemptTimeout),
 			saferetry.WithMaxElapsed(5 * time.Second),
-			saferetry.WithBudgetRegistry(budget.NewRegistry(nil)),
+			saferetry.WithBudget(budget.NewRegistry(nil)),
 			saferetry.WithLogger(slog.New(counter)),
 			saferetry.WithObserver(met.client),
 		},

@@ -12,6 +12,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,10 +31,43 @@ import (
 )
 
 func main() {
+	if err := parseFlags(os.Args[1:], os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		os.Exit(2)
+	}
 	if _, err := run(context.Background(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "eventkeys:", err)
 		os.Exit(1)
 	}
+}
+
+const usage = `Usage: go run ./examples/eventkeys
+
+Shows why an event-derived idempotency key (keygen.Event) is the best kind:
+a process sends an order confirmation and crashes before it records the
+answer; its replacement derives the same key from the same event, and the
+server (package idempotency, memory store, loopback only) replays the stored
+answer instead of sending a second e-mail. With a random key per process,
+two e-mails go out.
+`
+
+// parseFlags reads the command line, which takes no flag but -h: it
+// returns flag.ErrHelp after writing the usage to w for -h, and an error
+// for anything else.
+func parseFlags(args []string, w io.Writer) error {
+	fs := flag.NewFlagSet("eventkeys", flag.ContinueOnError)
+	fs.SetOutput(w)
+	fs.Usage = func() { fmt.Fprint(w, usage) }
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return nil
 }
 
 // report is what happened, for the test.
@@ -74,7 +109,7 @@ type process struct {
 
 func newProcess(name string) *process {
 	return &process{name: name, client: saferetry.NewClient(
-		saferetry.WithBudgetRegistry(budget.NewRegistry(nil)),
+		saferetry.WithBudget(budget.NewRegistry(nil)),
 		saferetry.WithLogger(slog.New(slog.DiscardHandler)))}
 }
 

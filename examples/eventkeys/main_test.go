@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"io"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -30,4 +32,12 @@ func TestRun(t *testing.T) {
 
 	require.True(t, rep.collisionSafe)
 	require.Contains(t, buf.String(), "e-mails sent for order 42: 1")
+}
+
+func TestHelpPrintsTheUsage(t *testing.T) {
+	var buf bytes.Buffer
+	require.ErrorIs(t, parseFlags([]string{"-h"}, &buf), flag.ErrHelp)
+	require.Contains(t, buf.String(), "Usage: go run ./examples/eventkeys")
+	require.Error(t, parseFlags([]string{"extra"}, io.Discard))
+	require.NoError(t, parseFlags(nil, io.Discard))
 }

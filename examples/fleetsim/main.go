@@ -10,9 +10,11 @@
 //     client succeeds, for no backoff, exponential backoff without jitter,
 //     equal, full and decorrelated jitter (this module's jitter functions),
 //     N = 10 to 190 step 10, averaged over 100 runs.
-//  2. An outage: a fleet of client instances, each running the Transport's
-//     retry loop with a budget of package budget on a simulated clock, against
-//     a server that answers 503 to everything for a while and then recovers:
+//  2. An outage: a fleet of client instances, each deciding its retries with
+//     the Transport's own decision function (internal/decide.Decide, which
+//     the saferetry Transport calls after every attempt) and a budget of
+//     package budget, on a simulated clock, against a server that answers
+//     503 to everything for a while and then recovers:
 //     the requests reaching the server per second, and the amplification,
 //     without a budget, with the default token bucket and with the ratio
 //     budget.

@@ -5,8 +5,9 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
-	"github.com/saferetry/saferetry/deadline"
+	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/jitter"
+	"github.com/saferetry/saferetry/retry"
 )
 
 // Policy is a retry budget configuration of the outage experiment. New
@@ -50,7 +51,7 @@ func DefaultOutageConfig(seed uint64) OutageConfig {
 		Clients: 20, RatePerClient: 50, Duration: 60 * time.Second,
 		OutageStart: 10 * time.Second, OutageEnd: 30 * time.Second,
 		Seed: seed, DelayMean: 10 * time.Millisecond, DelaySD: 2 * time.Millisecond,
-		MaxAttempts: 3, Backoff: jitter.Config{}, MaxElapsed: deadline.DefaultMaxElapsed,
+		MaxAttempts: decide.DefaultMaxAttempts, Backoff: jitter.Config{}, MaxElapsed: decide.DefaultMaxElapsed,
 	}
 }
 
@@ -110,6 +111,10 @@ type request struct {
 	outage    bool // its first attempt met the outage
 }
 
+// unavailable is how the Transport classifies the outage's answer, a 503
+// without Retry-After to a request that may be repeated.
+var unavailable = retry.Decision{Retry: true, Class: "status_503"}
+
 // epoch is the simulated wall clock at time 0 of a run; budgets see
 // epoch+t as now.
 var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -153,6 +158,7 @@ func simulateOutage(c OutageConfig, p Policy) OutageResult {
 		}
 	}
 
+	loop := decide.Config{MaxAttempts: c.MaxAttempts, Backoff: c.Backoff, MaxRetryAfter: decide.DefaultMaxRetryAfter}
 	var reqs []request
 	q := &queue{}
 	for i := range c.Clients {
@@ -197,23 +203,18 @@ func simulateOutage(c OutageConfig, p Policy) OutageResult {
 				res.Succeeded++
 				continue
 			}
-			// The Transport's order: attempts left, then the wait and the
-			// overall deadline, then the budget (asked last, so a denial
-			// is the only thing that stops a retry that could happen).
-			if r.attempt >= c.MaxAttempts {
+			// The Transport's own decision, the same function.
+			step := decide.Decide(loop, decide.Input{
+				Outcome: unavailable, Attempt: r.attempt, Now: now,
+				Deadline: epoch.Add(r.start + c.MaxElapsed), PrevWait: r.prevWait,
+				Rand: jit.Float64, Budget: b,
+			})
+			if step.Stop != "" {
 				continue
 			}
-			wait := c.Backoff.Backoff(r.attempt-1, r.prevWait, false, jit.Float64())
-			if !deadline.SleepFits(now, epoch.Add(r.start+c.MaxElapsed), wait) {
-				continue
-			}
-			cost, ok := b.AcquireRetry(now, budget.Transient)
-			if !ok {
-				continue
-			}
-			r.retryCost, r.prevWait = cost, wait
+			r.retryCost, r.prevWait = step.Cost, step.Wait
 			r.attempt++
-			q.push(event{at: t + wait + net.delay(), who: e.who, kind: outAtServer})
+			q.push(event{at: t + step.Wait + net.delay(), who: e.who, kind: outAtServer})
 		}
 	}
 	res.PerSecond = trimZeros(res.PerSecond)

@@ -460,7 +460,7 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 	client := &http.Client{Transport: saferetry.NewTransport(clientTransport,
 		saferetry.WithMaxAttempts(4),
 		saferetry.WithBackoff(jitter.Config{Base: 20 * time.Millisecond}),
-		saferetry.WithBudgetRegistry(budget.NewRegistry(nil)),
+		saferetry.WithBudget(budget.NewRegistry(nil)),
 		saferetry.WithLogger(slog.New(slog.DiscardHandler)))}
 	key := keygen.Event("order-pay", "42")
 	out.say("client: POST /payments for order 42 with Idempotency-Key %s", key)

@@ -1,0 +1,217 @@
+package saferetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/saferetry/saferetry/deadline"
+	"github.com/saferetry/saferetry/retry"
+)
+
+// attempt is one try of a call: its context, that context's cancellation,
+// the timer of its time limit, and its outcome. Its time limit covers
+// everything the Transport does with the response (classify, rules,
+// observers, peek, drain) and stops only when the response is handed over
+// (handOver); after that, the caller's context alone governs the body.
+type attempt struct {
+	n      int
+	start  time.Time
+	octx   context.Context // what the AttemptStart observers returned
+	ctx    context.Context // the attempt's own, a child of octx
+	cancel context.CancelCauseFunc
+	until  time.Time   // the end of its time limit; zero for none
+	timer  *time.Timer // cancels ctx at until; nil when the caller's deadline is as early
+	resp   *http.Response
+	err    error
+}
+
+// send prepares and sends attempt n, which retries an outcome of class
+// retrying ("" for the first). The error is that of the preparation, when
+// it failed and nothing was sent; the attempt's own error is a.err.
+func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt, error) {
+	t := c.t
+	a := &c.cur
+	*a = attempt{n: n, start: time.Now(), octx: ctx}
+	if n == 1 {
+		a.start = c.start
+	}
+	a.until = c.overall
+	if d := t.cfg.attemptTimeout; d > 0 && (a.until.IsZero() || a.start.Add(d).Before(a.until)) {
+		a.until = a.start.Add(d)
+	}
+	if t.obs.attemptStart {
+		a.octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key,
+			Retrying: retrying, NotRetrying: c.notRetrying})
+	}
+	a.ctx, a.cancel = context.WithCancelCause(a.octx)
+	// The limit is a timer, not a deadline of the context, so that it can
+	// stop when the response is handed over. When the caller's own deadline
+	// is as early, that deadline alone ends the attempt, and the error
+	// stays the caller's.
+	if d, ok := ctx.Deadline(); !a.until.IsZero() && (!ok || a.until.Before(d)) {
+		a.timer = limit(a.until, a.cancel)
+	}
+
+	r := c.req.WithContext(a.ctx)
+	r.Header = c.header
+	prep := len(t.cfg.prepare) > 0
+	switch {
+	case prep:
+		// The preparation may change headers and the URL: its own copies,
+		// values included, so that the caller's never change.
+		r.Header = c.header.Clone()
+		if r.Header == nil {
+			r.Header = make(http.Header, 1)
+		}
+		u := *c.req.URL
+		r.URL = &u
+		r.GetBody = c.getBody
+	case c.sendDeadline:
+		// Each attempt its own map: the base transport may still hold an
+		// earlier attempt's request.
+		r.Header = cloneHeader(c.header)
+	}
+	if c.sendDeadline && !c.overall.IsZero() {
+		ms := max(0, c.overall.Sub(a.start)/time.Millisecond) // whole ms, rounded down
+		r.Header[deadline.Header] = []string{strconv.FormatInt(int64(ms), 10)}
+	}
+	// Attempt 1 sends the caller's body; a retry sends the one judge
+	// rewound before the previous outcome was discarded. Each is sent once.
+	r.Body, c.body = c.body, nil
+	if prep {
+		if err := prepare(t.cfg.prepare, r, n, c.header, t.cfg.keyHeader); err != nil {
+			if r.Body != nil {
+				r.Body.Close() // never sent: still ours to close
+			}
+			return a, err
+		}
+	}
+
+	if a.timer != nil && !time.Now().Before(a.until) {
+		// No time left of its own limit (a drain took it): it times out
+		// unsent. (When the caller's deadline is the limit, the base
+		// transport returns the caller's error.)
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		a.err = attemptTimedOut(a.until.Sub(a.start), nil)
+		return a, nil
+	}
+	a.resp, a.err = t.base.RoundTrip(r)
+	switch {
+	case a.err != nil:
+		if a.resp != nil && a.resp.Body != nil {
+			a.resp.Body.Close()
+		}
+		a.resp = nil
+		if a.expired() {
+			a.err = attemptTimedOut(a.until.Sub(a.start), a.err)
+		}
+	case a.resp == nil:
+		a.err = errors.New("saferetry: base RoundTripper returned neither a response nor an error")
+	case a.expired():
+		a.timeOut() // the headers came after the limit: the body is dead
+	}
+	return a, nil
+}
+
+// limit returns a timer that cancels an attempt's context, with the cause
+// ErrAttemptTimeout, at until. It holds the cancel function itself, never
+// the attempt, whose place the next attempt takes.
+func limit(until time.Time, cancel context.CancelCauseFunc) *time.Timer {
+	return time.AfterFunc(time.Until(until), func() { cancel(ErrAttemptTimeout) })
+}
+
+// expired reports whether the attempt's time limit has ended it while the
+// caller's context is still alive.
+func (a *attempt) expired() bool {
+	return context.Cause(a.ctx) == ErrAttemptTimeout && a.octx.Err() == nil
+}
+
+// timeOut makes the attempt a timed-out one: its response, if any, is
+// closed and dropped.
+func (a *attempt) timeOut() {
+	if a.resp != nil {
+		if a.resp.Body != nil {
+			a.resp.Body.Close()
+		}
+		a.resp = nil
+	}
+	a.err = attemptTimedOut(a.until.Sub(a.start), nil)
+}
+
+// handOver gives the response to the caller: its time limit stops, and its
+// context ends when the caller closes the body. It reports false, the
+// response dropped, when the limit ended first: the attempt timed out.
+func (a *attempt) handOver() bool {
+	if a.timer != nil && !a.timer.Stop() {
+		a.timeOut()
+		return false
+	}
+	a.timer = nil
+	switch {
+	case a.resp.Body == nil:
+		a.cancel(nil)
+	case a.resp.StatusCode == http.StatusSwitchingProtocols:
+		// The body is the connection (an io.ReadWriteCloser): handed over
+		// unwrapped, with the attempt's context alive as long as the
+		// caller's.
+	default:
+		a.resp.Body = &deliveredBody{ReadCloser: a.resp.Body, cancel: a.cancel}
+	}
+	return true
+}
+
+// discard drains (at most maxDrain bytes) and closes the response that the
+// loop will not return, then ends the attempt. The drain is bounded in time
+// too: by the attempt's limit, or by by when that is earlier (zero: no
+// bound), so that the wait after it still ends before the overall deadline.
+func (a *attempt) discard(by time.Time) {
+	if a.resp != nil && a.resp.Body != nil {
+		earlier := !by.IsZero() && (a.until.IsZero() || by.Before(a.until))
+		if earlier && (a.timer == nil || a.timer.Stop()) {
+			a.timer = limit(by, a.cancel)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(a.resp.Body, maxDrain))
+		a.resp.Body.Close()
+	}
+	a.end()
+}
+
+// end stops the attempt's time limit and cancels its context.
+func (a *attempt) end() {
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	a.cancel(nil)
+}
+
+// attemptTimedOut is the error of an attempt that its own time limit ended:
+// it matches ErrAttemptTimeout and keeps the base transport's error, unless
+// that is only the context's cancellation, which must not read as the
+// caller's.
+func attemptTimedOut(limit time.Duration, err error) error {
+	if err == nil || errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w after %v", ErrAttemptTimeout, limit)
+	}
+	return fmt.Errorf("%w after %v: %w", ErrAttemptTimeout, limit, err)
+}
+
+// deliveredBody is the body of the response handed to the caller.
+type deliveredBody struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+// Close closes the response body, then cancels the attempt's context.
+func (b *deliveredBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
+}

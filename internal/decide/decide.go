@@ -1,0 +1,100 @@
+// Package decide is the retry loop's one decision, shared by the saferetry
+// Transport and the fleetsim simulation (examples/fleetsim) so that the two
+// can never drift apart: after an attempt, from its classified outcome, the
+// attempt count, the overall deadline, Retry-After and the retry budget,
+// whether to retry and how long to wait first, or why to stop.
+package decide
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/jitter"
+	"github.com/saferetry/saferetry/retry"
+)
+
+// The Transport's defaults, in one place for it and the simulation.
+const (
+	DefaultMaxAttempts   = 3                // attempts in all, the first included
+	DefaultMaxElapsed    = 30 * time.Second // the whole loop: attempts and waits
+	DefaultMaxRetryAfter = 30 * time.Second // the longest Retry-After slept
+)
+
+// Config is the retry loop's part of a Transport's configuration.
+type Config struct {
+	MaxAttempts   int           // attempts in all; the last one is never retried
+	Backoff       jitter.Config // the wait before each retry
+	MaxRetryAfter time.Duration // a longer Retry-After stops the loop
+}
+
+// Input is what the loop knows after one attempt.
+type Input struct {
+	Outcome  retry.Decision // the attempt's outcome, classified
+	Attempt  int            // attempts sent, this one included
+	Canceled bool           // the caller's context has ended
+	// Body is why the request body cannot be sent again
+	// (retry.ReasonBodyNotRewindable), "" when it can.
+	Body     retry.Reason
+	Now      time.Time
+	Deadline time.Time     // the overall deadline; zero for none
+	PrevWait time.Duration // the wait before this attempt, 0 for the first
+	// Rand returns the backoff's random value in [0, 1), called only when a
+	// wait is computed; nil means math/rand/v2's Float64.
+	Rand   func() float64
+	Budget budget.Budget // asked last, so that a denial spends nothing in vain
+}
+
+// Result is the decision: retry after Wait when Stop is "", else stop.
+type Result struct {
+	Stop retry.Reason
+	// Wait is the sleep before the retry: the backoff, or the server's
+	// Retry-After when longer. When Stop is retry.ReasonDeadline or
+	// retry.ReasonBudget, it is the wait that a retry would have needed.
+	Wait time.Duration
+	// Cost is what the budget took for the retry, which a success refunds.
+	Cost int
+	// BudgetLeft is what the budget had left when it refused the retry
+	// (Stop retry.ReasonBudget).
+	BudgetLeft int
+}
+
+// Decide returns whether the attempt described by in is retried. Each stop
+// is one case, checked in order: the outcome is not retryable; the caller
+// canceled; no attempt is left; the body cannot be sent again; the server's
+// Retry-After is longer than c.MaxRetryAfter; the wait would not end before
+// the deadline (no sleep in vain); the budget refuses. Only the last one
+// changes anything: a granted retry takes its cost from in.Budget.
+func Decide(c Config, in Input) Result {
+	d := in.Outcome
+	switch {
+	case !d.Retry && (d.Class == retry.ClassCanceled || d.Class == retry.ClassDeadline):
+		return Result{Stop: retry.ReasonCanceled}
+	case !d.Retry:
+		return Result{Stop: retry.ReasonNotRetryable}
+	case in.Canceled:
+		return Result{Stop: retry.ReasonCanceled}
+	case in.Attempt >= c.MaxAttempts:
+		return Result{Stop: retry.ReasonMaxAttempts}
+	case in.Body != "":
+		return Result{Stop: in.Body}
+	case d.HasRetryAfter && d.RetryAfter > c.MaxRetryAfter:
+		return Result{Stop: retry.ReasonDeadline, Wait: d.RetryAfter}
+	}
+	r := in.Rand
+	if r == nil {
+		r = rand.Float64
+	}
+	wait := c.Backoff.Backoff(in.Attempt-1, in.PrevWait, d.Throttle, r())
+	if d.HasRetryAfter {
+		wait = max(wait, d.RetryAfter)
+	}
+	if !in.Deadline.IsZero() && wait >= in.Deadline.Sub(in.Now) { // no time left to try after it
+		return Result{Stop: retry.ReasonDeadline, Wait: wait}
+	}
+	cost, ok := in.Budget.AcquireRetry(in.Now, d.Throttle)
+	if !ok {
+		return Result{Stop: retry.ReasonBudget, Wait: wait, BudgetLeft: in.Budget.Available(in.Now)}
+	}
+	return Result{Wait: wait, Cost: cost}
+}

@@ -1,0 +1,128 @@
+package decide
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/jitter"
+	"github.com/saferetry/saferetry/retry"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func half() float64 { return 0.5 }
+
+var cfg = Config{MaxAttempts: 3, MaxRetryAfter: 30 * time.Second} // default backoff: 50 ms, 1 s, cap 20 s
+
+// input is an attempt 1 that failed with a plain 503, 10 s before the
+// deadline, with an unlimited budget: a retry, unless a test changes it.
+func input() Input {
+	return Input{
+		Outcome: retry.Decision{Retry: true, Class: "status_503"},
+		Attempt: 1, Now: t0, Deadline: t0.Add(10 * time.Second), Rand: half, Budget: budget.Unlimited(),
+	}
+}
+
+func TestEachStopIsOneCase(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(*Input)
+		want   Result
+	}{
+		{"retry after half the 50 ms base", func(*Input) {}, Result{Wait: 25 * time.Millisecond}},
+		{"not retryable", func(in *Input) { in.Outcome.Retry = false },
+			Result{Stop: retry.ReasonNotRetryable}},
+		{"the caller's cancellation, classified", func(in *Input) {
+			in.Outcome = retry.Decision{Class: retry.ClassCanceled}
+		}, Result{Stop: retry.ReasonCanceled}},
+		{"the caller's deadline, classified", func(in *Input) {
+			in.Outcome = retry.Decision{Class: retry.ClassDeadline}
+		}, Result{Stop: retry.ReasonCanceled}},
+		{"canceled after a retryable outcome", func(in *Input) { in.Canceled = true },
+			Result{Stop: retry.ReasonCanceled}},
+		{"the last attempt", func(in *Input) { in.Attempt = 3 }, Result{Stop: retry.ReasonMaxAttempts}},
+		{"a body that cannot be sent again", func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
+			Result{Stop: retry.ReasonBodyNotRewindable}},
+		{"Retry-After above the cap", func(in *Input) {
+			in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = 31*time.Second, true
+		}, Result{Stop: retry.ReasonDeadline, Wait: 31 * time.Second}},
+		{"Retry-After longer than the backoff", func(in *Input) {
+			in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = 2*time.Second, true
+		}, Result{Wait: 2 * time.Second}},
+		{"a wait that would end at the deadline", func(in *Input) { in.Deadline = t0.Add(25 * time.Millisecond) },
+			Result{Stop: retry.ReasonDeadline, Wait: 25 * time.Millisecond}},
+		{"a wait that ends just before it", func(in *Input) { in.Deadline = t0.Add(26 * time.Millisecond) },
+			Result{Wait: 25 * time.Millisecond}},
+		{"no deadline", func(in *Input) { in.Deadline = time.Time{} }, Result{Wait: 25 * time.Millisecond}},
+		{"the budget refuses", func(in *Input) {
+			in.Budget = budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 10})
+		}, Result{Stop: retry.ReasonBudget, Wait: 25 * time.Millisecond, BudgetLeft: 10}},
+		{"the budget grants a throttled retry at its cost", func(in *Input) {
+			in.Outcome.Throttle = true
+			in.Budget = budget.NewTokenBucket(budget.TokenBucketConfig{})
+		}, Result{Wait: 500 * time.Millisecond, Cost: 5}},
+		{"attempt 2 backs off twice as long", func(in *Input) { in.Attempt = 2 }, Result{Wait: 50 * time.Millisecond}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			in := input()
+			tc.change(&in)
+			assert.Equal(t, tc.want, Decide(cfg, in))
+		})
+	}
+}
+
+// The stops are checked in order, and the budget last: a retry that
+// another rule stops costs nothing.
+func TestTheBudgetIsAskedLast(t *testing.T) {
+	for name, change := range map[string]func(*Input){
+		"not retryable":  func(in *Input) { in.Outcome.Retry = false },
+		"canceled":       func(in *Input) { in.Canceled = true },
+		"max attempts":   func(in *Input) { in.Attempt = 3 },
+		"body":           func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
+		"Retry-After":    func(in *Input) { in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = time.Hour, true },
+		"no time to try": func(in *Input) { in.Deadline = t0 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := budget.NewTokenBucket(budget.TokenBucketConfig{})
+			in := input()
+			in.Budget = b
+			change(&in)
+			assert.NotEmpty(t, Decide(cfg, in).Stop)
+			assert.Equal(t, 500, b.Available(t0), "nothing taken")
+		})
+	}
+	// And the caller's cancellation wins over the attempt limit.
+	in := input()
+	in.Canceled, in.Attempt = true, 3
+	assert.Equal(t, retry.ReasonCanceled, Decide(cfg, in).Stop)
+}
+
+// The random value is drawn only when a wait is computed, so that a
+// simulation's random stream does not depend on the stops before it.
+func TestRandIsDrawnOnlyForAWait(t *testing.T) {
+	draws := 0
+	in := input()
+	in.Rand = func() float64 { draws++; return 0.5 }
+	in.Attempt = 3
+	Decide(cfg, in)
+	assert.Zero(t, draws)
+	in.Attempt = 1
+	Decide(cfg, in)
+	assert.Equal(t, 1, draws)
+	in.Rand = nil // math/rand/v2
+	r := Decide(cfg, in)
+	assert.Empty(t, r.Stop)
+	assert.Less(t, r.Wait, 50*time.Millisecond)
+}
+
+func TestTheBackoffFormulaIsTheConfigs(t *testing.T) {
+	c := cfg
+	c.Backoff = jitter.Config{Func: jitter.None, Base: time.Second}
+	in := input()
+	in.Attempt = 2
+	assert.Equal(t, Result{Wait: 2 * time.Second}, Decide(c, in))
+}
