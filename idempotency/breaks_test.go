@@ -189,7 +189,7 @@ func TestFullStoreAnswersStoreFull(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		log, buf := bufLogger()
 		var runs atomic.Int32
-		refused := map[string]int{}
+		refused := map[idempotency.Code]int{}
 		mw := idempotency.New(memstore.New(memstore.WithMaxRecords(2)), idempotency.WithLogger(log),
 			idempotency.WithObserver(idempotency.Observer{Refused: func(_ context.Context, e idempotency.Event) { refused[e.Code]++ }}))
 		h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -209,7 +209,7 @@ func TestFullStoreAnswersStoreFull(t *testing.T) {
 			requireProblem(t, full, http.StatusServiceUnavailable, idempotency.CodeStoreFull)
 			require.Equal(t, "1", full.Header.Get("Retry-After"))
 		}
-		require.Equal(t, map[string]int{idempotency.CodeStoreFull: 50}, refused)
+		require.Equal(t, map[idempotency.Code]int{idempotency.CodeStoreFull: 50}, refused)
 		require.EqualValues(t, 2, runs.Load(), "the handler did not run for the refused keys")
 		requireReplay(t, post("a"), a)
 		out := buf.String()

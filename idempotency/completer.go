@@ -121,14 +121,14 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 		}
 		c.record(rec.Scope, outcome)
 		switch outcome {
-		case "", "unresumable":
+		case "", OutcomeUnresumable:
 			rep.Skipped++
 			continue
-		case "completed":
+		case OutcomeCompleted:
 			rep.Completed++
-		case "released":
+		case OutcomeReleased:
 			rep.Released++
-		case "kept", "incomplete":
+		case OutcomeKept, OutcomeIncomplete:
 			rep.Kept++
 		default:
 			rep.Failed++
@@ -174,13 +174,13 @@ func (c *Completer) waiting(s Scope) bool {
 
 // record updates the backoff of s's record after an attempt: a failure
 // doubles its wait, a settled record ends it.
-func (c *Completer) record(s Scope, outcome string) {
+func (c *Completer) record(s Scope, outcome Outcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch outcome {
-	case "", "unresumable":
+	case "", OutcomeUnresumable:
 		// not run: nothing learned
-	case "completed", "released":
+	case OutcomeCompleted, OutcomeReleased:
 		delete(c.backoff, s)
 	default:
 		f := c.backoff[s]
@@ -197,15 +197,15 @@ func (c *Completer) record(s Scope, outcome string) {
 // resume takes rec over and runs it, and returns the outcome (see
 // Observer.Executed; "" when it did not take it). Only a store error at the
 // claim is returned.
-func (c *Completer) resume(ctx context.Context, rec Record) (string, error) {
+func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 	r, err := c.rebuild(ctx, rec)
 	if err != nil {
 		c.mu.Lock()
 		c.unresumable[rec.Scope] = rec.Generation
 		c.mu.Unlock()
-		c.m.obs.executed(ctx, Event{Scope: rec.Scope, Outcome: "unresumable", Generation: rec.Generation,
+		c.m.obs.executed(ctx, Event{Scope: rec.Scope, Outcome: OutcomeUnresumable, Generation: rec.Generation,
 			RecoveryPoint: rec.RecoveryPoint, Err: err, Background: true})
-		return "unresumable", nil
+		return OutcomeUnresumable, nil
 	}
 	// A takeover only: a completed record is never restarted and one that
 	// vanished is not recreated.
@@ -282,7 +282,7 @@ type resumption struct {
 	req     request
 	res     ClaimResult
 	ran     bool
-	outcome string
+	outcome Outcome
 }
 
 func (e *resumption) do(w http.ResponseWriter, r *http.Request) {
@@ -300,10 +300,10 @@ func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 // execute runs e on r, through the route's pattern mux when there is one,
 // and recovers a panic of the handler, whose record the execution has
 // already given up or kept.
-func (c *Completer) execute(e *resumption, r *http.Request) (outcome string) {
+func (c *Completer) execute(e *resumption, r *http.Request) (outcome Outcome) {
 	defer func() {
 		if p := recover(); p != nil {
-			outcome = "panicked"
+			outcome = OutcomePanicked
 		}
 	}()
 	if mux := c.muxes[e.req.scope.Route]; mux != nil {

@@ -169,7 +169,7 @@ func TestCompleterOutcomes(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, idempotency.ClaimCreated, bad.Outcome)
 
-		outcomes := map[string]string{}
+		outcomes := map[string]idempotency.Outcome{}
 		log, buf := bufLogger()
 		c, _ := completer(mem, log, routes, idempotency.WithObserver(idempotency.Observer{
 			Executed: func(_ context.Context, e idempotency.Event) {
@@ -181,8 +181,9 @@ func TestCompleterOutcomes(t *testing.T) {
 		rep, err := c.RunOnce(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, idempotency.CompleterReport{Found: 6, Completed: 1, Released: 1, Kept: 1, Skipped: 2, Failed: 1}, rep)
-		require.Equal(t, map[string]string{"a": "completed", "released": "released", "kept": "kept", "p": "panicked",
-			"u": "unresumable", "bad": "unresumable"}, outcomes)
+		require.Equal(t, map[string]idempotency.Outcome{"a": idempotency.OutcomeCompleted,
+			"released": idempotency.OutcomeReleased, "kept": idempotency.OutcomeKept, "p": idempotency.OutcomePanicked,
+			"u": idempotency.OutcomeUnresumable, "bad": idempotency.OutcomeUnresumable}, outcomes)
 		require.Contains(t, buf.String(), "no handler for the record's route")
 		require.Contains(t, buf.String(), "invalid character")
 		require.Contains(t, buf.String(), "panicked")

@@ -38,7 +38,7 @@ func (*bodyReader) Close() error { return nil }
 // and is also canceled on a lost lease (cause ErrLeaseLost) and, under
 // WithShutdown, when that context ends.
 func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context.Context, req request,
-	res ClaimResult, background bool) string {
+	res ClaimResult, background bool) Outcome {
 	m := h.m
 	rec := res.Record
 	run := m.newRun(bg, req, res)
@@ -49,7 +49,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 		defer stop()
 	}
 	run.cancel = cancel
-	m.obs.claimed(bg, Event{Scope: req.scope, Outcome: res.Outcome.String(), Generation: rec.Generation,
+	m.obs.claimed(bg, Event{Scope: req.scope, Claim: res.Outcome, Generation: rec.Generation,
 		RecoveryPoint: rec.RecoveryPoint, Background: background})
 	x := &execution{m: m, run: run, bg: bg, req: req, start: time.Now(), background: background,
 		cw: capture{w: w, header: make(http.Header)}}
@@ -66,7 +66,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 			// key up, or keep it for a resume, and let the panic go on to
 			// net/http.
 			s := x.end(nil)
-			x.report("panicked", context.Cause(hctx), s.err)
+			x.report(OutcomePanicked, context.Cause(hctx), s.err)
 		}
 	}()
 	h.next.ServeHTTP(&x.cw, r2)
@@ -79,7 +79,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 // report tells the observers how the execution ended: err is the store's,
 // cause the handler context's, reported when the middleware canceled it for
 // its lease.
-func (x *execution) report(outcome string, cause, err error) {
+func (x *execution) report(outcome Outcome, cause, err error) {
 	if err == nil && errors.Is(cause, ErrLeaseLost) {
 		err = cause
 	}
@@ -100,7 +100,7 @@ func detach(ctx, bg context.Context) (context.Context, context.CancelFunc) {
 
 // finish settles the record of a handler that returned, answers its client
 // and returns the outcome and the store's error.
-func (x *execution) finish() (string, error) {
+func (x *execution) finish() (Outcome, error) {
 	status := x.cw.statusCode()
 	// An External call's outcome is unknown: whatever the handler answered,
 	// storing it would replay it for whatever the call did, and sending it
@@ -116,26 +116,26 @@ func (x *execution) finish() (string, error) {
 	switch {
 	case errors.Is(s.err, ErrLeaseLost):
 		x.answerLost()
-		return "lost", s.err
+		return OutcomeLost, s.err
 	case s.undone:
 		writeProblem(x.cw.w, http.StatusServiceUnavailable, CodeStoreUnavailable, "", 0)
-		return "failed", s.err
+		return OutcomeFailed, s.err
 	case s.err != nil:
 		x.cw.release() // the work is done and cannot be undone: send it
-		return "failed", s.err
+		return OutcomeFailed, s.err
 	case incomplete:
 		writeProblem(x.cw.w, http.StatusServiceUnavailable, CodeRequestIncomplete,
 			"a call to another service made for this request has an unknown outcome; retry with the same key to finish it", 0)
-		return "incomplete", nil
+		return OutcomeIncomplete, nil
 	}
 	x.cw.release()
 	switch {
 	case resp != nil:
-		return "completed", nil
+		return OutcomeCompleted, nil
 	case s.kept:
-		return "kept", nil
+		return OutcomeKept, nil
 	}
-	return "released", nil
+	return OutcomeReleased, nil
 }
 
 // settled is how end left the record.
@@ -199,7 +199,7 @@ func (x *execution) complete(unit Unit, resp Response) error {
 	} else if err = unit.Complete(ctx, resp, time.Now()); err == nil {
 		err = unit.Commit()
 	}
-	x.m.obs.storeCall(x.bg, opComplete, lease.Scope, start, err)
+	x.m.obs.storeCall(x.bg, OpComplete, lease.Scope, start, err)
 	return err
 }
 
@@ -229,10 +229,10 @@ func (x *execution) giveUp() bool {
 	start := time.Now()
 	if keep {
 		err := x.m.store.EndLease(ctx, lease, time.Now())
-		x.m.obs.storeCall(x.bg, opEndLease, lease.Scope, start, err)
+		x.m.obs.storeCall(x.bg, OpEndLease, lease.Scope, start, err)
 	} else {
 		err := x.m.store.Release(ctx, lease)
-		x.m.obs.storeCall(x.bg, opRelease, lease.Scope, start, err)
+		x.m.obs.storeCall(x.bg, OpRelease, lease.Scope, start, err)
 	}
 	return keep
 }

@@ -79,7 +79,7 @@ func (hb *heartbeat) beat() {
 	until := start.Add(m.cfg.lease)
 	err := m.store.Heartbeat(ctx, run.Lease, until)
 	cancel()
-	m.obs.storeCall(hb.bg, opHeartbeat, run.Lease.Scope, start, err)
+	m.obs.storeCall(hb.bg, OpHeartbeat, run.Lease.Scope, start, err)
 	if hb.isStopped() {
 		return // the handler is done: this late beat changes nothing
 	}

@@ -96,16 +96,16 @@ func post(t *testing.T, srv *httptest.Server, key, body string, extra ...string)
 // problem is the problem+json body of the middleware's own answers, as
 // docs/CONTRACT.md describes it.
 type problem struct {
-	Type           string `json:"type"`
-	Title          string `json:"title"`
-	Status         int    `json:"status"`
-	Code           string `json:"code"`
-	Detail         string `json:"detail"`
-	OriginalStatus int    `json:"original_status"`
+	Type           string           `json:"type"`
+	Title          string           `json:"title"`
+	Status         int              `json:"status"`
+	Code           idempotency.Code `json:"code"`
+	Detail         string           `json:"detail"`
+	OriginalStatus int              `json:"original_status"`
 }
 
 // requireProblem checks a problem+json answer and returns it.
-func requireProblem(t *testing.T, a answer, status int, code string) problem {
+func requireProblem(t *testing.T, a answer, status int, code idempotency.Code) problem {
 	t.Helper()
 	require.Equal(t, status, a.Status, "body: %s", a.Body)
 	require.Equal(t, "application/problem+json", a.Header.Get("Content-Type"))
@@ -114,7 +114,7 @@ func requireProblem(t *testing.T, a answer, status int, code string) problem {
 	require.NoError(t, json.Unmarshal([]byte(a.Body), &p), a.Body)
 	require.Equal(t, code, p.Code)
 	require.Equal(t, status, p.Status)
-	require.Equal(t, "https://saferetry.dev/problems/"+code, p.Type)
+	require.Equal(t, "https://saferetry.dev/problems/"+string(code), p.Type)
 	require.NotEmpty(t, p.Title)
 	require.Empty(t, a.Header.Get(idempotency.ReplayedHeader))
 	return p

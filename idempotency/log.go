@@ -68,30 +68,30 @@ func (o *logObserver) claimed(ctx context.Context, e Event) {
 func (o *logObserver) executed(ctx context.Context, e Event) {
 	level, msg := slog.LevelDebug, "idempotency: the response was stored"
 	switch e.Outcome {
-	case "completed":
+	case OutcomeCompleted:
 		if e.Background {
 			level, msg = slog.LevelInfo, "idempotency completer: completed an abandoned request"
 		}
-	case "released":
+	case OutcomeReleased:
 		msg = "idempotency: the answer is not stored; the key was given up"
 		if e.Background {
 			level, msg = slog.LevelWarn, "idempotency completer: the resumed request failed before any phase; the key was given up"
 		}
-	case "kept":
+	case OutcomeKept:
 		level, msg = slog.LevelInfo, "idempotency: the answer is not stored; the record is kept at its recovery point for a resume"
 		if e.Background {
 			level, msg = slog.LevelWarn, "idempotency completer: the resumed request failed after a committed phase; it stays in progress"
 		}
-	case "incomplete":
+	case OutcomeIncomplete:
 		level, msg = slog.LevelError, "idempotency: the handler answered while an external call's outcome is unknown; "+
 			"its answer is neither stored nor sent, and the record is kept for a resume"
-	case "panicked":
+	case OutcomePanicked:
 		level, msg = slog.LevelWarn, "idempotency: the handler panicked; the key was given up or kept for a resume"
-	case "lost":
+	case OutcomeLost:
 		level, msg = slog.LevelWarn, "idempotency: the lease was lost before completion; the response is discarded"
-	case "failed":
+	case OutcomeFailed:
 		level, msg = slog.LevelError, "idempotency: the store failed at the end of the request"
-	case "unresumable":
+	case OutcomeUnresumable:
 		level, msg = slog.LevelWarn, "idempotency completer: an abandoned request cannot be resumed; it stays until the Reaper deletes it"
 	}
 	if e.Err != nil {
@@ -100,7 +100,7 @@ func (o *logObserver) executed(ctx context.Context, e Event) {
 	if !o.l.Enabled(ctx, level) {
 		return
 	}
-	attrs := scopeAttrs(e.Scope, slog.String("outcome", e.Outcome), slog.Int("status", e.Status),
+	attrs := scopeAttrs(e.Scope, slog.String("outcome", string(e.Outcome)), slog.Int("status", e.Status),
 		slog.Int64("generation", e.Generation), slog.String("recovery_point", e.RecoveryPoint),
 		slog.Duration("duration", e.Duration))
 	if e.Err != nil {
@@ -133,15 +133,15 @@ func (o *logObserver) storeCall(ctx context.Context, e Event) {
 	}
 	lost := errors.Is(e.Err, ErrLeaseLost)
 	switch {
-	case e.Op == opHeartbeat && lost:
+	case e.Op == OpHeartbeat && lost:
 		o.l.LogAttrs(ctx, slog.LevelWarn, "idempotency: the lease was lost while the handler ran; its context is canceled",
 			scopeAttrs(e.Scope)...)
-	case e.Op == opHeartbeat:
+	case e.Op == OpHeartbeat:
 		o.l.LogAttrs(ctx, slog.LevelWarn, "idempotency: heartbeat failed",
 			scopeAttrs(e.Scope, slog.String("error", e.Err.Error()))...)
-	case (e.Op == opRelease || e.Op == opEndLease) && !lost:
+	case (e.Op == OpRelease || e.Op == OpEndLease) && !lost:
 		o.l.LogAttrs(ctx, slog.LevelError, "idempotency: giving the key up failed; it stays claimed until its lease expires",
-			scopeAttrs(e.Scope, slog.String("op", e.Op), slog.String("error", e.Err.Error()))...)
+			scopeAttrs(e.Scope, slog.String("op", string(e.Op)), slog.String("error", e.Err.Error()))...)
 	}
 }
 

@@ -153,7 +153,7 @@ func (h *handler) route(r *http.Request) string {
 
 // refuse answers with a problem of the middleware's own, before any handler
 // ran, and reports it.
-func (m *Middleware) refuse(ctx context.Context, w http.ResponseWriter, s Scope, status int, code, detail string, err error) {
+func (m *Middleware) refuse(ctx context.Context, w http.ResponseWriter, s Scope, status int, code Code, detail string, err error) {
 	m.obs.refused(ctx, Event{Scope: s, Status: status, Code: code, Err: err})
 	writeProblem(w, status, code, detail, 0)
 }
@@ -241,7 +241,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			if ctx.Err() != nil {
 				return // the client went away: not a store outage
 			}
-			m.obs.storeCall(ctx, opGet, req.scope, start, err)
+			m.obs.storeCall(ctx, OpGet, req.scope, start, err)
 			if errors.Is(err, ErrNotFound) && claims < 3 {
 				break // released: claim again
 			}
@@ -279,7 +279,7 @@ func (m *Middleware) claim(bg context.Context, c Claim) (ClaimResult, error) {
 	defer cancel()
 	start := time.Now()
 	res, err := m.store.Claim(ctx, c)
-	m.obs.storeCall(bg, opClaim, c.Scope, start, err)
+	m.obs.storeCall(bg, OpClaim, c.Scope, start, err)
 	return res, err
 }
 

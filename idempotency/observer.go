@@ -14,22 +14,10 @@ import (
 // (keygen.Digest them).
 type Observer struct {
 	// Claimed: a request, or the Completer (Background), claimed its key.
-	// Outcome is "created" or "taken_over"; Generation the record's.
+	// Claim is ClaimCreated or ClaimTakenOver; Generation the record's.
 	Claimed func(ctx context.Context, e Event)
 	// Executed: the handler of a claimed request returned or panicked, and
-	// its record was settled. Outcome is
-	//   - "completed": the response was stored, then sent;
-	//   - "released": an answer that is not stored; the key was given up;
-	//   - "kept": an answer that is not stored after a committed phase; the
-	//     record stays in progress, its lease ended, for a resume;
-	//   - "incomplete": the handler answered while an External call's
-	//     outcome was unknown; kept, answered 503 CodeRequestIncomplete;
-	//   - "panicked": the handler panicked; released or kept as above;
-	//   - "lost": the lease was lost; the response was discarded;
-	//   - "failed": a store call failed (Err); a unit's writes did not
-	//     commit (503), or a response made outside one was sent unstored;
-	//   - "unresumable" (Completer only): no handler for the record's route,
-	//     or its stored request cannot be rebuilt (Err); it was not run.
+	// its record was settled. Outcome says how (an Outcome* constant);
 	// Status is the handler's, Duration from its start to the settled
 	// record; Err is also set, to the cause, when the middleware canceled
 	// the handler's context (a lost lease, or heartbeats that failed until
@@ -42,10 +30,8 @@ type Observer struct {
 	// for CodeStoreUnavailable and CodeStoreFull the store's error (Err),
 	// for CodePrincipalUnavailable the principal function's.
 	Refused func(ctx context.Context, e Event)
-	// StoreCall: a store call of the request path ended. Op is "claim",
-	// "get" (waiting on a record in progress), "heartbeat", "end_lease",
-	// "complete" (with a unit: its completion and commit) or "release";
-	// Duration its latency, Err its error. ErrNotFound, ErrLeaseLost,
+	// StoreCall: a store call of the request path ended: Op (an Op*
+	// constant), Duration its latency, Err its error. ErrNotFound, ErrLeaseLost,
 	// ErrStoreFull and ErrRecordTooLarge are answers, not failures.
 	StoreCall func(ctx context.Context, e Event)
 	// Unfinished: the Reaper is about to delete rec, an in-progress record
@@ -63,9 +49,10 @@ type Observer struct {
 // on the function (see Observer).
 type Event struct {
 	Scope         Scope
-	Outcome       string
-	Code          string
-	Op            string
+	Claim         ClaimOutcome
+	Outcome       Outcome
+	Code          Code
+	Op            Op
 	Status        int
 	Generation    int64
 	RecoveryPoint string
@@ -74,14 +61,46 @@ type Event struct {
 	Background    bool // the Completer's execution
 }
 
-// Store operations in Event.Op.
+// Outcome is how an execution ended, in Event.Outcome of Observer.Executed:
+// a snake_case label for logs and metrics.
+type Outcome string
+
+// The outcomes of an execution.
 const (
-	opClaim     = "claim"
-	opGet       = "get"
-	opHeartbeat = "heartbeat"
-	opEndLease  = "end_lease"
-	opComplete  = "complete"
-	opRelease   = "release"
+	// OutcomeCompleted: the response was stored, then sent.
+	OutcomeCompleted Outcome = "completed"
+	// OutcomeReleased: an answer that is not stored; the key was given up.
+	OutcomeReleased Outcome = "released"
+	// OutcomeKept: an answer that is not stored after a committed phase;
+	// the record stays in progress, its lease ended, for a resume.
+	OutcomeKept Outcome = "kept"
+	// OutcomeIncomplete: the handler answered while an External call's
+	// outcome was unknown; kept, answered 503 CodeRequestIncomplete.
+	OutcomeIncomplete Outcome = "incomplete"
+	// OutcomePanicked: the handler panicked; released or kept as above.
+	OutcomePanicked Outcome = "panicked"
+	// OutcomeLost: the lease was lost; the response was discarded.
+	OutcomeLost Outcome = "lost"
+	// OutcomeFailed: a store call failed (Err); a unit's writes did not
+	// commit (503), or a response made outside one was sent unstored.
+	OutcomeFailed Outcome = "failed"
+	// OutcomeUnresumable (Completer only): no handler for the record's
+	// route, or its stored request cannot be rebuilt (Err); it was not run.
+	OutcomeUnresumable Outcome = "unresumable"
+)
+
+// Op is a store call of the request path, in Event.Op of
+// Observer.StoreCall: a snake_case label for logs and metrics.
+type Op string
+
+// The store calls of the request path.
+const (
+	OpClaim     Op = "claim"
+	OpGet       Op = "get" // waiting on a record in progress
+	OpHeartbeat Op = "heartbeat"
+	OpEndLease  Op = "end_lease"
+	OpComplete  Op = "complete" // with a unit: its completion and commit
+	OpRelease   Op = "release"
 )
 
 // observers calls every Observer in order.
@@ -120,7 +139,7 @@ func (o observers) refused(ctx context.Context, e Event) {
 }
 
 // storeCall reports a store call on s that began at start.
-func (o observers) storeCall(ctx context.Context, op string, s Scope, start time.Time, err error) {
+func (o observers) storeCall(ctx context.Context, op Op, s Scope, start time.Time, err error) {
 	for _, x := range o {
 		if x.StoreCall != nil {
 			x.StoreCall(ctx, Event{Scope: s, Op: op, Duration: time.Since(start), Err: err})

@@ -67,13 +67,13 @@ func TestObserverSeesClaimExecutionReplayAndConflicts(t *testing.T) {
 	require.Equal(t, http.StatusCreated, first.Status)
 	ev, by := s.take()
 	assert.Equal(t, []string{"store", "claimed", "store", "executed"}, ev)
-	assert.Equal(t, "claim", by["store"][0].Op)
-	assert.Equal(t, "complete", by["store"][1].Op)
+	assert.Equal(t, idempotency.OpClaim, by["store"][0].Op)
+	assert.Equal(t, idempotency.OpComplete, by["store"][1].Op)
 	assert.NoError(t, by["store"][1].Err)
-	assert.Equal(t, "created", by["claimed"][0].Outcome)
+	assert.Equal(t, idempotency.ClaimCreated, by["claimed"][0].Claim)
 	assert.Equal(t, int64(1), by["claimed"][0].Generation)
 	ex := by["executed"][0]
-	assert.Equal(t, "completed", ex.Outcome)
+	assert.Equal(t, idempotency.OutcomeCompleted, ex.Outcome)
 	assert.Equal(t, http.StatusCreated, ex.Status)
 	assert.Equal(t, "k1", ex.Scope.Key)
 	assert.Positive(t, ex.Duration)
@@ -114,13 +114,13 @@ func TestObserverSeesInProgressConflictAndRelease(t *testing.T) {
 	assert.Equal(t, idempotency.CodeInProgress, by["refused"][0].Code)
 	assert.Equal(t, http.StatusConflict, by["refused"][0].Status)
 	require.Len(t, by["executed"], 1)
-	assert.Equal(t, "released", by["executed"][0].Outcome)
+	assert.Equal(t, idempotency.OutcomeReleased, by["executed"][0].Outcome)
 	assert.Equal(t, http.StatusServiceUnavailable, by["executed"][0].Status)
-	var ops []string
+	var ops []idempotency.Op
 	for _, e := range by["store"] {
 		ops = append(ops, e.Op)
 	}
-	assert.Contains(t, ops, "release")
+	assert.Contains(t, ops, idempotency.OpRelease)
 }
 
 // slowFailingStore fails every call after a measurable delay.
@@ -139,7 +139,7 @@ func TestObserverSeesStoreErrorsWithTheirLatency(t *testing.T) {
 	assert.Equal(t, []string{"store", "refused"}, ev)
 	assert.Equal(t, idempotency.CodeStoreUnavailable, by["refused"][0].Code)
 	assert.ErrorIs(t, by["refused"][0].Err, errStore)
-	assert.Equal(t, "claim", by["store"][0].Op)
+	assert.Equal(t, idempotency.OpClaim, by["store"][0].Op)
 	assert.True(t, errors.Is(by["store"][0].Err, errStore))
 	assert.GreaterOrEqual(t, by["store"][0].Duration, 2*time.Millisecond)
 }
@@ -163,13 +163,13 @@ func TestObserverSeesATakeover(t *testing.T) {
 	require.Equal(t, http.StatusCreated, post(t, srv, "k4", body, "Authorization:").Status)
 	_, by := s.take()
 	require.Len(t, by["claimed"], 1)
-	assert.Equal(t, "taken_over", by["claimed"][0].Outcome)
+	assert.Equal(t, idempotency.ClaimTakenOver, by["claimed"][0].Claim)
 	assert.Equal(t, int64(2), by["claimed"][0].Generation)
 	assert.Equal(t, int64(2), by["executed"][0].Generation)
 }
 
 // Heartbeats are store calls too: a handler that outlives a third of its
-// lease is seen beating (Op "heartbeat"), each beat with its latency.
+// lease is seen beating (OpHeartbeat), each beat with its latency.
 func TestObserverSeesHeartbeats(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &seen{}
@@ -185,11 +185,11 @@ func TestObserverSeesHeartbeats(t *testing.T) {
 		h.ServeHTTP(rr, req)
 		require.Equal(t, http.StatusCreated, rr.Code)
 		_, by := s.take()
-		var ops []string
+		var ops []idempotency.Op
 		for _, e := range by["store"] {
 			ops = append(ops, e.Op)
 			require.NoError(t, e.Err)
 		}
-		assert.Equal(t, []string{"claim", "heartbeat", "heartbeat", "complete"}, ops)
+		assert.Equal(t, []idempotency.Op{idempotency.OpClaim, idempotency.OpHeartbeat, idempotency.OpHeartbeat, idempotency.OpComplete}, ops)
 	})
 }

@@ -6,45 +6,49 @@ import (
 	"strconv"
 )
 
-// Problem codes: the "code" member of the RFC 9457 problem+json body of
+// Code is a problem code: the "code" member of the RFC 9457 problem+json body of
 // every answer of the middleware's own (type
 // "https://saferetry.dev/problems/" + code). They are stable: clients match
-// on them. docs/CONTRACT.md says what a client does with each.
+// on them. docs/CONTRACT.md says what a client does with each. In
+// Event.Code it is the label of a refusal in logs and metrics.
+type Code string
+
+// The problem codes.
 const (
 	// CodeInProgress (409, Retry-After: 1): a request with the same key and
 	// fingerprint is running. Retry with the same key.
-	CodeInProgress = "idempotency_request_in_progress"
+	CodeInProgress Code = "idempotency_request_in_progress"
 	// CodeKeyReused (422, or 409 under WithMismatchStatus): the key was used
 	// for a different request. Do not retry; use a new key.
-	CodeKeyReused = "idempotency_key_reused"
+	CodeKeyReused Code = "idempotency_key_reused"
 	// CodeKeyMissing (400): the route requires a key (WithKeyRequired).
-	CodeKeyMissing = "idempotency_key_missing"
+	CodeKeyMissing Code = "idempotency_key_missing"
 	// CodeKeyInvalid (400): the key breaks keygen.ParseHeader's rule.
-	CodeKeyInvalid = "idempotency_key_invalid"
+	CodeKeyInvalid Code = "idempotency_key_invalid"
 	// CodeStoreUnavailable (503): the store failed; nothing was stored, and
 	// a retry with the same key is safe.
-	CodeStoreUnavailable = "idempotency_store_unavailable"
+	CodeStoreUnavailable Code = "idempotency_store_unavailable"
 	// CodeStoreFull (503, Retry-After: 1): a bounded store has no room for
 	// a new key (ErrStoreFull); the handler did not run.
-	CodeStoreFull = "idempotency_store_full"
+	CodeStoreFull Code = "idempotency_store_full"
 	// CodeRequestTooLarge (413): the body is over WithMaxRequestBody, or
 	// the record over what the store can ever hold (ErrRecordTooLarge).
-	CodeRequestTooLarge = "idempotency_request_too_large"
+	CodeRequestTooLarge Code = "idempotency_request_too_large"
 	// CodeRequestUnreadable (400): reading the request body failed.
-	CodeRequestUnreadable = "idempotency_request_unreadable"
+	CodeRequestUnreadable Code = "idempotency_request_unreadable"
 	// CodePrincipalUnavailable (401): the principal function failed.
-	CodePrincipalUnavailable = "idempotency_principal_unavailable"
+	CodePrincipalUnavailable Code = "idempotency_principal_unavailable"
 	// CodePrincipalMissing (401): a key but no principal, without
 	// WithAnonymousKeys.
-	CodePrincipalMissing = "idempotency_principal_missing"
+	CodePrincipalMissing Code = "idempotency_principal_missing"
 	// CodeRequestIncomplete (503): the handler answered while a call to
 	// another service (Run.External) had an unknown outcome; the record is
 	// kept for a resume. Retry with the same key.
-	CodeRequestIncomplete = "idempotency_request_incomplete"
+	CodeRequestIncomplete Code = "idempotency_request_incomplete"
 	// CodeResponseNotReplayable (409): the request completed, but its
 	// response body was over WithMaxStoredBody; "original_status" holds its
 	// status. Do not retry.
-	CodeResponseNotReplayable = "idempotency_response_not_replayable"
+	CodeResponseNotReplayable Code = "idempotency_response_not_replayable"
 )
 
 const problemTypeBase = "https://saferetry.dev/problems/"
@@ -54,12 +58,12 @@ type problem struct {
 	Type           string `json:"type"`
 	Title          string `json:"title"`
 	Status         int    `json:"status"`
-	Code           string `json:"code"`
+	Code           Code   `json:"code"`
 	Detail         string `json:"detail,omitempty"`
 	OriginalStatus int    `json:"original_status,omitempty"`
 }
 
-var problemTitles = map[string]string{
+var problemTitles = map[Code]string{
 	CodeInProgress:            "A request with this idempotency key is in progress",
 	CodeKeyReused:             "The idempotency key was used for a different request",
 	CodeKeyMissing:            "An idempotency key is required",
@@ -77,9 +81,9 @@ var problemTitles = map[string]string{
 // writeProblem writes a problem+json answer with Cache-Control: no-store,
 // and Retry-After: 1 for the codes a client retries after a pause.
 // originalStatus is set for CodeResponseNotReplayable only.
-func writeProblem(w http.ResponseWriter, status int, code, detail string, originalStatus int) {
+func writeProblem(w http.ResponseWriter, status int, code Code, detail string, originalStatus int) {
 	body, _ := json.Marshal(problem{
-		Type: problemTypeBase + code, Title: problemTitles[code], Status: status,
+		Type: problemTypeBase + string(code), Title: problemTitles[code], Status: status,
 		Code: code, Detail: detail, OriginalStatus: originalStatus,
 	}) // strings and ints: cannot fail
 	h := w.Header()

@@ -94,23 +94,23 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 	}
 	return idempotency.Observer{
 		Claimed: func(ctx context.Context, e idempotency.Event) {
-			if e.Outcome == "taken_over" {
+			if e.Claim == idempotency.ClaimTakenOver {
 				s.takeovers.Add(ctx, 1, metric.WithAttributes(method(e)))
 			}
 		},
 		Executed: func(ctx context.Context, e idempotency.Event) {
-			s.executions.Add(ctx, 1, metric.WithAttributes(method(e), ExecutionOutcomeKey.String(e.Outcome),
+			s.executions.Add(ctx, 1, metric.WithAttributes(method(e), ExecutionOutcomeKey.String(string(e.Outcome)),
 				semconv.HTTPResponseStatusCode(e.Status)))
 		},
 		Replayed: func(ctx context.Context, e idempotency.Event) {
 			s.replays.Add(ctx, 1, metric.WithAttributes(method(e), semconv.HTTPResponseStatusCode(e.Status)))
 		},
 		Refused: func(ctx context.Context, e idempotency.Event) {
-			s.refusals.Add(ctx, 1, metric.WithAttributes(method(e), ProblemCodeKey.String(e.Code),
+			s.refusals.Add(ctx, 1, metric.WithAttributes(method(e), ProblemCodeKey.String(string(e.Code)),
 				semconv.HTTPResponseStatusCode(e.Status)))
 		},
 		StoreCall: func(ctx context.Context, e idempotency.Event) {
-			op := StoreOperationKey.String(e.Op)
+			op := StoreOperationKey.String(string(e.Op))
 			s.storeDuration.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(op))
 			if e.Err != nil && !errors.Is(e.Err, idempotency.ErrNotFound) && !errors.Is(e.Err, idempotency.ErrLeaseLost) &&
 				!errors.Is(e.Err, idempotency.ErrStoreFull) && !errors.Is(e.Err, idempotency.ErrRecordTooLarge) {

@@ -76,7 +76,8 @@ func TestServerMetrics(t *testing.T) {
 	m := tel.collect(t)
 	assert.Equal(t, map[string]int64{"completed": 2}, counts(t, m[ServerExecutions], ExecutionOutcomeKey))
 	assert.Equal(t, map[string]int64{"POST": 1}, counts(t, m[ServerReplays], "http.request.method"))
-	assert.Equal(t, map[string]int64{idempotency.CodeKeyReused: 1, idempotency.CodeInProgress: 1, idempotency.CodeStoreUnavailable: 1},
+	assert.Equal(t, map[string]int64{string(idempotency.CodeKeyReused): 1, string(idempotency.CodeInProgress): 1,
+		string(idempotency.CodeStoreUnavailable): 1},
 		counts(t, m[ServerRefusals], ProblemCodeKey))
 	assert.Equal(t, map[string]int64{"422": 1, "409": 1, "503": 1}, counts(t, m[ServerRefusals], "http.response.status_code"))
 	assert.Equal(t, map[string]int64{"claim": 1}, counts(t, m[ServerStoreErrors], StoreOperationKey))

@@ -110,7 +110,7 @@ func (f *faultLayer) observe(rec *recorder) {
 		f.replays.Add(1)
 	case rec.status == http.StatusCreated:
 		f.executed.Add(1)
-	case rec.status == http.StatusConflict && strings.Contains(rec.body.String(), idempotency.CodeInProgress):
+	case rec.status == http.StatusConflict && strings.Contains(rec.body.String(), string(idempotency.CodeInProgress)):
 		f.conflict.Add(1)
 	}
 }

@@ -107,7 +107,7 @@ func TestGateCrossProcessOneKey(t *testing.T) {
 			success = r.body
 		case r.status == http.StatusCreated && r.replayed:
 			replays++
-		case r.status == http.StatusConflict && r.code == idempotency.CodeInProgress:
+		case r.status == http.StatusConflict && r.code == string(idempotency.CodeInProgress):
 			conflicts++
 		default:
 			t.Fatalf("request %d: unexpected answer %d %q", i, r.status, r.body)
