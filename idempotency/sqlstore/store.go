@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"strings"
 	"time"
@@ -78,6 +77,9 @@ func (e *OpError) Is(target error) bool {
 // it through a SQLState method (pgx's *pgconn.PgError, lib/pq's *pq.Error);
 // the package imports no driver.
 func isSerialization(err error) bool {
+	if err == nil {
+		return false
+	}
 	var se interface{ SQLState() string }
 	if !errors.As(err, &se) {
 		return false
@@ -528,14 +530,14 @@ func scanScope(sc idempotency.Scope, row scanner) (idempotency.Record, error) {
 // whatever bytes their parts hold. On PostgreSQL 11 or later the same value
 // is sha256(int8send(octet_length(p1)) || p1 || ...) over the parts as bytea.
 func scopeHash(sc idempotency.Scope) []byte {
-	h := sha256.New()
-	var n [8]byte
-	for _, p := range [...]string{sc.Principal, sc.Method, sc.Route, sc.Key} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
-		h.Write(n[:])
-		_, _ = io.WriteString(h, p)
+	parts := [...]string{sc.Principal, sc.Method, sc.Route, sc.Key}
+	b := make([]byte, 0, 4*8+len(sc.Principal)+len(sc.Method)+len(sc.Route)+len(sc.Key))
+	for _, p := range parts {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(p)))
+		b = append(b, p...)
 	}
-	return h.Sum(nil)
+	sum := sha256.Sum256(b)
+	return sum[:]
 }
 
 // scanRecord scans the columns of a record.
