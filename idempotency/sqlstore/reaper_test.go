@@ -12,8 +12,7 @@ import (
 	"github.com/saferetry/saferetry/idempotency"
 )
 
-// TestReaperDeletesOnlyPastTheHorizonInBatches is acceptance 4 on both
-// dialects: the generic Reaper over the SQL store deletes exactly the
+// TestReaperDeletesOnlyPastTheHorizonInBatches, on both dialects: the generic Reaper over the SQL store deletes exactly the
 // records past the cleanup horizon, in batches of the configured size, and
 // reports the unfinished one.
 func TestReaperDeletesOnlyPastTheHorizonInBatches(t *testing.T) {

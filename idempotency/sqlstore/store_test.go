@@ -397,7 +397,7 @@ func TestOpenRefusesSQLiteWithoutBusyTimeout(t *testing.T) {
 
 // A busy timeout set with a PRAGMA through the *sql.DB reaches one
 // connection of the pool only: Open checks a new connection too, so that
-// such a pool (127 of 150 concurrent claims failed with SQLITE_BUSY) is
+// such a pool (whose concurrent claims fail with SQLITE_BUSY) is
 // refused. A DSN with a busy timeout but deferred transactions (no
 // _txlock=immediate) is refused too: its units fail with SQLITE_BUSY when
 // they read before they write while another connection writes.
