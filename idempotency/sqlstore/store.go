@@ -251,9 +251,9 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 			return idempotency.ClaimResult{}, opErr("claim", err)
 		}
 		// The statement changed nothing and returned no row, or (on
-		// PostgreSQL under REPEATABLE READ) a version of the record it
-		// would have won, older than the one its conflict check saw. This
-		// read decides nothing: it only fetches what to answer.
+		// PostgreSQL) a version of the record it would have won, older than
+		// the one its conflict check saw. This read decides nothing: it
+		// only fetches what to answer.
 		res, err = retried(func() (idempotency.ClaimResult, error) {
 			return scanClaim(s.stmts.QueryRowContext(ctx, s.q.existing, scopeArgs(c.Scope)...), c)
 		})
