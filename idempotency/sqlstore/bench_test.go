@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,8 +26,8 @@ import (
 //   - middleware: a guarded request (httptest recorder, no network) whose
 //     handler writes nothing to the database;
 //   - store: the Store's own two calls for such a request, Claim and
-//     Complete outside a unit (what the middleware sends once it completes
-//     without a unit: issue 17);
+//     Complete outside a unit (what the middleware sends when the handler
+//     asked for no transaction);
 //   - handwritten: the smallest thing that could replace them, the same two
 //     statements written by hand on a table of its own: an INSERT ... ON
 //     CONFLICT DO NOTHING RETURNING claim and a conditional UPDATE storing
@@ -34,10 +35,14 @@ import (
 //     the lease, for finding abandoned claims, and on the update time, for
 //     cleanup), which any hand-written lease table needs too.
 //
-// The ratio of handwritten's ns/op to middleware's (or store's) is the
-// throughput ratio. Run:
+// Each sub-benchmark cN runs the three variants interleaved: rounds of
+// batch requests per variant, the variants' order rotating each round, so
+// that a shared machine's drift falls on all three alike. It reports each
+// variant's time and allocations per request and the throughput ratios
+// handwritten time / middleware time and handwritten time / store time.
+// Run (repeat with -count to see the spread):
 //
-//	SAFERETRY_PG_DSN=... go test -run '^$' -bench 'Benchmark(Postgres|SQLite)' -benchtime 3s ./idempotency/sqlstore/
+//	SAFERETRY_PG_DSN=... go test -run '^$' -bench 'Benchmark(Postgres|SQLite)$' -benchtime 3000x ./idempotency/sqlstore/
 func BenchmarkPostgres(b *testing.B) {
 	db := openPG(b)
 	db.SetMaxOpenConns(32)
@@ -88,15 +93,22 @@ func benchStore(b *testing.B, db *sql.DB, d sqlstore.Dialect, plainDDL string) {
 	claim := `INSERT INTO bench_plain (id, owner, state, lease_until, created_at, updated_at) VALUES ($1, $2, 1, $3, $4, $4)
 ON CONFLICT (id) DO NOTHING RETURNING id`
 	complete := `UPDATE bench_plain SET state = 2, status = 201, body = $2, updated_at = $3 WHERE id = $1 AND owner = $4 AND state = 1`
+	// The hand-written statements are prepared as the Store's are: once on
+	// SQLite, which otherwise parses them on every call; pgx caches its own
+	// on PostgreSQL.
+	claimRow := func(args ...any) *sql.Row { return db.QueryRowContext(b.Context(), claim, args...) }
+	completeExec := func(args ...any) (sql.Result, error) { return db.ExecContext(b.Context(), complete, args...) }
 	if d == sqlstore.SQLite {
-		claim = strings.ReplaceAll(claim, "$", "?")
-		complete = strings.ReplaceAll(complete, "$", "?")
+		claimStmt, err := db.Prepare(strings.ReplaceAll(claim, "$", "?"))
+		require.NoError(b, err)
+		completeStmt, err := db.Prepare(strings.ReplaceAll(complete, "$", "?"))
+		require.NoError(b, err)
+		b.Cleanup(func() { _, _ = claimStmt.Close(), completeStmt.Close() })
+		claimRow = func(args ...any) *sql.Row { return claimStmt.QueryRowContext(b.Context(), args...) }
+		completeExec = func(args ...any) (sql.Result, error) { return completeStmt.ExecContext(b.Context(), args...) }
 	}
 
-	variants := []struct {
-		name string
-		op   func(b *testing.B)
-	}{
+	variants := []benchVariant{
 		{"middleware", func(b *testing.B) {
 			req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(reqBody))
 			req.Header.Set("Content-Type", "application/json")
@@ -128,11 +140,11 @@ ON CONFLICT (id) DO NOTHING RETURNING id`
 		{"handwritten", func(b *testing.B) {
 			id, owner, now := key(), "owner-"+run, time.Now().UnixNano()
 			var got string
-			if err := db.QueryRowContext(b.Context(), claim, id, owner, now+int64(30*time.Second), now).Scan(&got); err != nil {
+			if err := claimRow(id, owner, now+int64(30*time.Second), now).Scan(&got); err != nil {
 				b.Error(err)
 				return
 			}
-			res, err := db.ExecContext(b.Context(), complete, id, respBody, time.Now().UnixNano(), owner)
+			res, err := completeExec(id, respBody, time.Now().UnixNano(), owner)
 			if err != nil {
 				b.Error(err)
 				return
@@ -143,27 +155,100 @@ ON CONFLICT (id) DO NOTHING RETURNING id`
 		}},
 	}
 	for _, conc := range []int{1, 16} {
-		for _, v := range variants {
-			b.Run(fmt.Sprintf("%s/c%d", v.name, conc), func(b *testing.B) {
-				b.ReportAllocs()
-				parallel(b, conc, v.op)
-			})
+		b.Run(fmt.Sprintf("c%d", conc), func(b *testing.B) {
+			interleave(b, conc, variants)
+		})
+	}
+}
+
+// benchBatch is how many requests each variant runs per round of
+// interleave: enough for 16 callers to overlap, short enough (tens of
+// milliseconds) for the rounds to follow the machine's drift.
+const benchBatch = 64
+
+// interleave runs b.N requests of each variant from conc goroutines, in
+// rounds of benchBatch requests per variant whose order rotates each round,
+// and reports each variant's ns and allocations per request and, as
+// <variant>-ratio, the last variant's time (the baseline) over each other
+// variant's. The benchmark's own ns/op is the variants' sum.
+func interleave(b *testing.B, conc int, variants []benchVariant) {
+	spent := make([]time.Duration, len(variants))
+	allocs := make([]uint64, len(variants))
+	var ms runtime.MemStats
+	b.ResetTimer()
+	for round, done := 0, 0; done < b.N; round++ {
+		n := min(benchBatch, b.N-done)
+		for i := range variants {
+			j := (i + round) % len(variants)
+			runtime.ReadMemStats(&ms)
+			before, start := ms.Mallocs, time.Now()
+			parallel(n, conc, func() { variants[j].op(b) })
+			spent[j] += time.Since(start)
+			runtime.ReadMemStats(&ms)
+			allocs[j] += ms.Mallocs - before
+		}
+		done += n
+	}
+	b.StopTimer()
+	last := len(variants) - 1
+	for i, v := range variants {
+		b.ReportMetric(float64(spent[i].Nanoseconds())/float64(b.N), v.name+"-ns/op")
+		b.ReportMetric(float64(allocs[i])/float64(b.N), v.name+"-allocs/op")
+		if i != last {
+			b.ReportMetric(float64(spent[last])/float64(spent[i]), v.name+"-ratio")
 		}
 	}
 }
 
-// parallel runs op b.N times in total from n goroutines.
-func parallel(b *testing.B, n int, op func(b *testing.B)) {
+// benchVariant is one way of serving a request with a new key.
+type benchVariant struct {
+	name string
+	op   func(b *testing.B)
+}
+
+// parallel runs op n times in total from conc goroutines.
+func parallel(n, conc int, op func()) {
 	var left atomic.Int64
-	left.Store(int64(b.N))
+	left.Store(int64(n))
 	var wg sync.WaitGroup
-	b.ResetTimer()
-	for range n {
+	for range conc {
 		wg.Go(func() {
 			for left.Add(-1) >= 0 {
-				op(b)
+				op()
 			}
 		})
 	}
 	wg.Wait()
+}
+
+// BenchmarkReplay measures on each dialect the replay of a completed record
+// with a 1 MiB body: claim (Store.Claim, which finds the record and writes
+// nothing) against get (Store.Get, the plain read of the record), one
+// caller, interleaved; claim-ratio is get's time over claim's.
+func BenchmarkReplay(b *testing.B) {
+	for _, be := range backends {
+		b.Run(be.name, func(b *testing.B) {
+			s, _ := newStore(b, be)
+			sc := idempotency.Scope{Principal: "bench", Method: http.MethodPost, Route: "/files", Key: "k"}
+			res, err := s.Claim(b.Context(), idempotency.Claim{Scope: sc, Fingerprint: "fp", FingerprintVersion: 1,
+				Owner: "A", Now: time.Now(), LeaseFor: time.Minute, ReplayWindow: time.Hour})
+			require.NoError(b, err)
+			body := []byte(strings.Repeat("0123456789abcdef", 1<<16))
+			require.NoError(b, s.Complete(b.Context(), res.Record.Lease(), idempotency.Response{Status: 200, Body: body}, time.Now()))
+			interleave(b, 1, []benchVariant{
+				{"claim", func(b *testing.B) {
+					res, err := s.Claim(b.Context(), idempotency.Claim{Scope: sc, Fingerprint: "fp", FingerprintVersion: 1,
+						Owner: "B", Now: time.Now(), LeaseFor: time.Minute, ReplayWindow: time.Hour})
+					if err != nil || res.Outcome != idempotency.ClaimExisting || len(res.Record.Response.Body) != len(body) {
+						b.Errorf("replay: %v %v", res.Outcome, err)
+					}
+				}},
+				{"get", func(b *testing.B) {
+					if rec, err := s.Get(b.Context(), sc); err != nil || len(rec.Response.Body) != len(body) {
+						b.Errorf("get: %v", err)
+					}
+				}},
+			})
+		})
+	}
 }

@@ -88,8 +88,7 @@ func hasOrder(t *testing.T, db *sql.DB, id string) bool {
 	return n == 1
 }
 
-// TestCouplingFailedHandlerLeavesNoRowAndReleasesTheKey is acceptance 3,
-// first half: a handler that inserted its business row and then answered
+// TestCouplingFailedHandlerLeavesNoRowAndReleasesTheKey: a handler that inserted its business row and then answered
 // 500 leaves no row, and the key is released (a retry runs again).
 func TestCouplingFailedHandlerLeavesNoRowAndReleasesTheKey(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
@@ -111,8 +110,7 @@ func TestCouplingFailedHandlerLeavesNoRowAndReleasesTheKey(t *testing.T) {
 	})
 }
 
-// TestCouplingSuccessStoresRowAndResponse is acceptance 3, second half: a
-// 201 leaves the row and the stored response; a retry replays it without
+// TestCouplingSuccessStoresRowAndResponse: a 201 leaves the row and the stored response; a retry replays it without
 // running the handler.
 func TestCouplingSuccessStoresRowAndResponse(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
@@ -136,8 +134,7 @@ func TestCouplingSuccessStoresRowAndResponse(t *testing.T) {
 	})
 }
 
-// TestCouplingFailureAtCommitLeavesNeither is acceptance 3, third part: a
-// real failure at the completion's COMMIT (a deferred foreign key on
+// TestCouplingFailureAtCommitLeavesNeither: a real failure at the completion's COMMIT (a deferred foreign key on
 // SQLite, a deferred constraint trigger on PostgreSQL) leaves neither the
 // business row nor the stored response, and the key is free again.
 func TestCouplingFailureAtCommitLeavesNeither(t *testing.T) {

@@ -261,7 +261,7 @@ func requireOnePayment(t *testing.T, db *sql.DB, key string, orderPID int) {
 	require.Equal(t, 1, count(t, db, `SELECT COUNT(*) FROM receipts r JOIN orders o ON o.id = r.order_id WHERE o.idem_key = '`+key+`'`), "one receipt")
 }
 
-// The crash-recovery gate (issue 7, acceptance 1 and 2), on SQLite and
+// The crash-recovery gate, on SQLite and
 // PostgreSQL, with real processes killed by SIGKILL:
 //
 //  1. killed between the order phase and the charge: a client retry on a
@@ -344,7 +344,7 @@ func TestCrashRecovery(t *testing.T) {
 	})
 }
 
-// Acceptance 3: a request abandoned by a kill, with no client retry, is
+// A request abandoned by a kill, with no client retry, is
 // completed by the completer of a fresh process once the lease expired;
 // a later client retry gets the replay.
 func TestCrashCompleter(t *testing.T) {
@@ -388,7 +388,7 @@ func TestCrashCompleter(t *testing.T) {
 	})
 }
 
-// Acceptance 4 on SQL: an owner that stalled past its lease and was taken
+// An owner that stalled past its lease and was taken
 // over cannot commit its next phase, and that phase's writes roll back. The
 // successor is a claim with its own clock (an hour later): the store takes
 // every time from its caller, so no test sleeps. (The owner stalls between

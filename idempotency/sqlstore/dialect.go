@@ -1,9 +1,12 @@
 package sqlstore
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // Dialect selects the SQL flavour the Store speaks. The zero value is not a
@@ -33,6 +36,72 @@ func (d Dialect) String() string {
 }
 
 func (d Dialect) valid() bool { return d == Postgres || d == SQLite }
+
+// DialectError is returned by Open when the database behind the *sql.DB is
+// not the one the Dialect names: a SQLite pool declared Postgres, a
+// PostgreSQL pool declared SQLite, or a database that is neither.
+type DialectError struct {
+	Declared Dialect // the Dialect given to Open
+	Found    Dialect // the database found: Postgres, SQLite, or 0 when neither
+	Server   string  // what the database reported, such as "PostgreSQL 15.2" or "SQLite 3.50.4"
+}
+
+// Error names both dialects.
+func (e *DialectError) Error() string {
+	if e.Found.valid() {
+		return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is %s (%s)", e.Declared, e.Found, e.Server)
+	}
+	return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is not %s (it reports %q)", e.Declared, e.Declared, e.Server)
+}
+
+// openTimeout bounds the queries Open runs to check the database.
+const openTimeout = 10 * time.Second
+
+// checkDialect identifies the database behind db with the query of the
+// declared dialect d, and when that fails or names another database, with
+// the other dialect's, so that a *DialectError names what was found. When
+// neither query answers, it returns the declared query's error as an
+// *OpError with Op "open".
+func checkDialect(ctx context.Context, db *sql.DB, d Dialect) error {
+	found, server, err := identify(ctx, db, d)
+	if err == nil && found == d {
+		return nil
+	}
+	other := Postgres
+	if d == Postgres {
+		other = SQLite
+	}
+	if f, s, oerr := identify(ctx, db, other); oerr == nil && f == other {
+		return &DialectError{Declared: d, Found: other, Server: s}
+	}
+	if err != nil {
+		return opErr("open", err)
+	}
+	return &DialectError{Declared: d, Server: server}
+}
+
+// identify asks db what it is with d's query: SQLite answers
+// sqlite_version(), PostgreSQL answers version() with "PostgreSQL <version>
+// ...". It returns the dialect found (0 when the answer names neither) and
+// the database's name and version.
+func identify(ctx context.Context, db *sql.DB, d Dialect) (Dialect, string, error) {
+	var v string
+	if d == SQLite {
+		if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&v); err != nil {
+			return 0, "", err
+		}
+		return SQLite, "SQLite " + v, nil
+	}
+	if err := db.QueryRowContext(ctx, "SELECT version()").Scan(&v); err != nil {
+		return 0, "", err
+	}
+	f := strings.Fields(v)
+	server := strings.Join(f[:min(len(f), 2)], " ")
+	if len(f) > 0 && f[0] == "PostgreSQL" {
+		return Postgres, server, nil
+	}
+	return 0, server, nil
+}
 
 // blobType is the column type for opaque bytes.
 func (d Dialect) blobType() string {
@@ -88,10 +157,10 @@ const columns = `principal, method, route, idem_key, state, fingerprint, fingerp
 // the length-prefixed scope parts (see scopeHash): 32 bytes whatever the
 // parts hold, so that any bytes of any length work as a principal, method,
 // route or key (PostgreSQL refuses invalid UTF-8 and NUL in TEXT, and B-tree
-// index rows over 2704 bytes). The parts are kept as bytes beside it. Times
-// are INTEGER/BIGINT nanoseconds since the Unix epoch, UTC, so that
-// comparisons are exact in both dialects; 0 means "not set" (completed_at of
-// an in-progress record).
+// index rows over 2704 bytes). The parts are kept as bytes beside it, and so
+// is the recovery point. Times are INTEGER/BIGINT nanoseconds since the Unix
+// epoch, UTC, so that comparisons are exact in both dialects; 0 means "not
+// set" (completed_at of an in-progress record).
 func schema(d Dialect, table string) string {
 	blob := d.blobType()
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
@@ -106,7 +175,7 @@ func schema(d Dialect, table string) string {
 	owner               TEXT     NOT NULL,
 	generation          BIGINT   NOT NULL,
 	lease_until         BIGINT   NOT NULL, -- Unix nanoseconds, UTC
-	recovery_point      TEXT     NOT NULL DEFAULT '',
+	recovery_point      %[2]s    NOT NULL DEFAULT '',
 	recovery_data       %[2]s,
 	request             %[2]s,
 	response_status     INTEGER,
@@ -123,64 +192,81 @@ CREATE INDEX IF NOT EXISTS %[1]s_updated_idx ON %[1]s (updated_at);
 
 // queries holds the statements of one Store, built once at Open.
 type queries struct {
-	claim, takeover, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
+	claim, takeover, existing, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
 }
 
-// claimWins is the condition under which a claim wins an existing row t
-// against the candidate row excluded: a completed record that fell out of
-// the replay window ($12, the cutoff) starts over, and an in-progress record
-// whose lease expired before now ($11) with the same fingerprint (and
-// fingerprint version) is taken over.
-const claimWins = `((t.state = 2 AND t.completed_at < $12)
-	OR (t.state = 1 AND t.lease_until < $11 AND t.fingerprint = excluded.fingerprint
-	    AND t.fingerprint_version = excluded.fingerprint_version))`
+// Every claim statement returns at most one row of fifteen columns: an
+// outcome (rowExisting, rowCreated, rowTakenOver, rowOtherScope), the
+// generation, then the columns only a takeover needs (recovery point, its
+// data, the request, created_at) and those only an existing record needs
+// (state, fingerprint and version, owner, lease, completion time, response).
+// The columns an outcome does not need are NULL; a created record's other
+// fields are the claim's own. scanClaim reads the row.
+const (
+	rowExisting   = 0
+	rowCreated    = 1
+	rowTakenOver  = 2
+	rowOtherScope = 3 // the row under the scope's digest holds other scope parts
+)
 
-// claimSQL returns the claim statement: one statement that both decides the
-// claim and returns the row to answer from, whoever won.
+// wonRow is the row of a claim that created or took over the record, from
+// the columns of the row it wrote; now is the claim time's placeholder. A
+// record whose created_at is the claim's time was created by it (a takeover
+// keeps an earlier one: the lease it took over ended before now).
+func wonRow(now string) string {
+	return fmt.Sprintf(`CASE WHEN created_at = %[1]s THEN %[2]d ELSE %[3]d END, generation, recovery_point, recovery_data,
+	CASE WHEN created_at = %[1]s THEN NULL ELSE request END, created_at,
+	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`, now, rowCreated, rowTakenOver)
+}
+
+// takenOverRow is wonRow for the takeover-only claim, which never creates.
+var takenOverRow = fmt.Sprintf(`%d, generation, recovery_point, recovery_data, request, created_at,
+	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`, rowTakenOver)
+
+// existingRow is the row of a claim that changed nothing, read from a
+// record selected by $1 (the digest); $2 to $5 are the scope parts it is
+// compared with.
+var existingRow = fmt.Sprintf(`CASE WHEN principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
+	THEN %d ELSE %d END, generation, NULL, NULL, NULL, NULL,
+	state, fingerprint, fingerprint_version, owner, lease_until, completed_at,
+	response_status, response_header, response_body`, rowExisting, rowOtherScope)
+
+// claimSQL returns the claim statement. Its core is one INSERT ... ON
+// CONFLICT DO UPDATE whose WHERE lets the claim win an existing row only if
+// the row holds the claim's own scope parts (a digest collision never
+// overwrites another scope's record) and either it completed before the
+// replay window's cutoff ($12) or its lease ended before now ($11) with the
+// same fingerprint and version. A restart of a completed record clears it
+// and takes the new request; a takeover keeps the recovery point, its data,
+// the request and created_at. RETURNING gives wonRow when it wrote.
 //
-// PostgreSQL: the INSERT ... ON CONFLICT DO UPDATE ... WHERE claimWins runs
-// in a CTE; its RETURNING row (a new record, a restart or a takeover) is the
-// answer, and when it returns nothing the outer SELECT returns the existing
-// row, read FOR SHARE: under READ COMMITTED a locking read returns the
-// row's latest committed version, not the one the statement's snapshot saw
-// (a claim that waited behind another transaction's completion, release or
-// takeover answers what that transaction left), and it never waits, since
-// ON CONFLICT already holds the row's lock (under REPEATABLE READ a changed
-// row raises a serialization failure, which Claim retries). The one case
-// where it returns nothing is a conflicting row inserted by a transaction
-// that committed after the statement began (ON CONFLICT waits for it and
-// sees it; the snapshot does not): the statement then returns no row, and
-// Claim reads the record once more.
+// On PostgreSQL the core runs in a CTE and the statement returns, when the
+// core wrote nothing, the existing row, read FOR SHARE: under READ COMMITTED
+// a locking read returns the row's latest committed version (a claim that
+// waited for another transaction answers what that one left), and it never
+// waits, since ON CONFLICT holds the row's lock already. The one case where
+// it returns no row is a conflicting row inserted by a transaction that
+// committed after the statement began (ON CONFLICT sees it, the snapshot
+// does not).
 //
-// SQLite has no data-modifying CTEs, and its RETURNING returns only rows
-// the statement wrote, so DO UPDATE always writes the row: every column is
-// set to CASE WHEN claimWins THEN <the claim's value> ELSE <its own value>
-// END, and RETURNING gives the row either way. The statement holds the
-// database's write lock anyway (it may insert), so the rewrite of an
-// unchanged row costs no extra round trip or lock; it does write the row's
-// page to the WAL again, which a checkpoint folds back.
-//
-// Either way the statement returns the record and, last, whether the claim
-// won it: on PostgreSQL whether the upsert returned it; on SQLite, where the
-// returned row is always the current one, whether its owner is now the
-// claimant's (owner tokens are fresh per claim).
+// SQLite has no data-modifying CTE, and RETURNING gives only the rows a
+// statement wrote, so the statement is the core alone: a claim that loses
+// writes nothing and returns no row, and Claim reads the existing row with a
+// second statement (queries.existing).
 func claimSQL(d Dialect, table string) string {
-	insert := fmt.Sprintf(`INSERT INTO %[1]s AS t (scope_hash, principal, method, route, idem_key, state, fingerprint,
+	core := fmt.Sprintf(`INSERT INTO %[1]s AS t (scope_hash, principal, method, route, idem_key, state, fingerprint,
 	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
 	response_status, response_header, response_body, created_at, updated_at, completed_at)
 VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10, NULL, NULL, NULL, $11, $11, 0)
-ON CONFLICT (scope_hash) DO UPDATE SET`, table)
-	if d == Postgres {
-		return fmt.Sprintf(`WITH claimed AS (
-%[3]s
+ON CONFLICT (scope_hash) DO UPDATE SET
 	state = 1,
 	owner = excluded.owner,
 	generation = t.generation + 1,
 	lease_until = excluded.lease_until,
 	updated_at = excluded.updated_at,
-	fingerprint = CASE WHEN t.state = 2 THEN excluded.fingerprint ELSE t.fingerprint END,
-	fingerprint_version = CASE WHEN t.state = 2 THEN excluded.fingerprint_version ELSE t.fingerprint_version END,
-	recovery_point = CASE WHEN t.state = 2 THEN '' ELSE t.recovery_point END,
+	fingerprint = excluded.fingerprint,
+	fingerprint_version = excluded.fingerprint_version,
+	recovery_point = CASE WHEN t.state = 2 THEN excluded.recovery_point ELSE t.recovery_point END,
 	recovery_data = CASE WHEN t.state = 2 THEN NULL ELSE t.recovery_data END,
 	request = CASE WHEN t.state = 2 THEN excluded.request ELSE t.request END,
 	created_at = CASE WHEN t.state = 2 THEN excluded.created_at ELSE t.created_at END,
@@ -188,33 +274,26 @@ ON CONFLICT (scope_hash) DO UPDATE SET`, table)
 	response_header = NULL,
 	response_body = NULL,
 	completed_at = 0
-WHERE %[4]s
-RETURNING %[2]s
-)
-SELECT %[2]s, TRUE FROM claimed
-UNION ALL
-SELECT %[2]s, FALSE FROM (SELECT %[2]s FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed) FOR SHARE) cur`, table, columns, insert, claimWins)
+WHERE t.principal = excluded.principal AND t.method = excluded.method
+	AND t.route = excluded.route AND t.idem_key = excluded.idem_key
+	AND ((t.state = 2 AND t.completed_at < $12)
+	  OR (t.state = 1 AND t.lease_until < $11 AND t.fingerprint = excluded.fingerprint
+	      AND t.fingerprint_version = excluded.fingerprint_version))
+RETURNING `, table)
+	if d == SQLite {
+		return core + wonRow("$11")
 	}
-	// w is claimWins; r is "won, and restarts a completed record".
-	w := claimWins
-	r := "(" + claimWins + " AND t.state = 2)"
-	return fmt.Sprintf(`%[2]s
-	state = CASE WHEN %[3]s THEN 1 ELSE t.state END,
-	owner = CASE WHEN %[3]s THEN excluded.owner ELSE t.owner END,
-	generation = CASE WHEN %[3]s THEN t.generation + 1 ELSE t.generation END,
-	lease_until = CASE WHEN %[3]s THEN excluded.lease_until ELSE t.lease_until END,
-	updated_at = CASE WHEN %[3]s THEN excluded.updated_at ELSE t.updated_at END,
-	fingerprint = CASE WHEN %[4]s THEN excluded.fingerprint ELSE t.fingerprint END,
-	fingerprint_version = CASE WHEN %[4]s THEN excluded.fingerprint_version ELSE t.fingerprint_version END,
-	recovery_point = CASE WHEN %[4]s THEN '' ELSE t.recovery_point END,
-	recovery_data = CASE WHEN %[4]s THEN NULL ELSE t.recovery_data END,
-	request = CASE WHEN %[4]s THEN excluded.request ELSE t.request END,
-	created_at = CASE WHEN %[4]s THEN excluded.created_at ELSE t.created_at END,
-	response_status = CASE WHEN %[3]s THEN NULL ELSE t.response_status END,
-	response_header = CASE WHEN %[3]s THEN NULL ELSE t.response_header END,
-	response_body = CASE WHEN %[3]s THEN NULL ELSE t.response_body END,
-	completed_at = CASE WHEN %[3]s THEN 0 ELSE t.completed_at END
-RETURNING %[1]s, owner = $8`, columns, insert, w, r)
+	return fmt.Sprintf(`WITH claimed AS (
+%[2]sgeneration, recovery_point, recovery_data, request, created_at
+)
+SELECT %[3]s
+FROM claimed
+UNION ALL
+SELECT %[4]s
+FROM (SELECT principal, method, route, idem_key, generation, state, fingerprint, fingerprint_version,
+	owner, lease_until, completed_at, response_status, response_header, response_body
+	FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed) FOR SHARE) cur`,
+		table, core, wonRow("$11"), existingRow)
 }
 
 func buildQueries(d Dialect, table string) queries {
@@ -222,14 +301,18 @@ func buildQueries(d Dialect, table string) queries {
 		claim: claimSQL(d, table),
 
 		// A takeover-only claim (idempotency.Claim.TakeoverOnly): one
-		// conditional UPDATE that wins only an in-progress record whose lease
-		// ended before now ($4) with the same fingerprint and version, exactly
-		// as the claim's takeover branch does (owner, generation + 1, lease,
-		// update time; the rest kept). It never inserts and never restarts a
-		// completed record.
-		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $2, generation = generation + 1, lease_until = $3, updated_at = $4
-WHERE scope_hash = $1 AND state = 1 AND lease_until < $4 AND fingerprint = $5 AND fingerprint_version = $6
-RETURNING %[2]s, TRUE`, table, columns),
+		// conditional UPDATE with the takeover branch of the claim's
+		// condition (same scope parts, in progress, lease ended before now
+		// ($10), same fingerprint and version). It never inserts and never
+		// restarts a completed record.
+		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10
+WHERE scope_hash = $1 AND principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
+	AND state = 1 AND lease_until < $10 AND fingerprint = $6 AND fingerprint_version = $7
+RETURNING %[2]s`, table, takenOverRow),
+
+		// The record a claim did not win, read when its statement returned
+		// no row.
+		existing: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, existingRow),
 
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, columns),
 
@@ -272,6 +355,7 @@ LIMIT $2`, table, columns),
 	}
 	q.claim = d.rebind(q.claim)
 	q.takeover = d.rebind(q.takeover)
+	q.existing = d.rebind(q.existing)
 	q.get = d.rebind(q.get)
 	q.heartbeat = d.rebind(q.heartbeat)
 	q.complete = d.rebind(q.complete)

@@ -11,11 +11,10 @@ import (
 // ClaimIn runs the Store's claim statement once inside tx, so that a test can
 // hold a claim's row lock open while another connection works. It returns
 // the record it claimed, or the one it found (another owner's) when the
-// claim did not win, or sql.ErrNoRows when it could not see that one
-// (PostgreSQL: inserted after the statement began).
+// claim did not win, or sql.ErrNoRows when the statement returned no row.
 func ClaimIn(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim) (idempotency.Record, error) {
-	rec, _, err := s.claimRow(ctx, tx, c)
-	return rec, err
+	res, err := s.claimOnce(ctx, tx, c)
+	return res.Record, err
 }
 
 // HeartbeatIn runs the Store's heartbeat statement inside tx.

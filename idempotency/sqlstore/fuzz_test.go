@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,13 +18,13 @@ func FuzzWithTable(f *testing.F) {
 	for _, s := range []string{"idempotency_records", "", "a;b", "x y", `"q"`, "s.t", "_1", "1a", "é", strings.Repeat("z", 60)} {
 		f.Add(s)
 	}
-	db, err := sql.Open("sqlite", "file::memory:")
+	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(f.TempDir(), "fuzz.db")))
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { _ = db.Close() })
 	f.Fuzz(func(t *testing.T, name string) {
-		s, err := sqlstore.Open(db, sqlstore.Postgres, sqlstore.WithTable(name))
+		s, err := sqlstore.Open(db, sqlstore.SQLite, sqlstore.WithTable(name))
 		if err != nil {
 			if !errors.Is(err, sqlstore.ErrInvalidTable) {
 				t.Fatalf("Open(%q): %v, want ErrInvalidTable", name, err)

@@ -19,8 +19,7 @@ import (
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
-// TestGateCrossProcessOneKey is acceptance 2, the cross-process concurrency
-// gate: 4 server processes (internal/gateserver, built here) share one
+// TestGateCrossProcessOneKey is the cross-process concurrency gate: 4 server processes (internal/gateserver, built here) share one
 // PostgreSQL database; 400 concurrent requests with one key are spread over
 // them. Exactly one business row exists afterwards, the handler ran once
 // (its non-transactional side effect is counted too: fencing and the

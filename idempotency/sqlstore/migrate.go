@@ -11,22 +11,12 @@ import (
 	"github.com/saferetry/saferetry/idempotency"
 )
 
-// Migrate creates the table and its indexes if they do not exist. It is
-// idempotent: a second run changes nothing. Run it from one process (a
-// deployment step, or one instance at start-up): concurrent first runs, and
-// concurrent upgrades of an earlier layout, may race on the catalog and
-// fail (never losing a record; run it again).
-//
-// A table of the same name in the layout of earlier releases (primary key on
-// the TEXT columns principal, method, route, idem_key; the response header
-// as JSON) is upgraded in the same transaction: it is renamed to
-// <table>_v1, its two indexes are dropped, the new table is created, and
-// every record is copied into it (the digest computed, the header
-// re-encoded). The _v1 table is kept for you to drop. Servers of an earlier
-// release that still use the table fail closed (503) from then on. See the
-// package documentation, "Upgrading from the TEXT-keyed layout".
-//
-// Errors are *OpError with Op "migrate".
+// Migrate creates the table and its indexes if they do not exist, and
+// upgrades a table of an earlier layout (see the package documentation,
+// "Schema"), all in one transaction. A second run changes nothing. Run it
+// from one process: concurrent first runs may race on the catalog and fail
+// (never losing a record; run it again). Errors are *OpError with Op
+// "migrate".
 func (s *Store) Migrate(ctx context.Context) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -59,7 +49,30 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return opErr("migrate", fmt.Errorf("copying the records of %s: %w", old, err))
 		}
 	}
+	if err := s.recoveryPointAsBytes(ctx, tx); err != nil {
+		return opErr("migrate", err)
+	}
 	return opErr("migrate", tx.Commit())
+}
+
+// recoveryPointAsBytes turns a PostgreSQL table's TEXT recovery_point into
+// BYTEA, each value its UTF-8 bytes (what the Store wrote). SQLite keeps any
+// bytes in a TEXT column as they were: it needs nothing.
+func (s *Store) recoveryPointAsBytes(ctx context.Context, tx *sql.Tx) error {
+	if s.dialect != Postgres {
+		return nil
+	}
+	var typ string
+	err := tx.QueryRowContext(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = 'recovery_point' AND NOT attisdropped`, s.table).Scan(&typ)
+	if err != nil || typ == "bytea" {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `ALTER TABLE `+s.table+`
+	ALTER COLUMN recovery_point DROP DEFAULT,
+	ALTER COLUMN recovery_point TYPE BYTEA USING convert_to(recovery_point, 'UTF8'),
+	ALTER COLUMN recovery_point SET DEFAULT ''`)
+	return err
 }
 
 // hasV1Layout reports whether the Store's table exists without the
@@ -171,6 +184,6 @@ func scanV1(rows *sql.Rows) ([]any, error) {
 	}
 	sc := idempotency.Scope{Principal: principal, Method: method, Route: route, Key: key}
 	return []any{scopeHash(sc), []byte(principal), []byte(method), []byte(route), []byte(key), state, fingerprint,
-		fpVersion, owner, generation, leaseUntil, point, nullBytes(recoveryData), nullBytes(request), st,
+		fpVersion, owner, generation, leaseUntil, []byte(point), nullBytes(recoveryData), nullBytes(request), st,
 		nullBytes(encodeHeader(h)), nullBytes(body), created, updated, completed}, nil
 }

@@ -1,9 +1,11 @@
 package sqlstore_test
 
 import (
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -117,5 +119,81 @@ func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
 		}
 		require.NoError(t, db.QueryRow(q).Scan(&idx))
 		require.Equal(t, 2, idx, "the new table has its two indexes")
+	})
+}
+
+// TestMigrateTurnsATextRecoveryPointIntoBytes starts from the layout with
+// recovery_point as TEXT (the scope-digest layout before recovery points
+// were bytes), with records written through the Store: an in-progress one
+// with a recovery point and a completed one. Migrate makes the column bytes
+// on PostgreSQL (SQLite keeps any bytes in TEXT and needs nothing) and keeps
+// every record; a server that starts after it replays, takes over with the
+// recovery point, and stores a recovery point of any bytes.
+func TestMigrateTurnsATextRecoveryPointIntoBytes(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		ctx := t.Context()
+		var dsn string
+		open := openSQLite
+		if b.dialect == sqlstore.Postgres {
+			dsn = pgSchemaDSN(t)
+			open = func(t testing.TB) *sql.DB {
+				db, err := sql.Open("pgx", dsn)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = db.Close() })
+				return db
+			}
+		}
+		db := open(t)
+		s, err := sqlstore.Open(db, b.dialect)
+		require.NoError(t, err)
+		blob := "BLOB"
+		if b.dialect == sqlstore.Postgres {
+			blob = "BYTEA"
+		}
+		current := "recovery_point      " + blob + "    NOT NULL DEFAULT ''"
+		require.Contains(t, s.Schema(), current)
+		for _, stmt := range strings.Split(strings.Replace(s.Schema(), current, "recovery_point TEXT NOT NULL DEFAULT ''", 1), ";") {
+			if strings.TrimSpace(stmt) != "" {
+				_, err := db.Exec(stmt)
+				require.NoError(t, err)
+			}
+		}
+
+		busy, won, err := claimed(s.Claim(ctx, claimAt(scope("busy"), "A", "fp", t0)))
+		require.NoError(t, err)
+		require.True(t, won)
+		require.NoError(t, s.SetRecoveryPoint(ctx, busy.Lease(), "charged", []byte("ch_1"), t0))
+		done, won, err := claimed(s.Claim(ctx, claimAt(scope("done"), "A", "fp", t0)))
+		require.NoError(t, err)
+		require.True(t, won)
+		require.NoError(t, s.Complete(ctx, done.Lease(), idempotency.Response{Status: 201, Body: []byte("ok")}, t0))
+
+		require.NoError(t, s.Migrate(ctx))
+		require.NoError(t, s.Migrate(ctx), "a second Migrate is a no-op")
+		if b.dialect == sqlstore.Postgres { // a new server: a pool of its own
+			db = open(t)
+			s, err = sqlstore.Open(db, b.dialect)
+			require.NoError(t, err)
+			var typ string
+			require.NoError(t, db.QueryRow(`SELECT data_type FROM information_schema.columns
+				WHERE table_schema = current_schema() AND table_name = $1 AND column_name = 'recovery_point'`,
+				sqlstore.DefaultTable).Scan(&typ))
+			require.Equal(t, "bytea", typ)
+		}
+
+		replay, err := s.Claim(ctx, claimAt(scope("done"), "B", "fp", t0.Add(time.Second)))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.ClaimExisting, replay.Outcome)
+		require.Equal(t, "ok", string(replay.Record.Response.Body))
+		taken, err := s.Claim(ctx, claimAt(scope("busy"), "B", "fp", t0.Add(time.Minute)))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.ClaimTakenOver, taken.Outcome)
+		require.Equal(t, "charged", taken.Record.RecoveryPoint)
+		require.Equal(t, "ch_1", string(taken.Record.RecoveryData))
+		const odd = "intent:\xff\x00"
+		require.NoError(t, s.SetRecoveryPoint(ctx, taken.Record.Lease(), odd, nil, t0.Add(time.Minute)))
+		got, err := s.Get(ctx, scope("busy"))
+		require.NoError(t, err)
+		require.Equal(t, odd, got.RecoveryPoint)
 	})
 }

@@ -10,9 +10,9 @@ import (
 	"github.com/saferetry/saferetry/idempotency"
 )
 
-// TestReaperDeletesOnlyPastTheHorizonInBatches is acceptance 4 on both
-// dialects: the generic Reaper over the SQL store deletes exactly the
-// records past the cleanup horizon and reports the unfinished one.
+// TestReaperDeletesOnlyPastTheHorizonInBatches, on both dialects: the
+// generic Reaper over the SQL store deletes exactly the records past the
+// cleanup horizon and reports the unfinished one.
 func TestReaperDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		ctx := t.Context()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // SQLiteBusyTimeoutMillis is the busy_timeout that SQLiteDSN sets: how long a
@@ -57,9 +56,7 @@ func SQLiteDSN(path string) string {
 // open plus a new one, made from the DSN as every later one is; and it
 // begins a transaction on one of them while another tries BEGIN IMMEDIATE
 // without waiting, which succeeds only if the first began deferred.
-func checkSQLite(db *sql.DB) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+func checkSQLite(ctx context.Context, db *sql.DB) error {
 	st := db.Stats()
 	n := max(st.OpenConnections+1, 2) // and two for the lock check
 	if st.MaxOpenConnections > 0 {

@@ -7,8 +7,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -27,14 +27,10 @@ var (
 	ErrInvalidTable = errors.New("sqlstore: invalid table name")
 	// ErrSerialization is matched (errors.Is) by an *OpError whose cause is
 	// a PostgreSQL serialization failure (SQLSTATE 40001) or deadlock
-	// (40P01), recognised through the driver error's SQLState method. It is a
-	// retryable store error, not a lost lease: the database rolled back the
-	// statement's transaction, so nothing of it committed, and the lease is
-	// still the caller's. The Store runs its stand-alone statements (every
-	// method but those of a Unit) again on a fresh snapshot, up to three
-	// times, before returning it; a Unit returns it at once, since its whole
-	// transaction is gone (the middleware then answers 503 and gives the key
-	// up, so the client's retry runs the request again).
+	// (40P01): a retryable store error, not a lost lease, since nothing of
+	// the statement's transaction committed. The Store runs a stand-alone
+	// statement up to three times before returning it; a Unit returns it at
+	// once (its transaction is gone).
 	ErrSerialization = errors.New("sqlstore: serialization failure or deadlock")
 	// ErrSQLiteBusyTimeout is returned by Open for a SQLite database whose
 	// connection waits less than MinSQLiteBusyTimeoutMillis for the write
@@ -54,7 +50,7 @@ var (
 const MinSQLiteBusyTimeoutMillis = 1000
 
 // OpError wraps a database error with the Store operation that met it
-// ("claim", "get", "heartbeat", "complete", "release", "set_recovery_point",
+// ("open", "claim", "get", "heartbeat", "complete", "release", "set_recovery_point",
 // "abandoned", "delete_before", "migrate", "begin", "commit", "rollback").
 // The middleware treats such errors as "store unavailable". Use errors.As to
 // read Op, errors.Is/As on it to reach the driver's error; errors.Is(err,
@@ -81,6 +77,9 @@ func (e *OpError) Is(target error) bool {
 // it through a SQLState method (pgx's *pgconn.PgError, lib/pq's *pq.Error);
 // the package imports no driver.
 func isSerialization(err error) bool {
+	if err == nil {
+		return false
+	}
 	var se interface{ SQLState() string }
 	if !errors.As(err, &se) {
 		return false
@@ -162,20 +161,20 @@ var (
 	_ idempotency.Transactor = (*Store)(nil)
 )
 
-// Open returns a Store over db, which must be opened with a driver for d
-// (for example sql.Open("pgx", dsn) or sql.Open("sqlite", SQLiteDSN(path))).
-// Open does not change the database; call Migrate (or run Schema's DDL
-// yourself) before use. With SQLite it checks the pool's connections (those
-// open and a new one): it refuses a database that waits less than
-// MinSQLiteBusyTimeoutMillis for the write lock (ErrSQLiteBusyTimeout; a
-// PRAGMA run through the *sql.DB reaches one connection only, so set
-// busy_timeout in the DSN) and one whose transactions begin deferred
-// (ErrSQLiteDeferredTx, no _txlock=immediate); both errors name SQLiteDSN,
-// which sets everything. On SQLite the Store prepares its statements on db,
-// once: make one Store per table and keep it. Errors: ErrNilDB,
-// ErrUnknownDialect, ErrInvalidTable, ErrSQLiteBusyTimeout,
-// ErrSQLiteDeferredTx, or an *OpError with Op "open" when the check cannot
-// run.
+// Open returns a Store over db, whose driver must speak d (for example
+// sql.Open("pgx", dsn) or sql.Open("sqlite", SQLiteDSN(path))). It does not
+// change the database: call Migrate (or run Schema's DDL yourself) before
+// use. It runs one query to identify the database and refuses one that d
+// does not name (*DialectError). On SQLite it checks the pool's connections
+// (those open and a new one): a busy timeout under
+// MinSQLiteBusyTimeoutMillis is refused with ErrSQLiteBusyTimeout (a PRAGMA
+// run through the *sql.DB reaches one connection only: set it in the DSN),
+// transactions that begin deferred with ErrSQLiteDeferredTx; SQLiteDSN sets
+// both right. On SQLite the Store prepares its statements on db once: keep
+// one Store per table. Errors: ErrNilDB, ErrUnknownDialect,
+// ErrInvalidTable, *DialectError, ErrSQLiteBusyTimeout, ErrSQLiteDeferredTx,
+// or an *OpError with Op "open" when a check cannot run (each is bounded by
+// 10 seconds).
 func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, ErrNilDB
@@ -192,8 +191,13 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if !validTable(c.table) {
 		return nil, fmt.Errorf("%w: %q", ErrInvalidTable, c.table)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	if err := checkDialect(ctx, db, d); err != nil {
+		return nil, err
+	}
 	if d == SQLite {
-		if err := checkSQLite(db); err != nil {
+		if err := checkSQLite(ctx, db); err != nil {
 			return nil, err
 		}
 	}
@@ -201,10 +205,10 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 }
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
-// table: one CREATE TABLE IF NOT EXISTS with the primary key on (principal,
-// method, route, idem_key) and two CREATE INDEX IF NOT EXISTS (for the
-// completer's and the reaper's scans). Times are stored as integer Unix
-// nanoseconds (UTC) in both dialects.
+// table: one CREATE TABLE IF NOT EXISTS whose primary key is scope_hash (the
+// SHA-256 of the scope's parts, which are kept beside it) and two CREATE
+// INDEX IF NOT EXISTS (for the completer's and the reaper's scans). Times
+// are integer Unix nanoseconds (UTC) in both dialects.
 func (s *Store) Schema() string { return schema(s.dialect, s.table) }
 
 // Table returns the table name the Store uses.
@@ -213,100 +217,62 @@ func (s *Store) Table() string { return s.table }
 // Dialect returns the Store's dialect.
 func (s *Store) Dialect() Dialect { return s.dialect }
 
-// splitStatements splits the DDL on the semicolons that end its lines (the
-// schema text has no semicolon inside a statement).
+// splitStatements splits the DDL on its semicolons (the schema has none
+// inside a statement).
 func splitStatements(ddl string) []string {
 	var out []string
-	start := 0
-	for i := 0; i < len(ddl); i++ {
-		if ddl[i] == ';' {
-			if stmt := trimSpace(ddl[start:i]); stmt != "" {
-				out = append(out, stmt)
-			}
-			start = i + 1
+	for _, stmt := range strings.Split(ddl, ";") {
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			out = append(out, stmt)
 		}
 	}
 	return out
 }
 
-func trimSpace(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\n' || s[0] == '\t') {
-		s = s[1:]
-	}
-	return s
-}
-
-// Claim implements idempotency.Store.Claim with one INSERT ... ON CONFLICT
-// DO UPDATE ... WHERE ... RETURNING statement: no record inserts one
-// (generation 1); a completed record that completed before Now-ReplayWindow
-// starts over (generation+1, recovery point, response cleared, the new
-// request stored; a ReplayWindow of 0 or less never expires a record); an
-// in-progress record whose lease ended before Now with the same fingerprint
-// and fingerprint version is taken over (generation+1, recovery point, data and
-// request kept). Otherwise the same statement returns the existing record,
-// (idempotency.ClaimExisting); it reads the record a second time only when the
-// statement could not see its current version (on PostgreSQL, a concurrent
-// insert or takeover that committed after the statement began). With
-// c.TakeoverOnly the statement is one conditional
-// UPDATE ... RETURNING instead, which only takes over such an expired
-// in-progress record: it never inserts and never restarts a completed record
-// (whatever ReplayWindow), and with no record it returns ClaimExisting with
-// a zero Record. Errors are *OpError with Op "claim".
+// Claim implements idempotency.Store.Claim with one statement that decides
+// the claim (see the package documentation, "Claims and fences"): it
+// creates, restarts or takes over the record only if the row under the
+// scope's digest holds the same scope parts, and otherwise changes nothing.
+// When that statement returns no row (on SQLite, every claim that changes
+// nothing; on PostgreSQL, a record inserted by a transaction that committed
+// after the statement began) a second statement reads the record to answer
+// from. A row under the digest that holds another scope (a SHA-256
+// collision) is never changed: the claim fails. Errors are *OpError with Op
+// "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
-	rec, won, err := s.claim(ctx, c)
-	if err != nil || !won {
-		return idempotency.ClaimResult{Record: rec}, err
-	}
-	// The statement sets created_at to the claim's time only when it creates
-	// the record (a new key, or a restart after the replay window); a
-	// takeover keeps the first claim's, which is before Now (its lease
-	// ended before Now).
-	if c.TakeoverOnly || nanos(rec.CreatedAt) != nanos(c.Now) {
-		return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: rec}, nil
-	}
-	return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated, Record: rec}, nil
-}
-
-// claim runs the claim and returns the record and whether the claim won it.
-func (s *Store) claim(ctx context.Context, c idempotency.Claim) (idempotency.Record, bool, error) {
-	// The loop only repeats when the row that beat our insert vanished
-	// (released or reaped) before we could read it: then we claim again.
+	// The loop only repeats when the record that beat the claim vanished
+	// (released or reaped) before it could be read: then it claims again.
 	for range 3 {
-		var won bool
-		rec, err := retried(func() (r idempotency.Record, err error) {
-			r, won, err = s.claimRow(ctx, s.stmts, c)
-			return r, err
-		})
-		if err == nil && (won || !wouldWin(rec, c)) {
-			return rec, won, nil
+		res, err := retried(func() (idempotency.ClaimResult, error) { return s.claimOnce(ctx, s.stmts, c) })
+		if err == nil && (res.Acquired() || !wouldWin(res.Record, c)) {
+			return res, nil
 		}
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return idempotency.Record{}, false, opErr("claim", err)
+			return idempotency.ClaimResult{}, opErr("claim", err)
 		}
-		// Someone else holds the record, and the statement could not see
-		// its current version: on PostgreSQL a concurrent insert or
-		// takeover committed after the statement's snapshot was taken, so
-		// the statement returned no row, or the row as it was before (one
-		// this claim would have won, had it still been so); for a
-		// takeover-only claim, the UPDATE matched nothing. This read decides
-		// nothing: it only fetches what to answer.
-		rec, err = s.Get(ctx, c.Scope)
+		// The statement changed nothing and returned no row, or (on
+		// PostgreSQL) a version of the record it would have won, older than
+		// the one its conflict check saw. This read decides nothing: it
+		// only fetches what to answer.
+		res, err = retried(func() (idempotency.ClaimResult, error) {
+			return scanClaim(s.stmts.QueryRowContext(ctx, s.q.existing, scopeArgs(c.Scope)...), c)
+		})
 		if err == nil {
-			return rec, false, nil
+			return res, nil
 		}
-		if !errors.Is(err, idempotency.ErrNotFound) {
-			return idempotency.Record{}, false, err
+		if !errors.Is(err, sql.ErrNoRows) {
+			return idempotency.ClaimResult{}, opErr("claim", err)
 		}
 		if c.TakeoverOnly {
-			return idempotency.Record{}, false, nil // nothing to take over
+			return idempotency.ClaimResult{}, nil // nothing to take over
 		}
 	}
-	return idempotency.Record{}, false, opErr("claim", errors.New("record kept vanishing between claim and read"))
+	return idempotency.ClaimResult{}, opErr("claim", errors.New("record kept vanishing between claim and read"))
 }
 
-// wouldWin reports whether c wins rec by the claim statement's condition
-// (claimWins). A record that a claim returned without being won, yet
-// satisfies it, is an older version than the one the statement's conflict
+// wouldWin reports whether c wins rec by the claim statement's condition. A
+// record that a claim returned without winning it, yet satisfies the
+// condition, is an older version than the one the statement's conflict
 // check saw: another claim won it meanwhile.
 func wouldWin(rec idempotency.Record, c idempotency.Claim) bool {
 	now := nanos(c.Now)
@@ -325,29 +291,78 @@ type rowQueryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// claimRow runs the claim statement once on q (the takeover-only UPDATE
-// when c.TakeoverOnly) and scans the row it returns and whether the claim
-// won it: sql.ErrNoRows when the statement returned nothing (the
-// takeover-only claim did not win, or the claim could not see the record
-// that beat it).
-func (s *Store) claimRow(ctx context.Context, q rowQueryer, c idempotency.Claim) (rec idempotency.Record, won bool, err error) {
+// scopeArgs are the arguments $1 to $5 of the claim statements: the digest
+// and the four parts.
+func scopeArgs(sc idempotency.Scope, more ...any) []any {
+	return append([]any{scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route), []byte(sc.Key)}, more...)
+}
+
+// claimOnce runs the claim statement once on q (the takeover-only UPDATE
+// when c.TakeoverOnly) and reads its row: sql.ErrNoRows when it returned
+// none.
+func (s *Store) claimOnce(ctx context.Context, q rowQueryer, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	now := nanos(c.Now)
 	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
-	sc := c.Scope
 	if c.TakeoverOnly {
-		rec, err = scanScope(sc, q.QueryRowContext(ctx, s.q.takeover,
-			scopeHash(sc), c.Owner, leaseUntil, now, c.Fingerprint, int64(c.FingerprintVersion)), &won)
-		return rec, won, err
+		return scanClaim(q.QueryRowContext(ctx, s.q.takeover, scopeArgs(c.Scope,
+			c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, now)...), c)
 	}
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = subSat(now, c.ReplayWindow)
 	}
-	rec, err = scanScope(sc, q.QueryRowContext(ctx, s.q.claim,
-		scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route), []byte(sc.Key),
-		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
-		cutoff), &won)
-	return rec, won, err
+	return scanClaim(q.QueryRowContext(ctx, s.q.claim, scopeArgs(c.Scope,
+		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now, cutoff)...), c)
+}
+
+// scanClaim reads the row of a claim statement (see rowExisting) into the
+// result for c: a created record has the claim's own values (Request
+// included) and the generation, a taken-over one also what it kept from its
+// first execution; an existing one has what the row carries.
+// errScopeMismatch when the row holds another scope.
+func scanClaim(row scanner, c idempotency.Claim) (idempotency.ClaimResult, error) {
+	var (
+		outcome, generation                     int64
+		point, data, request, header, body      []byte
+		created, state, fpVersion, lease, compl sql.NullInt64
+		status                                  sql.NullInt64
+		fingerprint, owner                      sql.NullString
+	)
+	if err := row.Scan(&outcome, &generation, &point, &data, &request, &created,
+		&state, &fingerprint, &fpVersion, &owner, &lease, &compl, &status, &header, &body); err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	switch outcome {
+	case rowCreated, rowTakenOver:
+		now := fromNanos(nanos(c.Now))
+		r := idempotency.Record{
+			Scope: c.Scope, State: idempotency.InProgress, Fingerprint: c.Fingerprint,
+			FingerprintVersion: c.FingerprintVersion, Owner: c.Owner, Generation: generation,
+			LeaseUntil: fromNanos(nanos(c.Now.Add(c.LeaseFor))), CreatedAt: now, UpdatedAt: now,
+		}
+		if outcome == rowCreated {
+			r.Request = c.Request
+			return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated, Record: r}, nil
+		}
+		r.RecoveryPoint, r.RecoveryData, r.Request = string(point), data, request
+		r.CreatedAt = fromNanos(created.Int64)
+		return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: r}, nil
+	case rowExisting:
+		r := idempotency.Record{
+			Scope: c.Scope, State: idempotency.State(state.Int64), Fingerprint: fingerprint.String,
+			FingerprintVersion: int(fpVersion.Int64), Owner: owner.String, Generation: generation,
+			LeaseUntil: fromNanos(lease.Int64), CompletedAt: fromNanos(compl.Int64),
+		}
+		if status.Valid {
+			h, err := decodeHeader(header)
+			if err != nil {
+				return idempotency.ClaimResult{}, err
+			}
+			r.Response = &idempotency.Response{Status: int(status.Int64), Header: h, Body: body}
+		}
+		return idempotency.ClaimResult{Record: r}, nil
+	}
+	return idempotency.ClaimResult{}, errScopeMismatch
 }
 
 // Get implements idempotency.Store.Get. It returns idempotency.ErrNotFound
@@ -473,7 +488,7 @@ func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease, re
 
 func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string, data []byte, now time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.setPoint, scopeHash(l.Scope),
-		point, nullBytes(data), nanos(now), l.Owner, l.Generation)
+		[]byte(point), nullBytes(data), nanos(now), l.Owner, l.Generation)
 	return changed("set_recovery_point", res, err)
 }
 
@@ -500,10 +515,9 @@ type scanner interface{ Scan(dest ...any) error }
 // or a row written by something other than this package.
 var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
 
-// scanScope scans a record read by sc's digest (and the extra columns that
-// follow it into extra) and checks that it is sc's.
-func scanScope(sc idempotency.Scope, row scanner, extra ...any) (idempotency.Record, error) {
-	rec, err := scanRecord(row, extra...)
+// scanScope scans a record read by sc's digest and checks that it is sc's.
+func scanScope(sc idempotency.Scope, row scanner) (idempotency.Record, error) {
+	rec, err := scanRecord(row)
 	if err == nil && rec.Scope != sc {
 		return idempotency.Record{}, errScopeMismatch
 	}
@@ -516,29 +530,29 @@ func scanScope(sc idempotency.Scope, row scanner, extra ...any) (idempotency.Rec
 // whatever bytes their parts hold. On PostgreSQL 11 or later the same value
 // is sha256(int8send(octet_length(p1)) || p1 || ...) over the parts as bytea.
 func scopeHash(sc idempotency.Scope) []byte {
-	h := sha256.New()
-	var n [8]byte
-	for _, p := range [...]string{sc.Principal, sc.Method, sc.Route, sc.Key} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
-		h.Write(n[:])
-		_, _ = io.WriteString(h, p)
+	parts := [...]string{sc.Principal, sc.Method, sc.Route, sc.Key}
+	b := make([]byte, 0, 4*8+len(sc.Principal)+len(sc.Method)+len(sc.Route)+len(sc.Key))
+	for _, p := range parts {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(p)))
+		b = append(b, p...)
 	}
-	return h.Sum(nil)
+	sum := sha256.Sum256(b)
+	return sum[:]
 }
 
-// scanRecord scans the columns of a record, then extra.
-func scanRecord(sc scanner, extra ...any) (idempotency.Record, error) {
+// scanRecord scans the columns of a record.
+func scanRecord(sc scanner) (idempotency.Record, error) {
 	var (
 		r                                     idempotency.Record
 		state, fpVersion                      int64
 		leaseUntil, created, updated, complAt int64
 		status                                sql.NullInt64
-		principal, method, route, key         []byte
+		principal, method, route, key, point  []byte
 		header, recoveryData, request, body   []byte
 	)
-	err := sc.Scan(append([]any{&principal, &method, &route, &key, &state,
-		&r.Fingerprint, &fpVersion, &r.Owner, &r.Generation, &leaseUntil, &r.RecoveryPoint,
-		&recoveryData, &request, &status, &header, &body, &created, &updated, &complAt}, extra...)...)
+	err := sc.Scan(&principal, &method, &route, &key, &state,
+		&r.Fingerprint, &fpVersion, &r.Owner, &r.Generation, &leaseUntil, &point,
+		&recoveryData, &request, &status, &header, &body, &created, &updated, &complAt)
 	if err != nil {
 		return idempotency.Record{}, err
 	}
@@ -546,6 +560,7 @@ func scanRecord(sc scanner, extra ...any) (idempotency.Record, error) {
 	r.State = idempotency.State(state)
 	r.FingerprintVersion = int(fpVersion)
 	r.LeaseUntil = fromNanos(leaseUntil)
+	r.RecoveryPoint = string(point)
 	r.RecoveryData = recoveryData
 	r.Request = request
 	r.CreatedAt = fromNanos(created)
