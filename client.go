@@ -13,6 +13,7 @@ import (
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/internal/decide"
+	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -206,7 +207,8 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide
 	cfg := &c.t.cfg
 	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
 		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
-		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil, Body: c.notRetrying,
+		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
+		Marked: a.resp != nil && hop.Marked(a.resp.Header), Body: c.notRetrying,
 		Now: time.Now(), Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
 	})
 }
@@ -258,15 +260,38 @@ func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 		Key: c.key}, OutcomeStopped, retry.ReasonPrepare)
 }
 
-// done tells the CallDone observers how the call ended, and returns resp
-// and err.
+// done notes a pushback in the request's record (see retriedBelow), tells
+// the CallDone observers how the call ended, and returns resp and err.
 func (c *call) done(resp *http.Response, err error, outcome Outcome,
 	stop retry.Reason) (*http.Response, error) {
+	if c.retriedBelow(resp, stop) {
+		if rec := hop.FromContext(c.req.Context()); rec != nil {
+			rec.NoteRetriedBelow()
+		}
+	}
 	if c.t.obs.callDone {
 		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key, Attempts: c.sent,
 			Outcome: outcome, Stop: stop, Response: resp, Err: err, Total: time.Since(c.start)})
 	}
 	return resp, err
+}
+
+// retriedBelow reports whether the call ended in a failure that has been
+// retried, here or further down the chain, so that the request it was made
+// for (deadline.Middleware's record in its context) must not be retried
+// above: the loop gave up on a retryable failure after retrying it (the
+// attempts used up, when more than one was allowed), or because the budget
+// or the deadline left no retry; or the answer carries the mark.
+func (c *call) retriedBelow(resp *http.Response, stop retry.Reason) bool {
+	switch stop {
+	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline:
+		return true
+	case retry.ReasonMaxAttempts:
+		if c.maxAttempts > 1 {
+			return true
+		}
+	}
+	return resp != nil && hop.Marked(resp.Header)
 }
 
 // observe tells the AttemptDone observers attempt a's outcome and what the
@@ -367,11 +392,16 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	}
 
 	c.header = req.Header
-	if addKey {
-		// Our own map for the key; the caller's value slices are shared,
-		// never modified.
+	if addKey || t.cfg.attemptHeader {
+		// Our own map for the key and the first attempt's number; the
+		// caller's value slices are shared, never modified.
 		c.header = cloneHeader(req.Header)
-		c.header[t.keyName] = []string{keygen.FormatHeader(c.key)}
+		if addKey {
+			c.header[t.keyName] = []string{keygen.FormatHeader(c.key)}
+		}
+		if t.cfg.attemptHeader {
+			c.header[hop.AttemptHeader] = hop.AttemptValue(1)
+		}
 	}
 	ctxDeadline, hasDeadline := ctx.Deadline()
 	c.sendDeadline = t.cfg.deadlineHeader == deadlineAlways ||

@@ -40,6 +40,7 @@ type config struct {
 	autoKeys        bool
 	keyHeader       string
 	deadlineHeader  deadlineMode
+	attemptHeader   bool
 	rules           []retry.Rule
 	prepare         []func(*http.Request, int) error
 	observers       []Observer
@@ -62,6 +63,7 @@ func defaultConfig() config {
 		maxBufferedBody: defaultMaxBufferedBody,
 		autoKeys:        true,
 		keyHeader:       defaultKeyHeader,
+		attemptHeader:   true,
 	}
 }
 
@@ -179,13 +181,23 @@ func WithDeadlineHeader(on bool) Option {
 	}
 }
 
+// WithAttemptHeader sets whether each attempt tells the server its number
+// (default on): "Request-Attempt: 1" on the first attempt, 2 on the first
+// retry, and so on, replacing any value the caller set. deadline.Middleware
+// reads it (deadline.Attempt), so that a server can tell first tries from
+// retries in its load; docs/CONTRACT.md gives the syntax. false sends no
+// attempt header and leaves the caller's, if any, as it is.
+func WithAttemptHeader(on bool) Option {
+	return func(c *config) { c.attemptHeader = on }
+}
+
 // WithRetryPolicy adds rules that widen or narrow the allow-list per
 // outcome (default none): for example retry.Status(retry.Allow, 500)
 // retries 500, retry.Status(retry.Deny, 503) never retries 503. Rules run
 // in order, those of earlier options first; the first verdict other than
 // retry.Keep decides. No rule lifts the safety rules of the package
-// documentation, nor the attempt limit, the deadline or the budget. Nil
-// rules are skipped.
+// documentation, nor the attempt limit, the deadline, the budget or an
+// answer marked "Retried-Below: true". Nil rules are skipped.
 func WithRetryPolicy(rules ...retry.Rule) Option {
 	return func(c *config) {
 		for _, r := range rules {

@@ -33,6 +33,10 @@ type Input struct {
 	Outcome  retry.Decision // the attempt's outcome, classified
 	Attempt  int            // attempts sent, this one included
 	Canceled bool           // the caller's context has ended
+	// Marked is true when the answer carries the mark "retried below: do
+	// not retry" (docs/CONTRACT.md): a service further down the chain has
+	// already retried this failure.
+	Marked bool
 	// Body is why the request body cannot be sent again
 	// (retry.ReasonBodyNotRewindable), "" when it can.
 	Body     retry.Reason
@@ -60,8 +64,9 @@ type Result struct {
 }
 
 // Decide returns whether the attempt described by in is retried. Each stop
-// is one case, checked in order: the outcome is not retryable; the caller
-// canceled; no attempt is left; the body cannot be sent again; the server's
+// is one case, checked in order: the outcome is not retryable; the answer
+// is marked as retried below (no rule lifts that: the mark only ever makes
+// a client retry less); the caller canceled; no attempt is left; the body cannot be sent again; the server's
 // Retry-After is longer than c.MaxRetryAfter; the wait would not end before
 // the deadline (no sleep in vain); the budget refuses. Only the last one
 // changes anything: a granted retry takes its cost from in.Budget.
@@ -72,6 +77,8 @@ func Decide(c Config, in Input) Result {
 		return Result{Stop: retry.ReasonCanceled}
 	case !d.Retry:
 		return Result{Stop: retry.ReasonNotRetryable}
+	case in.Marked:
+		return Result{Stop: retry.ReasonRetriedBelow}
 	case in.Canceled:
 		return Result{Stop: retry.ReasonCanceled}
 	case in.Attempt >= c.MaxAttempts:

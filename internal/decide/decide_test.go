@@ -43,6 +43,12 @@ func TestEachStopIsOneCase(t *testing.T) {
 		}, Result{Stop: retry.ReasonCanceled}},
 		{"canceled after a retryable outcome", func(in *Input) { in.Canceled = true },
 			Result{Stop: retry.ReasonCanceled}},
+		{"a marked answer", func(in *Input) { in.Marked = true }, Result{Stop: retry.ReasonRetriedBelow}},
+		{"a marked answer that is not retryable", func(in *Input) {
+			in.Marked, in.Outcome.Retry = true, false
+		}, Result{Stop: retry.ReasonNotRetryable}},
+		{"a marked answer at the last attempt", func(in *Input) { in.Marked, in.Attempt = true, 3 },
+			Result{Stop: retry.ReasonRetriedBelow}},
 		{"the last attempt", func(in *Input) { in.Attempt = 3 }, Result{Stop: retry.ReasonMaxAttempts}},
 		{"a body that cannot be sent again", func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
 			Result{Stop: retry.ReasonBodyNotRewindable}},
@@ -81,6 +87,7 @@ func TestTheBudgetIsAskedLast(t *testing.T) {
 	for name, change := range map[string]func(*Input){
 		"not retryable":  func(in *Input) { in.Outcome.Retry = false },
 		"canceled":       func(in *Input) { in.Canceled = true },
+		"marked":         func(in *Input) { in.Marked = true },
 		"max attempts":   func(in *Input) { in.Attempt = 3 },
 		"body":           func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
 		"Retry-After":    func(in *Input) { in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = time.Hour, true },
