@@ -260,11 +260,13 @@ func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 		Key: c.key}, OutcomeStopped, retry.ReasonPrepare)
 }
 
-// done notes a pushback in the request's record (see retriedBelow), tells
-// the CallDone observers how the call ended, and returns resp and err.
+// done notes a pushback (decide.PushBack) in the record of the request the
+// call was made for, when its context carries one (deadline.Middleware),
+// tells the CallDone observers how the call ended, and returns resp and err.
 func (c *call) done(resp *http.Response, err error, outcome Outcome,
 	stop retry.Reason) (*http.Response, error) {
-	if c.retriedBelow(resp, stop) {
+	marked := resp != nil && hop.Marked(resp.Header)
+	if decide.PushBack(decide.Config{MaxAttempts: c.maxAttempts}, stop, marked) {
 		if rec := hop.FromContext(c.req.Context()); rec != nil {
 			rec.NoteRetriedBelow()
 		}
@@ -274,24 +276,6 @@ func (c *call) done(resp *http.Response, err error, outcome Outcome,
 			Outcome: outcome, Stop: stop, Response: resp, Err: err, Total: time.Since(c.start)})
 	}
 	return resp, err
-}
-
-// retriedBelow reports whether the call ended in a failure that has been
-// retried, here or further down the chain, so that the request it was made
-// for (deadline.Middleware's record in its context) must not be retried
-// above: the loop gave up on a retryable failure after retrying it (the
-// attempts used up, when more than one was allowed), or because the budget
-// or the deadline left no retry; or the answer carries the mark.
-func (c *call) retriedBelow(resp *http.Response, stop retry.Reason) bool {
-	switch stop {
-	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline:
-		return true
-	case retry.ReasonMaxAttempts:
-		if c.maxAttempts > 1 {
-			return true
-		}
-	}
-	return resp != nil && hop.Marked(resp.Header)
 }
 
 // observe tells the AttemptDone observers attempt a's outcome and what the

@@ -2,7 +2,9 @@
 // Transport and the fleetsim simulation (examples/fleetsim) so that the two
 // can never drift apart: after an attempt, from its classified outcome, the
 // attempt count, the overall deadline, Retry-After and the retry budget,
-// whether to retry and how long to wait first, or why to stop.
+// whether to retry and how long to wait first, or why to stop (Decide);
+// and, once the loop has stopped, whether the call pushes back on the
+// request it was made for, across a chain of services (PushBack).
 package decide
 
 import (
@@ -104,4 +106,22 @@ func Decide(c Config, in Input) Result {
 		return Result{Stop: retry.ReasonBudget, Wait: wait, BudgetLeft: in.Budget.Available(in.Now)}
 	}
 	return Result{Wait: wait, Cost: cost}
+}
+
+// PushBack reports whether a call that stopped for reason stop, its last
+// answer marked "retried below" or not, has had its failure retried, here
+// or further down a chain of services, so that the request it was made for
+// must not be retried above: the loop gave up on a retryable failure after
+// retrying it (the attempts used up, when c allows more than one), or
+// because the budget or the deadline refused the next retry; or the last
+// answer carries the mark (whatever the stop: a marked failure climbs the
+// whole chain).
+func PushBack(c Config, stop retry.Reason, marked bool) bool {
+	switch stop {
+	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline:
+		return true
+	case retry.ReasonMaxAttempts:
+		return c.MaxAttempts > 1 || marked
+	}
+	return marked
 }

@@ -133,3 +133,27 @@ func TestTheBackoffFormulaIsTheConfigs(t *testing.T) {
 	in.Attempt = 2
 	assert.Equal(t, Result{Wait: 2 * time.Second}, Decide(c, in))
 }
+
+func TestPushBack(t *testing.T) {
+	three, one := Config{MaxAttempts: 3}, Config{MaxAttempts: 1}
+	for _, tc := range []struct {
+		c      Config
+		stop   retry.Reason
+		marked bool
+		want   bool
+	}{
+		{three, retry.ReasonMaxAttempts, false, true},
+		{one, retry.ReasonMaxAttempts, false, false}, // nothing was retried: the layer above may
+		{one, retry.ReasonMaxAttempts, true, true},
+		{three, retry.ReasonBudget, false, true},
+		{three, retry.ReasonDeadline, false, true},
+		{three, retry.ReasonRetriedBelow, true, true},
+		{three, retry.ReasonNotRetryable, false, false},
+		{three, retry.ReasonNotRetryable, true, true},
+		{three, retry.ReasonCanceled, false, false},
+		{three, retry.ReasonBodyNotRewindable, false, false},
+		{three, retry.ReasonPrepare, false, false},
+	} {
+		assert.Equal(t, tc.want, PushBack(tc.c, tc.stop, tc.marked), "%+v", tc)
+	}
+}
