@@ -43,8 +43,10 @@ const maxPropagated = 5 * time.Minute
 //     "Retried-Below: true".
 //
 // The context is canceled when next returns. next's writer has an Unwrap
-// method and is an http.Flusher, and an http.Hijacker when w is one. Safe
-// for concurrent use.
+// method (for http.ResponseController), is an http.Flusher, an
+// io.ReaderFrom and an io.StringWriter, and an http.Hijacker when w is one.
+// It costs a request three allocations (the writer with the record, the
+// context, the request's copy). Safe for concurrent use.
 func Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mw := &markWriter{ResponseWriter: w, rec: hop.Record{Attempt: hop.ParseAttempt(r.Header)}}

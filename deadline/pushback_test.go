@@ -39,7 +39,7 @@ func TestMarksA5xxOr429AfterAPushback(t *testing.T) {
 		assert.Equal(t, marked, rec.Header().Get("Retried-Below") == "true", "status %d", status)
 	}
 	// http.Error, as handlers answer.
-	rec := record(noted(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", 503) }),
+	rec := record(noted(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) }),
 		httptest.NewRequest(http.MethodGet, "/", nil))
 	assert.Equal(t, []string{"true"}, rec.Header().Values("Retried-Below"))
 	assert.Equal(t, "down\n", rec.Body.String())
@@ -89,7 +89,7 @@ func TestOnlyTheFinalStatusIsMarked(t *testing.T) {
 
 // The writer keeps what net/http's writer can do: http.Flusher,
 // http.Hijacker (HTTP/1), http.ResponseController's deadlines through
-// Unwrap, and io.ReaderFrom.
+// Unwrap, io.ReaderFrom and io.StringWriter.
 func TestTheWriterKeepsFlushHijackAndResponseController(t *testing.T) {
 	srv := httptest.NewServer(Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -126,6 +126,13 @@ func TestTheWriterKeepsFlushHijackAndResponseController(t *testing.T) {
 			defer conn.Close()
 			buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nhijacked")
 			buf.Flush()
+		case "/writestring":
+			sw, ok := w.(io.StringWriter)
+			if !ok {
+				w.WriteHeader(500)
+				return
+			}
+			sw.WriteString("string")
 		case "/readfrom":
 			rf, ok := w.(io.ReaderFrom)
 			if !ok {
@@ -137,7 +144,7 @@ func TestTheWriterKeepsFlushHijackAndResponseController(t *testing.T) {
 	})))
 	defer srv.Close()
 	for path, want := range map[string]string{"/flush": "ab", "/controller": "deadline set",
-		"/hijack": "hijacked", "/readfrom": "copied"} {
+		"/hijack": "hijacked", "/readfrom": "copied", "/writestring": "string"} {
 		resp, err := srv.Client().Get(srv.URL + path)
 		require.NoError(t, err, path)
 		body, _ := io.ReadAll(resp.Body)

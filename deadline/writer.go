@@ -37,6 +37,13 @@ func (w *markWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
+// WriteString writes s, with the underlying writer's WriteString when it
+// has one; without a status written first, that is a 200.
+func (w *markWriter) WriteString(s string) (int, error) {
+	w.wrote = true
+	return io.WriteString(w.ResponseWriter, s)
+}
+
 // ReadFrom copies from src, with the underlying writer's ReadFrom when it
 // has one (net/http's uses sendfile); without a status written first, that
 // is a 200.
