@@ -6,10 +6,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
+	"time"
 
+	"github.com/saferetry/saferetry"
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/idempotency/memstore"
+	"github.com/saferetry/saferetry/jitter"
 )
 
 // A handler behind Middleware sees the client's remaining time as its
@@ -83,4 +86,41 @@ func ExampleAttempt_idempotencyObserver() {
 	// Output:
 	// executed on attempt 1
 	// replayed on attempt 2
+}
+
+// Pushback: a service behind Middleware whose call below gave up after
+// retrying answers its own failure marked "Retried-Below: true", which no
+// saferetry Transport above retries. The handler needs no code of its own
+// for it: it makes its call with the request's context.
+func ExampleMiddleware_pushback() {
+	var hits atomic.Int64
+	inventory := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable) // down
+	}))
+	defer inventory.Close()
+	client := &http.Client{Transport: saferetry.NewTransport(nil, saferetry.WithLogger(nil),
+		saferetry.WithBackoff(jitter.Config{Base: time.Millisecond}))} // 3 attempts
+
+	orders := deadline.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, inventory.URL, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			http.Error(w, "inventory unreachable", http.StatusBadGateway)
+			return
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			http.Error(w, "inventory unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "order placed")
+	}))
+	rec := httptest.NewRecorder()
+	orders.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/orders", nil))
+	fmt.Println("inventory hits:", hits.Load())
+	fmt.Println(rec.Code, "Retried-Below:", rec.Header().Get("Retried-Below"))
+	// Output:
+	// inventory hits: 3
+	// 503 Retried-Below: true
 }
