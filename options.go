@@ -212,7 +212,7 @@ func WithRetryPolicy(rules ...retry.Rule) Option {
 // just before it is sent (default none); several run in the order of their
 // options. f runs after the body is rewound, after the AttemptStart
 // observers (r.Context() is the attempt's context) and after the deadline
-// header is set; attempt is 1 for the first attempt. Use it to sign each
+// and attempt headers are set; attempt is 1 for the first attempt. Use it to sign each
 // attempt (AWS SigV4, an HMAC of a webhook) or to set a fresh token.
 //
 // r is the attempt's own copy: f may change r.Header (its own map and value

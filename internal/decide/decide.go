@@ -68,9 +68,10 @@ type Result struct {
 // Decide returns whether the attempt described by in is retried. Each stop
 // is one case, checked in order: the outcome is not retryable; the answer
 // is marked as retried below (no rule lifts that: the mark only ever makes
-// a client retry less); the caller canceled; no attempt is left; the body cannot be sent again; the server's
-// Retry-After is longer than c.MaxRetryAfter; the wait would not end before
-// the deadline (no sleep in vain); the budget refuses. Only the last one
+// a client retry less); the caller canceled; no attempt is left; the body
+// cannot be sent again; the server's Retry-After is longer than
+// c.MaxRetryAfter; the wait would not end before the deadline (no sleep in
+// vain); the budget refuses. Only the last one
 // changes anything: a granted retry takes its cost from in.Budget.
 func Decide(c Config, in Input) Result {
 	d := in.Outcome
