@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/deadline"
+	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/retry"
 )
 
@@ -71,7 +72,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 		u := *c.req.URL
 		r.URL = &u
 		r.GetBody = c.getBody
-	case c.sendDeadline:
+	case c.sendDeadline || n > 1 && t.cfg.attemptHeader:
 		// Each attempt its own map: the base transport may still hold an
 		// earlier attempt's request.
 		r.Header = cloneHeader(c.header)
@@ -79,6 +80,9 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 	if c.sendDeadline && !c.overall.IsZero() {
 		ms := max(0, c.overall.Sub(a.start)/time.Millisecond) // whole ms, rounded down
 		r.Header[deadline.Header] = []string{strconv.FormatInt(int64(ms), 10)}
+	}
+	if n > 1 && t.cfg.attemptHeader {
+		r.Header[hop.AttemptHeader] = hop.AttemptValue(n) // attempt 1's is in c.header
 	}
 	// Attempt 1 sends the caller's body; a retry sends the one judge
 	// rewound before the previous outcome was discarded. Each is sent once.

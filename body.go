@@ -49,12 +49,11 @@ func (c *call) prepareBody() error {
 }
 
 // cloneHeader copies h's map, sharing its value slices (never appended
-// to), so that the copy can take a header of its own.
+// to), with room for the headers the Transport adds of its own.
 func cloneHeader(h http.Header) http.Header {
-	if h == nil {
-		return make(http.Header, 1)
-	}
-	return maps.Clone(h)
+	c := make(http.Header, len(h)+3)
+	maps.Copy(c, h)
+	return c
 }
 
 // maxProblemPeek bounds how much of a 409 body is read to find its code.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/internal/decide"
+	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -206,7 +207,8 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide
 	cfg := &c.t.cfg
 	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
 		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
-		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil, Body: c.notRetrying,
+		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
+		Marked: a.resp != nil && hop.Marked(a.resp.Header), Body: c.notRetrying,
 		Now: time.Now(), Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
 	})
 }
@@ -258,10 +260,17 @@ func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 		Key: c.key}, OutcomeStopped, retry.ReasonPrepare)
 }
 
-// done tells the CallDone observers how the call ended, and returns resp
-// and err.
+// done notes a pushback (decide.PushBack) in the record of the request the
+// call was made for, when its context carries one (deadline.Middleware),
+// tells the CallDone observers how the call ended, and returns resp and err.
 func (c *call) done(resp *http.Response, err error, outcome Outcome,
 	stop retry.Reason) (*http.Response, error) {
+	marked := resp != nil && hop.Marked(resp.Header)
+	if decide.PushBack(decide.Config{MaxAttempts: c.maxAttempts}, stop, marked) {
+		if rec := hop.FromContext(c.req.Context()); rec != nil {
+			rec.NoteRetriedBelow()
+		}
+	}
 	if c.t.obs.callDone {
 		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key, Attempts: c.sent,
 			Outcome: outcome, Stop: stop, Response: resp, Err: err, Total: time.Since(c.start)})
@@ -367,11 +376,16 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	}
 
 	c.header = req.Header
-	if addKey {
-		// Our own map for the key; the caller's value slices are shared,
-		// never modified.
+	if addKey || t.cfg.attemptHeader {
+		// Our own map for the key and the first attempt's number; the
+		// caller's value slices are shared, never modified.
 		c.header = cloneHeader(req.Header)
-		c.header[t.keyName] = []string{keygen.FormatHeader(c.key)}
+		if addKey {
+			c.header[t.keyName] = []string{keygen.FormatHeader(c.key)}
+		}
+		if t.cfg.attemptHeader {
+			c.header[hop.AttemptHeader] = hop.AttemptValue(1)
+		}
 	}
 	ctxDeadline, hasDeadline := ctx.Deadline()
 	c.sendDeadline = t.cfg.deadlineHeader == deadlineAlways ||

@@ -32,7 +32,9 @@
 // makes a success or the caller's cancellation retryable.
 //
 // Before each retry, the loop stops, returning the outcome in hand, when:
-// the caller's context has ended; the attempts are used up; the request
+// the answer carries the mark "Retried-Below: true" (a service further
+// down has already retried this failure; no rule lifts that); the caller's
+// context has ended; the attempts are used up; the request
 // body cannot be sent again; the server's Retry-After exceeds
 // WithMaxRetryAfter; the wait would end after the overall deadline; the
 // retry budget refuses. The wait is the backoff, or the server's
@@ -60,6 +62,8 @@
 //	                  buffered; larger ones sent once
 //	deadline header   Request-Deadline-Ms, only when    WithDeadlineHeader
 //	                  the context has a deadline
+//	attempt header    Request-Attempt on every attempt  WithAttemptHeader
+//	                  (1 for the first)
 //	logs              one slog record per attempt,      WithLogger
 //	                  to slog.Default()
 //	rules, hooks      none                              WithRetryPolicy, WithPrepare,
@@ -105,6 +109,19 @@
 // The time left is told to the server in the Request-Deadline-Ms header
 // (package deadline) only when the caller's context has a deadline, as gRPC
 // sends grpc-timeout: WithMaxElapsed bounds the loop but is not advertised.
+//
+// # Across a chain of services
+//
+// Retries multiply across layers: three layers of three attempts send 27
+// requests to a failing service at the bottom. When a service runs behind
+// deadline.Middleware and its handlers call other services with a
+// Transport and the request's context (req.WithContext(r.Context())), a
+// call that gave up after retrying (the attempts used up, the budget or
+// the deadline refusing the next retry), or that received a marked answer,
+// makes the middleware mark the service's own 5xx or 429 answer
+// "Retried-Below: true"; a Transport never retries a marked answer
+// (retry.ReasonRetriedBelow). So one layer retries and the layers above
+// do not. Package deadline has the details, docs/CONTRACT.md the headers.
 //
 // # Plugging in
 //

@@ -23,7 +23,8 @@ const (
 	// OutcomeStopped: the outcome could have been retried but the loop
 	// stopped, for the reason in Stop (the attempt limit, the deadline,
 	// the budget, the caller's cancellation, a body that cannot be sent
-	// again, or a preparation that failed before the attempt was sent).
+	// again, an answer marked as retried below, or a preparation that
+	// failed before the attempt was sent).
 	OutcomeStopped Outcome = "stopped"
 )
 

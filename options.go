@@ -40,6 +40,7 @@ type config struct {
 	autoKeys        bool
 	keyHeader       string
 	deadlineHeader  deadlineMode
+	attemptHeader   bool
 	rules           []retry.Rule
 	prepare         []func(*http.Request, int) error
 	observers       []Observer
@@ -62,6 +63,7 @@ func defaultConfig() config {
 		maxBufferedBody: defaultMaxBufferedBody,
 		autoKeys:        true,
 		keyHeader:       defaultKeyHeader,
+		attemptHeader:   true,
 	}
 }
 
@@ -179,13 +181,23 @@ func WithDeadlineHeader(on bool) Option {
 	}
 }
 
+// WithAttemptHeader sets whether each attempt tells the server its number
+// (default on): "Request-Attempt: 1" on the first attempt, 2 on the first
+// retry, and so on, replacing any value the caller set. deadline.Middleware
+// reads it (deadline.Attempt), so that a server can tell first tries from
+// retries in its load; docs/CONTRACT.md gives the syntax. false sends no
+// attempt header and leaves the caller's, if any, as it is.
+func WithAttemptHeader(on bool) Option {
+	return func(c *config) { c.attemptHeader = on }
+}
+
 // WithRetryPolicy adds rules that widen or narrow the allow-list per
 // outcome (default none): for example retry.Status(retry.Allow, 500)
 // retries 500, retry.Status(retry.Deny, 503) never retries 503. Rules run
 // in order, those of earlier options first; the first verdict other than
 // retry.Keep decides. No rule lifts the safety rules of the package
-// documentation, nor the attempt limit, the deadline or the budget. Nil
-// rules are skipped.
+// documentation, nor the attempt limit, the deadline, the budget or an
+// answer marked "Retried-Below: true". Nil rules are skipped.
 func WithRetryPolicy(rules ...retry.Rule) Option {
 	return func(c *config) {
 		for _, r := range rules {
@@ -200,7 +212,7 @@ func WithRetryPolicy(rules ...retry.Rule) Option {
 // just before it is sent (default none); several run in the order of their
 // options. f runs after the body is rewound, after the AttemptStart
 // observers (r.Context() is the attempt's context) and after the deadline
-// header is set; attempt is 1 for the first attempt. Use it to sign each
+// and attempt headers are set; attempt is 1 for the first attempt. Use it to sign each
 // attempt (AWS SigV4, an HMAC of a webhook) or to set a fresh token.
 //
 // r is the attempt's own copy: f may change r.Header (its own map and value

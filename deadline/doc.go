@@ -1,17 +1,42 @@
-// Package deadline carries the caller's remaining time from a saferetry
-// Transport to the server, as gRPC carries grpc-timeout.
+// Package deadline is the server side of what a saferetry Transport tells
+// the services it calls: [Middleware] reads it and puts a record of the
+// request in the request's context. It carries three things.
 //
-// The client side is the Transport's: when the request's context has a
-// deadline, each attempt carries the time left before the loop's overall
-// deadline in the [Header] request header. The server side is [Middleware]:
-// it reads that header and applies it to the request context with
-// context.WithTimeout, bounded by 5 minutes, so that handlers (and the
-// idempotency middleware) stop work the client has already given up on. A
-// propagated deadline never extends a deadline the context already has.
-//
-// The wire format is deliberately simple: the remaining time in whole
-// milliseconds as a non-negative decimal integer, rounded down. Clocks need
-// not be synchronised, because only a duration crosses the network; the time
-// the request spends in flight is not subtracted, so the server's view is
+// The deadline. When the request's context has a deadline, each attempt
+// carries the time left before the loop's overall deadline in the [Header]
+// request header, as gRPC carries grpc-timeout. Middleware applies it to the
+// request context with context.WithTimeout, bounded by 5 minutes, so that
+// handlers (and the idempotency middleware) stop work the client has already
+// given up on. A propagated deadline never extends a deadline the context
+// already has. The value is the remaining time in whole milliseconds as a
+// non-negative decimal integer, rounded down. Clocks need not be
+// synchronised, because only a duration crosses the network; the time the
+// request spends in flight is not subtracted, so the server's view is
 // slightly generous.
+//
+// The attempt number. Each attempt carries its number in the
+// Request-Attempt header, 1 for the first (so that "first try" differs from
+// "no information"). Middleware keeps it in the record: [Attempt] returns it
+// to handlers, access logs and observers (the idempotency middleware's
+// observers receive the request's context), so that an operator can see
+// what share of a service's load is retries.
+//
+// Pushback, across a chain of services. Retries multiply across layers:
+// three layers of three attempts send 27 requests to a failing service at
+// the bottom. So one layer retries and the layers above do not. A saferetry
+// Transport whose request is made with the context of a request served
+// behind Middleware (req.WithContext(r.Context()), as handlers do) notes in
+// the record when its call gave up on a retryable failure after retrying it
+// (the attempts used up, the retry budget or the deadline refusing the
+// next retry), or was answered with the mark. Middleware then marks that
+// request's own 5xx or 429 answer with "Retried-Below: true", set before the
+// status is written, and a saferetry Transport never retries a marked
+// answer, whatever its rules (retry.ReasonRetriedBelow). The mark climbs the
+// whole chain: a service whose call below received a marked answer marks
+// its own failure too. Handlers need no code change; the response writer
+// keeps http.Flusher, http.Hijacker (when the server's writer is one) and
+// http.ResponseController working.
+//
+// Both headers, their syntax and their meaning, for clients in other
+// languages, are in docs/CONTRACT.md.
 package deadline

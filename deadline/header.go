@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/saferetry/saferetry/internal/hop"
 )
 
 // Header is the request header that carries the client's remaining time to
@@ -22,27 +24,57 @@ const Header = "Request-Deadline-Ms"
 // longer by sending a huge value.
 const maxPropagated = 5 * time.Minute
 
-// Middleware returns a handler that applies the client's remaining time to
-// the request context before calling next: when the request carries exactly
-// one valid [Header] value, next runs with context.WithTimeout(r.Context(),
-// min(value, 5 min)). It never extends a deadline the context already has.
-// A missing, repeated or invalid value (not ASCII digits only, surrounded by
-// optional spaces or tabs; too large for a time.Duration) is ignored and
-// next runs with the request unchanged: the header is advisory, so a bad one
-// must not fail the request. A value of 0 gives next a context that is
-// already done. The context is canceled when next returns. Safe for
-// concurrent use.
+// Middleware returns a handler that reads what the calling saferetry
+// Transport sent and puts a record of the request in its context before
+// calling next (see the package documentation):
+//
+//   - the deadline: when the request carries exactly one valid [Header]
+//     value, next runs with context.WithTimeout(ctx, min(value, 5 min)),
+//     which never extends a deadline the context already has. A value of 0
+//     gives next a context that is already done. A missing, repeated or
+//     invalid value (not ASCII digits only, surrounded by optional spaces or
+//     tabs; too large for a time.Duration) is ignored: the header is
+//     advisory, so a bad one must not fail the request;
+//   - the attempt number, which [Attempt] returns (0 when the request
+//     carries none, or an invalid one);
+//   - pushback: when a saferetry Transport noted in the record that a call
+//     made for the request gave up after retrying, or was answered with the
+//     mark, a 5xx or 429 status that next writes gets the response header
+//     "Retried-Below: true".
+//
+// The context is canceled when next returns. next's writer has an Unwrap
+// method (for http.ResponseController), is an http.Flusher, an
+// io.ReaderFrom and an io.StringWriter, and an http.Hijacker when w is one.
+// It costs a request three allocations (the writer with the record, the
+// context, the request's copy). Safe for concurrent use.
 func Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		d, ok := fromHeader(r.Header)
-		if !ok {
-			next.ServeHTTP(w, r)
-			return
+		mw := &markWriter{ResponseWriter: w, rec: hop.Record{Attempt: hop.ParseAttempt(r.Header)}}
+		ctx := hop.NewContext(r.Context(), &mw.rec)
+		if d, ok := fromHeader(r.Header); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, min(d, maxPropagated))
+			defer cancel()
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), min(d, maxPropagated))
-		defer cancel()
-		next.ServeHTTP(w, r.WithContext(ctx))
+		var wr http.ResponseWriter = mw
+		if _, ok := w.(http.Hijacker); ok {
+			wr = hijackWriter{mw}
+		}
+		next.ServeHTTP(wr, r.WithContext(ctx))
 	})
+}
+
+// Attempt returns the number of the attempt that the request whose context
+// is ctx (or an ancestor of ctx) is, as its caller sent it in the
+// Request-Attempt header and [Middleware] read it: 1 for a first try, 2
+// and up for retries. It returns 0 when that is unknown: no Middleware, or
+// a request without a valid attempt header (a client other than saferetry,
+// or one built with WithAttemptHeader(false)).
+func Attempt(ctx context.Context) int {
+	if rec := hop.FromContext(ctx); rec != nil {
+		return rec.Attempt
+	}
+	return 0
 }
 
 // fromHeader reads the one Header value of h; ok is false when there is

@@ -31,6 +31,10 @@ const (
 	ReasonBudget Reason = "budget_denied"
 	// ReasonPrepare: the preparation of the next attempt failed.
 	ReasonPrepare Reason = "prepare_failed"
+	// ReasonRetriedBelow: the answer carries the mark "Retried-Below: true"
+	// (docs/CONTRACT.md): a service further down the chain has already
+	// retried this failure, so it is not retried again, whatever the rules.
+	ReasonRetriedBelow Reason = "retried_below"
 )
 
 // ExhaustedError is returned when the retry loop ends without a response. It

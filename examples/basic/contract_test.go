@@ -42,13 +42,15 @@ func contractScript(t *testing.T) string {
 
 // contractServer is a payments API behind the middleware; faults[i] decides
 // what the i-th request that reaches it gets: "503" before the handler,
-// "lost" (the handler commits, a 502 replaces its answer), or "" (normal).
+// "marked" (a 503 with Retried-Below: true), "lost" (the handler commits, a
+// 502 replaces its answer), or "" (normal).
 type contractServer struct {
 	executions atomic.Int64
 	mu         sync.Mutex
 	requests   int
 	faults     []string
 	keys       []string
+	attempts   []string // the Request-Attempt of each request
 	h          http.Handler
 }
 
@@ -74,6 +76,7 @@ func (s *contractServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.requests++
 	s.keys = append(s.keys, r.Header.Get("Idempotency-Key"))
+	s.attempts = append(s.attempts, r.Header.Get("Request-Attempt"))
 	s.mu.Unlock()
 	switch fault {
 	case "503":
@@ -86,6 +89,9 @@ func (s *contractServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "slow-down": // asks for more than the loop will wait
 		w.Header().Set("Retry-After", "31")
 		http.Error(w, "slow down", http.StatusTooManyRequests)
+	case "marked": // a failure already retried further down a chain of services
+		w.Header().Set("Retried-Below", "true")
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
 	case "lost":
 		s.h.ServeHTTP(httptest.NewRecorder(), r) // it runs and commits...
 		http.Error(w, "bad gateway", http.StatusBadGateway)
@@ -174,4 +180,19 @@ func TestContractScriptStopsOnLongRetryAfter(t *testing.T) {
 	code, _, _ := runScript(t, script, ts.URL+"/payments")
 	require.Equal(t, 2, code, "outcome unknown: re-send later")
 	require.Len(t, srv.keys, 1, "a Retry-After over 30 s is not slept")
+}
+
+// An answer marked Retried-Below: true is never retried (CONTRACT.md
+// section 8), and every attempt carries its number.
+func TestContractScriptStopsOnAMarkedAnswer(t *testing.T) {
+	script := contractScript(t)
+	srv := newContractServer("503", "marked")
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+
+	code, _, errOut := runScript(t, script, ts.URL+"/payments")
+	require.Equal(t, 2, code, "outcome unknown: re-send later")
+	require.Contains(t, errOut, "SAME key (order-charge-42)")
+	require.Equal(t, []string{"1", "2"}, srv.attempts, "no third attempt after the mark")
+	require.Zero(t, srv.executions.Load())
 }

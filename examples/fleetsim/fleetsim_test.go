@@ -123,6 +123,53 @@ func TestOutageAmplification(t *testing.T) {
 	assert.Greater(t, none.PeakDuringOutage(c), 2*c.Clients*int(c.RatePerClient))
 }
 
+// The chain experiment with the parameters the README shows: the issue's
+// targets, at full outage of the bottom of a 3-tier chain with 3 attempts
+// per layer, and at 50%.
+func TestChainAmplification(t *testing.T) {
+	c := DefaultChainConfig(1)
+	rs := RunChain(c)
+	require.Len(t, rs, len(ChainVariants))
+	one := RunOneLayer(c)
+	sum := func(r ChainResult) ChainSummary { return c.Summary(r) }
+	naive, pushback, budgets, both := sum(rs[0]), sum(rs[1]), sum(rs[2]), sum(rs[3])
+	oneNone, oneBudget := sum(one[0]), sum(one[1])
+	for _, r := range append(rs, one...) {
+		assert.Equal(t, rs[0].Users, r.Users, "same arrivals for every variant")
+		assert.InDelta(t, c.RatePerClient*float64(c.Clients)*c.Duration.Seconds(), float64(sumAll(r.Users)), 500)
+		// Healthy: one request at the bottom per user request.
+		assert.InDelta(t, 1.0, r.Over(0, c.FullStart-time.Second), 1e-9, r.Variant)
+	}
+	// Without budgets: 27 without pushback, 3 with it, as one layer.
+	assert.InDelta(t, 27.0, naive.Peak, 1e-9)
+	assert.InDelta(t, 27.0, naive.FullSteady, 1e-9)
+	assert.LessOrEqual(t, pushback.Peak, 3.0)
+	assert.InDelta(t, 3.0, pushback.FullSteady, 1e-9)
+	assert.InDelta(t, 3.0, oneNone.FullSteady, 1e-9)
+	// With the default budgets: at most 3 at the peak with pushback, and
+	// 1.0 in the steady state.
+	assert.LessOrEqual(t, both.Peak, 3.0)
+	assert.InDelta(t, 1.0, both.FullSteady, 1e-9)
+	assert.InDelta(t, 1.0, budgets.FullSteady, 1e-9)
+	assert.Less(t, budgets.Peak, naive.Peak/5)
+	// At 50%: with pushback, the success rate of one layer of 3 attempts
+	// (1 - 0.5^3 = 87.5% without a budget; the budget's trade with it).
+	assert.InDelta(t, 0.875, pushback.HalfSuccess, 0.05)
+	assert.InDelta(t, oneNone.HalfSuccess, pushback.HalfSuccess, 0.05)
+	assert.InDelta(t, oneBudget.HalfSuccess, both.HalfSuccess, 0.05)
+	assert.Greater(t, naive.HalfSuccess, 0.99, "27 tries succeed, at twice the load")
+	assert.InDelta(t, 2.0, naive.HalfSteady, 0.1)
+	assert.Less(t, pushback.HalfSteady, naive.HalfSteady)
+}
+
+func sumAll(s []int) int {
+	n := 0
+	for _, v := range s {
+		n += v
+	}
+	return n
+}
+
 // The command end to end with 2 runs: tables on stdout, CSV files written.
 func TestRunWritesTablesAndCSV(t *testing.T) {
 	dir := t.TempDir()
@@ -135,6 +182,8 @@ func TestRunWritesTablesAndCSV(t *testing.T) {
 		"| 190 |",
 		"## Contention at 100 clients",
 		"| token bucket (default) |",
+		"## Chain: 20 clients x 25 requests/s -> 2 middle tiers of 5 instances -> bottom",
+		"| budgets + pushback |",
 	} {
 		assert.Contains(t, s, want)
 	}
@@ -144,9 +193,23 @@ func TestRunWritesTablesAndCSV(t *testing.T) {
 	assert.Equal(t, []string{"second", "logical", "no budget", "token bucket (default)", "ratio 20% + floor"}, recs[0])
 	assert.Greater(t, len(recs), 60)
 
-	for _, png := range []string{"occ-calls.png", "occ-time.png", "outage.png"} {
+	for _, png := range []string{"occ-calls.png", "occ-time.png", "outage.png", "chain.png"} {
 		assert.FileExists(t, filepath.Join(dir, png))
 	}
+	recs = readCSV(t, filepath.Join(dir, "chain.csv"))
+	assert.Equal(t, []string{"second", "user_requests", "naive (no budget)", "pushback, no budget",
+		"budgets (default)", "budgets + pushback"}, recs[0])
+	assert.Len(t, recs, 1+51)
+
+	// -chain runs the chain experiment alone.
+	chainDir := t.TempDir()
+	out.Reset()
+	require.NoError(t, run([]string{"-chain", "-out", chainDir}, &out, io.Discard))
+	assert.Contains(t, out.String(), "| naive (no budget) | 27.00 | 27.00 |")
+	assert.NotContains(t, out.String(), "Contention")
+	names, err := os.ReadDir(chainDir)
+	require.NoError(t, err)
+	assert.Len(t, names, 2, "chain.csv and chain.png")
 
 	assert.Error(t, run([]string{"-runs", "0", "-out", dir}, &out, io.Discard))
 	assert.Error(t, run([]string{"-nope"}, &out, io.Discard))

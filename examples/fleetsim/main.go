@@ -1,5 +1,5 @@
 // Command fleetsim is a deterministic discrete-event simulation of retrying
-// clients. It runs two experiments and prints their results as markdown
+// clients. It runs three experiments and prints their results as markdown
 // tables, writing CSV files (and PNG plots, see below) to an output directory:
 //
 //  1. Marc Brooker's optimistic-concurrency contention experiment from
@@ -18,17 +18,29 @@
 //     the requests reaching the server per second, and the amplification,
 //     without a budget, with the default token bucket and with the ratio
 //     budget.
+//  3. A chain of services (-chain runs it alone): a fleet of clients calls a
+//     middle tier, which calls a second middle tier, which calls a bottom
+//     tier that fails every request for a while, then half of them. Every
+//     tier retries with the same decision function, up to 3 attempts, with
+//     no budget or the default token bucket per instance, and with or
+//     without pushback (a service whose call below gave up after retrying
+//     marks its failure "retried below", and no caller retries a marked
+//     answer: internal/decide.PushBack, as the Transport and
+//     deadline.Middleware do). It reports the bottom's requests per user
+//     request over time, their peak and steady state, and the success rate
+//     of the user requests in the 50% outage, beside one layer of clients
+//     calling the bottom directly.
 //
 // Nothing sleeps: time is simulated, and every random draw comes from a
 // stream seeded by -seed, so a run is reproducible.
 //
 // Usage:
 //
-//	go run ./examples/fleetsim [-runs 100] [-seed 1] [-out dir]
+//	go run ./examples/fleetsim [-runs 100] [-seed 1] [-out dir] [-chain]
 //
-// It writes occ.csv and outage.csv to -out (default: a new temporary
-// directory). The PNG plots (occ-calls.png, occ-time.png, outage.png) are
-// drawn by plot.go with gonum.org/v1/plot.
+// It writes occ.csv, outage.csv and chain.csv to -out (default: a new
+// temporary directory). The PNG plots (occ-calls.png, occ-time.png,
+// outage.png, chain.png) are drawn by plot.go with gonum.org/v1/plot.
 package main
 
 import (
@@ -43,6 +55,9 @@ import (
 // writePlots renders the PNG plots; plot.go sets it. It is a variable so
 // that the simulation stays separate from the drawing.
 var writePlots func(dir string, occ []OCCRow, oc OutageConfig, outage []OutageResult) ([]string, error)
+
+// writeChainPlot renders the chain experiment's plot; plot.go sets it.
+var writeChainPlot func(dir string, c ChainConfig, rs []ChainResult) (string, error)
 
 func main() {
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
@@ -78,6 +93,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	runs := fs.Int("runs", 100, "runs averaged per contention level and strategy")
 	seed := fs.Uint64("seed", 1, "seed of every random stream")
 	out := fs.String("out", "", "output directory for CSV and PNG files (default: a new temporary directory)")
+	chainOnly := fs.Bool("chain", false, "run only the chain experiment")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -99,16 +115,36 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 
 	start := time.Now()
-	occCfg := DefaultOCCConfig(*seed)
-	occCfg.Runs = *runs
+	var files []string
+	if !*chainOnly {
+		written, err := runContentionAndOutage(*seed, *runs, dir, stdout)
+		if err != nil {
+			return err
+		}
+		files = written
+	}
+	written, err := runChain(*seed, dir, stdout)
+	if err != nil {
+		return err
+	}
+	files = append(files, written...)
+	fmt.Fprintf(stdout, "\nWrote %d files to %s in %v.\n", len(files), dir, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// runContentionAndOutage runs the first two experiments, prints their
+// tables and writes their files.
+func runContentionAndOutage(seed uint64, runs int, dir string, stdout io.Writer) ([]string, error) {
+	occCfg := DefaultOCCConfig(seed)
+	occCfg.Runs = runs
 	occ := RunOCC(occCfg)
-	outCfg := DefaultOutageConfig(*seed)
+	outCfg := DefaultOutageConfig(seed)
 	outage := RunOutage(outCfg)
 
-	fmt.Fprintf(stdout, "# fleetsim (seed %d, %d runs per point)\n\n", *seed, *runs)
-	fmt.Fprintf(stdout, "## Contention: write calls per run (mean of %d runs)\n\n", *runs)
+	fmt.Fprintf(stdout, "# fleetsim (seed %d, %d runs per point)\n\n", seed, runs)
+	fmt.Fprintf(stdout, "## Contention: write calls per run (mean of %d runs)\n\n", runs)
 	writeOCCTable(stdout, occ, func(r OCCRow, s int) string { return fmt.Sprintf("%.0f", r.Calls[s]) })
-	fmt.Fprintf(stdout, "\n## Contention: time until the last client succeeds, ms (mean of %d runs)\n\n", *runs)
+	fmt.Fprintf(stdout, "\n## Contention: time until the last client succeeds, ms (mean of %d runs)\n\n", runs)
 	writeOCCTable(stdout, occ, func(r OCCRow, s int) string { return fmt.Sprintf("%.0f", ms(r.Time[s])) })
 	if row, ok := rowAt(occ, 100); ok {
 		fmt.Fprintf(stdout, "\n## Contention at %d clients\n\n", row.Clients)
@@ -124,19 +160,46 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 	files, err := writeCSV(dir, occ, outage)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if writePlots != nil {
-		pngs, err := writePlots(dir, occ, outCfg, outage)
-		if err != nil {
-			return err
-		}
-		files = append(files, pngs...)
-	} else {
+	if writePlots == nil {
 		fmt.Fprintln(stdout, "\n(no plotter linked: PNG plots skipped)")
+		return files, nil
 	}
-	fmt.Fprintf(stdout, "\nWrote %d files to %s in %v.\n", len(files), dir, time.Since(start).Round(time.Millisecond))
-	return nil
+	pngs, err := writePlots(dir, occ, outCfg, outage)
+	if err != nil {
+		return nil, err
+	}
+	return append(files, pngs...), nil
+}
+
+// runChain runs the chain experiment, prints its table and writes its
+// files.
+func runChain(seed uint64, dir string, stdout io.Writer) ([]string, error) {
+	c := DefaultChainConfig(seed)
+	chain, oneLayer := RunChain(c), RunOneLayer(c)
+	fmt.Fprintf(stdout, "\n## Chain: %d clients x %.0f requests/s -> %d middle tiers of %d instances -> bottom, "+
+		"%d attempts per layer; the bottom fails every request from %v to %v, half of them to %v\n\n",
+		c.Clients, c.RatePerClient, c.Middle, c.Instances, c.MaxAttempts, c.FullStart, c.HalfStart, c.HalfEnd)
+	fmt.Fprintln(stdout, "Bottom requests per user request (peak: the worst second of arrivals in the outage;")
+	fmt.Fprintf(stdout, "steady state and success rate: the user requests arriving in the %v that end %v before\n",
+		c.Steady, c.Steady)
+	fmt.Fprintln(stdout, "the phase does; one layer: the same clients calling the bottom directly).")
+	fmt.Fprintln(stdout)
+	writeChainTable(stdout, c, chain, oneLayer)
+	path, err := writeChainCSV(dir, chain)
+	if err != nil {
+		return nil, err
+	}
+	files := []string{path}
+	if writeChainPlot != nil {
+		png, err := writeChainPlot(dir, c, chain)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, png)
+	}
+	return files, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

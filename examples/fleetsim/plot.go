@@ -309,3 +309,100 @@ func outageBand(oc OutageConfig, outage []OutageResult) (*plotter.Polygon, error
 	band.LineStyle = draw.LineStyle{Width: 0}
 	return band, nil
 }
+
+func init() { writeChainPlot = renderChainPlot }
+
+// renderChainPlot writes chain.png: one panel per variant, the bottom's
+// requests per user request for the user requests arriving in each second,
+// with the two outage phases shaded.
+func renderChainPlot(dir string, c ChainConfig, rs []ChainResult) (string, error) {
+	const cols = 2
+	rows := (len(rs) + cols - 1) / cols
+	plots := make([][]*plot.Plot, rows)
+	styles := []style{
+		{color: okabeVermillion},
+		{color: okabeOrange, dashes: dash(7, 3)},
+		{color: okabeGreen},
+		{color: okabeBlue, dashes: dash(7, 3)},
+	}
+	secondsShown := int(c.Duration / time.Second)
+	for i, r := range rs {
+		p := plot.New()
+		m := c.Summary(r)
+		p.Title.Text = fmt.Sprintf("%s: peak %.2f, steady %.2f", r.Variant, m.Peak, m.FullSteady)
+		p.X.Label.Text = "arrival of the user request (s)"
+		p.Y.Label.Text = "bottom requests per user request"
+		p.X.Min, p.X.Max, p.Y.Min = 0, float64(secondsShown), 0
+		p.Y.Max = 3.5
+		for _, a := range r.Amplification() {
+			p.Y.Max = max(p.Y.Max, a*1.08)
+		}
+		p.X.Tick.Marker = niceTicks{}
+		p.Y.Tick.Marker = niceTicks{}
+		full, err := band(c.FullStart, c.HalfStart, p.Y.Max, color.Gray{Y: 205})
+		if err != nil {
+			return "", err
+		}
+		half, err := band(c.HalfStart, c.HalfEnd, p.Y.Max, color.Gray{Y: 232})
+		if err != nil {
+			return "", err
+		}
+		p.Add(full, half, plotter.NewGrid())
+		pts := make(plotter.XYs, 0, secondsShown)
+		for s, a := range r.Amplification()[:min(secondsShown, len(r.Users))] {
+			pts = append(pts, plotter.XY{X: float64(s) + 0.5, Y: a})
+		}
+		line, _, err := newSeries(pts, styles[i%len(styles)])
+		if err != nil {
+			return "", fmt.Errorf("plotting %s: %w", r.Variant, err)
+		}
+		line.Width = vg.Points(2)
+		p.Add(line)
+		if i == 0 {
+			p.Legend = newLegend()
+			p.Legend.Left = false
+			p.Legend.YOffs = -vg.Points(8)
+			p.Legend.Add("bottom fails every request", full)
+			p.Legend.Add("bottom fails half of them", half)
+		}
+		plots[i/cols] = append(plots[i/cols], p)
+	}
+	for len(plots[rows-1]) < cols {
+		plots[rows-1] = append(plots[rows-1], nil)
+	}
+	w, h := 12*vg.Inch, 4*vg.Inch*vg.Length(rows)
+	img := vgimg.New(w, h)
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Points(18), PadY: vg.Points(18),
+		PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(12)}
+	canvases := plot.Align(plots, tiles, dc)
+	for i := range plots {
+		for j, p := range plots[i] {
+			if p != nil {
+				p.Draw(canvases[i][j])
+			}
+		}
+	}
+	path := filepath.Join(dir, "chain.png")
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		_ = f.Close()
+		return "", fmt.Errorf("saving %s: %w", path, err)
+	}
+	return path, f.Close()
+}
+
+// band shades [from, to) up to top.
+func band(from, to time.Duration, top float64, c color.Color) (*plotter.Polygon, error) {
+	x0, x1 := from.Seconds(), to.Seconds()
+	b, err := plotter.NewPolygon(plotter.XYs{{X: x0, Y: 0}, {X: x1, Y: 0}, {X: x1, Y: top}, {X: x0, Y: top}})
+	if err != nil {
+		return nil, err
+	}
+	b.Color = c
+	b.LineStyle = draw.LineStyle{Width: 0}
+	return b, nil
+}

@@ -47,6 +47,39 @@ func writeOutageTable(w io.Writer, c OutageConfig, rs []OutageResult) {
 	}
 }
 
+func writeChainTable(w io.Writer, c ChainConfig, chain, oneLayer []ChainResult) {
+	fmt.Fprintln(w, "| variant | peak | steady state, full outage | steady state, 50% outage | success rate, 50% outage |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
+	for _, r := range append(chain[:len(chain):len(chain)], oneLayer...) {
+		m := c.Summary(r)
+		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %.1f%% |\n", m.Variant, m.Peak, m.FullSteady, m.HalfSteady,
+			100*m.HalfSuccess)
+	}
+}
+
+// writeChainCSV writes chain.csv: per second of arrival, the user requests
+// and each variant's requests at the bottom per user request.
+func writeChainCSV(dir string, rs []ChainResult) (string, error) {
+	head := []string{"second", "user_requests"}
+	for _, r := range rs {
+		head = append(head, r.Variant)
+	}
+	recs := [][]string{head}
+	amp := make([][]float64, len(rs))
+	for i, r := range rs {
+		amp[i] = r.Amplification()
+	}
+	for s := range rs[0].Users {
+		line := []string{strconv.Itoa(s), strconv.Itoa(rs[0].Users[s])}
+		for i := range rs {
+			line = append(line, strconv.FormatFloat(amp[i][s], 'f', 3, 64))
+		}
+		recs = append(recs, line)
+	}
+	path := filepath.Join(dir, "chain.csv")
+	return path, writeCSVFile(path, recs)
+}
+
 // writeCSV writes occ.csv (one line per level and strategy) and outage.csv
 // (one line per second: logical requests and hits per policy).
 func writeCSV(dir string, occ []OCCRow, outage []OutageResult) ([]string, error) {

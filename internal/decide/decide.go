@@ -2,7 +2,9 @@
 // Transport and the fleetsim simulation (examples/fleetsim) so that the two
 // can never drift apart: after an attempt, from its classified outcome, the
 // attempt count, the overall deadline, Retry-After and the retry budget,
-// whether to retry and how long to wait first, or why to stop.
+// whether to retry and how long to wait first, or why to stop (Decide);
+// and, once the loop has stopped, whether the call pushes back on the
+// request it was made for, across a chain of services (PushBack).
 package decide
 
 import (
@@ -33,6 +35,10 @@ type Input struct {
 	Outcome  retry.Decision // the attempt's outcome, classified
 	Attempt  int            // attempts sent, this one included
 	Canceled bool           // the caller's context has ended
+	// Marked is true when the answer carries the mark "retried below: do
+	// not retry" (docs/CONTRACT.md): a service further down the chain has
+	// already retried this failure.
+	Marked bool
 	// Body is why the request body cannot be sent again
 	// (retry.ReasonBodyNotRewindable), "" when it can.
 	Body     retry.Reason
@@ -60,10 +66,12 @@ type Result struct {
 }
 
 // Decide returns whether the attempt described by in is retried. Each stop
-// is one case, checked in order: the outcome is not retryable; the caller
-// canceled; no attempt is left; the body cannot be sent again; the server's
-// Retry-After is longer than c.MaxRetryAfter; the wait would not end before
-// the deadline (no sleep in vain); the budget refuses. Only the last one
+// is one case, checked in order: the outcome is not retryable; the answer
+// is marked as retried below (no rule lifts that: the mark only ever makes
+// a client retry less); the caller canceled; no attempt is left; the body
+// cannot be sent again; the server's Retry-After is longer than
+// c.MaxRetryAfter; the wait would not end before the deadline (no sleep in
+// vain); the budget refuses. Only the last one
 // changes anything: a granted retry takes its cost from in.Budget.
 func Decide(c Config, in Input) Result {
 	d := in.Outcome
@@ -72,6 +80,8 @@ func Decide(c Config, in Input) Result {
 		return Result{Stop: retry.ReasonCanceled}
 	case !d.Retry:
 		return Result{Stop: retry.ReasonNotRetryable}
+	case in.Marked:
+		return Result{Stop: retry.ReasonRetriedBelow}
 	case in.Canceled:
 		return Result{Stop: retry.ReasonCanceled}
 	case in.Attempt >= c.MaxAttempts:
@@ -97,4 +107,22 @@ func Decide(c Config, in Input) Result {
 		return Result{Stop: retry.ReasonBudget, Wait: wait, BudgetLeft: in.Budget.Available(in.Now)}
 	}
 	return Result{Wait: wait, Cost: cost}
+}
+
+// PushBack reports whether a call that stopped for reason stop, its last
+// answer marked "retried below" or not, has had its failure retried, here
+// or further down a chain of services, so that the request it was made for
+// must not be retried above: the loop gave up on a retryable failure after
+// retrying it (the attempts used up, when c allows more than one), or
+// because the budget or the deadline refused the next retry; or the last
+// answer carries the mark (whatever the stop: a marked failure climbs the
+// whole chain).
+func PushBack(c Config, stop retry.Reason, marked bool) bool {
+	switch stop {
+	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline:
+		return true
+	case retry.ReasonMaxAttempts:
+		return c.MaxAttempts > 1 || marked
+	}
+	return marked
 }

@@ -43,6 +43,12 @@ func TestEachStopIsOneCase(t *testing.T) {
 		}, Result{Stop: retry.ReasonCanceled}},
 		{"canceled after a retryable outcome", func(in *Input) { in.Canceled = true },
 			Result{Stop: retry.ReasonCanceled}},
+		{"a marked answer", func(in *Input) { in.Marked = true }, Result{Stop: retry.ReasonRetriedBelow}},
+		{"a marked answer that is not retryable", func(in *Input) {
+			in.Marked, in.Outcome.Retry = true, false
+		}, Result{Stop: retry.ReasonNotRetryable}},
+		{"a marked answer at the last attempt", func(in *Input) { in.Marked, in.Attempt = true, 3 },
+			Result{Stop: retry.ReasonRetriedBelow}},
 		{"the last attempt", func(in *Input) { in.Attempt = 3 }, Result{Stop: retry.ReasonMaxAttempts}},
 		{"a body that cannot be sent again", func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
 			Result{Stop: retry.ReasonBodyNotRewindable}},
@@ -81,6 +87,7 @@ func TestTheBudgetIsAskedLast(t *testing.T) {
 	for name, change := range map[string]func(*Input){
 		"not retryable":  func(in *Input) { in.Outcome.Retry = false },
 		"canceled":       func(in *Input) { in.Canceled = true },
+		"marked":         func(in *Input) { in.Marked = true },
 		"max attempts":   func(in *Input) { in.Attempt = 3 },
 		"body":           func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
 		"Retry-After":    func(in *Input) { in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = time.Hour, true },
@@ -125,4 +132,28 @@ func TestTheBackoffFormulaIsTheConfigs(t *testing.T) {
 	in := input()
 	in.Attempt = 2
 	assert.Equal(t, Result{Wait: 2 * time.Second}, Decide(c, in))
+}
+
+func TestPushBack(t *testing.T) {
+	three, one := Config{MaxAttempts: 3}, Config{MaxAttempts: 1}
+	for _, tc := range []struct {
+		c      Config
+		stop   retry.Reason
+		marked bool
+		want   bool
+	}{
+		{three, retry.ReasonMaxAttempts, false, true},
+		{one, retry.ReasonMaxAttempts, false, false}, // nothing was retried: the layer above may
+		{one, retry.ReasonMaxAttempts, true, true},
+		{three, retry.ReasonBudget, false, true},
+		{three, retry.ReasonDeadline, false, true},
+		{three, retry.ReasonRetriedBelow, true, true},
+		{three, retry.ReasonNotRetryable, false, false},
+		{three, retry.ReasonNotRetryable, true, true},
+		{three, retry.ReasonCanceled, false, false},
+		{three, retry.ReasonBodyNotRewindable, false, false},
+		{three, retry.ReasonPrepare, false, false},
+	} {
+		assert.Equal(t, tc.want, PushBack(tc.c, tc.stop, tc.marked), "%+v", tc)
+	}
 }

@@ -1,0 +1,213 @@
+package deadline
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/internal/hop"
+)
+
+// noted is a handler that notes in its record, as a saferetry Transport
+// does after a call that gave up after retrying, then runs h.
+func noted(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hop.FromContext(r.Context()).NoteRetriedBelow()
+		h(w, r)
+	})
+}
+
+func record(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	Middleware(h).ServeHTTP(rec, r)
+	return rec
+}
+
+func TestMarksA5xxOr429AfterAPushback(t *testing.T) {
+	for status, marked := range map[int]bool{500: true, 502: true, 503: true, 504: true, 599: true, 429: true,
+		200: false, 204: false, 400: false, 404: false, 409: false, 422: false} {
+		rec := record(noted(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) }),
+			httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, status, rec.Code)
+		assert.Equal(t, marked, rec.Header().Get("Retried-Below") == "true", "status %d", status)
+	}
+	// http.Error, as handlers answer.
+	rec := record(noted(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) }),
+		httptest.NewRequest(http.MethodGet, "/", nil))
+	assert.Equal(t, []string{"true"}, rec.Header().Values("Retried-Below"))
+	assert.Equal(t, "down\n", rec.Body.String())
+}
+
+func TestNoPushbackNoMark(t *testing.T) {
+	rec := record(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }),
+		httptest.NewRequest(http.MethodGet, "/", nil))
+	assert.Equal(t, 503, rec.Code)
+	assert.Empty(t, rec.Header().Values("Retried-Below"))
+}
+
+// Only the final status counts: a 1xx passes unmarked, and a status noted
+// after the answer was written (a body without WriteHeader, a flush) is
+// never marked.
+func TestOnlyTheFinalStatusIsMarked(t *testing.T) {
+	srv := httptest.NewServer(Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := hop.FromContext(r.Context())
+		switch r.URL.Path {
+		case "/early-hints":
+			w.Header().Set("Link", "</style.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			rec.NoteRetriedBelow()
+			w.WriteHeader(503)
+		case "/write-first":
+			io.WriteString(w, "ok")
+			rec.NoteRetriedBelow()
+			w.WriteHeader(503) // superfluous: the 200 went out
+		case "/flush-first":
+			http.NewResponseController(w).Flush()
+			rec.NoteRetriedBelow()
+			w.WriteHeader(503)
+		}
+	})))
+	defer srv.Close()
+	for path, want := range map[string]struct {
+		status int
+		marked bool
+	}{"/early-hints": {503, true}, "/write-first": {200, false}, "/flush-first": {200, false}} {
+		resp, err := srv.Client().Get(srv.URL + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, want.status, resp.StatusCode, path)
+		assert.Equal(t, want.marked, resp.Header.Get("Retried-Below") == "true", path)
+	}
+}
+
+// The writer keeps what net/http's writer can do: http.Flusher,
+// http.Hijacker (HTTP/1), http.ResponseController's deadlines through
+// Unwrap, io.ReaderFrom and io.StringWriter.
+func TestTheWriterKeepsFlushHijackAndResponseController(t *testing.T) {
+	srv := httptest.NewServer(Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/flush":
+			f, ok := w.(http.Flusher)
+			if !ok {
+				w.WriteHeader(500)
+				return
+			}
+			io.WriteString(w, "a")
+			f.Flush()
+			io.WriteString(w, "b")
+		case "/controller":
+			rc := http.NewResponseController(w)
+			if err := rc.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if err := rc.EnableFullDuplex(); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			io.WriteString(w, "deadline set")
+		case "/hijack":
+			hj, ok := w.(http.Hijacker)
+			if !ok {
+				w.WriteHeader(500)
+				return
+			}
+			conn, buf, err := hj.Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nhijacked")
+			buf.Flush()
+		case "/writestring":
+			sw, ok := w.(io.StringWriter)
+			if !ok {
+				w.WriteHeader(500)
+				return
+			}
+			sw.WriteString("string")
+		case "/readfrom":
+			rf, ok := w.(io.ReaderFrom)
+			if !ok {
+				w.WriteHeader(500)
+				return
+			}
+			rf.ReadFrom(strings.NewReader("copied"))
+		}
+	})))
+	defer srv.Close()
+	for path, want := range map[string]string{"/flush": "ab", "/controller": "deadline set",
+		"/hijack": "hijacked", "/readfrom": "copied", "/writestring": "string"} {
+		resp, err := srv.Client().Get(srv.URL + path)
+		require.NoError(t, err, path)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, 200, resp.StatusCode, path)
+		assert.Equal(t, want, string(body), path)
+	}
+}
+
+// Over HTTP/2 net/http's writer is no http.Hijacker, and neither is the
+// middleware's: a handler that checks gets the same answer as without it.
+func TestTheWriterIsAHijackerOnlyWhenTheServersIs(t *testing.T) {
+	srv := httptest.NewUnstartedServer(Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, hj := w.(http.Hijacker)
+		_, _, err := http.NewResponseController(w).Hijack()
+		_, fl := w.(http.Flusher)
+		io.WriteString(w, r.Proto+" "+boolString(hj)+" "+boolString(err == nil)+" "+boolString(fl))
+	})))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "HTTP/2.0 false false true", string(body))
+}
+
+func boolString(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
+
+func TestAttempt(t *testing.T) {
+	assert.Zero(t, Attempt(context.Background()), "no middleware")
+	for _, tc := range []struct {
+		values []string
+		want   int
+	}{{nil, 0}, {[]string{"1"}, 1}, {[]string{" 3 "}, 3}, {[]string{"0"}, 0}, {[]string{"-2"}, 0},
+		{[]string{"1", "2"}, 0}, {[]string{"soon"}, 0}, {[]string{"99999999999"}, 0}} {
+		var got int
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header["Request-Attempt"] = tc.values
+		record(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got = Attempt(context.WithoutCancel(r.Context()))
+		}), r)
+		assert.Equal(t, tc.want, got, "%q", tc.values)
+	}
+}
+
+// The deadline and the record together: a handler sees both.
+func TestDeadlineAndAttemptTogether(t *testing.T) {
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set(Header, "60000")
+	r.Header.Set("Request-Attempt", "2")
+	var has bool
+	var n int
+	record(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, has = r.Context().Deadline()
+		n = Attempt(r.Context())
+	}), r)
+	assert.True(t, has)
+	assert.Equal(t, 2, n)
+}
