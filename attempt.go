@@ -36,8 +36,7 @@ type attempt struct {
 // it failed and nothing was sent; the attempt's own error is a.err.
 func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt, error) {
 	t := c.t
-	a := &c.cur
-	*a = attempt{n: n, start: time.Now(), octx: ctx}
+	a := &attempt{n: n, start: time.Now(), octx: ctx}
 	if n == 1 {
 		a.start = c.start
 	}
@@ -125,8 +124,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 }
 
 // limit returns a timer that cancels an attempt's context, with the cause
-// ErrAttemptTimeout, at until. It holds the cancel function itself, never
-// the attempt, whose place the next attempt takes.
+// ErrAttemptTimeout, at until.
 func limit(until time.Time, cancel context.CancelCauseFunc) *time.Timer {
 	return time.AfterFunc(time.Until(until), func() { cancel(ErrAttemptTimeout) })
 }

@@ -139,8 +139,7 @@ type call struct {
 	getBody     func() (io.ReadCloser, error)
 	notRetrying retry.Reason // why the body cannot be sent again, "" if it can
 
-	sent int     // attempts made
-	cur  attempt // the attempt in flight: one at a time
+	sent int // attempts made
 }
 
 // run is the retry loop: attempt, classify, decide, then wait and go on or
