@@ -21,10 +21,10 @@ import (
 // ErrAttemptTimeout is wrapped by the error of an attempt that its own time
 // limit ended: the per-attempt timeout (WithAttemptTimeout) or the overall
 // deadline (WithMaxElapsed), reached before the Transport handed the
-// response over. It never matches context.DeadlineExceeded or
-// context.Canceled, which are kept for the caller's own deadline and
-// cancellation. It is also the cause (context.Cause) of the context of an
-// attempt that its limit ended.
+// response over, or the 1 s bound of the peek at a 409's problem code. It
+// never matches context.DeadlineExceeded or context.Canceled, which are
+// kept for the caller's own deadline and cancellation. It is also the cause
+// (context.Cause) of the context of an attempt that its limit ended.
 var ErrAttemptTimeout = errors.New("saferetry: attempt timed out")
 
 // Transport is an http.RoundTripper that retries what is safe to retry, as
@@ -159,14 +159,20 @@ func (c *call) run() (*http.Response, error) {
 		lastErr  error
 	)
 	for n := 1; ; n++ {
+		if n > 1 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
+			// No time left for the retry (an observer took it): it is
+			// neither sent nor counted.
+			return c.done(nil, &retry.ExhaustedError{Attempts: n - 1, Reason: retry.ReasonDeadline,
+				Err: lastErr, Key: c.key}, OutcomeStopped, retry.ReasonDeadline)
+		}
 		a, err := c.send(ctx, n, retrying)
 		if err != nil { // the preparation failed: nothing was sent
 			return c.stopUnsent(a, err)
 		}
 		c.sent = n
-		d, step := c.judge(a, prevWait)
+		d, step, decided := c.judge(a, prevWait)
 		for step.Stop != "" && a.resp != nil && !a.handOver() {
-			d, step = c.judge(a, prevWait) // the limit fired first: the attempt timed out
+			d, step, _ = c.judge(a, prevWait) // the limit fired first: the attempt timed out
 		}
 		if step.Stop != "" {
 			return c.stop(a, d, step, cost)
@@ -175,8 +181,11 @@ func (c *call) run() (*http.Response, error) {
 		if a.err != nil {
 			lastErr = a.err
 		}
-		a.discard(c.drainBy(step.Wait))
-		if err := sleep(ctx, step.Wait); err != nil {
+		// The wait starts at the decision: the drain runs within it, and
+		// the sleep is what is left of it.
+		wake := decided.Add(step.Wait)
+		a.discard(wake)
+		if err := sleep(ctx, time.Until(wake)); err != nil {
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}
@@ -187,10 +196,11 @@ func (c *call) run() (*http.Response, error) {
 	}
 }
 
-// judge classifies attempt a's outcome and decides what follows it. When
-// the outcome may be retried, the body is rewound first (the outcome in hand
-// is still there to return if that fails).
-func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide.Result) {
+// judge classifies attempt a's outcome and decides, at the time it
+// returns, what follows it. When the outcome may be retried, the body is
+// rewound first (the outcome in hand is still there to return if that
+// fails).
+func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide.Result, time.Time) {
 	d := c.classify(a)
 	if d.Retry && c.body == nil && c.getBody != nil && c.notRetrying == "" {
 		body, err := c.getBody()
@@ -204,22 +214,24 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide
 		}
 	}
 	cfg := &c.t.cfg
+	now := time.Now()
 	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
 		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
 		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
 		Marked: a.resp != nil && hop.Marked(a.resp.Header), Body: c.notRetrying,
-		Now: time.Now(), Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
-	})
+		Now: now, Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
+	}), now
 }
 
 // classify labels attempt a's outcome. A 409's problem code is peeked from
-// its body under the attempt's time limit; if the limit ends meanwhile, the
-// attempt timed out.
+// its body under the attempt's time limit and maxPeekTime; if either ends
+// meanwhile, the attempt timed out.
 func (c *call) classify(a *attempt) retry.Decision {
 	in := retry.Input{Method: c.req.Method, Idempotent: c.idempotent, Request: c.req, Attempt: a.n}
 	if a.resp != nil && a.resp.StatusCode == http.StatusConflict {
+		peek := time.AfterFunc(maxPeekTime, func() { a.cancel(ErrAttemptTimeout) })
 		in.ProblemCode = peekProblemCode(a.resp)
-		if a.expired() {
+		if !peek.Stop() || a.expired() {
 			a.timeOut()
 		}
 	}
@@ -293,16 +305,6 @@ func (c *call) observe(a *attempt, d retry.Decision, outcome Outcome, step decid
 		info.BudgetLeft = step.BudgetLeft
 	}
 	c.t.obs.doneAttempt(a.octx, info)
-}
-
-// drainBy is when the drain of a discarded response must end at the latest
-// so that the wait after it still ends before the overall deadline; zero
-// when there is no overall deadline.
-func (c *call) drainBy(wait time.Duration) time.Time {
-	if c.overall.IsZero() {
-		return time.Time{}
-	}
-	return c.overall.Add(-wait)
 }
 
 // sleep waits for d, or until ctx ends (its error is then returned).
