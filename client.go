@@ -197,30 +197,41 @@ func (c *call) run() (*http.Response, error) {
 }
 
 // judge classifies attempt a's outcome and decides, at the time it
-// returns, what follows it. When the outcome may be retried, the body is
-// rewound first (the outcome in hand is still there to return if that
-// fails).
+// returns, what follows it.
 func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide.Result, time.Time) {
 	d := c.classify(a)
-	if d.Retry && c.body == nil && c.getBody != nil && c.notRetrying == "" {
-		body, err := c.getBody()
-		if err != nil {
-			c.notRetrying = retry.ReasonBodyNotRewindable
-			if a.resp == nil { // with a response in hand, that is what the caller gets
-				a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
-			}
-		} else {
-			c.body = body
-		}
-	}
 	cfg := &c.t.cfg
 	now := time.Now()
-	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
-		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
+	in := decide.Input{
 		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
 		Marked: a.resp != nil && hop.Marked(a.resp.Header), Body: c.notRetrying,
 		Now: now, Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
-	}), now
+	}
+	if c.getBody != nil && c.notRetrying == "" {
+		in.Rewind = func() error { return c.rewind(a) }
+	}
+	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
+		MaxRetryAfter: cfg.maxRetryAfter}, in), now
+}
+
+// rewind readies the request body for the retry of attempt a, from
+// GetBody. When that fails, the request is never retried, and an attempt
+// without a response carries the error (with a response in hand, that is
+// what the caller gets).
+func (c *call) rewind(a *attempt) error {
+	if c.body != nil {
+		return nil // rewound for a retry the budget refused, before a's limit fired
+	}
+	body, err := c.getBody()
+	if err != nil {
+		c.notRetrying = retry.ReasonBodyNotRewindable
+		if a.resp == nil {
+			a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
+		}
+		return err
+	}
+	c.body = body
+	return nil
 }
 
 // classify labels attempt a's outcome. A 409's problem code is peeked from

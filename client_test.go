@@ -1178,6 +1178,35 @@ func TestFailingGetBodyKeepsTheResponseInHand(t *testing.T) {
 	})
 }
 
+// The body is rewound only for a retry that is granted: never after the
+// last attempt, and a rewind that fails costs the budget nothing.
+func TestBodyIsRewoundOnlyForAGrantedRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{503}}
+		base, url := pipeServer(t, srv)
+		var rewinds atomic.Int32
+		req, err := http.NewRequest(http.MethodPut, url, strings.NewReader("x"))
+		require.NoError(t, err)
+		req.GetBody = func() (io.ReadCloser, error) {
+			rewinds.Add(1)
+			return io.NopCloser(strings.NewReader("x")), nil
+		}
+		resp, err := newBubbleTransport(base).RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Len(t, srv.Hits(), 3)
+		assert.Equal(t, int32(2), rewinds.Load(), "two retries, two rewinds")
+
+		bucket := budget.NewTokenBucket(budget.TokenBucketConfig{})
+		req = post(t, context.Background(), url, "x")
+		req.GetBody = func() (io.ReadCloser, error) { return nil, errBoom }
+		resp, err = newBubbleTransport(base, WithBudget(bucket)).RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 500, bucket.Available(time.Now()), "a failed rewind spends nothing")
+	})
+}
+
 // slowBody takes took (on the bubble's clock) per Read: a body that is slow
 // to buffer.
 type slowBody struct {

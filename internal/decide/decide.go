@@ -41,7 +41,12 @@ type Input struct {
 	Marked bool
 	// Body is why the request body cannot be sent again
 	// (retry.ReasonBodyNotRewindable), "" when it can.
-	Body     retry.Reason
+	Body retry.Reason
+	// Rewind, when set, readies the request body for the retry. It is
+	// called only when every other check grants the retry, just before the
+	// budget is asked; an error stops the loop with
+	// retry.ReasonBodyNotRewindable and spends nothing.
+	Rewind   func() error
 	Now      time.Time
 	Deadline time.Time     // the overall deadline; zero for none
 	PrevWait time.Duration // the wait before this attempt, 0 for the first
@@ -55,8 +60,9 @@ type Input struct {
 type Result struct {
 	Stop retry.Reason
 	// Wait is the sleep before the retry: the backoff, or the server's
-	// Retry-After when longer. When Stop is retry.ReasonDeadline or
-	// retry.ReasonBudget, it is the wait that a retry would have needed.
+	// Retry-After when longer. When Stop is retry.ReasonDeadline,
+	// retry.ReasonBudget or (from Rewind) retry.ReasonBodyNotRewindable, it
+	// is the wait that a retry would have needed.
 	Wait time.Duration
 	// Cost is what the budget took for the retry, which a success refunds.
 	Cost int
@@ -71,8 +77,10 @@ type Result struct {
 // a client retry less); the caller canceled; no attempt is left; the body
 // cannot be sent again; the server's Retry-After is longer than
 // c.MaxRetryAfter; the wait would not end before the deadline (no sleep in
-// vain); the budget refuses. Only the last one
-// changes anything: a granted retry takes its cost from in.Budget.
+// vain); the body cannot be rewound (in.Rewind); the budget refuses. Only
+// the last two change anything: the body is rewound only for a retry that
+// every other check grants, and a granted retry takes its cost from
+// in.Budget.
 func Decide(c Config, in Input) Result {
 	d := in.Outcome
 	switch {
@@ -101,6 +109,9 @@ func Decide(c Config, in Input) Result {
 	}
 	if !in.Deadline.IsZero() && wait >= in.Deadline.Sub(in.Now) { // no time left to try after it
 		return Result{Stop: retry.ReasonDeadline, Wait: wait}
+	}
+	if in.Rewind != nil && in.Rewind() != nil {
+		return Result{Stop: retry.ReasonBodyNotRewindable, Wait: wait}
 	}
 	cost, ok := in.Budget.AcquireRetry(in.Now, d.Throttle)
 	if !ok {

@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func half() float64 { return 0.5 }
+
+var errRewind = errors.New("rewind failed")
 
 var cfg = Config{MaxAttempts: 3, MaxRetryAfter: 30 * time.Second} // default backoff: 50 ms, 1 s, cap 20 s
 
@@ -70,6 +73,10 @@ func TestEachStopIsOneCase(t *testing.T) {
 			in.Outcome.Throttle = true
 			in.Budget = budget.NewTokenBucket(budget.TokenBucketConfig{})
 		}, Result{Wait: 500 * time.Millisecond, Cost: 5}},
+		{"a body that cannot be rewound", func(in *Input) { in.Rewind = func() error { return errRewind } },
+			Result{Stop: retry.ReasonBodyNotRewindable, Wait: 25 * time.Millisecond}},
+		{"a body rewound", func(in *Input) { in.Rewind = func() error { return nil } },
+			Result{Wait: 25 * time.Millisecond}},
 		{"attempt 2 backs off twice as long", func(in *Input) { in.Attempt = 2 }, Result{Wait: 50 * time.Millisecond}},
 	}
 	for _, tc := range tests {
@@ -92,14 +99,18 @@ func TestTheBudgetIsAskedLast(t *testing.T) {
 		"body":           func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
 		"Retry-After":    func(in *Input) { in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = time.Hour, true },
 		"no time to try": func(in *Input) { in.Deadline = t0 },
+		"rewind fails":   func(in *Input) { in.Rewind = func() error { return errRewind } },
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := budget.NewTokenBucket(budget.TokenBucketConfig{})
 			in := input()
 			in.Budget = b
+			rewound := false
+			in.Rewind = func() error { rewound = true; return nil }
 			change(&in)
 			assert.NotEmpty(t, Decide(cfg, in).Stop)
 			assert.Equal(t, 500, b.Available(t0), "nothing taken")
+			assert.False(t, rewound, "the body is rewound only for a retry every other check grants")
 		})
 	}
 	// And the caller's cancellation wins over the attempt limit.
