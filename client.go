@@ -146,7 +146,7 @@ type call struct {
 // return.
 func (c *call) run() (*http.Response, error) {
 	ctx := c.req.Context()
-	c.bud.OnRequest(c.start)
+	decide.Begin(c.bud, c.start)
 	defer func() {
 		if c.body != nil { // never sent: still ours to close
 			c.body.Close()
@@ -261,11 +261,7 @@ func (c *call) stop(a *attempt, d retry.Decision, step decide.Result,
 	}
 	c.observe(a, d, outcome, step)
 	if a.resp != nil {
-		if a.resp.StatusCode < 400 {
-			// Only a success feeds the budget (as in the AWS SDKs): a 404
-			// or a 422 is an answer, not a sign of health.
-			c.bud.OnSuccess(time.Now(), cost)
-		}
+		decide.End(c.bud, time.Now(), a.resp.StatusCode, cost)
 		return c.done(a.resp, nil, outcome, step.Stop)
 	}
 	a.end()

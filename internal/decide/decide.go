@@ -3,6 +3,7 @@
 // can never drift apart: after an attempt, from its classified outcome, the
 // attempt count, the overall deadline, Retry-After and the retry budget,
 // whether to retry and how long to wait first, or why to stop (Decide);
+// what the retry budget hears of a call besides its retries (Begin, End);
 // and, once the loop has stopped, whether the call pushes back on the
 // request it was made for, across a chain of services (PushBack).
 package decide
@@ -118,6 +119,20 @@ func Decide(c Config, in Input) Result {
 		return Result{Stop: retry.ReasonBudget, Wait: wait, BudgetLeft: in.Budget.Available(in.Now)}
 	}
 	return Result{Wait: wait, Cost: cost}
+}
+
+// Begin records in b that a logical request starts, before its attempt 1.
+func Begin(b budget.Budget, now time.Time) { b.OnRequest(now) }
+
+// End records in b how a call ended: status is its last answer's status,
+// 0 when it ended without one. Only a success (a status below 400) feeds
+// the budget, with cost, the cost of the retry that produced it (0 for a
+// first try), as in the AWS SDKs: a 404 or a 422 is an answer, not a sign
+// of health.
+func End(b budget.Budget, now time.Time, status, cost int) {
+	if status > 0 && status < 400 {
+		b.OnSuccess(now, cost)
+	}
 }
 
 // PushBack reports whether a call that stopped for reason stop, its last

@@ -145,6 +145,23 @@ func TestTheBackoffFormulaIsTheConfigs(t *testing.T) {
 	assert.Equal(t, Result{Wait: 2 * time.Second}, Decide(c, in))
 }
 
+// Only a success feeds the budget: it refunds a retry's cost, or adds the
+// first-try reward; any other end records nothing.
+func TestOnlyASuccessFeedsTheBudget(t *testing.T) {
+	b := budget.NewTokenBucket(budget.TokenBucketConfig{})
+	Begin(b, t0)
+	cost, _ := b.AcquireRetry(t0, false)
+	for _, status := range []int{0, 404, 422, 503} {
+		End(b, t0, status, cost)
+		assert.Equal(t, 486, b.Available(t0), "status %d", status)
+	}
+	End(b, t0, 200, cost)
+	assert.Equal(t, 500, b.Available(t0), "the retry's cost refunded")
+	b.AcquireRetry(t0, false)
+	End(b, t0, 304, 0)
+	assert.Equal(t, 487, b.Available(t0), "a first-try success adds 1")
+}
+
 func TestPushBack(t *testing.T) {
 	three, one := Config{MaxAttempts: 3}, Config{MaxAttempts: 1}
 	for _, tc := range []struct {
