@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
+	"github.com/saferetry/saferetry/internal/nilcheck"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -53,11 +53,17 @@ var _ http.RoundTripper = (*Transport)(nil)
 // one token bucket per host, shared process-wide.
 var defaultBudget = sync.OnceValue(func() *budget.Registry { return budget.NewRegistry(nil) })
 
+// hostBudgets is a Budget that gives each host a budget of its own, as
+// *budget.Registry does (see WithBudget).
+type hostBudgets interface {
+	For(host string) budget.Budget
+}
+
 // NewTransport returns a Transport that sends each attempt through base,
 // configured by opts (the defaults are in the package documentation). A nil
 // base, typed nil pointers included, means http.DefaultTransport.
 func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
-	if isNil(base) {
+	if nilcheck.Is(base) {
 		base = http.DefaultTransport
 	}
 	t := &Transport{base: base, cfg: defaultConfig()}
@@ -66,7 +72,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 			o(&t.cfg)
 		}
 	}
-	if t.cfg.budget == nil {
+	if nilcheck.Is(t.cfg.budget) {
 		t.cfg.budget = defaultBudget()
 	}
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
@@ -77,19 +83,6 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	}
 	t.obs = newObservers(obs)
 	return t
-}
-
-// isNil reports whether rt is nil or a typed nil (a nil *http.Transport, a
-// nil func), which would panic at the first request.
-func isNil(rt http.RoundTripper) bool {
-	if rt == nil {
-		return true
-	}
-	switch v := reflect.ValueOf(rt); v.Kind() {
-	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Interface, reflect.Chan, reflect.Slice:
-		return v.IsNil()
-	}
-	return false
 }
 
 // CloseIdleConnections closes the idle connections of the base transport
@@ -403,8 +396,11 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		return nil, err
 	}
 	c.bud = t.cfg.budget
-	if r, ok := c.bud.(*budget.Registry); ok {
-		c.bud = r.For(req.URL.Host)
+	if hosts, ok := c.bud.(hostBudgets); ok {
+		c.bud = hosts.For(req.URL.Host)
+		if nilcheck.Is(c.bud) {
+			c.bud = defaultBudget().For(req.URL.Host)
+		}
 	}
 	// The loop's clock starts once the request is ready (its body read, if
 	// it had to be buffered): the time spent reading the caller's body is

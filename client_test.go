@@ -989,6 +989,25 @@ func TestOptionValuesBelowTheirRange(t *testing.T) {
 		}
 	})
 
+	t.Run("a typed nil budget is the default budget", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			srv := &script{statuses: []int{503, 200}}
+			base, url := pipeServer(t, srv)
+			for _, b := range []budget.Budget{(*budget.TokenBucket)(nil), (*budget.Registry)(nil),
+				(*budget.Ratio)(nil),
+				budget.NewRegistry(func() budget.Budget { return (*budget.TokenBucket)(nil) }),
+				forHosts(func(string) budget.Budget { return nil }),
+			} {
+				srv.hits = nil
+				resp, err := newBubbleTransport(base, WithBudget(b)).RoundTrip(get(t, url))
+				require.NoError(t, err, "%T", b)
+				resp.Body.Close()
+				assert.Equal(t, 200, resp.StatusCode, "%T: retried", b)
+				assert.Len(t, srv.Hits(), 2)
+			}
+		})
+	})
+
 	t.Run("no bound of its own: the context's deadline alone", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			tr := newBubbleTransport(blockingBase{}, WithMaxElapsed(0))
@@ -999,6 +1018,38 @@ func TestOptionValuesBelowTheirRange(t *testing.T) {
 			assert.ErrorIs(t, err, context.DeadlineExceeded)
 			assert.Equal(t, time.Minute, time.Since(start), "past the default 30 s")
 		})
+	})
+}
+
+// forHosts is a Budget with a For method, as a user's wrapper around a
+// budget.Registry is: the Transport asks For for each request's host. Its
+// own Budget methods (embedded nil) must never be called.
+type forHosts func(host string) budget.Budget
+
+func (f forHosts) For(host string) budget.Budget          { return f(host) }
+func (forHosts) OnRequest(time.Time)                      { panic("the host's budget is asked") }
+func (forHosts) AcquireRetry(time.Time, bool) (int, bool) { panic("the host's budget is asked") }
+func (forHosts) OnSuccess(time.Time, int)                 { panic("the host's budget is asked") }
+func (forHosts) Available(time.Time) int                  { panic("the host's budget is asked") }
+
+// A Budget with a For method, a user's wrapper around a Registry included,
+// gives each host its own budget: draining one host's leaves another's.
+func TestABudgetWithForIsAskedPerHost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{503}}
+		base, _ := pipeServer(t, srv) // every host reaches it
+		reg := budget.NewRegistry(func() budget.Budget {
+			return budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 14}) // one transient retry
+		})
+		wrapper := forHosts(func(host string) budget.Budget { return reg.For(host) })
+		tr := newBubbleTransport(base, WithBudget(wrapper))
+		for _, host := range []string{"a.test", "b.test"} {
+			resp, err := tr.RoundTrip(get(t, "http://"+host+"/"))
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, 503, resp.StatusCode)
+		}
+		assert.Len(t, srv.Hits(), 4, "each host: one attempt, one retry, then its budget is empty")
 	})
 }
 

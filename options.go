@@ -131,10 +131,13 @@ func WithMaxBufferedBody(n int64) Option {
 
 // WithBudget sets the retry budget this Transport asks before every retry
 // (default: a process-wide budget.Registry of default token buckets, one
-// per host, shared by every Transport). A *budget.Registry gives each
-// request its host's budget; any other Budget is shared by every host of
-// this Transport. budget.Unlimited() grants every retry: for tests and
-// batch jobs only. nil means the default.
+// per host, shared by every Transport). A Budget that also has a method
+// For(host string) budget.Budget, as *budget.Registry has (and a wrapper
+// around one that forwards For), gives each request the budget For returns
+// for its URL's Host (nil from For means the default budget of that host);
+// any other Budget is shared by every host of this Transport.
+// budget.Unlimited() grants every retry: for tests and batch jobs only. nil,
+// and a typed nil such as a nil *budget.TokenBucket, mean the default.
 func WithBudget(b budget.Budget) Option {
 	return func(c *config) { c.budget = b }
 }

@@ -36,6 +36,10 @@ func TestRegistryNewBudget(t *testing.T) {
 
 	nilMaker := NewRegistry(func() Budget { return nil })
 	require.IsType(t, &TokenBucket{}, nilMaker.For("x"), "a nil budget falls back to the default bucket")
+	typedNil := NewRegistry(func() Budget { return (*TokenBucket)(nil) })
+	b := typedNil.For("x")
+	require.NotNil(t, b.(*TokenBucket), "a typed nil budget falls back to the default bucket")
+	require.Equal(t, 500, b.Available(t0))
 }
 
 func TestRegistryMaxHosts(t *testing.T) {
