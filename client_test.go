@@ -227,7 +227,10 @@ func TestRetryAfterAboveTheCapReturnsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &script{statuses: []int{429, 200}, header: func(_ int, h http.Header) { h.Set("Retry-After", "3600") }}
 		base, url := pipeServer(t, srv)
-		tr := newBubbleTransport(base)
+		var done CallDoneInfo
+		tr := newBubbleTransport(base, WithObserver(Observer{
+			CallDone: func(_ context.Context, info CallDoneInfo) { done = info },
+		}))
 		start := time.Now()
 		resp, err := tr.RoundTrip(get(t, url))
 		require.NoError(t, err)
@@ -235,6 +238,7 @@ func TestRetryAfterAboveTheCapReturnsAtOnce(t *testing.T) {
 		assert.Equal(t, 429, resp.StatusCode)
 		assert.Len(t, srv.Hits(), 1)
 		assert.Zero(t, time.Since(start), "no sleep at all")
+		assert.Equal(t, retry.ReasonRetryAfterTooLong, done.Stop, "not the deadline: WithMaxRetryAfter")
 	})
 }
 
@@ -292,7 +296,9 @@ func TestCallerDeadlineErrorIsAContextError(t *testing.T) {
 	}))
 	defer ts.Close()
 	defer close(release)
-	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)))
+	var last AttemptDoneInfo
+	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
+		WithObserver(Observer{AttemptDone: func(_ context.Context, info AttemptDoneInfo) { last = info }}))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -302,6 +308,9 @@ func TestCallerDeadlineErrorIsAContextError(t *testing.T) {
 	var ex *retry.ExhaustedError
 	require.ErrorAs(t, err, &ex)
 	assert.Equal(t, 1, ex.Attempts)
+	assert.Equal(t, retry.ReasonCanceled, ex.Reason)
+	assert.Equal(t, retry.ClassCallerDeadline, last.Decision.Class)
+	assert.Equal(t, retry.Class("caller_deadline"), last.Decision.Class, "not the overall deadline's")
 }
 
 // hangingServer accepts requests and never answers until the test ends.

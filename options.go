@@ -103,9 +103,10 @@ func WithAttemptTimeout(d time.Duration) Option {
 }
 
 // WithMaxRetryAfter sets the longest Retry-After the Transport honours by
-// waiting (default 30 s). A longer one, or one that would end after the
-// overall deadline, ends the loop and the response is returned at once.
-// d <= 0 means that any positive Retry-After ends the loop.
+// waiting (default 30 s). A longer one ends the loop (stop reason
+// retry.ReasonRetryAfterTooLong), as does one that would end after the
+// overall deadline (retry.ReasonDeadline), and the response is returned at
+// once. d <= 0 means that any positive Retry-After ends the loop.
 func WithMaxRetryAfter(d time.Duration) Option {
 	return func(c *config) { c.maxRetryAfter = max(0, d) }
 }

@@ -31,8 +31,8 @@ const (
 	// that the budget refused to retry.
 	RetryClassKey = attribute.Key("saferetry.retry.class")
 	// StopReasonKey is why the loop stopped (a retry.Reason:
-	// "max_attempts", "budget_denied", ...), on an attempt or call whose
-	// outcome is "stopped".
+	// "max_attempts", "budget_denied", "deadline", "retry_after_too_long",
+	// ...), on an attempt or call whose outcome is "stopped".
 	StopReasonKey = attribute.Key("saferetry.stop.reason")
 	// KeyDigestKey is the digest of the idempotency key (keygen.Digest),
 	// never the key itself.

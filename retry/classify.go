@@ -44,7 +44,7 @@ const (
 	ClassH2GoAway        Class = "h2_goaway"         // HTTP/2 GOAWAY
 	ClassTLS             Class = "tls"               // certificate verification failed
 	ClassCanceled        Class = "canceled"          // the caller canceled its context
-	ClassDeadline        Class = "deadline"          // the caller's own deadline passed
+	ClassCallerDeadline  Class = "caller_deadline"   // the caller's own context deadline passed
 	ClassInProgress      Class = "in_progress"       // 409 idempotency_request_in_progress
 	ClassKeyReused       Class = "key_reused"        // a conflict idempotency_key_reused
 	ClassNotRetryable    Class = "not_retryable"     // an unrecognised error, or no outcome at all
@@ -109,7 +109,7 @@ type Decision struct {
 // off (the first verdict other than [Keep] decides; nil rules are skipped);
 // Class, Throttle, RetryAfter and NeverSent stay the built-in ones. Then the
 // safety rules, which no Rule lifts: a success ([ClassOK]) and the caller's
-// own cancellation or deadline ([ClassCanceled], [ClassDeadline]) are never
+// own cancellation or deadline ([ClassCanceled], [ClassCallerDeadline]) are never
 // retried, and a request that is not idempotent is retried only when it
 // provably never reached the server (NeverSent), never after a status or a
 // timeout. The attempt limit, the deadline and the budget are the caller's
@@ -196,7 +196,7 @@ func classifyErr(in Input) Decision {
 		}
 		return Decision{Class: class, NeverSent: true, Retry: true}
 	case isContextDeadline(err):
-		return Decision{Class: ClassDeadline}
+		return Decision{Class: ClassCallerDeadline}
 	}
 	// Text matches on net/http's bundled HTTP/2 errors, which are unexported.
 	// GOAWAY is checked first: its message carries server-chosen debug data,

@@ -175,7 +175,7 @@ func TestClassifyRealAttemptTimeout(t *testing.T) {
 		Classify(nil, Input{Idempotent: false, Err: err, AttemptTimedOut: true}, time.Now()),
 		"a timeout is never retried for an unsafe request")
 	// The same error from the caller's own deadline is final.
-	require.Equal(t, Decision{Class: ClassDeadline},
+	require.Equal(t, Decision{Class: ClassCallerDeadline},
 		Classify(nil, Input{Idempotent: true, Err: err}, time.Now()))
 
 	// A transport-level timeout (ResponseHeaderTimeout) is a per-attempt timeout too.

@@ -62,8 +62,9 @@ type Result struct {
 	Stop retry.Reason
 	// Wait is the sleep before the retry: the backoff, or the server's
 	// Retry-After when longer. When Stop is retry.ReasonDeadline,
-	// retry.ReasonBudget or (from Rewind) retry.ReasonBodyNotRewindable, it
-	// is the wait that a retry would have needed.
+	// retry.ReasonRetryAfterTooLong, retry.ReasonBudget or (from Rewind)
+	// retry.ReasonBodyNotRewindable, it is the wait that a retry would have
+	// needed.
 	Wait time.Duration
 	// Cost is what the budget took for the retry, which a success refunds.
 	Cost int
@@ -85,7 +86,7 @@ type Result struct {
 func Decide(c Config, in Input) Result {
 	d := in.Outcome
 	switch {
-	case !d.Retry && (d.Class == retry.ClassCanceled || d.Class == retry.ClassDeadline):
+	case !d.Retry && (d.Class == retry.ClassCanceled || d.Class == retry.ClassCallerDeadline):
 		return Result{Stop: retry.ReasonCanceled}
 	case !d.Retry:
 		return Result{Stop: retry.ReasonNotRetryable}
@@ -98,7 +99,7 @@ func Decide(c Config, in Input) Result {
 	case in.Body != "":
 		return Result{Stop: in.Body}
 	case d.HasRetryAfter && d.RetryAfter > c.MaxRetryAfter:
-		return Result{Stop: retry.ReasonDeadline, Wait: d.RetryAfter}
+		return Result{Stop: retry.ReasonRetryAfterTooLong, Wait: d.RetryAfter}
 	}
 	r := in.Rand
 	if r == nil {
@@ -140,12 +141,12 @@ func End(b budget.Budget, now time.Time, status, cost int) {
 // or further down a chain of services, so that the request it was made for
 // must not be retried above: the loop gave up on a retryable failure after
 // retrying it (the attempts used up, when c allows more than one), or
-// because the budget or the deadline refused the next retry; or the last
-// answer carries the mark (whatever the stop: a marked failure climbs the
-// whole chain).
+// because the budget, the deadline or a Retry-After longer than it honours
+// refused the next retry; or the last answer carries the mark (whatever
+// the stop: a marked failure climbs the whole chain).
 func PushBack(c Config, stop retry.Reason, marked bool) bool {
 	switch stop {
-	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline:
+	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline, retry.ReasonRetryAfterTooLong:
 		return true
 	case retry.ReasonMaxAttempts:
 		return c.MaxAttempts > 1 || marked

@@ -42,7 +42,7 @@ func TestEachStopIsOneCase(t *testing.T) {
 			in.Outcome = retry.Decision{Class: retry.ClassCanceled}
 		}, Result{Stop: retry.ReasonCanceled}},
 		{"the caller's deadline, classified", func(in *Input) {
-			in.Outcome = retry.Decision{Class: retry.ClassDeadline}
+			in.Outcome = retry.Decision{Class: retry.ClassCallerDeadline}
 		}, Result{Stop: retry.ReasonCanceled}},
 		{"canceled after a retryable outcome", func(in *Input) { in.Canceled = true },
 			Result{Stop: retry.ReasonCanceled}},
@@ -57,7 +57,7 @@ func TestEachStopIsOneCase(t *testing.T) {
 			Result{Stop: retry.ReasonBodyNotRewindable}},
 		{"Retry-After above the cap", func(in *Input) {
 			in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = 31*time.Second, true
-		}, Result{Stop: retry.ReasonDeadline, Wait: 31 * time.Second}},
+		}, Result{Stop: retry.ReasonRetryAfterTooLong, Wait: 31 * time.Second}},
 		{"Retry-After longer than the backoff", func(in *Input) {
 			in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = 2*time.Second, true
 		}, Result{Wait: 2 * time.Second}},
@@ -175,6 +175,7 @@ func TestPushBack(t *testing.T) {
 		{one, retry.ReasonMaxAttempts, true, true},
 		{three, retry.ReasonBudget, false, true},
 		{three, retry.ReasonDeadline, false, true},
+		{three, retry.ReasonRetryAfterTooLong, false, true},
 		{three, retry.ReasonRetriedBelow, true, true},
 		{three, retry.ReasonNotRetryable, false, false},
 		{three, retry.ReasonNotRetryable, true, true},
