@@ -231,7 +231,7 @@ func (c *call) rewind(a *attempt) error {
 // its body under the attempt's time limit and maxPeekTime; if either ends
 // meanwhile, the attempt timed out.
 func (c *call) classify(a *attempt) retry.Decision {
-	in := retry.Input{Method: c.req.Method, Idempotent: c.idempotent, Request: c.req, Attempt: a.n}
+	in := retry.Input{Idempotent: c.idempotent, Request: c.req, Attempt: a.n}
 	if a.resp != nil && a.resp.StatusCode == http.StatusConflict {
 		peek := time.AfterFunc(maxPeekTime, func() { a.cancel(ErrAttemptTimeout) })
 		in.ProblemCode = peekProblemCode(a.resp)

@@ -78,14 +78,6 @@ func (r *Registry) For(host string) Budget {
 	return b
 }
 
-// Len returns how many hosts have a budget of their own (the overflow
-// budget not included). Safe for concurrent use.
-func (r *Registry) Len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.hosts
-}
-
 func (r *Registry) create() Budget {
 	if r.newBudget != nil {
 		if b := r.newBudget(); !nilcheck.Is(b) {

@@ -94,26 +94,23 @@ func orDefault(v, def int) int {
 	return v
 }
 
-// Cost returns what a retry costs in this bucket: ThrottleCost when
-// throttled, else TransientCost. Safe for concurrent use.
-func (b *TokenBucket) Cost(throttled bool) int {
+// cost returns what a retry costs in this bucket: ThrottleCost when
+// throttled, else TransientCost.
+func (b *TokenBucket) cost(throttled bool) int {
 	if throttled {
 		return b.throttle
 	}
 	return b.transient
 }
 
-// Capacity returns the size of the bucket. Safe for concurrent use.
-func (b *TokenBucket) Capacity() int { return b.capacity }
-
 // OnRequest does nothing: a token bucket counts successes, not requests.
 func (b *TokenBucket) OnRequest(time.Time) {}
 
-// AcquireRetry takes Cost(throttled) tokens and returns them and true, or
+// AcquireRetry takes the retry's cost (ThrottleCost or TransientCost) in tokens and returns them and true, or
 // returns (0, false) and takes nothing when fewer are left.
 // Safe for concurrent use; now is ignored.
 func (b *TokenBucket) AcquireRetry(_ time.Time, throttled bool) (int, bool) {
-	cost := int64(b.Cost(throttled))
+	cost := int64(b.cost(throttled))
 	for {
 		tokens := b.tokens.Load()
 		if cost > tokens {

@@ -86,10 +86,12 @@ func TestTokenBucketOutageDrainsAfter35Retries(t *testing.T) {
 
 func TestTokenBucketConfig(t *testing.T) {
 	b := NewTokenBucket(TokenBucketConfig{Capacity: 20, TransientCost: 7, ThrottleCost: 3, SuccessReward: 2})
-	require.Equal(t, 20, b.Capacity())
-	require.Equal(t, 7, b.Cost(false))
-	require.Equal(t, 3, b.Cost(true))
-	cost, ok := b.AcquireRetry(t0, false)
+	require.Equal(t, 20, b.Available(t0), "it starts full")
+	cost, ok := b.AcquireRetry(t0, true)
+	require.True(t, ok)
+	require.Equal(t, 3, cost)
+	b.OnSuccess(t0, cost)
+	cost, ok = b.AcquireRetry(t0, false)
 	require.True(t, ok)
 	require.Equal(t, 7, cost)
 	b.OnSuccess(t0, 0)
@@ -103,9 +105,11 @@ func TestTokenBucketConfig(t *testing.T) {
 	require.Equal(t, 500, noReward.Available(t0), "refunds still work")
 
 	neg := NewTokenBucket(TokenBucketConfig{Capacity: -1, TransientCost: -2, ThrottleCost: -3})
-	require.Equal(t, 500, neg.Capacity())
-	require.Equal(t, 14, neg.Cost(false))
-	require.Equal(t, 5, neg.Cost(true))
+	require.Equal(t, 500, neg.Available(t0))
+	cost, _ = neg.AcquireRetry(t0, false)
+	require.Equal(t, 14, cost)
+	cost, _ = neg.AcquireRetry(t0, true)
+	require.Equal(t, 5, cost)
 }
 
 func TestTokenBucketConfigValidate(t *testing.T) {

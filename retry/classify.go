@@ -52,8 +52,6 @@ const (
 
 // Input describes the outcome of one attempt.
 type Input struct {
-	// Method is the request method (informational; Idempotent decides).
-	Method string
 	// Idempotent is true when the request may be repeated: an idempotent
 	// method, an Idempotency-Key attached, or the caller declared it so.
 	// When false, only failures where the request provably never reached

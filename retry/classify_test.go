@@ -73,9 +73,9 @@ func TestClassifyStatuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			in := Input{Method: http.MethodGet, Idempotent: true, Response: tc.resp, ProblemCode: tc.code}
+			in := Input{Idempotent: true, Response: tc.resp, ProblemCode: tc.code}
 			require.Equal(t, tc.idem, Classify(tc.rules, in, now))
-			in.Method, in.Idempotent = http.MethodPost, false
+			in.Idempotent = false
 			require.Equal(t, tc.unsafe, Classify(tc.rules, in, now))
 		})
 	}
@@ -155,9 +155,9 @@ func TestClassifyErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			in := Input{Method: http.MethodPut, Idempotent: true, Err: tc.err, AttemptTimedOut: tc.timedOut}
+			in := Input{Idempotent: true, Err: tc.err, AttemptTimedOut: tc.timedOut}
 			require.Equal(t, tc.idem, Classify(nil, in, now))
-			in.Method, in.Idempotent = http.MethodPost, false
+			in.Idempotent = false
 			require.Equal(t, tc.unsafe, Classify(allow500, in, now))
 		})
 	}
