@@ -60,8 +60,9 @@ type hostBudgets interface {
 }
 
 // NewTransport returns a Transport that sends each attempt through base,
-// configured by opts (the defaults are in the package documentation). A nil
-// base, typed nil pointers included, means http.DefaultTransport.
+// configured by opts (the defaults are in the package documentation), in
+// order; a nil Option is skipped. A nil base, typed nil pointers included,
+// means http.DefaultTransport. It never fails and never panics.
 func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	if nilcheck.Is(base) {
 		base = http.DefaultTransport

@@ -998,6 +998,12 @@ func TestOptionValuesBelowTheirRange(t *testing.T) {
 		}
 	})
 
+	t.Run("a nil option is skipped", func(t *testing.T) {
+		tr := NewTransport(nil, nil, WithMaxAttempts(1), nil)
+		assert.Equal(t, 1, tr.cfg.maxAttempts, "the options around it apply")
+		assert.Equal(t, defaultConfig().maxElapsed, tr.cfg.maxElapsed, "the rest is the default")
+	})
+
 	t.Run("a typed nil budget is the default budget", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			srv := &script{statuses: []int{503, 200}}
