@@ -104,12 +104,25 @@ func TestTokenBucketConfig(t *testing.T) {
 	noReward.OnSuccess(t0, 5)
 	require.Equal(t, 500, noReward.Available(t0), "refunds still work")
 
-	neg := NewTokenBucket(TokenBucketConfig{Capacity: -1, TransientCost: -2, ThrottleCost: -3})
-	require.Equal(t, 500, neg.Available(t0))
-	cost, _ = neg.AcquireRetry(t0, false)
-	require.Equal(t, 14, cost)
-	cost, _ = neg.AcquireRetry(t0, true)
+	// A negative field is never the default in disguise: it grants fewer
+	// retries (none of its kind).
+	empty := NewTokenBucket(TokenBucketConfig{Capacity: -1})
+	require.Zero(t, empty.Available(t0), "a bucket of no tokens")
+	_, ok = empty.AcquireRetry(t0, true)
+	require.False(t, ok)
+	empty.OnSuccess(t0, 0)
+	require.Zero(t, empty.Available(t0), "never above its capacity")
+	neverTransient := NewTokenBucket(TokenBucketConfig{TransientCost: -2})
+	_, ok = neverTransient.AcquireRetry(t0, false)
+	require.False(t, ok, "a negative cost: never granted")
+	cost, ok = neverTransient.AcquireRetry(t0, true)
+	require.True(t, ok)
 	require.Equal(t, 5, cost)
+	require.Equal(t, 495, neverTransient.Available(t0))
+	neverThrottled := NewTokenBucket(TokenBucketConfig{ThrottleCost: -3})
+	_, ok = neverThrottled.AcquireRetry(t0, true)
+	require.False(t, ok)
+	require.Equal(t, 500, neverThrottled.Available(t0), "a denial takes nothing")
 }
 
 func TestTokenBucketConfigValidate(t *testing.T) {
