@@ -192,7 +192,8 @@ func (c *call) run() (*http.Response, error) {
 
 // judge classifies attempt a's outcome and decides, at the time it
 // returns, what follows it.
-func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide.Result, time.Time) {
+func (c *call) judge(a *attempt, prevWait time.Duration) (
+	retry.Decision, decide.Result, time.Time) {
 	d := c.classify(a)
 	cfg := &c.t.cfg
 	now := time.Now()

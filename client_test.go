@@ -1054,7 +1054,8 @@ func TestABudgetWithForIsAskedPerHost(t *testing.T) {
 		srv := &script{statuses: []int{503}}
 		base, _ := pipeServer(t, srv) // every host reaches it
 		reg := budget.NewRegistry(func() budget.Budget {
-			return budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 14}) // one transient retry
+			// One transient retry per host.
+			return budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 14})
 		})
 		wrapper := forHosts(func(host string) budget.Budget { return reg.For(host) })
 		tr := newBubbleTransport(base, WithBudget(wrapper))

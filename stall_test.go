@@ -114,7 +114,8 @@ func stalledCall(t *testing.T, answer string, opts []Option, ctxDeadline time.Du
 			defer cancel()
 		}
 		start := time.Now()
-		resp, err := quietTransport(base, opts...).RoundTrip(get(t, "http://pipe.test/").WithContext(ctx))
+		req := get(t, "http://pipe.test/").WithContext(ctx)
+		resp, err := quietTransport(base, opts...).RoundTrip(req)
 		took := time.Since(start)
 		check(resp, err, took, hits.Load())
 		if resp != nil {
@@ -188,7 +189,8 @@ func TestStalledBodiesOverLoopback(t *testing.T) {
 
 			tr := quietTransport(base, WithMaxElapsed(300*time.Millisecond),
 				WithBackoff(jitter.Config{Func: halfJitter, Base: time.Millisecond, Cap: time.Millisecond}))
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a hung test ends
+			// A hung test ends.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			start := time.Now()
 			resp, err := tr.RoundTrip(get(t, "http://"+l.Addr().String()+"/").WithContext(ctx))

@@ -59,7 +59,8 @@ type InvalidKeyError struct {
 // key (digest 9a3e51a4c1f0, 3 bytes): invalid_char: invalid character 0x01
 // at byte 1 (want visible ASCII or a space, 0x20..0x7E)`.
 func (e *InvalidKeyError) Error() string {
-	msg := fmt.Sprintf("keygen: invalid idempotency key (digest %s, %d bytes): %s: ", e.Digest, e.Len, e.Reason)
+	msg := fmt.Sprintf("keygen: invalid idempotency key (digest %s, %d bytes): %s: ",
+		e.Digest, e.Len, e.Reason)
 	switch e.Reason {
 	case reasonEmpty:
 		return msg + "no bytes"

@@ -38,7 +38,7 @@ const (
 	ClassConnRefused     Class = "conn_refused"      // ECONNREFUSED while dialling (never sent)
 	ClassDial            Class = "dial"              // any other dial error, e.g. DNS (never sent)
 	ClassConnReset       Class = "conn_reset"        // ECONNRESET
-	ClassEOF             Class = "eof"               // io.EOF or io.ErrUnexpectedEOF before a response
+	ClassEOF             Class = "eof"               // EOF or unexpected EOF before a response
 	ClassTimeout         Class = "timeout"           // the attempt's time limit, or the transport's
 	ClassH2RefusedStream Class = "h2_refused_stream" // HTTP/2 REFUSED_STREAM (never processed)
 	ClassH2GoAway        Class = "h2_goaway"         // HTTP/2 GOAWAY

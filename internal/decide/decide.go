@@ -146,7 +146,8 @@ func End(b budget.Budget, now time.Time, status, cost int) {
 // the stop: a marked failure climbs the whole chain).
 func PushBack(c Config, stop retry.Reason, marked bool) bool {
 	switch stop {
-	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline, retry.ReasonRetryAfterTooLong:
+	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline,
+		retry.ReasonRetryAfterTooLong:
 		return true
 	case retry.ReasonMaxAttempts:
 		return c.MaxAttempts > 1 || marked

@@ -18,7 +18,8 @@ func half() float64 { return 0.5 }
 
 var errRewind = errors.New("rewind failed")
 
-var cfg = Config{MaxAttempts: 3, MaxRetryAfter: 30 * time.Second} // default backoff: 50 ms, 1 s, cap 20 s
+// cfg has the default backoff: bases 50 ms and 1 s, cap 20 s.
+var cfg = Config{MaxAttempts: 3, MaxRetryAfter: 30 * time.Second}
 
 // input is an attempt 1 that failed with a plain 503, 10 s before the
 // deadline, with an unlimited budget: a retry, unless a test changes it.
