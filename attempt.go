@@ -17,8 +17,11 @@ import (
 // attempt is one try of a call: its context, that context's cancellation,
 // the timer of its time limit, and its outcome. Its time limit covers
 // everything the Transport does with the response (classify, rules,
-// observers, peek, drain) and stops only when the response is handed over
-// (handOver); after that, the caller's context alone governs the body.
+// observers, peek) and stops only when the response is handed over
+// (handOver); after that, the caller's context alone governs the body. The
+// Transport's own reads of the body have bounds of their own as well: the
+// peek at a 409 at most maxPeekTime, the drain of a discarded answer the
+// wait before the retry.
 type attempt struct {
 	n      int
 	start  time.Time
@@ -36,8 +39,7 @@ type attempt struct {
 // it failed and nothing was sent; the attempt's own error is a.err.
 func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt, error) {
 	t := c.t
-	a := &c.cur
-	*a = attempt{n: n, start: time.Now(), octx: ctx}
+	a := &attempt{n: n, start: time.Now(), octx: ctx}
 	if n == 1 {
 		a.start = c.start
 	}
@@ -96,16 +98,6 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 		}
 	}
 
-	if a.timer != nil && !time.Now().Before(a.until) {
-		// No time left of its own limit (a drain took it): it times out
-		// unsent. (When the caller's deadline is the limit, the base
-		// transport returns the caller's error.)
-		if r.Body != nil {
-			r.Body.Close()
-		}
-		a.err = attemptTimedOut(a.until.Sub(a.start), nil)
-		return a, nil
-	}
 	a.resp, a.err = t.base.RoundTrip(r)
 	switch {
 	case a.err != nil:
@@ -125,8 +117,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 }
 
 // limit returns a timer that cancels an attempt's context, with the cause
-// ErrAttemptTimeout, at until. It holds the cancel function itself, never
-// the attempt, whose place the next attempt takes.
+// ErrAttemptTimeout, at until.
 func limit(until time.Time, cancel context.CancelCauseFunc) *time.Timer {
 	return time.AfterFunc(time.Until(until), func() { cancel(ErrAttemptTimeout) })
 }
@@ -137,8 +128,8 @@ func (a *attempt) expired() bool {
 	return context.Cause(a.ctx) == ErrAttemptTimeout && a.octx.Err() == nil
 }
 
-// timeOut makes the attempt a timed-out one: its response, if any, is
-// closed and dropped.
+// timeOut makes the attempt a timed-out one, its time limit or the peek's
+// having ended: its response, if any, is closed and dropped.
 func (a *attempt) timeOut() {
 	if a.resp != nil {
 		if a.resp.Body != nil {
@@ -146,7 +137,7 @@ func (a *attempt) timeOut() {
 		}
 		a.resp = nil
 	}
-	a.err = attemptTimedOut(a.until.Sub(a.start), nil)
+	a.err = attemptTimedOut(time.Since(a.start), nil)
 }
 
 // handOver gives the response to the caller: its time limit stops, and its
@@ -171,17 +162,18 @@ func (a *attempt) handOver() bool {
 	return true
 }
 
-// discard drains (at most maxDrain bytes) and closes the response that the
-// loop will not return, then ends the attempt. The drain is bounded in time
-// too: by the attempt's limit, or by by when that is earlier (zero: no
-// bound), so that the wait after it still ends before the overall deadline.
-func (a *attempt) discard(by time.Time) {
+// discard drains and closes the response that the loop will not return,
+// then ends the attempt. The drain, so that the connection can be reused,
+// runs within the wait before the retry: it stops at wake, or after
+// maxDrain bytes, whichever comes first; an unfinished body is then closed
+// and its connection dropped.
+func (a *attempt) discard(wake time.Time) {
 	if a.resp != nil && a.resp.Body != nil {
-		earlier := !by.IsZero() && (a.until.IsZero() || by.Before(a.until))
-		if earlier && (a.timer == nil || a.timer.Stop()) {
-			a.timer = limit(by, a.cancel)
+		if d := time.Until(wake); d > 0 {
+			drain := time.AfterFunc(d, func() { a.cancel(nil) })
+			_, _ = io.Copy(io.Discard, io.LimitReader(a.resp.Body, maxDrain))
+			drain.Stop()
 		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(a.resp.Body, maxDrain))
 		a.resp.Body.Close()
 	}
 	a.end()

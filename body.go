@@ -9,6 +9,7 @@ import (
 	"math"
 	"mime"
 	"net/http"
+	"time"
 
 	"github.com/saferetry/saferetry/retry"
 )
@@ -59,9 +60,15 @@ func cloneHeader(h http.Header) http.Header {
 // maxProblemPeek bounds how much of a 409 body is read to find its code.
 const maxProblemPeek = 4 << 10
 
+// maxPeekTime bounds, in time, the read of a 409's problem code: the
+// middleware writes that short body with its headers, so a second is ample,
+// and a stalled one does not hold the loop until the overall deadline.
+const maxPeekTime = time.Second
+
 // peekProblemCode reads the "code" member of an application/problem+json 409
 // without consuming the body for the caller: the bytes read are put back.
-// The read is bounded in bytes here and in time by the attempt's context.
+// The read is bounded in bytes here, and in time by the attempt's context,
+// which its time limit or maxPeekTime ends.
 func peekProblemCode(resp *http.Response) string {
 	if resp.Body == nil {
 		return ""

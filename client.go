@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
+	"github.com/saferetry/saferetry/internal/nilcheck"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -21,10 +21,10 @@ import (
 // ErrAttemptTimeout is wrapped by the error of an attempt that its own time
 // limit ended: the per-attempt timeout (WithAttemptTimeout) or the overall
 // deadline (WithMaxElapsed), reached before the Transport handed the
-// response over. It never matches context.DeadlineExceeded or
-// context.Canceled, which are kept for the caller's own deadline and
-// cancellation. It is also the cause (context.Cause) of the context of an
-// attempt that its limit ended.
+// response over, or the 1 s bound of the peek at a 409's problem code. It
+// never matches context.DeadlineExceeded or context.Canceled, which are
+// kept for the caller's own deadline and cancellation. It is also the cause
+// (context.Cause) of the context of an attempt that its limit ended.
 var ErrAttemptTimeout = errors.New("saferetry: attempt timed out")
 
 // Transport is an http.RoundTripper that retries what is safe to retry, as
@@ -53,11 +53,18 @@ var _ http.RoundTripper = (*Transport)(nil)
 // one token bucket per host, shared process-wide.
 var defaultBudget = sync.OnceValue(func() *budget.Registry { return budget.NewRegistry(nil) })
 
+// hostBudgets is a Budget that gives each host a budget of its own, as
+// *budget.Registry does (see WithBudget).
+type hostBudgets interface {
+	For(host string) budget.Budget
+}
+
 // NewTransport returns a Transport that sends each attempt through base,
-// configured by opts (the defaults are in the package documentation). A nil
-// base, typed nil pointers included, means http.DefaultTransport.
+// configured by opts (the defaults are in the package documentation), in
+// order; a nil Option is skipped. A nil base, typed nil pointers included,
+// means http.DefaultTransport. It never fails and never panics.
 func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
-	if isNil(base) {
+	if nilcheck.Is(base) {
 		base = http.DefaultTransport
 	}
 	t := &Transport{base: base, cfg: defaultConfig()}
@@ -66,7 +73,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 			o(&t.cfg)
 		}
 	}
-	if t.cfg.budget == nil {
+	if nilcheck.Is(t.cfg.budget) {
 		t.cfg.budget = defaultBudget()
 	}
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
@@ -77,19 +84,6 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	}
 	t.obs = newObservers(obs)
 	return t
-}
-
-// isNil reports whether rt is nil or a typed nil (a nil *http.Transport, a
-// nil func), which would panic at the first request.
-func isNil(rt http.RoundTripper) bool {
-	if rt == nil {
-		return true
-	}
-	switch v := reflect.ValueOf(rt); v.Kind() {
-	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Interface, reflect.Chan, reflect.Slice:
-		return v.IsNil()
-	}
-	return false
 }
 
 // CloseIdleConnections closes the idle connections of the base transport
@@ -139,15 +133,14 @@ type call struct {
 	getBody     func() (io.ReadCloser, error)
 	notRetrying retry.Reason // why the body cannot be sent again, "" if it can
 
-	sent int     // attempts made
-	cur  attempt // the attempt in flight: one at a time
+	sent int // attempts made
 }
 
 // run is the retry loop: attempt, classify, decide, then wait and go on or
 // return.
 func (c *call) run() (*http.Response, error) {
 	ctx := c.req.Context()
-	c.bud.OnRequest(c.start)
+	decide.Begin(c.bud, c.start)
 	defer func() {
 		if c.body != nil { // never sent: still ours to close
 			c.body.Close()
@@ -160,14 +153,20 @@ func (c *call) run() (*http.Response, error) {
 		lastErr  error
 	)
 	for n := 1; ; n++ {
+		if n > 1 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
+			// No time left for the retry (an observer took it): it is
+			// neither sent nor counted.
+			return c.done(nil, &retry.ExhaustedError{Attempts: n - 1, Reason: retry.ReasonDeadline,
+				Err: lastErr, Key: c.key}, OutcomeStopped, retry.ReasonDeadline)
+		}
 		a, err := c.send(ctx, n, retrying)
 		if err != nil { // the preparation failed: nothing was sent
 			return c.stopUnsent(a, err)
 		}
 		c.sent = n
-		d, step := c.judge(a, prevWait)
+		d, step, decided := c.judge(a, prevWait)
 		for step.Stop != "" && a.resp != nil && !a.handOver() {
-			d, step = c.judge(a, prevWait) // the limit fired first: the attempt timed out
+			d, step, _ = c.judge(a, prevWait) // the limit fired first: the attempt timed out
 		}
 		if step.Stop != "" {
 			return c.stop(a, d, step, cost)
@@ -176,8 +175,11 @@ func (c *call) run() (*http.Response, error) {
 		if a.err != nil {
 			lastErr = a.err
 		}
-		a.discard(c.drainBy(step.Wait))
-		if err := sleep(ctx, step.Wait); err != nil {
+		// The wait starts at the decision: the drain runs within it, and
+		// the sleep is what is left of it.
+		wake := decided.Add(step.Wait)
+		a.discard(wake)
+		if err := sleep(ctx, time.Until(wake)); err != nil {
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}
@@ -188,39 +190,54 @@ func (c *call) run() (*http.Response, error) {
 	}
 }
 
-// judge classifies attempt a's outcome and decides what follows it. When
-// the outcome may be retried, the body is rewound first (the outcome in hand
-// is still there to return if that fails).
-func (c *call) judge(a *attempt, prevWait time.Duration) (retry.Decision, decide.Result) {
+// judge classifies attempt a's outcome and decides, at the time it
+// returns, what follows it.
+func (c *call) judge(a *attempt, prevWait time.Duration) (
+	retry.Decision, decide.Result, time.Time) {
 	d := c.classify(a)
-	if d.Retry && c.body == nil && c.getBody != nil && c.notRetrying == "" {
-		body, err := c.getBody()
-		if err != nil {
-			c.notRetrying = retry.ReasonBodyNotRewindable
-			if a.resp == nil { // with a response in hand, that is what the caller gets
-				a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
-			}
-		} else {
-			c.body = body
-		}
-	}
 	cfg := &c.t.cfg
-	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
-		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
+	now := time.Now()
+	in := decide.Input{
 		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
 		Marked: a.resp != nil && hop.Marked(a.resp.Header), Body: c.notRetrying,
-		Now: time.Now(), Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
-	})
+		Now: now, Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
+	}
+	if c.getBody != nil && c.notRetrying == "" {
+		in.Rewind = func() error { return c.rewind(a) }
+	}
+	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
+		MaxRetryAfter: cfg.maxRetryAfter}, in), now
+}
+
+// rewind readies the request body for the retry of attempt a, from
+// GetBody. When that fails, the request is never retried, and an attempt
+// without a response carries the error (with a response in hand, that is
+// what the caller gets).
+func (c *call) rewind(a *attempt) error {
+	if c.body != nil {
+		return nil // rewound for a retry the budget refused, before a's limit fired
+	}
+	body, err := c.getBody()
+	if err != nil {
+		c.notRetrying = retry.ReasonBodyNotRewindable
+		if a.resp == nil {
+			a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
+		}
+		return err
+	}
+	c.body = body
+	return nil
 }
 
 // classify labels attempt a's outcome. A 409's problem code is peeked from
-// its body under the attempt's time limit; if the limit ends meanwhile, the
-// attempt timed out.
+// its body under the attempt's time limit and maxPeekTime; if either ends
+// meanwhile, the attempt timed out.
 func (c *call) classify(a *attempt) retry.Decision {
-	in := retry.Input{Method: c.req.Method, Idempotent: c.idempotent, Request: c.req, Attempt: a.n}
+	in := retry.Input{Idempotent: c.idempotent, Request: c.req, Attempt: a.n}
 	if a.resp != nil && a.resp.StatusCode == http.StatusConflict {
+		peek := time.AfterFunc(maxPeekTime, func() { a.cancel(ErrAttemptTimeout) })
 		in.ProblemCode = peekProblemCode(a.resp)
-		if a.expired() {
+		if !peek.Stop() || a.expired() {
 			a.timeOut()
 		}
 	}
@@ -239,11 +256,7 @@ func (c *call) stop(a *attempt, d retry.Decision, step decide.Result,
 	}
 	c.observe(a, d, outcome, step)
 	if a.resp != nil {
-		if a.resp.StatusCode < 400 {
-			// Only a success feeds the budget (as in the AWS SDKs): a 404
-			// or a 422 is an answer, not a sign of health.
-			c.bud.OnSuccess(time.Now(), cost)
-		}
+		decide.End(c.bud, time.Now(), a.resp.StatusCode, cost)
 		return c.done(a.resp, nil, outcome, step.Stop)
 	}
 	a.end()
@@ -294,16 +307,6 @@ func (c *call) observe(a *attempt, d retry.Decision, outcome Outcome, step decid
 		info.BudgetLeft = step.BudgetLeft
 	}
 	c.t.obs.doneAttempt(a.octx, info)
-}
-
-// drainBy is when the drain of a discarded response must end at the latest
-// so that the wait after it still ends before the overall deadline; zero
-// when there is no overall deadline.
-func (c *call) drainBy(wait time.Duration) time.Time {
-	if c.overall.IsZero() {
-		return time.Time{}
-	}
-	return c.overall.Add(-wait)
 }
 
 // sleep waits for d, or until ctx ends (its error is then returned).
@@ -395,8 +398,11 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		return nil, err
 	}
 	c.bud = t.cfg.budget
-	if r, ok := c.bud.(*budget.Registry); ok {
-		c.bud = r.For(req.URL.Host)
+	if hosts, ok := c.bud.(hostBudgets); ok {
+		c.bud = hosts.For(req.URL.Host)
+		if nilcheck.Is(c.bud) {
+			c.bud = defaultBudget().For(req.URL.Host)
+		}
 	}
 	// The loop's clock starts once the request is ready (its body read, if
 	// it had to be buffered): the time spent reading the caller's body is

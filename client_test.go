@@ -227,7 +227,10 @@ func TestRetryAfterAboveTheCapReturnsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &script{statuses: []int{429, 200}, header: func(_ int, h http.Header) { h.Set("Retry-After", "3600") }}
 		base, url := pipeServer(t, srv)
-		tr := newBubbleTransport(base)
+		var done CallDoneInfo
+		tr := newBubbleTransport(base, WithObserver(Observer{
+			CallDone: func(_ context.Context, info CallDoneInfo) { done = info },
+		}))
 		start := time.Now()
 		resp, err := tr.RoundTrip(get(t, url))
 		require.NoError(t, err)
@@ -235,6 +238,7 @@ func TestRetryAfterAboveTheCapReturnsAtOnce(t *testing.T) {
 		assert.Equal(t, 429, resp.StatusCode)
 		assert.Len(t, srv.Hits(), 1)
 		assert.Zero(t, time.Since(start), "no sleep at all")
+		assert.Equal(t, retry.ReasonRetryAfterTooLong, done.Stop, "not the deadline: WithMaxRetryAfter")
 	})
 }
 
@@ -292,7 +296,9 @@ func TestCallerDeadlineErrorIsAContextError(t *testing.T) {
 	}))
 	defer ts.Close()
 	defer close(release)
-	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)))
+	var last AttemptDoneInfo
+	tr := NewTransport(nil, WithBudget(budget.Unlimited()), WithLogger(slog.New(slog.DiscardHandler)),
+		WithObserver(Observer{AttemptDone: func(_ context.Context, info AttemptDoneInfo) { last = info }}))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -302,6 +308,9 @@ func TestCallerDeadlineErrorIsAContextError(t *testing.T) {
 	var ex *retry.ExhaustedError
 	require.ErrorAs(t, err, &ex)
 	assert.Equal(t, 1, ex.Attempts)
+	assert.Equal(t, retry.ReasonCanceled, ex.Reason)
+	assert.Equal(t, retry.ClassCallerDeadline, last.Decision.Class)
+	assert.Equal(t, retry.Class("caller_deadline"), last.Decision.Class, "not the overall deadline's")
 }
 
 // hangingServer accepts requests and never answers until the test ends.
@@ -989,6 +998,31 @@ func TestOptionValuesBelowTheirRange(t *testing.T) {
 		}
 	})
 
+	t.Run("a nil option is skipped", func(t *testing.T) {
+		tr := NewTransport(nil, nil, WithMaxAttempts(1), nil)
+		assert.Equal(t, 1, tr.cfg.maxAttempts, "the options around it apply")
+		assert.Equal(t, defaultConfig().maxElapsed, tr.cfg.maxElapsed, "the rest is the default")
+	})
+
+	t.Run("a typed nil budget is the default budget", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			srv := &script{statuses: []int{503, 200}}
+			base, url := pipeServer(t, srv)
+			for _, b := range []budget.Budget{(*budget.TokenBucket)(nil), (*budget.Registry)(nil),
+				(*budget.Ratio)(nil),
+				budget.NewRegistry(func() budget.Budget { return (*budget.TokenBucket)(nil) }),
+				forHosts(func(string) budget.Budget { return nil }),
+			} {
+				srv.hits = nil
+				resp, err := newBubbleTransport(base, WithBudget(b)).RoundTrip(get(t, url))
+				require.NoError(t, err, "%T", b)
+				resp.Body.Close()
+				assert.Equal(t, 200, resp.StatusCode, "%T: retried", b)
+				assert.Len(t, srv.Hits(), 2)
+			}
+		})
+	})
+
 	t.Run("no bound of its own: the context's deadline alone", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			tr := newBubbleTransport(blockingBase{}, WithMaxElapsed(0))
@@ -999,6 +1033,39 @@ func TestOptionValuesBelowTheirRange(t *testing.T) {
 			assert.ErrorIs(t, err, context.DeadlineExceeded)
 			assert.Equal(t, time.Minute, time.Since(start), "past the default 30 s")
 		})
+	})
+}
+
+// forHosts is a Budget with a For method, as a user's wrapper around a
+// budget.Registry is: the Transport asks For for each request's host. Its
+// own Budget methods (embedded nil) must never be called.
+type forHosts func(host string) budget.Budget
+
+func (f forHosts) For(host string) budget.Budget          { return f(host) }
+func (forHosts) OnRequest(time.Time)                      { panic("the host's budget is asked") }
+func (forHosts) AcquireRetry(time.Time, bool) (int, bool) { panic("the host's budget is asked") }
+func (forHosts) OnSuccess(time.Time, int)                 { panic("the host's budget is asked") }
+func (forHosts) Available(time.Time) int                  { panic("the host's budget is asked") }
+
+// A Budget with a For method, a user's wrapper around a Registry included,
+// gives each host its own budget: draining one host's leaves another's.
+func TestABudgetWithForIsAskedPerHost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{503}}
+		base, _ := pipeServer(t, srv) // every host reaches it
+		reg := budget.NewRegistry(func() budget.Budget {
+			// One transient retry per host.
+			return budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 14})
+		})
+		wrapper := forHosts(func(host string) budget.Budget { return reg.For(host) })
+		tr := newBubbleTransport(base, WithBudget(wrapper))
+		for _, host := range []string{"a.test", "b.test"} {
+			resp, err := tr.RoundTrip(get(t, "http://"+host+"/"))
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, 503, resp.StatusCode)
+		}
+		assert.Len(t, srv.Hits(), 4, "each host: one attempt, one retry, then its budget is empty")
 	})
 }
 
@@ -1175,6 +1242,35 @@ func TestFailingGetBodyKeepsTheResponseInHand(t *testing.T) {
 		assert.Equal(t, 503, resp.StatusCode)
 		assert.Len(t, srv.Hits(), 1)
 		assert.Zero(t, time.Since(start), "no sleep")
+	})
+}
+
+// The body is rewound only for a retry that is granted: never after the
+// last attempt, and a rewind that fails costs the budget nothing.
+func TestBodyIsRewoundOnlyForAGrantedRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &script{statuses: []int{503}}
+		base, url := pipeServer(t, srv)
+		var rewinds atomic.Int32
+		req, err := http.NewRequest(http.MethodPut, url, strings.NewReader("x"))
+		require.NoError(t, err)
+		req.GetBody = func() (io.ReadCloser, error) {
+			rewinds.Add(1)
+			return io.NopCloser(strings.NewReader("x")), nil
+		}
+		resp, err := newBubbleTransport(base).RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Len(t, srv.Hits(), 3)
+		assert.Equal(t, int32(2), rewinds.Load(), "two retries, two rewinds")
+
+		bucket := budget.NewTokenBucket(budget.TokenBucketConfig{})
+		req = post(t, context.Background(), url, "x")
+		req.GetBody = func() (io.ReadCloser, error) { return nil, errBoom }
+		resp, err = newBubbleTransport(base, WithBudget(bucket)).RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 500, bucket.Available(time.Now()), "a failed rewind spends nothing")
 	})
 }
 

@@ -100,11 +100,17 @@
 // context's deadline and the start plus WithMaxElapsed. Each attempt has a
 // time limit, the earlier of WithAttemptTimeout and that deadline, which
 // covers everything the Transport does with the attempt: sending it,
-// waiting for the headers, classifying the response, peeking at a 409's
-// problem code, and draining a response it discards (at most 64 KiB, and
-// ended early enough for the wait that follows). It stops when the response
-// is handed to the caller, whose context alone then governs the body. No
-// wait starts that would end after the overall deadline.
+// waiting for the headers, classifying the response and peeking at a 409's
+// problem code. It stops when the response is handed to the caller, whose
+// context alone then governs the body. No wait starts that would end after
+// the overall deadline, and no attempt starts once it has passed.
+//
+// The Transport's own reads of a body have bounds of their own, which hold
+// with no deadline at all: the peek at a 409's problem code at most 4 KiB
+// and 1 s (a peek that runs out is an attempt timeout, ErrAttemptTimeout);
+// the drain of an answer it discards at most 64 KiB, within the wait before
+// the retry (the sleep is what is left of the wait; an unfinished body is
+// closed and its connection dropped).
 //
 // The time left is told to the server in the Request-Deadline-Ms header
 // (package deadline) only when the caller's context has a deadline, as gRPC

@@ -141,5 +141,4 @@ func TestFleetTenPercentFailures(t *testing.T) {
 	assert.GreaterOrEqual(t, success, 0.99)
 	assert.LessOrEqual(t, amplification, 1.15)
 	assert.Greater(t, amplification, 1.05, "about 10% of requests must have been retried")
-	assert.Equal(t, 1, reg.Len(), "one budget for the one host")
 }

@@ -21,10 +21,11 @@ const (
 	// own cancellation or deadline. It is returned as it is.
 	OutcomeFinal Outcome = "final"
 	// OutcomeStopped: the outcome could have been retried but the loop
-	// stopped, for the reason in Stop (the attempt limit, the deadline,
-	// the budget, the caller's cancellation, a body that cannot be sent
-	// again, an answer marked as retried below, or a preparation that
-	// failed before the attempt was sent).
+	// stopped, for the reason in Stop (the attempt limit, the deadline, a
+	// Retry-After longer than WithMaxRetryAfter, the budget, the caller's
+	// cancellation, a body that cannot be sent again, an answer marked as
+	// retried below, or a preparation that failed before the attempt was
+	// sent).
 	OutcomeStopped Outcome = "stopped"
 )
 

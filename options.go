@@ -103,9 +103,10 @@ func WithAttemptTimeout(d time.Duration) Option {
 }
 
 // WithMaxRetryAfter sets the longest Retry-After the Transport honours by
-// waiting (default 30 s). A longer one, or one that would end after the
-// overall deadline, ends the loop and the response is returned at once.
-// d <= 0 means that any positive Retry-After ends the loop.
+// waiting (default 30 s). A longer one ends the loop (stop reason
+// retry.ReasonRetryAfterTooLong), as does one that would end after the
+// overall deadline (retry.ReasonDeadline), and the response is returned at
+// once. d <= 0 means that any positive Retry-After ends the loop.
 func WithMaxRetryAfter(d time.Duration) Option {
 	return func(c *config) { c.maxRetryAfter = max(0, d) }
 }
@@ -131,10 +132,13 @@ func WithMaxBufferedBody(n int64) Option {
 
 // WithBudget sets the retry budget this Transport asks before every retry
 // (default: a process-wide budget.Registry of default token buckets, one
-// per host, shared by every Transport). A *budget.Registry gives each
-// request its host's budget; any other Budget is shared by every host of
-// this Transport. budget.Unlimited() grants every retry: for tests and
-// batch jobs only. nil means the default.
+// per host, shared by every Transport). A Budget that also has a method
+// For(host string) budget.Budget, as *budget.Registry has (and a wrapper
+// around one that forwards For), gives each request the budget For returns
+// for its URL's Host (nil from For means the default budget of that host);
+// any other Budget is shared by every host of this Transport.
+// budget.Unlimited() grants every retry: for tests and batch jobs only. nil,
+// and a typed nil such as a nil *budget.TokenBucket, mean the default.
 func WithBudget(b budget.Budget) Option {
 	return func(c *config) { c.budget = b }
 }

@@ -36,8 +36,10 @@ type Budget interface {
 
 // ErrInvalidConfig is matched (errors.Is) by every error of the configs'
 // Validate methods, whose message names the field, its value and the rule.
-// Constructors never fail: they replace invalid values as each field's
-// documentation says; call Validate first to reject them instead.
+// Constructors never fail: a value Validate refuses is never replaced by
+// its default, it has the meaning its field documents, always one that
+// grants fewer retries than asked, never more. Call Validate first to
+// reject such values instead.
 var ErrInvalidConfig = errors.New("budget: invalid config")
 
 // configError is the error of one invalid field.

@@ -24,33 +24,41 @@ const ppmScale = 1_000_000
 // maxRatio bounds Ratio so that ratio*requests cannot overflow.
 const maxRatio = 1000
 
-// RatioConfig configures [NewRatio]. The zero value means all defaults.
+// RatioConfig configures [NewRatio]. The zero value means all defaults:
+// each zero field means its default. A value Validate refuses is never a
+// default in disguise: each field says what it means, always fewer retries
+// than asked.
 type RatioConfig struct {
 	// Ratio is the share of requests that may be retried within the window,
-	// resolved to parts per million. 0 means 0.2; NaN, infinities and
-	// negative values mean the same as 0; values above 1000 mean 1000.
+	// resolved to parts per million. 0 means 0.2. Refused by Validate: a
+	// negative value or NaN means no ratio credit (only the floor grants
+	// retries); a value above 1000, +Inf included, means 1000.
 	Ratio float64
 	// Window is the length of the sliding window. 0 means 10 s; a negative
-	// value means the same as 0.
+	// value (refused by Validate) means no ratio credit, as a negative
+	// Ratio does.
 	Window time.Duration
 	// Buckets is the number of fixed sub-buckets the window is made of (the
-	// window moves one sub-bucket at a time). 0 means 10; a negative value
-	// means the same as 0; at most one sub-bucket per nanosecond of Window.
+	// window moves one sub-bucket at a time), at most one per nanosecond of
+	// Window. 0 means 10; a negative value (refused by Validate) means no
+	// ratio credit, as a negative Ratio does.
 	Buckets int
 	// FloorPerSecond is the rate of retries allowed even without requests
 	// to fund them, through a golang.org/x/time/rate Limiter. 0 means 10; a
-	// negative value disables the floor; NaN and infinities mean the same
-	// as 0.
+	// negative value disables the floor; NaN and infinities (refused by
+	// Validate) disable it too.
 	FloorPerSecond float64
 	// FloorBurst is the floor limiter's burst. 0 means FloorPerSecond rounded
-	// up (10 by default); negative is treated as 0.
+	// up (10 by default); a negative value (refused by Validate) disables
+	// the floor.
 	FloorBurst int
 }
 
-// Validate reports the first field NewRatio would replace by a default or
-// clamp: Ratio NaN, infinite, negative or above 1000; Window, Buckets or
-// FloorBurst negative; FloorPerSecond NaN or infinite. It returns a
-// error matching [ErrInvalidConfig], or nil (also for the zero value).
+// Validate reports the first field that does not mean what its type says:
+// Ratio NaN, infinite, negative or above 1000; Window, Buckets or
+// FloorBurst negative; FloorPerSecond NaN or infinite. NewRatio gives each
+// the meaning its field documents. It returns an error matching
+// [ErrInvalidConfig], or nil (also for the zero value).
 func (c RatioConfig) Validate() error {
 	bad := func(field, value, reason string) error {
 		return configError("RatioConfig."+field, value, reason)
@@ -126,12 +134,15 @@ var _ Budget = (*Ratio)(nil)
 
 // NewRatio returns a ratio budget configured by c, zero fields meaning the
 // defaults (20% of requests over a 10 s window of 10 sub-buckets, plus a floor
-// of 10 retries per second with a burst of 10). It never fails: invalid fields
-// are replaced as documented on [RatioConfig] (use its Validate method to
-// reject them instead).
+// of 10 retries per second with a burst of 10). It never fails: a value
+// Validate refuses means what [RatioConfig] says (use Validate to reject it
+// instead).
 func NewRatio(c RatioConfig) *Ratio {
 	ratio := c.Ratio
-	if math.IsNaN(ratio) || math.IsInf(ratio, 0) || ratio <= 0 {
+	switch {
+	case c.Window < 0 || c.Buckets < 0 || ratio < 0 || math.IsNaN(ratio):
+		ratio = 0 // no ratio credit: the floor alone
+	case ratio == 0:
 		ratio = defaultRatio
 	}
 	ratio = min(ratio, maxRatio)
@@ -146,14 +157,14 @@ func NewRatio(c RatioConfig) *Ratio {
 	if int64(n) > int64(window) {
 		n = int(window) // at least one nanosecond per sub-bucket
 	}
-	perSec := c.FloorPerSecond
-	if math.IsNaN(perSec) || math.IsInf(perSec, 0) || perSec == 0 {
+	perSec, burst := c.FloorPerSecond, c.FloorBurst
+	if perSec == 0 {
 		perSec = defaultFloorPerSecond
 	}
-	burst := c.FloorBurst
-	if perSec < 0 {
-		perSec, burst = 0, 0 // disabled: a zero burst allows nothing
-	} else if burst <= 0 {
+	switch {
+	case !(perSec > 0) || math.IsInf(perSec, 1) || burst < 0: // negative, NaN, infinite
+		perSec, burst = 0, 0 // no floor: a zero burst allows nothing
+	case burst == 0:
 		burst = int(math.Ceil(min(perSec, math.MaxInt32)))
 	}
 	return &Ratio{
@@ -200,6 +211,9 @@ func (r *Ratio) advance(now time.Time) int {
 // credit returns how many more ratio-funded retries the window allows.
 // r.mu must be held.
 func (r *Ratio) credit() int64 {
+	if r.ppm == 0 {
+		return 0 // no ratio credit (a ratio below one part per million included)
+	}
 	if r.sumReq > math.MaxInt64/r.ppm {
 		return math.MaxInt64 // more requests than any int64 retry count could use
 	}

@@ -106,18 +106,46 @@ func TestRatioConfigDefaultsAndClamps(t *testing.T) {
 	require.Len(t, tiny.requests, 5, "at most one sub-bucket per nanosecond")
 	require.Equal(t, time.Duration(1), tiny.width)
 
-	d := NewRatio(RatioConfig{Ratio: math.NaN(), Window: -1, Buckets: -1, FloorPerSecond: math.Inf(1), FloorBurst: -1})
-	require.Equal(t, int64(200_000), d.ppm)
-	require.Equal(t, time.Second, d.width)
-	require.Len(t, d.requests, 10)
-	require.Equal(t, 10.0, float64(d.floor.Limit()))
-	require.Equal(t, 10, d.floor.Burst())
+	zero := NewRatio(RatioConfig{})
+	require.Equal(t, int64(200_000), zero.ppm)
+	require.Equal(t, time.Second, zero.width)
+	require.Len(t, zero.requests, 10)
+	require.Equal(t, 10.0, float64(zero.floor.Limit()))
+	require.Equal(t, 10, zero.floor.Burst())
 
 	big := NewRatio(RatioConfig{Ratio: 1e300, FloorPerSecond: -1})
 	for range 3 {
 		big.OnRequest(t0)
 	}
 	require.Equal(t, 3000, big.Available(t0), "ratio clamped to 1000")
+}
+
+// A value Validate refuses is never the default in disguise: it grants
+// fewer retries than asked (here none, with the floor off or refused too).
+func TestRatioRefusedValuesGrantFewerRetries(t *testing.T) {
+	for _, c := range []RatioConfig{
+		{Ratio: -0.1, FloorPerSecond: -1},
+		{Ratio: math.NaN(), FloorPerSecond: -1},
+		{Ratio: 1e-9, FloorPerSecond: -1}, // below one part per million
+		{Window: -time.Second, FloorPerSecond: -1},
+		{Buckets: -1, FloorPerSecond: -1},
+		{Ratio: -1, FloorPerSecond: math.NaN()},
+		{Ratio: -1, FloorPerSecond: math.Inf(1)},
+		{Ratio: -1, FloorPerSecond: 100, FloorBurst: -1},
+	} {
+		r := NewRatio(c)
+		for range 100 {
+			r.OnRequest(t0)
+		}
+		_, ok := r.AcquireRetry(t0, false)
+		require.False(t, ok, "%+v", c)
+		require.Zero(t, r.Available(t0), "%+v", c)
+	}
+	floorOnly := NewRatio(RatioConfig{Ratio: -1, FloorPerSecond: 2})
+	for range 100 {
+		floorOnly.OnRequest(t0)
+	}
+	require.Equal(t, 2, floorOnly.Available(t0), "the floor alone, its burst FloorPerSecond rounded up")
 }
 
 func TestRatioConfigValidate(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/saferetry/saferetry/internal/nilcheck"
 )
 
 // maxHosts is the number of hosts a Registry gives a budget of their own.
@@ -21,8 +23,10 @@ const maxHosts = 4096
 // many hosts a process calls (a crawler, say), and sharing errs on the safe
 // side (fewer retries, never more).
 //
-// A Registry is itself a Budget: used without a host, its methods act on the
-// budget of the empty host "". A Registry is safe for concurrent use and
+// A Registry is itself a Budget, so that the Transport's WithBudget option
+// takes it: used without a host, its Budget methods act on the budget of
+// the empty host "". The Transport finds its For method instead, as it does
+// on any Budget that has one. A Registry is safe for concurrent use and
 // starts no goroutines. Create it with [NewRegistry]; the zero value is not
 // usable.
 type Registry struct {
@@ -40,8 +44,9 @@ type Registry struct {
 var _ Budget = (*Registry)(nil)
 
 // NewRegistry returns an empty registry whose budgets newBudget creates; nil
-// (or a newBudget that returns nil) means NewTokenBucket(TokenBucketConfig{}),
-// the default token bucket. newBudget is called under the registry's lock,
+// (or a newBudget that returns nil, or a typed nil such as a nil
+// *TokenBucket) means NewTokenBucket(TokenBucketConfig{}), the default token
+// bucket. newBudget is called under the registry's lock,
 // once per host, and must not call the registry.
 func NewRegistry(newBudget func() Budget) *Registry {
 	return &Registry{newBudget: newBudget, max: maxHosts}
@@ -73,17 +78,9 @@ func (r *Registry) For(host string) Budget {
 	return b
 }
 
-// Len returns how many hosts have a budget of their own (the overflow
-// budget not included). Safe for concurrent use.
-func (r *Registry) Len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.hosts
-}
-
 func (r *Registry) create() Budget {
 	if r.newBudget != nil {
-		if b := r.newBudget(); b != nil {
+		if b := r.newBudget(); !nilcheck.Is(b) {
 			return b
 		}
 	}

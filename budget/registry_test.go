@@ -24,7 +24,7 @@ func TestRegistryPerHostIsolation(t *testing.T) {
 	require.Equal(t, 500, b.Available(t0), "b.example keeps its retries")
 	_, ok := r.For("b.example:8443").AcquireRetry(t0, false)
 	require.True(t, ok)
-	require.Equal(t, 3, r.Len())
+	require.Equal(t, 3, hosts(r))
 }
 
 func TestRegistryNewBudget(t *testing.T) {
@@ -36,6 +36,10 @@ func TestRegistryNewBudget(t *testing.T) {
 
 	nilMaker := NewRegistry(func() Budget { return nil })
 	require.IsType(t, &TokenBucket{}, nilMaker.For("x"), "a nil budget falls back to the default bucket")
+	typedNil := NewRegistry(func() Budget { return (*TokenBucket)(nil) })
+	b := typedNil.For("x")
+	require.NotNil(t, b.(*TokenBucket), "a typed nil budget falls back to the default bucket")
+	require.Equal(t, 500, b.Available(t0))
 }
 
 func TestRegistryMaxHosts(t *testing.T) {
@@ -47,7 +51,7 @@ func TestRegistryMaxHosts(t *testing.T) {
 	require.NotSame(t, h1.(*TokenBucket), o3.(*TokenBucket))
 	require.NotSame(t, h2.(*TokenBucket), o3.(*TokenBucket))
 	require.Same(t, h1.(*TokenBucket), r.For("h1").(*TokenBucket), "known hosts keep their own budget")
-	require.Equal(t, 2, r.Len())
+	require.Equal(t, 2, hosts(r))
 	require.Equal(t, maxHosts, NewRegistry(nil).max)
 }
 
@@ -70,7 +74,7 @@ func TestRegistryConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, int64(10), made.Load(), "exactly one budget per host")
-	require.Equal(t, 10, r.Len())
+	require.Equal(t, 10, hosts(r))
 	for w := range got {
 		for i, b := range got[w] {
 			require.Same(t, r.For(fmt.Sprintf("host%d", (w+i)%10)).(*TokenBucket), b.(*TokenBucket))
@@ -93,4 +97,11 @@ func TestRegistryIsABudgetForTheEmptyHost(t *testing.T) {
 	b.OnRequest(t0)
 	b.OnSuccess(t0, cost)
 	require.Equal(t, 500, r.For("").Available(t0), "the refund reached it too")
+}
+
+// hosts is how many hosts have a budget of their own in r.
+func hosts(r *Registry) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hosts
 }

@@ -14,16 +14,21 @@ const (
 	defaultSuccessReward = 1   // tokens a first-try success adds (never above capacity)
 )
 
-// TokenBucketConfig configures [NewTokenBucket]. The zero value means all defaults.
+// TokenBucketConfig configures [NewTokenBucket]. The zero value means all
+// defaults: each zero field means its default. A negative field is never
+// a default in disguise: each says what it means.
 type TokenBucketConfig struct {
 	// Capacity is the size of the bucket, which starts full. 0 means 500;
-	// a negative value means the same as 0.
+	// a negative value (refused by Validate) means a bucket of no tokens,
+	// which grants no retry.
 	Capacity int
 	// TransientCost is what a retry after a transient failure takes. 0
-	// means 14; a negative value means the same as 0.
+	// means 14; a negative value (refused by Validate) means that such a
+	// retry is never granted.
 	TransientCost int
 	// ThrottleCost is what a retry after throttling takes. 0 means 5; a
-	// negative value means the same as 0.
+	// negative value (refused by Validate) means that such a retry is
+	// never granted.
 	ThrottleCost int
 	// SuccessReward is what a first-try success adds, never above Capacity.
 	// 0 means 1; a negative value disables the reward, leaving only refunds
@@ -31,9 +36,10 @@ type TokenBucketConfig struct {
 	SuccessReward int
 }
 
-// Validate reports the first field NewTokenBucket would replace by a default:
-// a negative Capacity, TransientCost or ThrottleCost, as an error matching
-// [ErrInvalidConfig]. It returns nil for the zero value.
+// Validate reports the first negative Capacity, TransientCost or
+// ThrottleCost, as an error matching [ErrInvalidConfig]: NewTokenBucket
+// would make such a bucket deny those retries. It returns nil for the zero
+// value and for a negative SuccessReward, which has a meaning of its own.
 func (c TokenBucketConfig) Validate() error {
 	for _, f := range []struct {
 		name string
@@ -68,55 +74,53 @@ var _ Budget = (*TokenBucket)(nil)
 
 // NewTokenBucket returns a full bucket configured by c, zero fields meaning
 // the defaults (500 tokens, transient retry 14, throttling retry 5, first-try
-// success +1). It never fails: invalid fields are replaced as documented on
-// [TokenBucketConfig] (use its Validate method to reject them instead).
+// success +1). It never fails: a negative field means what
+// [TokenBucketConfig] says (use its Validate method to reject it instead).
 func NewTokenBucket(c TokenBucketConfig) *TokenBucket {
 	b := &TokenBucket{
-		capacity:  orDefault(c.Capacity, defaultCapacity),
-		transient: orDefault(c.TransientCost, defaultTransientCost),
-		throttle:  orDefault(c.ThrottleCost, defaultThrottleCost),
-		reward:    c.SuccessReward,
-	}
-	switch {
-	case b.reward == 0:
-		b.reward = defaultSuccessReward
-	case b.reward < 0:
-		b.reward = 0
+		capacity:  orDefault(c.Capacity, defaultCapacity, 0),
+		transient: orDefault(c.TransientCost, defaultTransientCost, -1),
+		throttle:  orDefault(c.ThrottleCost, defaultThrottleCost, -1),
+		reward:    orDefault(c.SuccessReward, defaultSuccessReward, 0),
 	}
 	b.tokens.Store(int64(b.capacity))
 	return b
 }
 
-func orDefault(v, def int) int {
-	if v <= 0 {
+// orDefault returns v when it is positive, def when it is 0, and neg when
+// it is negative.
+func orDefault(v, def, neg int) int {
+	switch {
+	case v == 0:
 		return def
+	case v < 0:
+		return neg
 	}
 	return v
 }
 
-// Cost returns what a retry costs in this bucket: ThrottleCost when
-// throttled, else TransientCost. Safe for concurrent use.
-func (b *TokenBucket) Cost(throttled bool) int {
+// cost returns what a retry costs in this bucket: ThrottleCost when
+// throttled, else TransientCost; -1 for a retry never granted.
+func (b *TokenBucket) cost(throttled bool) int {
 	if throttled {
 		return b.throttle
 	}
 	return b.transient
 }
 
-// Capacity returns the size of the bucket. Safe for concurrent use.
-func (b *TokenBucket) Capacity() int { return b.capacity }
-
 // OnRequest does nothing: a token bucket counts successes, not requests.
 func (b *TokenBucket) OnRequest(time.Time) {}
 
-// AcquireRetry takes Cost(throttled) tokens and returns them and true, or
-// returns (0, false) and takes nothing when fewer are left.
+// AcquireRetry takes the retry's cost (ThrottleCost or TransientCost) in
+// tokens and returns it and true, or returns (0, false) and takes nothing
+// when fewer are left (or the cost is negative: such retries are never
+// granted).
 // Safe for concurrent use; now is ignored.
 func (b *TokenBucket) AcquireRetry(_ time.Time, throttled bool) (int, bool) {
-	cost := int64(b.Cost(throttled))
+	cost := int64(b.cost(throttled))
 	for {
 		tokens := b.tokens.Load()
-		if cost > tokens {
+		if cost < 0 || cost > tokens {
 			return 0, false
 		}
 		if b.tokens.CompareAndSwap(tokens, tokens-cost) {

@@ -86,10 +86,12 @@ func TestTokenBucketOutageDrainsAfter35Retries(t *testing.T) {
 
 func TestTokenBucketConfig(t *testing.T) {
 	b := NewTokenBucket(TokenBucketConfig{Capacity: 20, TransientCost: 7, ThrottleCost: 3, SuccessReward: 2})
-	require.Equal(t, 20, b.Capacity())
-	require.Equal(t, 7, b.Cost(false))
-	require.Equal(t, 3, b.Cost(true))
-	cost, ok := b.AcquireRetry(t0, false)
+	require.Equal(t, 20, b.Available(t0), "it starts full")
+	cost, ok := b.AcquireRetry(t0, true)
+	require.True(t, ok)
+	require.Equal(t, 3, cost)
+	b.OnSuccess(t0, cost)
+	cost, ok = b.AcquireRetry(t0, false)
 	require.True(t, ok)
 	require.Equal(t, 7, cost)
 	b.OnSuccess(t0, 0)
@@ -102,10 +104,25 @@ func TestTokenBucketConfig(t *testing.T) {
 	noReward.OnSuccess(t0, 5)
 	require.Equal(t, 500, noReward.Available(t0), "refunds still work")
 
-	neg := NewTokenBucket(TokenBucketConfig{Capacity: -1, TransientCost: -2, ThrottleCost: -3})
-	require.Equal(t, 500, neg.Capacity())
-	require.Equal(t, 14, neg.Cost(false))
-	require.Equal(t, 5, neg.Cost(true))
+	// A negative field is never the default in disguise: it grants fewer
+	// retries (none of its kind).
+	empty := NewTokenBucket(TokenBucketConfig{Capacity: -1})
+	require.Zero(t, empty.Available(t0), "a bucket of no tokens")
+	_, ok = empty.AcquireRetry(t0, true)
+	require.False(t, ok)
+	empty.OnSuccess(t0, 0)
+	require.Zero(t, empty.Available(t0), "never above its capacity")
+	neverTransient := NewTokenBucket(TokenBucketConfig{TransientCost: -2})
+	_, ok = neverTransient.AcquireRetry(t0, false)
+	require.False(t, ok, "a negative cost: never granted")
+	cost, ok = neverTransient.AcquireRetry(t0, true)
+	require.True(t, ok)
+	require.Equal(t, 5, cost)
+	require.Equal(t, 495, neverTransient.Available(t0))
+	neverThrottled := NewTokenBucket(TokenBucketConfig{ThrottleCost: -3})
+	_, ok = neverThrottled.AcquireRetry(t0, true)
+	require.False(t, ok)
+	require.Equal(t, 500, neverThrottled.Available(t0), "a denial takes nothing")
 }
 
 func TestTokenBucketConfigValidate(t *testing.T) {

@@ -1,13 +1,14 @@
 package deadline
 
 import (
+	"errors"
 	"strconv"
 	"testing"
 	"time"
 )
 
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{"0", "2500", "-5", "+5", "1.5", "", " 7 ", "9223372036854", "9223372036855", "007", "5, 6"} {
+	for _, s := range []string{"0", "2500", "-5", "+5", "1.5", "", " 7 ", "9223372036854", "9223372036855", "99999999999999999999999999", "007", "5, 6"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
@@ -21,10 +22,18 @@ func FuzzParse(f *testing.F) {
 		if d < 0 || d%time.Millisecond != 0 {
 			t.Fatalf("parse(%q) = %v", v, d)
 		}
-		// Accepted values agree with strconv on the trimmed digits.
-		n, perr := strconv.ParseUint(trimOWS(v), 10, 63)
-		if perr != nil || time.Duration(n)*time.Millisecond != d {
-			t.Fatalf("parse(%q) = %v, strconv says %d, %v", v, d, n, perr)
+		// Accepted values agree with strconv on the trimmed digits, clamped
+		// to 5 minutes however many there are.
+		want := maxPropagated
+		n, perr := strconv.ParseUint(trimOWS(v), 10, 64)
+		switch {
+		case perr == nil && n < uint64(maxPropagated/time.Millisecond):
+			want = time.Duration(n) * time.Millisecond
+		case perr != nil && !errors.Is(perr, strconv.ErrRange):
+			t.Fatalf("parse(%q) = %v, strconv refuses it: %v", v, d, perr)
+		}
+		if d != want {
+			t.Fatalf("parse(%q) = %v, want %v", v, d, want)
 		}
 		back, ok := parse(strconv.FormatInt(d.Milliseconds(), 10))
 		if !ok || back != d {

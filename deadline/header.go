@@ -2,7 +2,7 @@ package deadline
 
 import (
 	"context"
-	"math"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -30,11 +30,12 @@ const maxPropagated = 5 * time.Minute
 //
 //   - the deadline: when the request carries exactly one valid [Header]
 //     value, next runs with context.WithTimeout(ctx, min(value, 5 min)),
-//     which never extends a deadline the context already has. A value of 0
-//     gives next a context that is already done. A missing, repeated or
-//     invalid value (not ASCII digits only, surrounded by optional spaces or
-//     tabs; too large for a time.Duration) is ignored: the header is
-//     advisory, so a bad one must not fail the request;
+//     which never extends a deadline the context already has; a value of
+//     any size above 5 minutes means 5 minutes. A value of 0 gives next a
+//     context that is already done. A missing, repeated or invalid value
+//     (not ASCII digits only, surrounded by optional spaces or tabs) is
+//     ignored: the header is advisory, so a bad one must not fail the
+//     request;
 //   - the attempt number, which [Attempt] returns (0 when the request
 //     carries none, or an invalid one);
 //   - pushback: when a saferetry Transport noted in the record that a call
@@ -53,7 +54,7 @@ func Middleware(next http.Handler) http.Handler {
 		ctx := hop.NewContext(r.Context(), &mw.rec)
 		if d, ok := fromHeader(r.Header); ok {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, min(d, maxPropagated))
+			ctx, cancel = context.WithTimeout(ctx, d)
 			defer cancel()
 		}
 		var wr http.ResponseWriter = mw
@@ -88,15 +89,18 @@ func fromHeader(h http.Header) (d time.Duration, ok bool) {
 }
 
 // parse reads a Header value: ASCII digits only (leading zeros allowed),
-// optionally surrounded by spaces or tabs, meaning that many milliseconds.
-// It refuses an empty value, a sign, anything else that is not a plain
-// decimal integer ("1.5", "5ms", "5, 6") and values too large for a
-// time.Duration.
+// optionally surrounded by spaces or tabs, meaning that many milliseconds,
+// clamped to maxPropagated however many digits it has (strconv.ErrRange
+// included). It refuses an empty value, a sign and anything else that is
+// not a plain decimal integer ("1.5", "5ms", "5, 6").
 func parse(value string) (time.Duration, bool) {
-	// In base 10, ParseUint takes digits only: no sign, no "_", no prefix.
-	n, err := strconv.ParseUint(strings.Trim(value, " \t"), 10, 64)
-	if err != nil || n > math.MaxInt64/uint64(time.Millisecond) {
-		return 0, false // not digits, or strconv.ErrRange, or too many ms
+	v := strings.Trim(value, " \t")
+	if v == "" || strings.Trim(v, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(v, 10, 64) // digits only: strconv.ErrRange at worst
+	if errors.Is(err, strconv.ErrRange) || n > uint64(maxPropagated/time.Millisecond) {
+		return maxPropagated, true
 	}
 	return time.Duration(n) * time.Millisecond, true
 }

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -58,6 +59,15 @@ func scopeAttrs(s Scope, attrs ...slog.Attr) []slog.Attr {
 	}, attrs...)
 }
 
+// withAttempt appends to attrs the attempt number that the request's caller
+// sent (deadline.Attempt: 1 for a first try), when it sent one.
+func withAttempt(ctx context.Context, attrs []slog.Attr) []slog.Attr {
+	if n := deadline.Attempt(ctx); n > 0 {
+		return append(attrs, slog.Int("attempt", n))
+	}
+	return attrs
+}
+
 func (o *logObserver) claimed(ctx context.Context, e Event) {
 	if e.Background {
 		o.l.LogAttrs(ctx, slog.LevelInfo, "idempotency completer: took over an abandoned request",
@@ -100,9 +110,9 @@ func (o *logObserver) executed(ctx context.Context, e Event) {
 	if !o.l.Enabled(ctx, level) {
 		return
 	}
-	attrs := scopeAttrs(e.Scope, slog.String("outcome", string(e.Outcome)), slog.Int("status", e.Status),
-		slog.Int64("generation", e.Generation), slog.String("recovery_point", e.RecoveryPoint),
-		slog.Duration("duration", e.Duration))
+	attrs := withAttempt(ctx, scopeAttrs(e.Scope, slog.String("outcome", string(e.Outcome)),
+		slog.Int("status", e.Status), slog.Int64("generation", e.Generation),
+		slog.String("recovery_point", e.RecoveryPoint), slog.Duration("duration", e.Duration)))
 	if e.Err != nil {
 		attrs = append(attrs, slog.String("error", e.Err.Error()))
 	}
@@ -119,7 +129,7 @@ func (o *logObserver) refused(ctx context.Context, e Event) {
 		return // an answer about the request, not about the server
 	}
 	r.do(func(skipped int64) {
-		attrs := scopeAttrs(e.Scope, slog.Int64("refused_since_last_record", skipped))
+		attrs := withAttempt(ctx, scopeAttrs(e.Scope, slog.Int64("refused_since_last_record", skipped)))
 		if e.Err != nil {
 			attrs = append(attrs, slog.String("error", e.Err.Error()))
 		}

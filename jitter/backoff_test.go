@@ -47,7 +47,8 @@ func TestNewBackOffSequenceAndReset(t *testing.T) {
 
 func TestNewBackOffDecorrelatedFeedsPrev(t *testing.T) {
 	b := NewBackOff(Decorrelated, 100*ms, 10*time.Second, seq(0.5))
-	// prev=base: 100+0.5*(300-100)=200; prev=200: 100+0.5*(600-100)=350; prev=350: 100+0.5*(1050-100)=575
+	// prev=base: 100+0.5*(300-100)=200; prev=200: 100+0.5*(600-100)=350;
+	// prev=350: 100+0.5*(1050-100)=575
 	require.Equal(t, 200*ms, b.NextBackOff())
 	require.Equal(t, 350*ms, b.NextBackOff())
 	require.Equal(t, 575*ms, b.NextBackOff())

@@ -7,7 +7,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// Defaults applied by [Config.Backoff] to zero (or negative) fields.
+// Defaults applied by [Config.Backoff] to zero fields.
 const (
 	defaultBase         = 50 * time.Millisecond // transient failures: 5xx, resets, timeouts
 	defaultThrottleBase = 1 * time.Second       // throttling: 429, or 503 with Retry-After
@@ -15,35 +15,52 @@ const (
 )
 
 // Config selects a backoff formula and its parameters. The zero value is
-// ready to use: Func nil means [Full], Base 0 means 50 ms, ThrottleBase 0
-// means 1 s and Cap 0 means 20 s; a negative duration means the same as 0.
-// A Config is a plain value, safe to copy and to use from many goroutines.
+// ready to use: each zero field means its default. A negative duration is
+// not a default in disguise: it means what it means to [NewBackOff] (a
+// negative base counts as 0, a cap <= 0 means no cap). A Config is a plain
+// value, safe to copy and to use from many goroutines.
 type Config struct {
-	Func         Func          // formula; nil: Full
-	Base         time.Duration // base for transient failures; <= 0: 50ms
-	ThrottleBase time.Duration // base when the server throttles; <= 0: 1s
-	Cap          time.Duration // largest wait; <= 0: 20s
+	// Func is the formula; nil means Full.
+	Func Func
+	// Base is the base for transient failures (5xx, resets, timeouts).
+	// 0 means 50 ms; a negative value means 0: no wait.
+	Base time.Duration
+	// ThrottleBase is the base when the server throttles (429, or 503
+	// with Retry-After). 0 means 1 s; a negative value means 0: no wait
+	// beyond the server's Retry-After.
+	ThrottleBase time.Duration
+	// Cap is the largest wait. 0 means 20 s; a negative value means no
+	// cap (the largest time.Duration): the overall deadline still bounds
+	// the waits of the saferetry Transport.
+	Cap time.Duration
 }
 
-// withDefaults returns c with every zero or negative field replaced by its default.
+// withDefaults returns c with every zero field replaced by its default and
+// every negative one by its meaning.
 func (c Config) withDefaults() Config {
 	if c.Func == nil {
 		c.Func = Full
 	}
-	if c.Base <= 0 {
-		c.Base = defaultBase
-	}
-	if c.ThrottleBase <= 0 {
-		c.ThrottleBase = defaultThrottleBase
-	}
-	if c.Cap <= 0 {
-		c.Cap = defaultCap
-	}
+	c.Base = durationOr(c.Base, defaultBase, 0)
+	c.ThrottleBase = durationOr(c.ThrottleBase, defaultThrottleBase, 0)
+	c.Cap = durationOr(c.Cap, defaultCap, maxDuration)
 	return c
 }
 
+// durationOr returns d when it is positive, def when it is 0, and neg when
+// it is negative.
+func durationOr(d, def, neg time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return neg
+	}
+	return d
+}
+
 // Backoff returns the wait before retry number attempt (0 for the first
-// retry) after applying the defaults documented on [Config]. prev is the wait
+// retry) after applying the defaults and meanings documented on [Config]. prev is the wait
 // returned for the previous retry (used by [Decorrelated]); throttle selects
 // ThrottleBase instead of Base (the caller sets it for 429, or 503 with
 // Retry-After); r is a uniform random value in [0, 1), clamped into that range

@@ -147,7 +147,11 @@ func TestConfigDefaults(t *testing.T) {
 	require.Equal(t, 10*time.Second, c.Backoff(math.MaxInt, 0, true, 0.5))
 
 	neg := Config{Base: -1, ThrottleBase: -1, Cap: -1}
-	require.Equal(t, 25*ms, neg.Backoff(0, 0, false, 0.5), "negative fields take defaults")
+	require.Zero(t, neg.Backoff(0, 0, false, 0.5), "a negative base is no wait, not the default")
+	require.Zero(t, neg.Backoff(3, 0, true, 0.5))
+	uncapped := Config{Func: None, Base: time.Second, Cap: -1}
+	require.Equal(t, 1024*time.Second, uncapped.Backoff(10, 0, false, 0.5), "a negative cap is no cap")
+	require.Equal(t, maxDuration, uncapped.Backoff(100, 0, false, 0.5))
 
 	custom := Config{Func: None, Base: 10 * ms, ThrottleBase: 2 * time.Second, Cap: 5 * time.Second}
 	require.Equal(t, 40*ms, custom.Backoff(2, 0, false, 0.99))

@@ -3,6 +3,7 @@ package keygen_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/saferetry/saferetry/keygen"
 )
@@ -19,6 +20,7 @@ func ExampleEvent() {
 	// refund-ord%207-50%25
 }
 
+// An invalid key's error names it by its digest, never by its bytes.
 func ExampleValidate() {
 	fmt.Println(keygen.Validate("order-confirm-42"))
 	fmt.Println(keygen.Validate("order 42"))
@@ -26,13 +28,13 @@ func ExampleValidate() {
 	fmt.Println(errors.Is(err, keygen.ErrInvalidKey))
 	var ike *keygen.InvalidKeyError
 	if errors.As(err, &ike) {
-		fmt.Println(ike.Reason, ike.Pos)
+		fmt.Println(ike.Reason, ike.Pos, ike.Digest)
 	}
-	fmt.Println(err)
+	fmt.Println(strings.Contains(err.Error(), "order"))
 	// Output:
 	// <nil>
 	// <nil>
 	// true
-	// invalid character 5
-	// keygen: invalid idempotency key (digest 9aae19a5693b, 8 bytes): invalid character 0x09 at byte 5 (want visible ASCII or a space, 0x20..0x7E)
+	// invalid_char 5 9aae19a5693b
+	// false
 }

@@ -29,12 +29,12 @@ func FuzzValidate(f *testing.F) {
 		if len(err.Error()) > 300 {
 			t.Fatalf("message too long: %d bytes", len(err.Error()))
 		}
-		if ike.Reason == ReasonInvalidChar {
+		if ike.Reason == reasonInvalidChar {
 			if c := key[ike.Pos]; c >= 0x20 && c <= 0x7E {
 				t.Fatalf("Pos %d points at valid byte %q", ike.Pos, c)
 			}
 		}
-		if ike.Reason == ReasonOuterSpace && (key[ike.Pos] != ' ' || ike.Pos != 0 && ike.Pos != len(key)-1) {
+		if ike.Reason == reasonOuterSpace && (key[ike.Pos] != ' ' || ike.Pos != 0 && ike.Pos != len(key)-1) {
 			t.Fatalf("Pos %d of %q is not an outer space", ike.Pos, key)
 		}
 	})

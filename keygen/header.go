@@ -7,7 +7,7 @@ import "strings"
 // Transport and the server middleware share:
 //
 //   - The header must come on exactly one field line: two Idempotency-Key
-//     field lines are refused (ReasonList), even when they hold the same
+//     field lines are refused ("list"), even when they hold the same
 //     value, because a receiver that joins them cannot tell one key from two.
 //     Within the one line a comma is part of the key: "invoice,2024-7" sent
 //     bare is the key invoice,2024-7, not a list.
@@ -16,29 +16,29 @@ import "strings"
 //   - A value that starts and ends with '"' (and has at least two bytes) is
 //     an RFC 9651 sf-string: the key is its content, in which '"' and '\' are
 //     escaped as \" and \\ and every other byte is 0x20..0x7E; anything else
-//     is ReasonMalformedString.
+//     is "malformed_string".
 //   - Any other value is the key as it is, quotes, backslashes, commas and
 //     inner spaces included: "order 42" is the key order 42.
 //
 // The key must then pass [Validate] (1 to 255 bytes of 0x20..0x7E, no
 // outer space). It returns the key, or an *[InvalidKeyError] matching
-// [ErrInvalidKey] with ReasonEmpty (no value), ReasonList,
-// ReasonMalformedString or a Validate reason. [FormatHeader] writes every
+// [ErrInvalidKey] with the reason "empty" (no value), "list",
+// "malformed_string" or a Validate reason. [FormatHeader] writes every
 // valid key so that ParseHeader reads it back. Safe for concurrent use;
 // never panics.
 func ParseHeader(vals []string) (string, error) {
 	switch len(vals) {
 	case 0:
-		return "", newInvalid("", ReasonEmpty, -1)
+		return "", newInvalid("", reasonEmpty, -1)
 	case 1:
 	default:
-		return "", newInvalid(strings.Join(vals, ", "), ReasonList, -1)
+		return "", newInvalid(strings.Join(vals, ", "), reasonList, -1)
 	}
 	v := strings.Trim(vals[0], " \t")
 	if isSFString(v) {
 		s, ok := parseSFString(v)
 		if !ok {
-			return "", newInvalid(vals[0], ReasonMalformedString, -1)
+			return "", newInvalid(vals[0], reasonMalformedString, -1)
 		}
 		v = s
 	}

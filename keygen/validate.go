@@ -3,33 +3,22 @@ package keygen
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // ErrInvalidKey is the sentinel matched (with errors.Is) by every error
 // that [Validate] returns.
 var ErrInvalidKey = errors.New("keygen: invalid idempotency key")
 
-// Reasons reported in [InvalidKeyError.Reason].
+// The values of [InvalidKeyError.Reason]: snake_case labels for logs and
+// metrics.
 const (
-	// ReasonEmpty: the key has no bytes.
-	ReasonEmpty = "empty"
-	// ReasonTooLong: the key is longer than 255 bytes.
-	ReasonTooLong = "too long"
-	// ReasonInvalidChar: the key has a byte outside visible ASCII and the
-	// space, 0x20..0x7E (a control character such as a tab or a newline,
-	// DEL, or a non-ASCII byte).
-	ReasonInvalidChar = "invalid character"
-	// ReasonOuterSpace: the key begins or ends with a space. ParseHeader
-	// trims the spaces around a bare header value, so such a key could not
-	// be sent bare and read back.
-	ReasonOuterSpace = "leading or trailing space"
-	// ReasonList: the key header was sent on more than one field line (see
-	// ParseHeader).
-	ReasonList = "list"
-	// ReasonMalformedString: a header value that starts and ends with a
-	// double quote is not a valid RFC 9651 sf-string (a bad escape, an
-	// unescaped '"' inside, or a byte outside 0x20..0x7E).
-	ReasonMalformedString = "malformed string"
+	reasonEmpty           = "empty"
+	reasonTooLong         = "too_long"
+	reasonInvalidChar     = "invalid_char"
+	reasonOuterSpace      = "outer_space"
+	reasonList            = "list"
+	reasonMalformedString = "malformed_string"
 )
 
 // InvalidKeyError describes why a key was rejected, without its bytes: an
@@ -39,13 +28,25 @@ type InvalidKeyError struct {
 	// Digest is the rejected value's [Digest], to match it with the
 	// client's and the server's records without the key itself.
 	Digest string
-	// Reason is one of ReasonEmpty, ReasonTooLong, ReasonInvalidChar,
-	// ReasonOuterSpace, or for header values ReasonList and
-	// ReasonMalformedString.
+	// Reason says why, a snake_case label for logs and metrics, one of:
+	//   - "empty": the key has no bytes;
+	//   - "too_long": the key is longer than 255 bytes;
+	//   - "invalid_char": the key has a byte outside visible ASCII and the
+	//     space, 0x20..0x7E (a control character such as a tab or a
+	//     newline, DEL, or a non-ASCII byte);
+	//   - "outer_space": the key begins or ends with a space (ParseHeader
+	//     trims the spaces around a bare header value, so such a key could
+	//     not be sent bare and read back);
+	//   - from ParseHeader only, "list": the key header came on more than
+	//     one field line; "malformed_string": a header value that starts
+	//     and ends with a double quote is not a valid RFC 9651 sf-string
+	//     (a bad escape, an unescaped '"' inside, or a byte outside
+	//     0x20..0x7E).
+	// Match a rejected key with errors.Is(err, ErrInvalidKey); Reason is
+	// for the record.
 	Reason string
-	// Pos is the byte offset of the first invalid byte for
-	// ReasonInvalidChar, of the offending space for ReasonOuterSpace, and -1
-	// otherwise.
+	// Pos is the byte offset of the first invalid byte for "invalid_char",
+	// of the offending space for "outer_space", and -1 otherwise.
 	Pos int
 	// Char is the byte at Pos (0 when Pos is -1).
 	Char byte
@@ -53,21 +54,29 @@ type InvalidKeyError struct {
 	Len int
 }
 
-// Error describes the rejection by the key's digest, reason, length and
+// Error describes the rejection by the key's digest, length, reason and
 // offending byte, never its bytes, for example `keygen: invalid idempotency
-// key (digest 9a3e51a4c1f0, 3 bytes): invalid character 0x01 at byte 1`.
+// key (digest 9a3e51a4c1f0, 3 bytes): invalid_char: invalid character 0x01
+// at byte 1 (want visible ASCII or a space, 0x20..0x7E)`.
 func (e *InvalidKeyError) Error() string {
-	msg := fmt.Sprintf("keygen: invalid idempotency key (digest %s, %d bytes): ", e.Digest, e.Len)
+	msg := fmt.Sprintf("keygen: invalid idempotency key (digest %s, %d bytes): %s: ",
+		e.Digest, e.Len, e.Reason)
 	switch e.Reason {
-	case ReasonTooLong:
-		return msg + fmt.Sprintf("too long (max %d)", maxLen)
-	case ReasonInvalidChar:
+	case reasonEmpty:
+		return msg + "no bytes"
+	case reasonTooLong:
+		return msg + fmt.Sprintf("longer than %d bytes", maxLen)
+	case reasonInvalidChar:
 		return msg + fmt.Sprintf("invalid character 0x%02X at byte %d "+
 			"(want visible ASCII or a space, 0x20..0x7E)", e.Char, e.Pos)
-	case ReasonOuterSpace:
-		return msg + fmt.Sprintf("%s at byte %d", e.Reason, e.Pos)
+	case reasonOuterSpace:
+		return msg + fmt.Sprintf("a space first or last, at byte %d", e.Pos)
+	case reasonList:
+		return msg + "the header came on more than one field line"
+	case reasonMalformedString:
+		return msg + "a quoted value that is not an RFC 9651 sf-string"
 	default:
-		return msg + e.Reason
+		return strings.TrimSuffix(msg, ": ")
 	}
 }
 
@@ -87,21 +96,21 @@ func (e *InvalidKeyError) Is(target error) bool { return target == ErrInvalidKey
 // invalid character, outer space. Safe for concurrent use.
 func Validate(key string) error {
 	if key == "" {
-		return newInvalid(key, ReasonEmpty, -1)
+		return newInvalid(key, reasonEmpty, -1)
 	}
 	if len(key) > maxLen {
-		return newInvalid(key, ReasonTooLong, -1)
+		return newInvalid(key, reasonTooLong, -1)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x20 || c > 0x7E {
-			return newInvalid(key, ReasonInvalidChar, i)
+			return newInvalid(key, reasonInvalidChar, i)
 		}
 	}
 	if key[0] == ' ' {
-		return newInvalid(key, ReasonOuterSpace, 0)
+		return newInvalid(key, reasonOuterSpace, 0)
 	}
 	if key[len(key)-1] == ' ' {
-		return newInvalid(key, ReasonOuterSpace, len(key)-1)
+		return newInvalid(key, reasonOuterSpace, len(key)-1)
 	}
 	return nil
 }

@@ -31,8 +31,8 @@ const (
 	// that the budget refused to retry.
 	RetryClassKey = attribute.Key("saferetry.retry.class")
 	// StopReasonKey is why the loop stopped (a retry.Reason:
-	// "max_attempts", "budget_denied", ...), on an attempt or call whose
-	// outcome is "stopped".
+	// "max_attempts", "budget_denied", "deadline", "retry_after_too_long",
+	// ...), on an attempt or call whose outcome is "stopped".
 	StopReasonKey = attribute.Key("saferetry.stop.reason")
 	// KeyDigestKey is the digest of the idempotency key (keygen.Digest),
 	// never the key itself.
@@ -41,11 +41,16 @@ const (
 
 // Client metric names.
 const (
-	ClientAttempts      = "saferetry.client.attempts"       // counter, {attempt}
-	ClientRetries       = "saferetry.client.retries"        // counter, {retry}, by saferetry.retry.class
-	ClientBudgetDenials = "saferetry.client.budget.denials" // counter, {denial}, by saferetry.retry.class
-	ClientExhausted     = "saferetry.client.exhausted"      // counter, {call}, by saferetry.stop.reason
-	ClientRetryWait     = "saferetry.client.retry.wait"     // histogram, s
+	// ClientAttempts is a counter, {attempt}.
+	ClientAttempts = "saferetry.client.attempts"
+	// ClientRetries is a counter, {retry}, by saferetry.retry.class.
+	ClientRetries = "saferetry.client.retries"
+	// ClientBudgetDenials is a counter, {denial}, by saferetry.retry.class.
+	ClientBudgetDenials = "saferetry.client.budget.denials"
+	// ClientExhausted is a counter, {call}, by saferetry.stop.reason.
+	ClientExhausted = "saferetry.client.exhausted"
+	// ClientRetryWait is a histogram, s.
+	ClientRetryWait = "saferetry.client.retry.wait"
 )
 
 // waitBuckets are the wait histogram's boundaries, in seconds: from the

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
+	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
 )
 
@@ -22,6 +23,12 @@ const (
 	ProblemCodeKey = attribute.Key("saferetry.problem.code")
 	// StoreOperationKey is the store call ("claim", "get", "heartbeat", ...).
 	StoreOperationKey = attribute.Key("saferetry.store.operation")
+	// RequestRetryKey says whether a guarded request was a retry (true:
+	// its Request-Attempt above 1) or a first try (false), on the
+	// executions and refusals; absent when the request carried no attempt
+	// number (deadline.Attempt is 0: no deadline.Middleware in front, or a
+	// client that sends none).
+	RequestRetryKey = attribute.Key("saferetry.request.retry")
 )
 
 // Server metric names.
@@ -99,15 +106,15 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 			}
 		},
 		Executed: func(ctx context.Context, e idempotency.Event) {
-			s.executions.Add(ctx, 1, metric.WithAttributes(method(e), ExecutionOutcomeKey.String(string(e.Outcome)),
-				semconv.HTTPResponseStatusCode(e.Status)))
+			s.executions.Add(ctx, 1, metric.WithAttributes(withRetry(ctx, method(e),
+				ExecutionOutcomeKey.String(string(e.Outcome)), semconv.HTTPResponseStatusCode(e.Status))...))
 		},
 		Replayed: func(ctx context.Context, e idempotency.Event) {
 			s.replays.Add(ctx, 1, metric.WithAttributes(method(e), semconv.HTTPResponseStatusCode(e.Status)))
 		},
 		Refused: func(ctx context.Context, e idempotency.Event) {
-			s.refusals.Add(ctx, 1, metric.WithAttributes(method(e), ProblemCodeKey.String(string(e.Code)),
-				semconv.HTTPResponseStatusCode(e.Status)))
+			s.refusals.Add(ctx, 1, metric.WithAttributes(withRetry(ctx, method(e),
+				ProblemCodeKey.String(string(e.Code)), semconv.HTTPResponseStatusCode(e.Status))...))
 		},
 		StoreCall: func(ctx context.Context, e idempotency.Event) {
 			op := StoreOperationKey.String(string(e.Op))
@@ -124,6 +131,15 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 }
 
 func method(e idempotency.Event) attribute.KeyValue { return methodAttrKV(e.Scope.Method) }
+
+// withRetry appends RequestRetryKey to attrs when the request whose
+// context is ctx carried its attempt number.
+func withRetry(ctx context.Context, attrs ...attribute.KeyValue) []attribute.KeyValue {
+	if n := deadline.Attempt(ctx); n > 0 {
+		return append(attrs, RequestRetryKey.Bool(n > 1))
+	}
+	return attrs
+}
 
 func methodAttrKV(m string) attribute.KeyValue {
 	return semconv.HTTPRequestMethodKey.String(methodAttr(m))

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/idempotency/memstore"
 )
@@ -97,6 +98,29 @@ func TestServerMetrics(t *testing.T) {
 	require.Len(t, age.DataPoints, 1)
 	assert.Equal(t, uint64(1), age.DataPoints[0].Count)
 	assert.InDelta(t, (100 * time.Hour).Seconds(), age.DataPoints[0].Sum, 1)
+}
+
+// Behind deadline.Middleware, the executions and refusals say whether the
+// request was a retry or a first try; a request that carried no attempt
+// number has no such attribute.
+func TestServerMetricsTellRetriesFromFirstTries(t *testing.T) {
+	tel := newTelemetry(t)
+	h := deadline.Middleware(idempotency.New(memstore.New(), idempotency.WithAnonymousKeys(true),
+		idempotency.WithLogger(quietLog), idempotency.WithObserver(ServerObserver(tel.options()...))).Wrap(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })))
+	for _, c := range []struct{ key, attempt, body string }{
+		{"a", "1", "x"}, {"b", "2", "x"}, {"c", "", "x"}, {"a", "3", "y"}, // the last one: key reused
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(c.body))
+		req.Header.Set("Idempotency-Key", c.key)
+		if c.attempt != "" {
+			req.Header.Set("Request-Attempt", c.attempt)
+		}
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	m := tel.collect(t)
+	assert.Equal(t, map[string]int64{"false": 1, "true": 1, "": 1}, counts(t, m[ServerExecutions], RequestRetryKey))
+	assert.Equal(t, map[string]int64{"true": 1}, counts(t, m[ServerRefusals], RequestRetryKey))
 }
 
 // failStore fails every call.

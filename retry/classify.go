@@ -38,13 +38,13 @@ const (
 	ClassConnRefused     Class = "conn_refused"      // ECONNREFUSED while dialling (never sent)
 	ClassDial            Class = "dial"              // any other dial error, e.g. DNS (never sent)
 	ClassConnReset       Class = "conn_reset"        // ECONNRESET
-	ClassEOF             Class = "eof"               // io.EOF or io.ErrUnexpectedEOF before a response
+	ClassEOF             Class = "eof"               // EOF or unexpected EOF before a response
 	ClassTimeout         Class = "timeout"           // the attempt's time limit, or the transport's
 	ClassH2RefusedStream Class = "h2_refused_stream" // HTTP/2 REFUSED_STREAM (never processed)
 	ClassH2GoAway        Class = "h2_goaway"         // HTTP/2 GOAWAY
 	ClassTLS             Class = "tls"               // certificate verification failed
 	ClassCanceled        Class = "canceled"          // the caller canceled its context
-	ClassDeadline        Class = "deadline"          // the caller's own deadline passed
+	ClassCallerDeadline  Class = "caller_deadline"   // the caller's own context deadline passed
 	ClassInProgress      Class = "in_progress"       // 409 idempotency_request_in_progress
 	ClassKeyReused       Class = "key_reused"        // a conflict idempotency_key_reused
 	ClassNotRetryable    Class = "not_retryable"     // an unrecognised error, or no outcome at all
@@ -52,8 +52,6 @@ const (
 
 // Input describes the outcome of one attempt.
 type Input struct {
-	// Method is the request method (informational; Idempotent decides).
-	Method string
 	// Idempotent is true when the request may be repeated: an idempotent
 	// method, an Idempotency-Key attached, or the caller declared it so.
 	// When false, only failures where the request provably never reached
@@ -109,7 +107,7 @@ type Decision struct {
 // off (the first verdict other than [Keep] decides; nil rules are skipped);
 // Class, Throttle, RetryAfter and NeverSent stay the built-in ones. Then the
 // safety rules, which no Rule lifts: a success ([ClassOK]) and the caller's
-// own cancellation or deadline ([ClassCanceled], [ClassDeadline]) are never
+// own cancellation or deadline ([ClassCanceled], [ClassCallerDeadline]) are never
 // retried, and a request that is not idempotent is retried only when it
 // provably never reached the server (NeverSent), never after a status or a
 // timeout. The attempt limit, the deadline and the budget are the caller's
@@ -196,7 +194,7 @@ func classifyErr(in Input) Decision {
 		}
 		return Decision{Class: class, NeverSent: true, Retry: true}
 	case isContextDeadline(err):
-		return Decision{Class: ClassDeadline}
+		return Decision{Class: ClassCallerDeadline}
 	}
 	// Text matches on net/http's bundled HTTP/2 errors, which are unexported.
 	// GOAWAY is checked first: its message carries server-chosen debug data,

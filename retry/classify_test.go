@@ -73,9 +73,9 @@ func TestClassifyStatuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			in := Input{Method: http.MethodGet, Idempotent: true, Response: tc.resp, ProblemCode: tc.code}
+			in := Input{Idempotent: true, Response: tc.resp, ProblemCode: tc.code}
 			require.Equal(t, tc.idem, Classify(tc.rules, in, now))
-			in.Method, in.Idempotent = http.MethodPost, false
+			in.Idempotent = false
 			require.Equal(t, tc.unsafe, Classify(tc.rules, in, now))
 		})
 	}
@@ -125,8 +125,8 @@ func TestClassifyErrors(t *testing.T) {
 		{"unexpected EOF wrapped", fmt.Errorf("reading: %w", io.ErrUnexpectedEOF), false, Decision{Retry: true, Class: ClassEOF}, Decision{Class: ClassEOF}},
 		{"attempt timeout", context.DeadlineExceeded, true, Decision{Retry: true, Class: ClassTimeout}, Decision{Class: ClassTimeout}},
 		{"attempt timeout as cancel", context.Canceled, true, Decision{Retry: true, Class: ClassTimeout}, Decision{Class: ClassTimeout}},
-		{"caller deadline", urlErr(context.DeadlineExceeded), false, Decision{Class: ClassDeadline}, Decision{Class: ClassDeadline}},
-		{"caller deadline wrapped", fmt.Errorf("x: %w", context.DeadlineExceeded), false, Decision{Class: ClassDeadline}, Decision{Class: ClassDeadline}},
+		{"caller deadline", urlErr(context.DeadlineExceeded), false, Decision{Class: ClassCallerDeadline}, Decision{Class: ClassCallerDeadline}},
+		{"caller deadline wrapped", fmt.Errorf("x: %w", context.DeadlineExceeded), false, Decision{Class: ClassCallerDeadline}, Decision{Class: ClassCallerDeadline}},
 		{"caller cancel", urlErr(context.Canceled), false, Decision{Class: ClassCanceled}, Decision{Class: ClassCanceled}},
 		{"caller cancel during dial", opErr("dial", context.Canceled), false, Decision{Class: ClassCanceled}, Decision{Class: ClassCanceled}},
 		{"transport timeout", urlErr(timeoutErr{}), false, Decision{Retry: true, Class: ClassTimeout}, Decision{Class: ClassTimeout}},
@@ -155,9 +155,9 @@ func TestClassifyErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			in := Input{Method: http.MethodPut, Idempotent: true, Err: tc.err, AttemptTimedOut: tc.timedOut}
+			in := Input{Idempotent: true, Err: tc.err, AttemptTimedOut: tc.timedOut}
 			require.Equal(t, tc.idem, Classify(nil, in, now))
-			in.Method, in.Idempotent = http.MethodPost, false
+			in.Idempotent = false
 			require.Equal(t, tc.unsafe, Classify(allow500, in, now))
 		})
 	}
@@ -188,7 +188,13 @@ func TestExhaustedError(t *testing.T) {
 	require.Equal(t, "saferetry: gave up after 0 attempts", (&ExhaustedError{}).Error())
 
 	for _, r := range []Reason{ReasonNotRetryable, ReasonCanceled, ReasonMaxAttempts,
-		ReasonBodyNotRewindable, ReasonDeadline, ReasonBudget, ReasonPrepare} {
+		ReasonBodyNotRewindable, ReasonDeadline, ReasonRetryAfterTooLong, ReasonBudget, ReasonPrepare,
+		ReasonRetriedBelow} {
 		require.Regexp(t, `^[a-z]+(_[a-z]+)*$`, string(r), "a label is snake_case")
+	}
+	for _, c := range []Class{ClassOK, ClassConnRefused, ClassDial, ClassConnReset, ClassEOF, ClassTimeout,
+		ClassH2RefusedStream, ClassH2GoAway, ClassTLS, ClassCanceled, ClassCallerDeadline, ClassInProgress,
+		ClassKeyReused, ClassNotRetryable} {
+		require.Regexp(t, `^[a-z0-9]+(_[a-z0-9]+)*$`, string(c), "a label is snake_case")
 	}
 }

@@ -13,14 +13,14 @@ import (
 func ExampleClassify() {
 	now := time.Now()
 	throttled := &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"2"}}}
-	d := retry.Classify(nil, retry.Input{Method: "GET", Idempotent: true, Response: throttled}, now)
+	d := retry.Classify(nil, retry.Input{Idempotent: true, Response: throttled}, now)
 	fmt.Println(d.Retry, d.Class, d.Throttle, d.RetryAfter)
 
 	// A POST without an idempotency key: a 503 is final, a refused connection is not.
 	unavailable := &http.Response{StatusCode: http.StatusServiceUnavailable}
-	d = retry.Classify(nil, retry.Input{Method: "POST", Response: unavailable}, now)
+	d = retry.Classify(nil, retry.Input{Response: unavailable}, now)
 	fmt.Println(d.Retry, d.Class)
-	d = retry.Classify(nil, retry.Input{Method: "POST", Err: syscall.ECONNREFUSED}, now)
+	d = retry.Classify(nil, retry.Input{Err: syscall.ECONNREFUSED}, now)
 	fmt.Println(d.Retry, d.Class, d.NeverSent)
 	// Output:
 	// true status_429 true 2s

@@ -24,9 +24,12 @@ const (
 	// ReasonBodyNotRewindable: the request body cannot be sent again.
 	ReasonBodyNotRewindable Reason = "body_not_rewindable"
 	// ReasonDeadline: the wait before the next attempt would end after the
-	// overall deadline, or the server's Retry-After exceeds the longest
-	// the Transport honours.
+	// overall deadline (WithMaxElapsed, or the context's), or the deadline
+	// passed before the next attempt could start.
 	ReasonDeadline Reason = "deadline"
+	// ReasonRetryAfterTooLong: the server's Retry-After is longer than the
+	// longest the Transport honours (WithMaxRetryAfter).
+	ReasonRetryAfterTooLong Reason = "retry_after_too_long"
 	// ReasonBudget: the retry budget refused the retry.
 	ReasonBudget Reason = "budget_denied"
 	// ReasonPrepare: the preparation of the next attempt failed.

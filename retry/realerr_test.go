@@ -90,7 +90,7 @@ func TestClassifyRealConnRefused(t *testing.T) {
 				var ue *url.Error
 				require.ErrorAs(t, err, &ue)
 			}
-			d := Classify(nil, Input{Method: method, Idempotent: method == http.MethodGet, Err: err}, time.Now())
+			d := Classify(nil, Input{Idempotent: method == http.MethodGet, Err: err}, time.Now())
 			require.Equal(t, Decision{Retry: true, Class: ClassConnRefused, NeverSent: true}, d, "method %s wrap %v: %v", method, wrap, err)
 
 			// The exhausted error keeps the root cause reachable through every wrapper.
@@ -114,9 +114,9 @@ func TestClassifyRealConnReset(t *testing.T) {
 	err := roundTrip(t, context.Background(), &http.Transport{}, http.MethodPost, u, true)
 	require.ErrorIs(t, err, syscall.ECONNRESET, "%v", err)
 	require.Equal(t, Decision{Retry: true, Class: ClassConnReset},
-		Classify(nil, Input{Method: http.MethodPost, Idempotent: true, Err: err}, time.Now()))
+		Classify(nil, Input{Idempotent: true, Err: err}, time.Now()))
 	require.Equal(t, Decision{Retry: false, Class: ClassConnReset},
-		Classify(nil, Input{Method: http.MethodPost, Idempotent: false, Err: err}, time.Now()),
+		Classify(nil, Input{Idempotent: false, Err: err}, time.Now()),
 		"a reset after the request was written is never retried without idempotency")
 }
 
@@ -175,7 +175,7 @@ func TestClassifyRealAttemptTimeout(t *testing.T) {
 		Classify(nil, Input{Idempotent: false, Err: err, AttemptTimedOut: true}, time.Now()),
 		"a timeout is never retried for an unsafe request")
 	// The same error from the caller's own deadline is final.
-	require.Equal(t, Decision{Class: ClassDeadline},
+	require.Equal(t, Decision{Class: ClassCallerDeadline},
 		Classify(nil, Input{Idempotent: true, Err: err}, time.Now()))
 
 	// A transport-level timeout (ResponseHeaderTimeout) is a per-attempt timeout too.

@@ -68,7 +68,7 @@ func apply(rules []Rule, in Input, d Decision) Decision {
 // never reached the server.
 func safe(in Input, d Decision) Decision {
 	switch d.Class {
-	case ClassOK, ClassCanceled, ClassDeadline:
+	case ClassOK, ClassCanceled, ClassCallerDeadline:
 		d.Retry = false
 	}
 	if !in.Idempotent && !d.NeverSent {

@@ -74,11 +74,11 @@ func TestRulesCannotLiftSafety(t *testing.T) {
 	everything := []Rule{func(Input, Decision) Verdict { return Allow }}
 	now := time.Unix(0, 0)
 	mayHaveLeft := []Input{
-		{Method: "POST", Response: &http.Response{StatusCode: 503}},
-		{Method: "POST", Response: &http.Response{StatusCode: 500}},
-		{Method: "POST", Err: errCustom},
-		{Method: "POST", Err: syscall.ECONNRESET},
-		{Method: "POST", Err: errors.New("read timeout"), AttemptTimedOut: true},
+		{Response: &http.Response{StatusCode: 503}},
+		{Response: &http.Response{StatusCode: 500}},
+		{Err: errCustom},
+		{Err: syscall.ECONNRESET},
+		{Err: errors.New("read timeout"), AttemptTimedOut: true},
 	}
 	for _, in := range mayHaveLeft {
 		assert.False(t, Classify(everything, in, now).Retry, "%+v", in)
@@ -89,8 +89,8 @@ func TestRulesCannotLiftSafety(t *testing.T) {
 	}
 	// What provably never left is still retried, unsafe or not.
 	dial := &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}
-	assert.True(t, Classify(everything, Input{Method: "POST", Err: dial}, now).Retry)
+	assert.True(t, Classify(everything, Input{Err: dial}, now).Retry)
 	// And Deny can turn that off too.
 	deny := []Rule{func(Input, Decision) Verdict { return Deny }}
-	assert.False(t, Classify(deny, Input{Method: "POST", Err: dial}, now).Retry)
+	assert.False(t, Classify(deny, Input{Err: dial}, now).Retry)
 }

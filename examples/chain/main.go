@@ -10,7 +10,8 @@
 // middle's 503 "Retried-Below: true", and neither the front nor the client
 // retries a marked answer: 3 at the bottom.
 //
-//	go run ./examples/chain [-requests 20] [-concurrency 10] [-fail 1] [-budgets] [-base 50ms] [-seed 1]
+//	go run ./examples/chain [-requests 20] [-concurrency 10] [-fail 1] [-budgets]
+//	                        [-base 50ms] [-seed 1]
 package main
 
 import (

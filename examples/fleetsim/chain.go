@@ -2,6 +2,7 @@ package main
 
 import (
 	"math/rand/v2"
+	"net/http"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
@@ -275,7 +276,7 @@ func simulateChain(c ChainConfig, v ChainVariant) ChainResult {
 			}
 			q.push(event{at: nextArrival(e.who, t), who: e.who, kind: chArrival})
 			count(res.Users, t)
-			budgets[0][e.who].OnRequest(now)
+			decide.Begin(budgets[0][e.who], now)
 			calls = append(calls, chainCall{tier: 0, inst: e.who, arrival: int32(t / time.Second), start: t,
 				attempt: 1})
 			q.push(event{at: t + net.delay(), who: int32(len(calls) - 1), kind: chAtServer})
@@ -293,7 +294,7 @@ func simulateChain(c ChainConfig, v ChainVariant) ChainResult {
 			// A service of tier cl.tier+1 serves the attempt: it calls the
 			// tier below, from the instance the attempt reached.
 			inst := pick.Int32N(int32(c.Instances))
-			budgets[cl.tier+1][inst].OnRequest(now)
+			decide.Begin(budgets[cl.tier+1][inst], now)
 			calls = append(calls, chainCall{tier: cl.tier + 1, inst: inst, parent: e.who, arrival: cl.arrival,
 				start: t, attempt: 1})
 			q.push(event{at: t + net.delay(), who: int32(len(calls) - 1), kind: chAtServer})
@@ -301,7 +302,7 @@ func simulateChain(c ChainConfig, v ChainVariant) ChainResult {
 			cl := &calls[e.who]
 			b := budgets[cl.tier][cl.inst]
 			if e.val == chOK {
-				b.OnSuccess(now, cl.cost)
+				decide.End(b, now, http.StatusOK, cl.cost)
 				finish(e.who, t, true, "", false)
 				continue
 			}
@@ -313,6 +314,7 @@ func simulateChain(c ChainConfig, v ChainVariant) ChainResult {
 				Rand: jit.Float64, Budget: b,
 			})
 			if step.Stop != "" {
+				decide.End(b, now, http.StatusServiceUnavailable, cl.cost)
 				finish(e.who, t, false, step.Stop, marked)
 				continue
 			}

@@ -12,8 +12,9 @@
 //     N = 10 to 190 step 10, averaged over 100 runs.
 //  2. An outage: a fleet of client instances, each deciding its retries with
 //     the Transport's own decision function (internal/decide.Decide, which
-//     the saferetry Transport calls after every attempt) and a budget of
-//     package budget, on a simulated clock, against a server that answers
+//     the saferetry Transport calls after every attempt, and its budget
+//     bookkeeping, decide.Begin and decide.End) and a budget of package
+//     budget, on a simulated clock, against a server that answers
 //     503 to everything for a while and then recovers:
 //     the requests reaching the server per second, and the amplification,
 //     without a budget, with the default token bucket and with the ratio

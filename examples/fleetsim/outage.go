@@ -2,6 +2,7 @@ package main
 
 import (
 	"math/rand/v2"
+	"net/http"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
@@ -176,7 +177,7 @@ func simulateOutage(c OutageConfig, p Policy) OutageResult {
 			q.push(event{at: nextArrival(e.who, t), who: e.who, kind: outArrival})
 			res.Requests++
 			count(res.Logical, t)
-			budgets[e.who].OnRequest(now)
+			decide.Begin(budgets[e.who], now)
 			reqs = append(reqs, request{client: e.who, start: t, attempt: 1})
 			q.push(event{at: t + net.delay(), who: int32(len(reqs) - 1), kind: outAtServer})
 		case outAtServer:
@@ -199,7 +200,7 @@ func simulateOutage(c OutageConfig, p Policy) OutageResult {
 			r := &reqs[e.who]
 			b := budgets[r.client]
 			if e.val == 1 {
-				b.OnSuccess(now, r.retryCost)
+				decide.End(b, now, http.StatusOK, r.retryCost)
 				res.Succeeded++
 				continue
 			}
@@ -210,6 +211,7 @@ func simulateOutage(c OutageConfig, p Policy) OutageResult {
 				Rand: jit.Float64, Budget: b,
 			})
 			if step.Stop != "" {
+				decide.End(b, now, http.StatusServiceUnavailable, r.retryCost)
 				continue
 			}
 			r.retryCost, r.prevWait = step.Cost, step.Wait

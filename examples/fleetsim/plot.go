@@ -48,11 +48,17 @@ func dash(on, off float64) []vg.Length { return []vg.Length{vg.Points(on), vg.Po
 // other a dashed light-blue line with large hollow triangles around them,
 // drawn on top of it.
 var strategyStyles = []style{
-	{color: okabeVermillion, glyph: draw.BoxGlyph{}},                                                                                        // No backoff
-	{color: okabeOrange, dashes: dash(8, 3), glyph: draw.CrossGlyph{}, radius: 3.5},                                                         // Exponential (no jitter)
-	{color: okabeSkyBlue, dashes: dash(5, 3), glyph: draw.TriangleGlyph{}, radius: 5},                                                       // Equal jitter
-	{color: okabeBlue, glyph: draw.CircleGlyph{}, radius: 2.5},                                                                              // Full jitter
-	{color: okabePurple, dashes: []vg.Length{vg.Points(8), vg.Points(2), vg.Points(2), vg.Points(2)}, glyph: draw.RingGlyph{}, radius: 3.5}, // Decorrelated
+	// No backoff
+	{color: okabeVermillion, glyph: draw.BoxGlyph{}},
+	// Exponential (no jitter)
+	{color: okabeOrange, dashes: dash(8, 3), glyph: draw.CrossGlyph{}, radius: 3.5},
+	// Equal jitter
+	{color: okabeSkyBlue, dashes: dash(5, 3), glyph: draw.TriangleGlyph{}, radius: 5},
+	// Full jitter
+	{color: okabeBlue, glyph: draw.CircleGlyph{}, radius: 2.5},
+	// Decorrelated
+	{color: okabePurple, dashes: []vg.Length{vg.Points(8), vg.Points(2), vg.Points(2), vg.Points(2)},
+		glyph: draw.RingGlyph{}, radius: 3.5},
 }
 
 // renderPlots writes occ-calls.png, occ-time.png and outage.png to dir.

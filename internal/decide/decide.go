@@ -3,6 +3,7 @@
 // can never drift apart: after an attempt, from its classified outcome, the
 // attempt count, the overall deadline, Retry-After and the retry budget,
 // whether to retry and how long to wait first, or why to stop (Decide);
+// what the retry budget hears of a call besides its retries (Begin, End);
 // and, once the loop has stopped, whether the call pushes back on the
 // request it was made for, across a chain of services (PushBack).
 package decide
@@ -41,7 +42,12 @@ type Input struct {
 	Marked bool
 	// Body is why the request body cannot be sent again
 	// (retry.ReasonBodyNotRewindable), "" when it can.
-	Body     retry.Reason
+	Body retry.Reason
+	// Rewind, when set, readies the request body for the retry. It is
+	// called only when every other check grants the retry, just before the
+	// budget is asked; an error stops the loop with
+	// retry.ReasonBodyNotRewindable and spends nothing.
+	Rewind   func() error
 	Now      time.Time
 	Deadline time.Time     // the overall deadline; zero for none
 	PrevWait time.Duration // the wait before this attempt, 0 for the first
@@ -55,8 +61,10 @@ type Input struct {
 type Result struct {
 	Stop retry.Reason
 	// Wait is the sleep before the retry: the backoff, or the server's
-	// Retry-After when longer. When Stop is retry.ReasonDeadline or
-	// retry.ReasonBudget, it is the wait that a retry would have needed.
+	// Retry-After when longer. When Stop is retry.ReasonDeadline,
+	// retry.ReasonRetryAfterTooLong, retry.ReasonBudget or (from Rewind)
+	// retry.ReasonBodyNotRewindable, it is the wait that a retry would have
+	// needed.
 	Wait time.Duration
 	// Cost is what the budget took for the retry, which a success refunds.
 	Cost int
@@ -71,12 +79,14 @@ type Result struct {
 // a client retry less); the caller canceled; no attempt is left; the body
 // cannot be sent again; the server's Retry-After is longer than
 // c.MaxRetryAfter; the wait would not end before the deadline (no sleep in
-// vain); the budget refuses. Only the last one
-// changes anything: a granted retry takes its cost from in.Budget.
+// vain); the body cannot be rewound (in.Rewind); the budget refuses. Only
+// the last two change anything: the body is rewound only for a retry that
+// every other check grants, and a granted retry takes its cost from
+// in.Budget.
 func Decide(c Config, in Input) Result {
 	d := in.Outcome
 	switch {
-	case !d.Retry && (d.Class == retry.ClassCanceled || d.Class == retry.ClassDeadline):
+	case !d.Retry && (d.Class == retry.ClassCanceled || d.Class == retry.ClassCallerDeadline):
 		return Result{Stop: retry.ReasonCanceled}
 	case !d.Retry:
 		return Result{Stop: retry.ReasonNotRetryable}
@@ -89,7 +99,7 @@ func Decide(c Config, in Input) Result {
 	case in.Body != "":
 		return Result{Stop: in.Body}
 	case d.HasRetryAfter && d.RetryAfter > c.MaxRetryAfter:
-		return Result{Stop: retry.ReasonDeadline, Wait: d.RetryAfter}
+		return Result{Stop: retry.ReasonRetryAfterTooLong, Wait: d.RetryAfter}
 	}
 	r := in.Rand
 	if r == nil {
@@ -102,6 +112,9 @@ func Decide(c Config, in Input) Result {
 	if !in.Deadline.IsZero() && wait >= in.Deadline.Sub(in.Now) { // no time left to try after it
 		return Result{Stop: retry.ReasonDeadline, Wait: wait}
 	}
+	if in.Rewind != nil && in.Rewind() != nil {
+		return Result{Stop: retry.ReasonBodyNotRewindable, Wait: wait}
+	}
 	cost, ok := in.Budget.AcquireRetry(in.Now, d.Throttle)
 	if !ok {
 		return Result{Stop: retry.ReasonBudget, Wait: wait, BudgetLeft: in.Budget.Available(in.Now)}
@@ -109,17 +122,32 @@ func Decide(c Config, in Input) Result {
 	return Result{Wait: wait, Cost: cost}
 }
 
+// Begin records in b that a logical request starts, before its attempt 1.
+func Begin(b budget.Budget, now time.Time) { b.OnRequest(now) }
+
+// End records in b how a call ended: status is its last answer's status,
+// 0 when it ended without one. Only a success (a status below 400) feeds
+// the budget, with cost, the cost of the retry that produced it (0 for a
+// first try), as in the AWS SDKs: a 404 or a 422 is an answer, not a sign
+// of health.
+func End(b budget.Budget, now time.Time, status, cost int) {
+	if status > 0 && status < 400 {
+		b.OnSuccess(now, cost)
+	}
+}
+
 // PushBack reports whether a call that stopped for reason stop, its last
 // answer marked "retried below" or not, has had its failure retried, here
 // or further down a chain of services, so that the request it was made for
 // must not be retried above: the loop gave up on a retryable failure after
 // retrying it (the attempts used up, when c allows more than one), or
-// because the budget or the deadline refused the next retry; or the last
-// answer carries the mark (whatever the stop: a marked failure climbs the
-// whole chain).
+// because the budget, the deadline or a Retry-After longer than it honours
+// refused the next retry; or the last answer carries the mark (whatever
+// the stop: a marked failure climbs the whole chain).
 func PushBack(c Config, stop retry.Reason, marked bool) bool {
 	switch stop {
-	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline:
+	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline,
+		retry.ReasonRetryAfterTooLong:
 		return true
 	case retry.ReasonMaxAttempts:
 		return c.MaxAttempts > 1 || marked

@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -15,7 +16,10 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func half() float64 { return 0.5 }
 
-var cfg = Config{MaxAttempts: 3, MaxRetryAfter: 30 * time.Second} // default backoff: 50 ms, 1 s, cap 20 s
+var errRewind = errors.New("rewind failed")
+
+// cfg has the default backoff: bases 50 ms and 1 s, cap 20 s.
+var cfg = Config{MaxAttempts: 3, MaxRetryAfter: 30 * time.Second}
 
 // input is an attempt 1 that failed with a plain 503, 10 s before the
 // deadline, with an unlimited budget: a retry, unless a test changes it.
@@ -39,7 +43,7 @@ func TestEachStopIsOneCase(t *testing.T) {
 			in.Outcome = retry.Decision{Class: retry.ClassCanceled}
 		}, Result{Stop: retry.ReasonCanceled}},
 		{"the caller's deadline, classified", func(in *Input) {
-			in.Outcome = retry.Decision{Class: retry.ClassDeadline}
+			in.Outcome = retry.Decision{Class: retry.ClassCallerDeadline}
 		}, Result{Stop: retry.ReasonCanceled}},
 		{"canceled after a retryable outcome", func(in *Input) { in.Canceled = true },
 			Result{Stop: retry.ReasonCanceled}},
@@ -54,7 +58,7 @@ func TestEachStopIsOneCase(t *testing.T) {
 			Result{Stop: retry.ReasonBodyNotRewindable}},
 		{"Retry-After above the cap", func(in *Input) {
 			in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = 31*time.Second, true
-		}, Result{Stop: retry.ReasonDeadline, Wait: 31 * time.Second}},
+		}, Result{Stop: retry.ReasonRetryAfterTooLong, Wait: 31 * time.Second}},
 		{"Retry-After longer than the backoff", func(in *Input) {
 			in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = 2*time.Second, true
 		}, Result{Wait: 2 * time.Second}},
@@ -70,6 +74,10 @@ func TestEachStopIsOneCase(t *testing.T) {
 			in.Outcome.Throttle = true
 			in.Budget = budget.NewTokenBucket(budget.TokenBucketConfig{})
 		}, Result{Wait: 500 * time.Millisecond, Cost: 5}},
+		{"a body that cannot be rewound", func(in *Input) { in.Rewind = func() error { return errRewind } },
+			Result{Stop: retry.ReasonBodyNotRewindable, Wait: 25 * time.Millisecond}},
+		{"a body rewound", func(in *Input) { in.Rewind = func() error { return nil } },
+			Result{Wait: 25 * time.Millisecond}},
 		{"attempt 2 backs off twice as long", func(in *Input) { in.Attempt = 2 }, Result{Wait: 50 * time.Millisecond}},
 	}
 	for _, tc := range tests {
@@ -92,14 +100,18 @@ func TestTheBudgetIsAskedLast(t *testing.T) {
 		"body":           func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
 		"Retry-After":    func(in *Input) { in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = time.Hour, true },
 		"no time to try": func(in *Input) { in.Deadline = t0 },
+		"rewind fails":   func(in *Input) { in.Rewind = func() error { return errRewind } },
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := budget.NewTokenBucket(budget.TokenBucketConfig{})
 			in := input()
 			in.Budget = b
+			rewound := false
+			in.Rewind = func() error { rewound = true; return nil }
 			change(&in)
 			assert.NotEmpty(t, Decide(cfg, in).Stop)
 			assert.Equal(t, 500, b.Available(t0), "nothing taken")
+			assert.False(t, rewound, "the body is rewound only for a retry every other check grants")
 		})
 	}
 	// And the caller's cancellation wins over the attempt limit.
@@ -134,6 +146,23 @@ func TestTheBackoffFormulaIsTheConfigs(t *testing.T) {
 	assert.Equal(t, Result{Wait: 2 * time.Second}, Decide(c, in))
 }
 
+// Only a success feeds the budget: it refunds a retry's cost, or adds the
+// first-try reward; any other end records nothing.
+func TestOnlyASuccessFeedsTheBudget(t *testing.T) {
+	b := budget.NewTokenBucket(budget.TokenBucketConfig{})
+	Begin(b, t0)
+	cost, _ := b.AcquireRetry(t0, false)
+	for _, status := range []int{0, 404, 422, 503} {
+		End(b, t0, status, cost)
+		assert.Equal(t, 486, b.Available(t0), "status %d", status)
+	}
+	End(b, t0, 200, cost)
+	assert.Equal(t, 500, b.Available(t0), "the retry's cost refunded")
+	b.AcquireRetry(t0, false)
+	End(b, t0, 304, 0)
+	assert.Equal(t, 487, b.Available(t0), "a first-try success adds 1")
+}
+
 func TestPushBack(t *testing.T) {
 	three, one := Config{MaxAttempts: 3}, Config{MaxAttempts: 1}
 	for _, tc := range []struct {
@@ -147,6 +176,7 @@ func TestPushBack(t *testing.T) {
 		{one, retry.ReasonMaxAttempts, true, true},
 		{three, retry.ReasonBudget, false, true},
 		{three, retry.ReasonDeadline, false, true},
+		{three, retry.ReasonRetryAfterTooLong, false, true},
 		{three, retry.ReasonRetriedBelow, true, true},
 		{three, retry.ReasonNotRetryable, false, false},
 		{three, retry.ReasonNotRetryable, true, true},
