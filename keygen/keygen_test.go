@@ -145,21 +145,18 @@ func printEvents() string {
 	return b.String()
 }
 
-// TestHelperPrintEvents is not a test on its own: when the cross-process
-// test runs this binary again with helperEnv set, it prints the keys.
-func TestHelperPrintEvents(t *testing.T) {
-	if os.Getenv(helperEnv) != "1" {
-		t.Skip("helper for TestEventAcrossProcesses")
+// TestMain prints the keys instead of running the tests when the
+// cross-process test runs this binary again with helperEnv set.
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "1" {
+		fmt.Print(printEvents())
+		os.Exit(0)
 	}
-	fmt.Print(printEvents())
-	os.Exit(0)
+	os.Exit(m.Run())
 }
 
 func TestEventAcrossProcesses(t *testing.T) {
-	if os.Getenv(helperEnv) == "1" {
-		t.Skip("running as the helper")
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperPrintEvents$")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	out, err := cmd.Output()
 	require.NoError(t, err)
