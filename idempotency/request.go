@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -11,7 +12,9 @@ import (
 // storedRequest is what the middleware saves in Record.Request when it
 // creates a record, so that the Completer can resume an abandoned execution
 // without its client: no header but the content type, so no credential
-// reaches the store. Its encoding is JSON (the body in base64).
+// reaches the store. Its encoding is the JSON of every field but the body,
+// a newline, then the body's own bytes (not base64: a third smaller, and no
+// encoding work for the largest part).
 type storedRequest struct {
 	// ID identifies the logical request: minted at the claim that created
 	// the record, kept by every takeover, new for a key reused after the
@@ -21,20 +24,32 @@ type storedRequest struct {
 	URL         string `json:"url"` // the request URI: escaped path and query
 	Host        string `json:"host,omitempty"`
 	ContentType string `json:"content_type,omitempty"`
-	Body        []byte `json:"body,omitempty"`
+	// Body is in the JSON only in the encoding of earlier releases, which
+	// decodeRequest still reads.
+	Body []byte `json:"body,omitempty"`
 }
 
 func (s storedRequest) encode() []byte {
-	b, _ := json.Marshal(s) // strings and bytes: cannot fail
-	return b
+	body := s.Body
+	s.Body = nil
+	b, _ := json.Marshal(s) // strings only: cannot fail
+	// encoding/json escapes every control character in a string, so the
+	// JSON holds no raw newline: the first one ends it.
+	return append(append(b, '\n'), body...)
 }
 
 var errBadStoredRequest = errors.New("idempotency: malformed stored request")
 
+// decodeRequest reads an encoded storedRequest, or the JSON of an earlier
+// release's encoding (no newline, the body in base64 inside).
 func decodeRequest(b []byte) (storedRequest, error) {
+	meta, body, split := bytes.Cut(b, []byte{'\n'})
 	var s storedRequest
-	if err := json.Unmarshal(b, &s); err != nil {
+	if err := json.Unmarshal(meta, &s); err != nil {
 		return storedRequest{}, errors.Join(errBadStoredRequest, err)
+	}
+	if split {
+		s.Body = body
 	}
 	return s, nil
 }

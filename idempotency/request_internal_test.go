@@ -59,3 +59,20 @@ func FuzzStoredRequest(f *testing.F) {
 		f.Fatalf("a malformed stored request: %v", err)
 	}
 }
+
+// The body is stored as its own bytes after the JSON, not in base64, and a
+// record of an earlier release (one JSON object, the body in base64) still
+// decodes.
+func TestStoredRequestKeepsTheBodyAsBytes(t *testing.T) {
+	body := []byte("{\"amount\":1}\n\x00\xff")
+	enc := storedRequest{ID: "id", Method: "POST", URL: "/pay", ContentType: "application/json", Body: body}.encode()
+	want := `{"id":"id","method":"POST","url":"/pay","content_type":"application/json"}` + "\n" + string(body)
+	if string(enc) != want {
+		t.Fatalf("encoded %q, want %q", enc, want)
+	}
+	old := []byte(`{"id":"id","method":"POST","url":"/pay","content_type":"application/json","body":"eyJhbW91bnQiOjF9"}`)
+	got, err := decodeRequest(old)
+	if err != nil || got.ID != "id" || got.URL != "/pay" || string(got.Body) != `{"amount":1}` {
+		t.Fatalf("an earlier release's record decoded to %+v, %v", got, err)
+	}
+}
