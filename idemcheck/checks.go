@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -189,13 +190,13 @@ func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
 	ev := []string{evidence("conflict, key "+showKey(c.concKey), cf)}
 	var a answer
 	for try := 1; try <= inProgressTries; try++ {
-		wait, _ := retryAfter(cf.header.Get("Retry-After"), time.Now())
-		wait = min(wait, c.maxRetryAfter)
-		if !sleep(ctx, wait) {
+		pause, _ := retryAfter(cf.header.Get("Retry-After"), time.Now())
+		pause = min(pause, c.maxRetryAfter)
+		if wait.Sleep(ctx, pause) != nil {
 			return Fail, c.noAnswer(answer{err: context.Cause(ctx)}), ev
 		}
 		a = c.send(ctx, c.concKey, c.cfg.Body, c.header)
-		ev = append(ev, evidence(fmt.Sprintf("retry %d after %v", try, wait), a))
+		ev = append(ev, evidence(fmt.Sprintf("retry %d after %v", try, pause), a))
 		if a.err != nil || !conflict(a.status) {
 			break
 		}
@@ -220,21 +221,6 @@ func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
 		detail += "; without Retry-After a client must guess when to retry"
 	}
 	return Info, detail, ev
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // mismatch sends the first key with an altered body, then the altered body

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -233,7 +234,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 					"a request with this idempotency key is being processed; retry later with the same key", nil)
 				return
 			}
-			if sleep(ctx, min(left, pollInterval)) != nil {
+			if wait.Sleep(ctx, min(left, pollInterval)) != nil {
 				return // the client went away while it waited: nobody to answer
 			}
 			start := time.Now()
@@ -259,17 +260,6 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 				claim.Fingerprint, claim.FingerprintVersion = fp, rec.FingerprintVersion
 			}
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 
