@@ -1,7 +1,6 @@
 package saferetry
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/internal/decide"
+	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -176,7 +176,7 @@ func (c *call) run() (*http.Response, error) {
 			lastErr = a.err
 		}
 		a.discard(c.drainBy(step.Wait))
-		if err := sleep(ctx, step.Wait); err != nil {
+		if err := wait.Sleep(ctx, step.Wait); err != nil {
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}
@@ -295,21 +295,6 @@ func (c *call) drainBy(wait time.Duration) time.Time {
 		return time.Time{}
 	}
 	return c.overall.Add(-wait)
-}
-
-// sleep waits for d, or until ctx ends (its error is then returned).
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // newCall checks req and fixes what all its attempts share: whether it may
