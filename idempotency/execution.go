@@ -4,14 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"time"
 )
 
 // execution is the middleware's side of one run of a handler that owns its
-// record, which the handler never sees: its response capture, its request
-// body and the heartbeat of its lease.
+// record, which the handler never sees: its response capture and the
+// heartbeat of its lease.
 type execution struct {
 	m          *Middleware
 	run        *Run
@@ -20,15 +21,8 @@ type execution struct {
 	start      time.Time
 	background bool // the Completer's
 	cw         capture
-	body       bodyReader
 	hb         heartbeat
 }
-
-// bodyReader is the handler's request body: the bytes the middleware read,
-// with a Close that does nothing.
-type bodyReader struct{ bytes.Reader }
-
-func (*bodyReader) Close() error { return nil }
 
 // run executes the handler as the owner of res.Record and answers through
 // w, and returns the outcome (see Observer.Executed). bg is r's context
@@ -55,8 +49,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 		cw: capture{w: w, header: make(http.Header)}}
 	x.hb.start(m, run, bg, cancel)
 	r2 := r.WithContext(hctx)
-	x.body.Reset(req.input.body)
-	r2.Body = &x.body
+	r2.Body = io.NopCloser(bytes.NewReader(req.input.body))
 	r2.ContentLength = int64(len(req.input.body))
 
 	returned := false
