@@ -43,8 +43,6 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 		defer stop()
 	}
 	run.cancel = cancel
-	m.obs.claimed(bg, Event{Scope: req.scope, Claim: res.Outcome, Generation: rec.Generation,
-		RecoveryPoint: rec.RecoveryPoint, Background: background})
 	x := &execution{m: m, run: run, bg: bg, req: req, start: time.Now(), background: background,
 		cw: capture{w: w, header: make(http.Header)}}
 	x.hb.start(m, run, bg, cancel)
@@ -55,13 +53,15 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 	returned := false
 	defer func() {
 		if !returned {
-			// The handler panicked (or called runtime.Goexit): give the
-			// key up, or keep it for a resume, and let the panic go on to
-			// net/http.
+			// The handler (or an observer) panicked, or called
+			// runtime.Goexit: give the key up, or keep it for a resume,
+			// and let the panic go on to net/http.
 			s := x.end(nil)
 			x.report(OutcomePanicked, context.Cause(hctx), s.err)
 		}
 	}()
+	m.obs.claimed(bg, Event{Scope: req.scope, Claim: res.Outcome, Generation: rec.Generation,
+		RecoveryPoint: rec.RecoveryPoint, Background: background})
 	h.next.ServeHTTP(&x.cw, r2)
 	returned = true
 	outcome, err := x.finish()

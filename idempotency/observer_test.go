@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -192,4 +193,24 @@ func TestObserverSeesHeartbeats(t *testing.T) {
 		}
 		assert.Equal(t, []idempotency.Op{idempotency.OpClaim, idempotency.OpHeartbeat, idempotency.OpHeartbeat, idempotency.OpComplete}, ops)
 	})
+}
+
+// An observer that panics when a request claims its key does not leave the
+// key claimed: the execution gives it up, so that the client's retry runs
+// at once instead of getting 409 until the lease expires.
+func TestObserverPanicAtClaimGivesTheKeyUp(t *testing.T) {
+	var panicked atomic.Bool
+	srv := serve(t, memstore.New(), http.HandlerFunc(created), idempotency.WithObserver(idempotency.Observer{
+		Claimed: func(context.Context, idempotency.Event) {
+			if panicked.CompareAndSwap(false, true) {
+				panic("observer bug")
+			}
+		},
+	}))
+	_, err := tryDo(http.MethodPost, srv.URL+"/payments", "k-panic", `{}`)
+	require.Error(t, err, "net/http drops the connection of a handler that panicked")
+	require.True(t, panicked.Load())
+	a := post(t, srv, "k-panic", `{}`)
+	require.Equal(t, http.StatusCreated, a.Status, "body: %s", a.Body)
+	requireFresh(t, a)
 }
