@@ -174,7 +174,11 @@ func (x *execution) end(resp *Response) settled {
 		return s // a successor owns the record: nothing to give up
 	}
 	x.hb.settle()
-	s.kept = x.giveUp()
+	kept, err := x.giveUp()
+	s.kept = kept
+	if err != nil {
+		s.err = err
+	}
 	return s
 }
 
@@ -199,8 +203,8 @@ func (x *execution) complete(unit Unit, resp Response) error {
 // giveUp gives the key up after an answer that is not stored: Release,
 // unless the record holds a recovery point, whose lease is then ended at
 // once so that a retry takes it over and resumes. It reports whether the
-// record was kept.
-func (x *execution) giveUp() bool {
+// record was kept, and ErrLeaseLost when a successor owns the record.
+func (x *execution) giveUp() (kept bool, err error) {
 	ctx, cancel := context.WithTimeout(x.bg, storeTimeout)
 	defer cancel()
 	lease, keep := x.run.Lease, x.run.currentPoint() != ""
@@ -210,24 +214,28 @@ func (x *execution) giveUp() bool {
 		rec, err := x.m.store.Get(ctx, lease.Scope)
 		switch {
 		case errors.Is(err, ErrNotFound):
-			return false
+			return false, nil
 		case err != nil:
 			keep = true // cannot tell: ending the lease is safe either way
 		case rec.State != InProgress || rec.Owner != lease.Owner || rec.Generation != lease.Generation:
-			return false // no longer ours
+			return false, ErrLeaseLost // no longer ours
 		default:
 			keep = rec.RecoveryPoint != ""
 		}
 	}
 	start := time.Now()
+	op := OpRelease
 	if keep {
-		err := x.m.store.EndLease(ctx, lease, time.Now())
-		x.m.obs.storeCall(x.bg, OpEndLease, lease.Scope, start, err)
+		op = OpEndLease
+		err = x.m.store.EndLease(ctx, lease, time.Now())
 	} else {
-		err := x.m.store.Release(ctx, lease)
-		x.m.obs.storeCall(x.bg, OpRelease, lease.Scope, start, err)
+		err = x.m.store.Release(ctx, lease)
 	}
-	return keep
+	x.m.obs.storeCall(x.bg, op, lease.Scope, start, err)
+	if errors.Is(err, ErrLeaseLost) {
+		return false, err
+	}
+	return keep, nil
 }
 
 // answerLost answers the client of an execution that lost its lease: the

@@ -376,7 +376,8 @@ func TestPhaseFencing(t *testing.T) {
 					require.Equal(t, "commit", pe.Op, "the fence holds at the commit")
 				}
 				a := <-aDone
-				require.Equal(t, http.StatusInternalServerError, a.Code, "A's unstored failure goes to its client")
+				require.Equal(t, http.StatusCreated, a.Code, "A lost its record: its client gets B's stored answer")
+				requireReplayed(t, a, "done by B")
 				requireReplayed(t, send(t, h, "order-42", `{}`), "done by B")
 				require.Equal(t, []string{"B"}, committed, "A's phase writes never committed")
 				rec, err := mem.Get(t.Context(), payScope)
