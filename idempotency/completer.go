@@ -88,6 +88,7 @@ type CompleterReport struct {
 // run and is returned, wrapped, with the report so far; ctx's end stops it
 // between records (and cancels the running handler's context). Failures of
 // single records are reported to the observers and counted, not returned.
+// Without a store (New(nil)) every run fails.
 func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 	rep, err := c.runOnce(ctx)
 	c.m.obs.completerRun(ctx, rep, err)
@@ -96,6 +97,9 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 
 func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 	var rep CompleterReport
+	if c.m.store == nil {
+		return rep, fmt.Errorf("idempotency: completer: %w", errNilStore)
+	}
 	c.mu.Lock()
 	extra := min(len(c.unresumable)+len(c.backoff), 10*c.batch)
 	c.mu.Unlock()

@@ -31,6 +31,11 @@ const storeTimeout = 10 * time.Second
 // it (WithMaxInProgressWait).
 const pollInterval = 100 * time.Millisecond
 
+// errNilStore is the error of a Middleware made with a nil store: it
+// answers 503 CodeStoreUnavailable, and its Completer's and Reaper's runs
+// fail with it.
+var errNilStore = errors.New("idempotency: no store (nil): unavailable")
+
 // Middleware makes the guarded requests of the handlers it wraps take
 // effect effectively once within their key scope and replay window (see the
 // package doc and docs/CONTRACT.md). Its Completer and Reaper share its
@@ -45,7 +50,8 @@ type Middleware struct {
 
 // New returns the middleware for store, configured by opts. It never fails:
 // option values it cannot honour are documented by each option. A nil store
-// answers every guarded request 503 CodeStoreUnavailable.
+// answers every guarded request 503 CodeStoreUnavailable, and the runs of
+// its Completer and Reaper fail.
 func New(store Store, opts ...Option) *Middleware {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -180,7 +186,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 	m := h.m
 	ctx := r.Context()
 	if m.store == nil {
-		m.refuseStore(ctx, w, req.scope, errors.New("idempotency: nil store"))
+		m.refuseStore(ctx, w, req.scope, errNilStore)
 		return
 	}
 	req.execID = uuid.NewString()

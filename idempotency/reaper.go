@@ -50,7 +50,8 @@ type ReaperReport struct {
 // delete it; it deletes in batches of 500, only below the lease end of the
 // last unfinished record listed while more may be unlisted, for at most 100
 // batches. On a store error it stops and returns the report so far with the
-// error, wrapped; ctx's end stops it between calls.
+// error, wrapped; ctx's end stops it between calls. Without a store
+// (New(nil)) every run fails.
 func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (ReaperReport, error) {
 	rep, err := r.reapOnce(ctx, now)
 	r.m.obs.reaperRun(ctx, rep, err)
@@ -59,6 +60,9 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 
 func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, error) {
 	rep := ReaperReport{Horizon: now.Add(-r.m.horizon)}
+	if r.m.store == nil {
+		return rep, fmt.Errorf("idempotency: reaper: %w", errNilStore)
+	}
 
 	logged := make(map[Scope]int64) // scope -> generation listed and logged in this run
 	limit := r.maxUnfinished

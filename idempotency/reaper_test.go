@@ -403,3 +403,25 @@ func TestReapOnceNeverDeletesAnUnlistedUnfinishedRecord(t *testing.T) {
 	require.NotContains(t, buf.String(), keygen.Digest("unlisted"))
 	require.Equal(t, 2, rep.Skipped)
 }
+
+// A Middleware without a store answers 503; its Completer's and Reaper's
+// runs fail with an error instead of panicking, also under Start, which
+// logs them and goes on.
+func TestJobsWithoutAStoreFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log, buf := bufLogger()
+		mw := idempotency.New(nil, idempotency.WithLogger(log))
+		_, err := mw.Reaper().ReapOnce(t.Context(), time.Now())
+		require.ErrorContains(t, err, "idempotency: reaper: idempotency: no store (nil)")
+		_, err = mw.Completer(nil).RunOnce(t.Context())
+		require.ErrorContains(t, err, "idempotency: completer: idempotency: no store (nil)")
+
+		stopReaper := mw.Reaper().Start(t.Context(), 0)
+		stopCompleter := mw.Completer(nil).Start(t.Context(), 0)
+		synctest.Wait()
+		stopReaper()
+		stopCompleter()
+		require.Contains(t, buf.String(), `level=ERROR msg="idempotency reaper: run failed"`)
+		require.Contains(t, buf.String(), `level=ERROR msg="idempotency completer: run failed"`)
+	})
+}
