@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/saferetry/saferetry/internal/wait"
 )
 
 // Completer drives abandoned requests to completion in the background: the
@@ -34,7 +36,6 @@ type Completer struct {
 	m      *Middleware
 	routes map[string]http.Handler
 	muxes  map[string]*http.ServeMux
-	batch  int // records taken over per run
 
 	mu          sync.Mutex
 	unresumable map[Scope]int64    // records skipped for good: scope -> generation
@@ -48,7 +49,7 @@ type failures struct {
 }
 
 const (
-	completeBatch      = 100
+	completeBatch      = 100 // records taken over per run
 	completeMinBackoff = time.Minute
 	completeMaxBackoff = time.Hour
 )
@@ -59,7 +60,7 @@ const (
 // the middleware. It starts nothing: call RunOnce, or Start.
 func (m *Middleware) Completer(routes map[string]http.Handler) *Completer {
 	c := &Completer{
-		m: m, routes: routes, muxes: make(map[string]*http.ServeMux), batch: completeBatch,
+		m: m, routes: routes, muxes: make(map[string]*http.ServeMux),
 		unresumable: make(map[Scope]int64), backoff: make(map[Scope]failures),
 	}
 	for route := range routes {
@@ -101,9 +102,9 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 		return rep, fmt.Errorf("idempotency: completer: %w", errNilStore)
 	}
 	c.mu.Lock()
-	extra := min(len(c.unresumable)+len(c.backoff), 10*c.batch)
+	extra := min(len(c.unresumable)+len(c.backoff), 10*completeBatch)
 	c.mu.Unlock()
-	recs, err := c.m.store.Abandoned(ctx, time.Now(), c.batch+extra)
+	recs, err := c.m.store.Abandoned(ctx, time.Now(), completeBatch+extra)
 	if err != nil {
 		return rep, fmt.Errorf("idempotency: completer: listing abandoned records: %w", err)
 	}
@@ -115,7 +116,7 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		if taken >= c.batch || c.remembered(rec) || c.waiting(rec.Scope) {
+		if taken >= completeBatch || c.remembered(rec) || c.waiting(rec.Scope) {
 			rep.Skipped++
 			continue
 		}
@@ -322,33 +323,31 @@ func (c *Completer) execute(e *resumption, r *http.Request) (outcome Outcome) {
 	return e.outcome
 }
 
-// Start runs RunOnce in a background goroutine, at once and then every
-// interval (default and <= 0: one minute), until ctx ends or stop is
+// Start runs RunOnce in a background goroutine, at once and then interval
+// after each run (default and <= 0: one minute), until ctx ends or stop is
 // called. stop cancels the loop (a running handler sees its context
 // canceled) and waits for the goroutine; it is safe to call more than once.
 func (c *Completer) Start(ctx context.Context, interval time.Duration) (stop func()) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
-	return every(ctx, interval, func(ctx context.Context) { _, _ = c.RunOnce(ctx) })
+	return every(ctx, func(ctx context.Context) time.Duration {
+		_, _ = c.RunOnce(ctx)
+		return interval
+	})
 }
 
-// every runs f in a goroutine at once and then every interval, until ctx
-// ends or stop is called; stop cancels f's context and waits for the
-// goroutine to return.
-func every(ctx context.Context, interval time.Duration, f func(ctx context.Context)) (stop func()) {
+// every runs f in a goroutine at once and then again after the pause f
+// returns, until ctx ends or stop is called; stop cancels f's context and
+// waits for the goroutine to return.
+func every(ctx context.Context, f func(ctx context.Context) (pause time.Duration)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
 		for {
-			f(ctx)
-			select {
-			case <-ctx.Done():
+			if wait.Sleep(ctx, f(ctx)) != nil {
 				return
-			case <-t.C:
 			}
 		}
 	}()

@@ -15,16 +15,23 @@ import (
 // to check its side effects. A Reaper is safe for concurrent use, and
 // several may share a store.
 type Reaper struct {
-	m             *Middleware
-	batch         int // records per DeleteBefore call
-	maxBatches    int // DeleteBefore calls per run
-	maxUnfinished int // unfinished records listed per page
+	m *Middleware
 }
+
+// The bounds of one ReapOnce, and Start's pause between runs while one
+// reports More: 50,000 records a run, and runs back to back until the
+// backlog is gone.
+const (
+	reapBatch      = 500         // records per DeleteBefore call
+	reapMaxBatches = 100         // DeleteBefore calls per run
+	reapPage       = 100         // unfinished records listed per page
+	reapAgainAfter = time.Second // Start's pause before the next run while a run reports More
+)
 
 // Reaper returns a Reaper for m's store and policy. It starts nothing: call
 // ReapOnce, or Start.
 func (m *Middleware) Reaper() *Reaper {
-	return &Reaper{m: m, batch: 500, maxBatches: 100, maxUnfinished: 100}
+	return &Reaper{m: m}
 }
 
 // ReaperReport is what one ReapOnce did.
@@ -41,7 +48,7 @@ type ReaperReport struct {
 	// (taken over, updated, or not reached).
 	Skipped int
 	// More is true when the run stopped before it reached every record past
-	// the horizon (100 batches of 500); the next run goes on.
+	// the horizon (100 batches of 500); Start runs the next one a second later.
 	More bool
 }
 
@@ -65,7 +72,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 	}
 
 	logged := make(map[Scope]int64) // scope -> generation listed and logged in this run
-	limit := r.maxUnfinished
+	limit := reapPage
 	lastFull := false // the last DeleteBefore batch was full
 	for {
 		if err := ctx.Err(); err != nil {
@@ -104,29 +111,29 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 				continue
 			}
 		}
-		for rep.Batches < r.maxBatches {
+		for rep.Batches < reapMaxBatches {
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
-			n, err := r.m.store.DeleteBefore(ctx, cut, r.batch)
+			n, err := r.m.store.DeleteBefore(ctx, cut, reapBatch)
 			if err != nil {
 				return rep, fmt.Errorf("idempotency: reaper: deleting: %w", err)
 			}
 			rep.Batches++
 			rep.Deleted += n
-			lastFull = n >= r.batch
+			lastFull = n >= reapBatch
 			if !lastFull {
 				break
 			}
 		}
-		if rep.Batches >= r.maxBatches && lastFull {
+		if rep.Batches >= reapMaxBatches && lastFull {
 			rep.More = true
 			break
 		}
 		if !full {
 			break
 		}
-		if rep.Batches >= r.maxBatches {
+		if rep.Batches >= reapMaxBatches {
 			rep.More = true // unfinished records may be left unlisted
 			break
 		}
@@ -145,13 +152,19 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 	return rep, nil
 }
 
-// Start runs ReapOnce in a background goroutine, at once and then every
-// interval (default and <= 0: ten minutes), until ctx ends or stop is
+// Start runs ReapOnce in a background goroutine, at once and then interval
+// after each run (default and <= 0: ten minutes), or one second after a run
+// that reports More, until the backlog is gone; until ctx ends or stop is
 // called. stop cancels the loop and waits for the goroutine; it is safe to
 // call more than once.
 func (r *Reaper) Start(ctx context.Context, interval time.Duration) (stop func()) {
 	if interval <= 0 {
 		interval = 10 * time.Minute
 	}
-	return every(ctx, interval, func(ctx context.Context) { _, _ = r.ReapOnce(ctx, time.Now()) })
+	return every(ctx, func(ctx context.Context) time.Duration {
+		if rep, err := r.ReapOnce(ctx, time.Now()); err == nil && rep.More {
+			return reapAgainAfter
+		}
+		return interval
+	})
 }
