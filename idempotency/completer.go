@@ -104,7 +104,9 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 	c.mu.Lock()
 	extra := min(len(c.unresumable)+len(c.backoff), 10*completeBatch)
 	c.mu.Unlock()
-	recs, err := c.m.store.Abandoned(ctx, time.Now(), completeBatch+extra)
+	sctx, cancel := storeCtx(ctx)
+	recs, err := c.m.store.Abandoned(sctx, time.Now(), completeBatch+extra)
+	cancel()
 	if err != nil {
 		return rep, fmt.Errorf("idempotency: completer: listing abandoned records: %w", err)
 	}
@@ -214,10 +216,12 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 	}
 	// A takeover only: a completed record is never restarted and one that
 	// vanished is not recreated.
-	res, err := c.m.store.Claim(ctx, Claim{
+	sctx, cancel := storeCtx(ctx)
+	res, err := c.m.store.Claim(sctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
 		Owner: uuid.NewString(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
 	})
+	cancel()
 	if err != nil {
 		return "", fmt.Errorf("idempotency: completer: claim: %w", err)
 	}

@@ -186,7 +186,7 @@ func (x *execution) end(resp *Response) settled {
 // the request's unit when the handler began one (an error then means that
 // nothing of it committed), else with Store.Complete, one conditional write.
 func (x *execution) complete(unit Unit, resp Response) error {
-	ctx, cancel := context.WithTimeout(x.bg, storeTimeout)
+	ctx, cancel := storeCtx(x.bg)
 	defer cancel()
 	start := time.Now()
 	lease := x.run.Lease
@@ -205,7 +205,7 @@ func (x *execution) complete(unit Unit, resp Response) error {
 // once so that a retry takes it over and resumes. It reports whether the
 // record was kept, and ErrLeaseLost when a successor owns the record.
 func (x *execution) giveUp() (kept bool, err error) {
-	ctx, cancel := context.WithTimeout(x.bg, storeTimeout)
+	ctx, cancel := storeCtx(x.bg)
 	defer cancel()
 	lease, keep := x.run.Lease, x.run.currentPoint() != ""
 	if !keep {
@@ -241,7 +241,7 @@ func (x *execution) giveUp() (kept bool, err error) {
 // answerLost answers the client of an execution that lost its lease: the
 // successor's stored response if it completed, else 409 in progress.
 func (x *execution) answerLost() {
-	ctx, cancel := context.WithTimeout(x.bg, storeTimeout)
+	ctx, cancel := storeCtx(x.bg)
 	defer cancel()
 	rec, err := x.m.store.Get(ctx, x.req.scope)
 	if err == nil && rec.State == Completed && x.m.answer(x.bg, x.cw.w, x.req, rec) {

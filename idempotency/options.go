@@ -212,7 +212,10 @@ func WithReplayHeaders(names ...string) Option {
 
 // WithMaxRequestBody sets the largest request body read and fingerprinted on
 // a guarded request (default 1 MiB); a larger one gets 413
-// CodeRequestTooLarge. Values <= 0 keep the default.
+// CodeRequestTooLarge. Values <= 0 keep the default. The middleware reads
+// the body before the handler runs; as any handler's read, it is bounded in
+// time by the server: set http.Server.ReadTimeout (or ReadHeaderTimeout and
+// a read deadline through http.ResponseController in an outer handler).
 func WithMaxRequestBody(n int64) Option {
 	return func(c *config) {
 		if n > 0 {

@@ -78,7 +78,9 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		page, err := r.m.store.Abandoned(ctx, rep.Horizon, limit)
+		sctx, cancel := storeCtx(ctx)
+		page, err := r.m.store.Abandoned(sctx, rep.Horizon, limit)
+		cancel()
 		if err != nil {
 			return rep, fmt.Errorf("idempotency: reaper: listing unfinished records: %w", err)
 		}
@@ -115,7 +117,9 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
-			n, err := r.m.store.DeleteBefore(ctx, cut, reapBatch)
+			sctx, cancel := storeCtx(ctx)
+			n, err := r.m.store.DeleteBefore(sctx, cut, reapBatch)
+			cancel()
 			if err != nil {
 				return rep, fmt.Errorf("idempotency: reaper: deleting: %w", err)
 			}
@@ -140,7 +144,9 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 	}
 
 	for _, rec := range rep.Unfinished {
-		_, err := r.m.store.Get(ctx, rec.Scope)
+		sctx, cancel := storeCtx(ctx)
+		_, err := r.m.store.Get(sctx, rec.Scope)
+		cancel()
 		switch {
 		case err == nil:
 			rep.Skipped++
