@@ -68,6 +68,42 @@ func TestReplayMarkerNeverOnAFirstExecution(t *testing.T) {
 	require.Equal(t, []string{"true"}, replay.Header.Values(idempotency.ReplayedHeader))
 }
 
+// Nor does a trailer carry it on a first execution: neither one set with
+// http.TrailerPrefix after the body, nor one declared in a Trailer header.
+func TestReplayMarkerNeverInAFirstExecutionsTrailers(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "Idempotent-Replayed, X-Checksum")
+		w.Header().Add("Trailer", "idempotent-replayed")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "ok")
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.Header().Set("X-Checksum", "c0ffee")
+		w.Header().Set(http.TrailerPrefix+"Idempotent-Replayed", "true")
+		w.Header().Set(http.TrailerPrefix+"idempotent-replayed", "true")
+	})
+	srv := serve(t, memstore.New(), h)
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader("x"))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer test-client")
+	req.Header.Set("Idempotency-Key", "k-trailer")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Equal(t, "ok", string(body))
+	for _, hdr := range []http.Header{resp.Header, resp.Trailer} {
+		for name, v := range hdr {
+			require.NotEqualf(t, "idempotent-replayed", strings.ToLower(name), "a first execution carries %s", name)
+			if strings.EqualFold(name, "Trailer") {
+				require.NotContains(t, strings.ToLower(strings.Join(v, ",")), "idempotent-replayed")
+			}
+		}
+	}
+	require.Equal(t, "c0ffee", resp.Trailer.Get("X-Checksum"), "other trailers go through")
+}
+
 // With the middleware mounted on a subtree (outer.Handle("/api/", ...)),
 // r.Pattern is "/api/" for every inner route: the scope must come from the
 // inner router's own pattern (or the path), or the same key on two inner
