@@ -173,6 +173,21 @@ func TestContentTypeParametersAreFingerprinted(t *testing.T) {
 	require.EqualValues(t, 1, h.n.Load())
 }
 
+// JSON member names that differ only in case are one field to
+// encoding/json, the last one winning: {"amount":1,"AMOUNT":1000} means
+// 1000 and its reordering 1. The second is a reused key, never the first
+// one's replay.
+func TestJSONNamesEqualUnderCaseFoldingAreFingerprintedRaw(t *testing.T) {
+	h := &payments{}
+	mw := idempotency.New(memstore.New(), idempotency.WithLogger(quiet))
+	first := serveOne(mw.Wrap(h), http.MethodPost, "/payments", "k", "application/json", `{"amount":1,"AMOUNT":1000}`)
+	require.Equal(t, http.StatusCreated, first.Status)
+	requireProblem(t, serveOne(mw.Wrap(h), http.MethodPost, "/payments", "k", "application/json", `{"AMOUNT":1000,"amount":1}`),
+		http.StatusUnprocessableEntity, idempotency.CodeKeyReused)
+	requireReplay(t, serveOne(mw.Wrap(h), http.MethodPost, "/payments", "k", "application/json", `{"amount":1,"AMOUNT":1000}`), first)
+	require.EqualValues(t, 1, h.n.Load())
+}
+
 // Records written under fingerprint version 1 (before content-type
 // parameters counted) are still compared in version 1: a completed one is
 // replayed, an abandoned one is taken over and keeps its version.

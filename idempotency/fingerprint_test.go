@@ -27,6 +27,10 @@ func TestFingerprintNoCollisions(t *testing.T) {
 		{`"\ud800"`, `"\ufffd"`},
 		{`{"amount":1,"amount":1000}`, `{"amount":1000}`},
 		{`{"amount":1000,"amount":1}`, `{"amount":1,"amount":1000}`},
+		// encoding/json matches names without regard to case, the last
+		// one winning: 1000, then 1.
+		{`{"amount":1,"AMOUNT":1000}`, `{"AMOUNT":1000,"amount":1}`},
+		{`{"x":{"Id":"a","id":"b"}}`, `{"x":{"id":"b","Id":"a"}}`},
 	} {
 		require.NotEqual(t, f(pair[0]), f(pair[1]), "%q and %q", pair[0], pair[1])
 	}
