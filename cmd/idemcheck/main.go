@@ -9,7 +9,9 @@
 //
 // Run it with -h for the flags. Exit status: 0 when no check failed, 1 when
 // one failed, 2 when the target could not be checked (unreachable, or its
-// first answer is not a success) or the command line is wrong.
+// first answer is not a success) or the command line is wrong. The error
+// goes to stderr; with -json, stdout holds the report all the same, with
+// the checks that ran (maybe none).
 package main
 
 import (
@@ -45,7 +47,8 @@ point it at a sandbox or staging API.
 
 Exit status: 0 when no check failed, 1 when one failed, 2 when the target
 could not be checked (unreachable, or its first answer is not a 2xx) or the
-command line is wrong.
+command line is wrong; the error goes to stderr, and with -json stdout
+holds the report all the same, with the checks that ran (maybe none).
 
 Example:
   idemcheck -H 'Authorization: Bearer tok_1' -H 'Content-Type: application/json' \
@@ -94,7 +97,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 		_, _ = out.WriteTo(stderr)
 		return 2
 	}
+	printed := false
+	report := func(rep idemcheck.Report) {
+		printed = true
+		if !*asJSON {
+			fmt.Fprint(stdout, rep.String())
+			return
+		}
+		if rep.Target == "" {
+			rep.Target = cfg.URL
+		}
+		if rep.Checks == nil {
+			rep.Checks = []idemcheck.Check{} // JSON: a list, never null
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	}
+	// fail reports an error that stops the run: on stderr, and with -json
+	// the report so far (maybe no check) on stdout, which stays JSON.
 	fail := func(err error) int {
+		if *asJSON && !printed {
+			report(idemcheck.Report{})
+		}
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
@@ -123,13 +148,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rep, err := idemcheck.Run(ctx, cfg)
 	if err == nil || len(rep.Checks) > 0 {
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(rep)
-		} else {
-			fmt.Fprint(stdout, rep.String())
-		}
+		report(rep)
 	}
 	switch {
 	case err != nil:
