@@ -4,16 +4,20 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idemcheck"
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -30,6 +34,7 @@ const (
 	lateKeyCheck                 // the effect runs first, then a bad key gets 500
 	markerOnFirst                // first executions carry Idempotent-Replayed: true
 	stuck                        // the concurrent check's key stays in progress for everyone else
+	leakRegenerated              // globalScope and regenerate: a leaked replay differs from the first answer
 )
 
 // fakeAPI is a small idempotent API written the way many are, with one
@@ -91,7 +96,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	scope := account + "\x00" + key
-	if f.fault == globalScope {
+	if f.fault == globalScope || f.fault == leakRegenerated {
 		scope = key
 	}
 	fp := fmt.Sprintf("%x", sha256.Sum256(body))
@@ -114,7 +119,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case rec != nil:
 		id, body := rec.id, rec.body
 		f.mu.Unlock()
-		if f.fault == regenerate {
+		if f.fault == regenerate || f.fault == leakRegenerated {
 			f.write(w, id, true)
 			return
 		}
@@ -250,4 +255,72 @@ func TestCorrectFakePasses(t *testing.T) {
 	api.mu.Lock()
 	defer api.mu.Unlock()
 	require.Equal(t, 6, api.effects)
+}
+
+// constant answers every request 201 with the same body, whatever it
+// does: with dedupe false it runs every request, with true it is the
+// middleware (two principals).
+func constant(t *testing.T, dedupe bool, status int, body string) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var runs atomic.Int64
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	})
+	if dedupe {
+		h = idempotency.New(memstore.New(), idempotency.WithPrincipal(principal),
+			idempotency.WithLogger(slog.New(slog.DiscardHandler))).Wrap(h)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, &runs
+}
+
+// When the answers do not identify their effect (the same body for two
+// requests under fresh keys), equal answers prove no replay and different
+// ones no leak: replay, concurrent and scope are skipped with the reason,
+// never passed or failed on body equality alone.
+func TestAnswersThatDoNotIdentifyTheEffect(t *testing.T) {
+	t.Run("no de-duplication is never a pass", func(t *testing.T) {
+		srv, runs := constant(t, false, http.StatusCreated, `{"status":"paid"}`)
+		cfg := config(srv.URL, 4)
+		cfg.IDField = ""
+		rep, err := idemcheck.Run(t.Context(), cfg)
+		require.NoError(t, err)
+		t.Log("\n" + rep.String())
+		res := results(rep)
+		for _, name := range []string{"replay", "concurrent", "scope"} {
+			require.Equal(t, idemcheck.Skip, res[name], name)
+		}
+		require.Contains(t, rep.Checks[0].Detail, "the answers do not identify their effect")
+		require.Contains(t, rep.Checks[0].Detail, `got the same body {"status":"paid"}`)
+		require.Contains(t, rep.Checks[0].Detail, "set IDField (-id-field)")
+		require.Greater(t, runs.Load(), int64(4), "every request ran")
+	})
+	for _, tc := range []struct {
+		status int
+		body   string
+	}{{http.StatusNoContent, ""}, {http.StatusAccepted, `{"status":"accepted"}`}} {
+		t.Run(fmt.Sprintf("the middleware answering %d is never a fail", tc.status), func(t *testing.T) {
+			srv, _ := constant(t, true, tc.status, tc.body)
+			cfg := config(srv.URL, 4)
+			cfg.IDField = ""
+			rep, err := idemcheck.Run(t.Context(), cfg)
+			require.NoError(t, err)
+			t.Log("\n" + rep.String())
+			require.False(t, rep.Failed())
+			require.Equal(t, idemcheck.Skip, results(rep)["scope"])
+		})
+	}
+	t.Run("a leaked replay that differs from the first answer", func(t *testing.T) {
+		srv, _ := serveFake(t, leakRegenerated, 4)
+		cfg := config(srv.URL, 4)
+		cfg.IDField = ""
+		rep, err := idemcheck.Run(t.Context(), cfg)
+		require.NoError(t, err)
+		t.Log("\n" + rep.String())
+		require.Equal(t, idemcheck.Fail, results(rep)["scope"])
+		require.Contains(t, rep.Checks[4].Detail, "the second principal got a replay (Idempotent-Replayed: true)")
+	})
 }

@@ -39,6 +39,7 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		}
 	}
 	c.fresh = append(c.fresh, c.first)
+	c.samples = append(c.samples, c.first)
 	checks := []struct {
 		name string
 		f    func(context.Context) (Result, string, []string)
@@ -51,18 +52,69 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		{"invalid_key", c.invalidKey},
 		{"marker", c.marker},
 	}
+	var byEffect []bool // per check: its result rests on telling effects apart
+	defer func() { c.unverified(rep.Checks, byEffect) }()
 	for _, ch := range checks {
+		c.byEffect = false
 		res, detail, ev := ch.f(ctx)
 		if ev == nil {
 			ev = []string{} // JSON: a list, never null
 		}
 		rep.Checks = append(rep.Checks, Check{Name: ch.name, Result: res, Detail: detail, Evidence: ev})
+		byEffect = append(byEffect, c.byEffect)
 		if ctx.Err() != nil {
 			return rep, fmt.Errorf("idemcheck: the run was cut short during the %s check: %w",
 				ch.name, context.Cause(ctx))
 		}
 	}
 	return rep, nil
+}
+
+// identifies reports whether the target's success answers tell effects
+// apart, as the run saw them: no two requests under fresh keys with the
+// same body (the first request, the concurrent check's key, the marker
+// check's keys) got the same answer, or the same IDField, and at least two
+// did. Otherwise it says why not.
+func (c *checker) identifies() (bool, string) {
+	for i, a := range c.samples {
+		for _, b := range c.samples[:i] {
+			if bytes.Equal(a.body, b.body) || c.effect(a) == c.effect(b) {
+				return false, fmt.Sprintf("two requests under fresh keys, %s and %s, got the same %s",
+					showKey(b.key), showKey(a.key), c.showEffect(a))
+			}
+		}
+	}
+	if len(c.samples) < 2 {
+		return false, "fewer than two requests under fresh keys succeeded, so nothing shows that " +
+			"two effects get two different answers"
+	}
+	return true, ""
+}
+
+// unverified turns the results that rest on telling effects apart into
+// Skip (an Info says it is unverified) when the answers do not identify
+// their effect: a replay and a second effect would then look alike.
+func (c *checker) unverified(checks []Check, byEffect []bool) {
+	ok, why := c.identifies()
+	if ok {
+		return
+	}
+	what := "set IDField (-id-field) to the JSON member that names the effect"
+	if c.cfg.IDField != "" {
+		what = "IDField (-id-field) " + strconv.Quote(c.cfg.IDField) + " does not name the effect; set it to one that does"
+	}
+	for i := range checks {
+		ch := &checks[i]
+		switch {
+		case !byEffect[i]:
+		case ch.Result == Info:
+			ch.Detail += "; unverified: the answers do not identify their effect (" + why + ")"
+		default:
+			ch.Result = Skip
+			ch.Detail = fmt.Sprintf("the answers do not identify their effect, so a replay and a second effect "+
+				"look alike: %s; %s (seen: %s)", why, what, ch.Detail)
+		}
+	}
 }
 
 // noAnswer is the detail of a check whose request got no answer.
@@ -83,6 +135,7 @@ func (c *checker) replay(ctx context.Context) (Result, string, []string) {
 	case a.err != nil:
 		return Fail, c.noAnswer(a), ev
 	case a.status == c.first.status && bytes.Equal(a.body, c.first.body):
+		c.byEffect = true
 		return Pass, fmt.Sprintf("the retry got the first answer again (%d, %d bytes): one effect, %s",
 			a.status, len(a.body), c.showEffect(a)), ev
 	case !success(a.status):
@@ -93,6 +146,7 @@ func (c *checker) replay(ctx context.Context) (Result, string, []string) {
 			"a second effect or a regenerated replay (%s; set IDField, -id-field, to tell which)",
 			c.route, differ(c.first, a)), ev
 	case c.effect(a) == c.effect(c.first):
+		c.byEffect = true
 		return Fail, fmt.Sprintf("a client whose first answer was lost gets another answer on its retry "+
 			"than the one the server sent first: the replay regenerates part of the body (same %s; %s)",
 			c.showEffect(a), differ(c.first, a)), ev
@@ -139,6 +193,9 @@ func (c *checker) concurrent(ctx context.Context) (Result, string, []string) {
 		ev = append(ev, evidence(fmt.Sprintf("duplicate %d", i+1), a))
 		switch {
 		case a.err == nil && success(a.status):
+			if successes == 0 {
+				c.samples = append(c.samples, a)
+			}
 			successes++
 			if e := c.effect(a); !slices.Contains(effects, e) {
 				effects = append(effects, e)
@@ -173,6 +230,7 @@ func (c *checker) concurrent(ctx context.Context) (Result, string, []string) {
 		return Fail, fmt.Sprintf("no client learns the outcome of %s: none of %d duplicates sent at once "+
 			"succeeded, each got a conflict, the one that ran included", c.route, c.n), ev
 	}
+	c.byEffect = true
 	return Pass, fmt.Sprintf("%d duplicates sent at once made one effect (%s): %d answered with it "+
 		"(its execution and replays), %d with a conflict", c.n, shown[0], successes, len(c.conflicts)), ev
 }
@@ -215,6 +273,7 @@ func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
 		return Fail, fmt.Sprintf("a client that retries %s after the conflict creates a second effect: "+
 			"%s; the retry made %s", c.route, seen, c.showEffect(a)), ev
 	}
+	c.byEffect = true
 	detail := fmt.Sprintf("conflict %s; the retry after it got the replay (%d, %s)", seen, a.status,
 		c.showEffect(a))
 	if ra == "none" {
@@ -256,6 +315,10 @@ func (c *checker) mismatch(ctx context.Context) (Result, string, []string) {
 		"under a fresh key the altered body succeeded (%d)", seen, control.status), ev
 }
 
+// leak starts the detail of a failed scope check.
+const leak = "a caller who sends another caller's key (a guessable, event-derived one, say) gets " +
+	"that caller's stored answer, and its own request never runs: "
+
 // scope sends the first key and body under the second principal.
 func (c *checker) scope(ctx context.Context) (Result, string, []string) {
 	if c.other == nil {
@@ -272,12 +335,15 @@ func (c *checker) scope(ctx context.Context) (Result, string, []string) {
 	case a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
 		return Skip, fmt.Sprintf("the target refused the second principal (%d): give it credentials "+
 			"the target accepts", a.status), ev
-	case bytes.Equal(a.body, c.first.body) || (success(a.status) && c.effect(a) == c.effect(c.first)):
-		return Fail, "a caller who sends another caller's key (a guessable, event-derived one, say) gets " +
-			"that caller's stored answer, and its own request never runs: the second principal got " +
-			"the first principal's answer", ev
+	case a.header.Get(replayedHeader) == "true" && c.first.header.Get(replayedHeader) != "true":
+		// The marker tells replays apart (the first execution had none).
+		return Fail, leak + "the second principal got a replay (" + replayedHeader + ": true)", ev
+	case success(a.status) && c.effect(a) == c.effect(c.first):
+		c.byEffect = true
+		return Fail, leak + "the second principal got the first principal's answer", ev
 	case success(a.status):
 		c.fresh = append(c.fresh, a)
+		c.byEffect = true
 		return Pass, fmt.Sprintf("the second principal's request ran in its own scope: %d, %s",
 			a.status, c.showEffect(a)), ev
 	case clientError(a.status):
@@ -369,6 +435,7 @@ func (c *checker) keyForm(ctx context.Context, what, sent, retry string, ev *[]s
 		return strings.TrimSpace(fmt.Sprintf("%s: refused (%d %s", what, a.status, problemCode(a.body))) + ")"
 	}
 	c.fresh = append(c.fresh, a)
+	c.samples = append(c.samples, a)
 	again := "its retry"
 	if retry != sent {
 		again = "its bare form " + strconv.Quote(retry)

@@ -38,8 +38,10 @@
 //     must succeed: otherwise the 4xx may be the target's validation and
 //     the check is skipped.
 //   - scope: the first key and body under a second principal ([Config.Other])
-//     must not get the first principal's answer. Skipped without Other, or
-//     when the target refuses the second principal (401, 403).
+//     must not get the first principal's answer: its effect, or a replay
+//     (Idempotent-Replayed: true, when first executions carry none).
+//     Skipped without Other, or when the target refuses the second
+//     principal (401, 403).
 //   - invalid_key: a key with a control character (a tab) and a key of 256
 //     bytes must each get a 4xx: a 2xx means the key was accepted, a 5xx
 //     that the server failed on it (and may have run the effect).
@@ -56,11 +58,24 @@
 // sandbox or staging endpoint where that is harmless. The
 // request ([Config.Method], [Config.Body], [Config.Header]) must succeed
 // (2xx) under a fresh key every time, as a new logical request, since every
-// check but replay uses a key of its own. Effects are told apart by the
-// JSON member [Config.IDField] of success answers when it is set, and by
-// the success bodies otherwise; a body that does not identify its effect
-// makes two effects look like one, so set IDField when the body carries
-// anything else that varies.
+// check but replay uses a key of its own.
+//
+// # Telling effects apart
+//
+// Effects are told apart by the JSON member [Config.IDField] of success
+// answers when it is set, and by the whole success body otherwise. Two
+// things can go wrong, and a run guards against the first:
+//
+//   - The answer does not identify its effect (a 204, or a constant
+//     {"status":"accepted"}): a replay and a second effect look alike. The
+//     run sees it when two requests under fresh keys with the same body
+//     (the first request, the concurrent check's key, the marker check's
+//     keys) get the same answer; replay, concurrent and scope are then
+//     skipped with that reason, never passed or failed, and in_progress
+//     and marker say that what they report is unverified.
+//   - The body carries something else that varies from answer to answer
+//     (a timestamp, a request id): without IDField a replay then looks
+//     like a second effect, and replay and concurrent fail. Set IDField.
 //
 // Every key is fresh, made per run, and names the check that sent it
 // (idemcheck-replay-<uuid>, idemcheck-concurrent-<uuid>, ...), so the

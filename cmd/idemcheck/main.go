@@ -77,7 +77,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&other, "other", "a header of a second principal, `'Name: value'`, such as another\n"+
 		"Authorization (repeatable); it replaces the same -H header and runs the scope check")
 	fs.StringVar(&cfg.IDField, "id-field", "", "the JSON `member` of a success answer that identifies the effect\n"+
-		"it created (a.b reaches into objects); without it effects are told apart by their bodies")
+		"it created (a.b reaches into objects); without it effects are told apart by their bodies,\n"+
+		"and a body that varies by answer (a timestamp) makes a replay look like a new effect")
 	fs.IntVar(&cfg.N, "n", idemcheck.DefaultN, "concurrent duplicates (at most 256)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.StringVar(&cfg.KeyHeader, "key-header", idemcheck.DefaultKeyHeader, "the `header` that carries the key")
