@@ -25,10 +25,13 @@
 //   - concurrent: [Config.N] requests with one key, sent at once. Exactly one
 //     effect; every other answer is the replay or a conflict (409, 425 or
 //     429), never a second effect and never another failure.
-//   - in_progress: when a conflict was seen, its status, problem code and
+//   - in_progress: the first conflict seen, its status, problem code and
 //     Retry-After (info); then the request is retried after it (at most
 //     three times, each wait capped by [Config.MaxRetryAfter]) and must get
-//     the replay. Skipped when every duplicate got the replay.
+//     the replay. When the concurrent check saw no conflict, up to two more
+//     bursts of N requests under fresh keys look for one; skipped, so
+//     unverified, when none of the three bursts saw one (the target's work
+//     is quicker than a burst).
 //   - mismatch: the first key with an altered body must get a 4xx, never the
 //     first answer and never a new effect. The body is altered as a client
 //     bug would alter it: in a JSON object the first number member (in
@@ -53,8 +56,9 @@
 //
 // # What the target must allow
 //
-// A run makes 11 requests plus N (and up to three retries after a
-// conflict) and creates six effects (five without Other): point it at a
+// A run makes 11 requests plus N (up to 2N more when the first burst sees
+// no conflict, and up to three retries after a conflict) and creates six
+// effects (five without Other; one more per extra burst): point it at a
 // sandbox or staging endpoint where that is harmless. The
 // request ([Config.Method], [Config.Body], [Config.Header]) must succeed
 // (2xx) under a fresh key every time, as a new logical request, since every
