@@ -35,6 +35,9 @@ const (
 	markerOnFirst                // first executions carry Idempotent-Replayed: true
 	stuck                        // the concurrent check's key stays in progress for everyone else
 	leakRegenerated              // globalScope and regenerate: a leaked replay differs from the first answer
+	lenientKeys                  // any key is accepted, and de-duplicated as sent
+	truncatedKeys                // any key is accepted, cut to 255 bytes
+	badKeysIgnored               // a malformed key is accepted and ignored: every request with it runs
 )
 
 // fakeAPI is a small idempotent API written the way many are, with one
@@ -80,15 +83,22 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, keyErr := keygen.ParseHeader(r.Header.Values("Idempotency-Key"))
-	if keyErr != nil && f.fault != lateKeyCheck {
+	switch f.fault {
+	case lenientKeys:
+		key, keyErr = r.Header.Get("Idempotency-Key"), nil
+	case truncatedKeys:
+		key, keyErr = r.Header.Get("Idempotency-Key"), nil
+		key = key[:min(len(key), 255)]
+	}
+	if keyErr != nil && f.fault != lateKeyCheck && f.fault != badKeysIgnored {
 		http.Error(w, "bad key", http.StatusBadRequest)
 		return
 	}
-	if f.fault == noDedup || (f.fault == lateKeyCheck && keyErr != nil) {
+	if f.fault == noDedup || ((f.fault == lateKeyCheck || f.fault == badKeysIgnored) && keyErr != nil) {
 		f.mu.Lock()
 		id := f.newEffect()
 		f.mu.Unlock()
-		if keyErr != nil {
+		if keyErr != nil && f.fault == lateKeyCheck {
 			http.Error(w, "internal error", http.StatusInternalServerError) // after the effect ran
 			return
 		}
@@ -221,6 +231,10 @@ func TestBrokenServers(t *testing.T) {
 			"takes a new effect for the replay of an earlier one"},
 		{"in progress for ever", stuck, []string{"in_progress"},
 			"a client that honours the conflict's Retry-After does not get its answer"},
+		{"keys cut to 255 bytes", truncatedKeys, []string{"invalid_key"},
+			"keys are cut to 255 bytes, so two keys that differ after that share one scope"},
+		{"malformed keys accepted and ignored", badKeysIgnored, []string{"invalid_key"},
+			"a client whose key the server accepts but does not de-duplicate runs its request again on every retry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, _ := serveFake(t, tc.fault, n)
@@ -331,4 +345,21 @@ func TestAnswersThatDoNotIdentifyTheEffect(t *testing.T) {
 		require.Equal(t, idemcheck.Fail, results(rep)["scope"])
 		require.Contains(t, rep.Checks[4].Detail, "the second principal got a replay (Idempotent-Replayed: true)")
 	})
+}
+
+// An API that accepts keys keygen refuses (a tab, 256 bytes) and
+// de-duplicates them as sent is not failed for it: invalid_key retries
+// each and reports (Info) that they replay.
+func TestLenientKeysThatDeduplicateAreInfo(t *testing.T) {
+	srv, _ := serveFake(t, lenientKeys, 4)
+	rep, err := idemcheck.Run(t.Context(), config(srv.URL, 4))
+	require.NoError(t, err)
+	t.Log("\n" + rep.String())
+	require.False(t, rep.Failed())
+	ik := rep.Checks[5]
+	require.Equal(t, "invalid_key", ik.Name)
+	require.Equal(t, idemcheck.Info, ik.Result)
+	require.Contains(t, ik.Detail, "a key with a tab: accepted (201), its retry got the replay")
+	require.Contains(t, ik.Detail, "a key of 256 bytes: accepted (201), its retry got the replay")
+	require.Contains(t, ik.Detail, "its first 255 bytes are another key")
 }

@@ -392,16 +392,18 @@ func (c *checker) scope(ctx context.Context) (Result, string, []string) {
 		"in vain", a.status), ev
 }
 
-// invalidKey sends a key with a control character and a key of 256 bytes.
+// invalidKey sends a key with a control character and a key of 256 bytes;
+// a key the target accepts is retried, and the long one's 255-byte prefix
+// is sent as a key of its own.
 func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
 	tab := newKey("invalid_key") + "\tx"
 	long := newKey("invalid_key")
 	long += strings.Repeat("x", 256-len(long)) // one byte over the 255 of keygen.Validate
 	var ev, seen []string
 	res, detail := Pass, ""
-	fail := func(d string) {
-		if res == Pass { // the first failure is the one reported
-			res, detail = Fail, d
+	fail := func(d string, byEffect bool) {
+		if res != Fail { // the first failure is the one reported
+			res, detail, c.byEffect = Fail, d, byEffect
 		}
 	}
 	for _, k := range []struct{ what, key string }{
@@ -412,22 +414,68 @@ func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
 		ev = append(ev, evidence(k.what+" "+showKey(k.key), a))
 		switch {
 		case a.err != nil:
-			fail(c.noAnswer(a))
+			fail(c.noAnswer(a), false)
+			continue
 		case clientError(a.status):
-			seen = append(seen, fmt.Sprintf("%s: %d %s", k.what, a.status,
+			seen = append(seen, fmt.Sprintf("%s: refused, %d %s", k.what, a.status,
 				cmp.Or(problemCode(a.body), "without a problem code")))
-		case success(a.status):
-			fail(fmt.Sprintf("a malformed key is accepted, so the key the server enforces may "+
-				"not be the one the client sent (trimmed, truncated or ignored) and its retries are not "+
-				"reliably de-duplicated: %s got %d", k.what, a.status))
+			continue
+		case !success(a.status):
+			fail(fmt.Sprintf("a client whose key is malformed gets %d and retries with the same key; if "+
+				"the effect ran before the key was checked, every retry runs it again: %s got %d "+
+				"(a 4xx is expected)", a.status, k.what, a.status), false)
+			continue
+		}
+		// Accepted: the key must still de-duplicate, as it was sent.
+		if res == Pass {
+			res = Info
+		}
+		c.samples = append(c.samples, a)
+		r := c.send(ctx, k.key, c.cfg.Body, c.header)
+		ev = append(ev, evidence("its retry", r))
+		switch {
+		case r.err != nil:
+			fail(c.noAnswer(r), false)
+			continue
+		case success(r.status) && c.effect(r) != c.effect(a):
+			fail(fmt.Sprintf("a client whose key the server accepts but does not de-duplicate runs "+
+				"its request again on every retry: %s was accepted (%d, %s) and its retry made %s",
+				k.what, a.status, c.showEffect(a), c.showEffect(r)), false)
+			continue
+		case r.status == a.status && bytes.Equal(r.body, a.body):
+			if res != Fail {
+				c.byEffect = true // "the replay": told by the answers
+			}
+			seen = append(seen, fmt.Sprintf("%s: accepted (%d), its retry got the replay", k.what, a.status))
 		default:
-			fail(fmt.Sprintf("a client whose key is malformed gets %d and retries with the "+
-				"same key; if the effect ran before the key was checked, every retry runs it again: "+
-				"%s got %d (a 4xx is expected)", a.status, k.what, a.status))
+			seen = append(seen, fmt.Sprintf("%s: accepted (%d), its retry got %d", k.what, a.status, r.status))
+		}
+		if k.key != long {
+			continue
+		}
+		prefix := long[:255]
+		p := c.send(ctx, prefix, c.cfg.Body, c.header)
+		ev = append(ev, evidence("its first 255 bytes as a key", p))
+		switch {
+		case p.err != nil:
+			fail(c.noAnswer(p), false)
+		case success(p.status) && (bytes.Equal(p.body, a.body) || c.effect(p) == c.effect(a)):
+			fail(fmt.Sprintf("keys are cut to 255 bytes, so two keys that differ after that share one "+
+				"scope: a client's request gets another's stored answer and never runs; the 255-byte prefix "+
+				"of %s got its answer (%d, %s)", k.what, p.status, c.showEffect(p)), true)
+		case success(p.status):
+			seen = append(seen, fmt.Sprintf("its first 255 bytes are another key (%d, %s)", p.status,
+				c.showEffect(p)))
+		default:
+			seen = append(seen, fmt.Sprintf("its first 255 bytes got %d", p.status))
 		}
 	}
-	if res == Pass {
+	switch res {
+	case Pass:
 		detail = "both malformed keys were refused with a 4xx (" + strings.Join(seen, "; ") + ")"
+	case Info:
+		detail = "a malformed key was accepted and de-duplicated as sent (" + strings.Join(seen, "; ") +
+			"); a 4xx is safer: a client cannot tell whether such a key is what the server enforces"
 	}
 	return res, detail, ev
 }

@@ -46,8 +46,15 @@
 //     Skipped without Other, or when the target refuses the second
 //     principal (401, 403).
 //   - invalid_key: a key with a control character (a tab) and a key of 256
-//     bytes must each get a 4xx: a 2xx means the key was accepted, a 5xx
-//     that the server failed on it (and may have run the effect).
+//     bytes (one over the 255 of package keygen) should each get a 4xx
+//     (pass). A 5xx fails: the server failed on the key, perhaps after the
+//     effect ran. A key the target accepts is retried, and for the long one
+//     its 255-byte prefix is sent as a key of its own: the check fails when
+//     the retry makes a second effect (the key is not enforced as sent) or
+//     when the prefix gets the long key's answer (keys are cut, so two keys
+//     share a scope); otherwise it is info. What it cannot see from outside:
+//     whether a request refused with a 4xx ran anything first (without a
+//     way to list effects, a 4xx is taken at its word).
 //   - marker: whether replays carry Idempotent-Replayed, and whether the keys
 //     real clients send are accepted: a key with inner spaces, and a key
 //     sent as an RFC 9651 sf-string (whose bare form must then replay it).
@@ -57,9 +64,10 @@
 // # What the target must allow
 //
 // A run makes 11 requests plus N (up to 2N more when the first burst sees
-// no conflict, and up to three retries after a conflict) and creates six
-// effects (five without Other; one more per extra burst): point it at a
-// sandbox or staging endpoint where that is harmless. The
+// no conflict, up to three retries after a conflict, and three more when
+// the target accepts malformed keys) and creates six effects (five without
+// Other; one more per extra burst and per malformed key accepted): point
+// it at a sandbox or staging endpoint where that is harmless. The
 // request ([Config.Method], [Config.Body], [Config.Header]) must succeed
 // (2xx) under a fresh key every time, as a new logical request, since every
 // check but replay uses a key of its own.

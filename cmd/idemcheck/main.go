@@ -40,11 +40,11 @@ const usage = `usage: idemcheck [flags] URL
 
 Checks that the endpoint at URL honours the Idempotency-Key header. It sends
 the request (-X, -d, -H) under fresh keys, 11 times plus -n (up to 2n more
-when the first burst of -n sees no conflict, and up to 3 retries after a
-conflict), and reports the checks replay, concurrent, in_progress, mismatch,
-scope, invalid_key and marker. The request must succeed under a fresh key
-every time, and the run creates six effects (up to eight): point it at a
-sandbox or staging API.
+when the first burst of -n sees no conflict, up to 3 retries after a
+conflict, 3 more when malformed keys are accepted), and reports the checks
+replay, concurrent, in_progress, mismatch, scope, invalid_key and marker.
+The request must succeed under a fresh key every time, and the run creates
+six effects (up to eleven): point it at a sandbox or staging API.
 
 Exit status: 0 when no check failed, 1 when one failed, 2 when the target
 could not be checked (unreachable, or its first answer is not a 2xx) or the
