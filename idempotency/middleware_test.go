@@ -759,8 +759,8 @@ func TestWithShutdownCancelsTheHandler(t *testing.T) {
 	})
 }
 
-// Issue 16 point 3: without an Authorization header the default principal
-// is "", so by default anonymous callers must not share one namespace: a
+// Without an Authorization header the default principal is "", so by
+// default anonymous callers must not share one namespace: a
 // second anonymous caller who sends the first one's key (event-derived keys
 // are guessable) gets 401, never the first caller's stored response; only
 // WithAnonymousKeys brings the shared scope back.
@@ -772,8 +772,8 @@ func TestAnonymousCallersDoNotShareKeys(t *testing.T) {
 	second := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
 	requireProblem(t, second, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
 	require.Zero(t, h.n.Load(), "the handler ran for an anonymous guarded request")
-	// An identified caller is served as before, and requests without a key
-	// are not guarded.
+	// An identified caller is served, and requests without a key are not
+	// guarded.
 	a := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice")
 	require.Equal(t, http.StatusCreated, a.Status, a.Body)
 	requireReplay(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice"), a)
