@@ -57,7 +57,10 @@ const (
 // Completer returns a Completer for m's store and policy. routes maps a
 // route, as the middleware names it in Scope.Route (a ServeMux pattern such
 // as "POST /payments" by default), to the handler that serves it, without
-// the middleware. It starts nothing: call RunOnce, or Start.
+// the middleware. A middleware mounted on a subtree over a router that is
+// not an *http.ServeMux names routes by the raw request path, which routes
+// cannot list (every such record is unresumable): give it WithRoute. It
+// starts nothing: call RunOnce, or Start.
 func (m *Middleware) Completer(routes map[string]http.Handler) *Completer {
 	c := &Completer{
 		m: m, routes: routes, muxes: make(map[string]*http.ServeMux),
