@@ -13,7 +13,9 @@ import (
 // (in progress, its lease ended before the horizon) it reports it
 // (Observer.Unfinished; the logging observer logs it at Warn), for a person
 // to check its side effects. A Reaper is safe for concurrent use, and
-// several may share a store.
+// several may share a store. When several Middlewares with different
+// policies share a store, run the Reaper of the one with the longest replay
+// window only: another deletes records that one would still replay.
 type Reaper struct {
 	m *Middleware
 }
