@@ -1,7 +1,6 @@
 package saferetry
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/internal/nilcheck"
+	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -179,7 +179,7 @@ func (c *call) run() (*http.Response, error) {
 		// the sleep is what is left of it.
 		wake := decided.Add(step.Wait)
 		a.discard(wake)
-		if err := sleep(ctx, time.Until(wake)); err != nil {
+		if err := wait.Sleep(ctx, time.Until(wake)); err != nil {
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}
@@ -307,21 +307,6 @@ func (c *call) observe(a *attempt, d retry.Decision, outcome Outcome, step decid
 		info.BudgetLeft = step.BudgetLeft
 	}
 	c.t.obs.doneAttempt(a.octx, info)
-}
-
-// sleep waits for d, or until ctx ends (its error is then returned).
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // newCall checks req and fixes what all its attempts share: whether it may

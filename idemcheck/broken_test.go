@@ -4,16 +4,20 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idemcheck"
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -30,6 +34,10 @@ const (
 	lateKeyCheck                 // the effect runs first, then a bad key gets 500
 	markerOnFirst                // first executions carry Idempotent-Replayed: true
 	stuck                        // the concurrent check's key stays in progress for everyone else
+	leakRegenerated              // globalScope and regenerate: a leaked replay differs from the first answer
+	lenientKeys                  // any key is accepted, and de-duplicated as sent
+	truncatedKeys                // any key is accepted, cut to 255 bytes
+	badKeysIgnored               // a malformed key is accepted and ignored: every request with it runs
 )
 
 // fakeAPI is a small idempotent API written the way many are, with one
@@ -75,15 +83,22 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, keyErr := keygen.ParseHeader(r.Header.Values("Idempotency-Key"))
-	if keyErr != nil && f.fault != lateKeyCheck {
+	switch f.fault {
+	case lenientKeys:
+		key, keyErr = r.Header.Get("Idempotency-Key"), nil
+	case truncatedKeys:
+		key, keyErr = r.Header.Get("Idempotency-Key"), nil
+		key = key[:min(len(key), 255)]
+	}
+	if keyErr != nil && f.fault != lateKeyCheck && f.fault != badKeysIgnored {
 		http.Error(w, "bad key", http.StatusBadRequest)
 		return
 	}
-	if f.fault == noDedup || (f.fault == lateKeyCheck && keyErr != nil) {
+	if f.fault == noDedup || ((f.fault == lateKeyCheck || f.fault == badKeysIgnored) && keyErr != nil) {
 		f.mu.Lock()
 		id := f.newEffect()
 		f.mu.Unlock()
-		if keyErr != nil {
+		if keyErr != nil && f.fault == lateKeyCheck {
 			http.Error(w, "internal error", http.StatusInternalServerError) // after the effect ran
 			return
 		}
@@ -91,7 +106,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	scope := account + "\x00" + key
-	if f.fault == globalScope {
+	if f.fault == globalScope || f.fault == leakRegenerated {
 		scope = key
 	}
 	fp := fmt.Sprintf("%x", sha256.Sum256(body))
@@ -114,7 +129,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case rec != nil:
 		id, body := rec.id, rec.body
 		f.mu.Unlock()
-		if f.fault == regenerate {
+		if f.fault == regenerate || f.fault == leakRegenerated {
 			f.write(w, id, true)
 			return
 		}
@@ -216,6 +231,10 @@ func TestBrokenServers(t *testing.T) {
 			"takes a new effect for the replay of an earlier one"},
 		{"in progress for ever", stuck, []string{"in_progress"},
 			"a client that honours the conflict's Retry-After does not get its answer"},
+		{"keys cut to 255 bytes", truncatedKeys, []string{"invalid_key"},
+			"keys are cut to 255 bytes, so two keys that differ after that share one scope"},
+		{"malformed keys accepted and ignored", badKeysIgnored, []string{"invalid_key"},
+			"a client whose key the server accepts but does not de-duplicate runs its request again on every retry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, _ := serveFake(t, tc.fault, n)
@@ -249,5 +268,98 @@ func TestCorrectFakePasses(t *testing.T) {
 	require.False(t, rep.Failed(), rep.String())
 	api.mu.Lock()
 	defer api.mu.Unlock()
-	require.Equal(t, 6, api.effects)
+	// Six effects, and one per extra burst of in_progress (when the
+	// concurrent burst saw no conflict).
+	extra := 0
+	for _, e := range rep.Checks[2].Evidence {
+		if strings.HasPrefix(e, "burst ") {
+			extra++
+		}
+	}
+	require.Equal(t, 6+extra, api.effects)
+}
+
+// constant answers every request 201 with the same body, whatever it
+// does: with dedupe false it runs every request, with true it is the
+// middleware (two principals).
+func constant(t *testing.T, dedupe bool, status int, body string) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var runs atomic.Int64
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	})
+	if dedupe {
+		h = idempotency.New(memstore.New(), idempotency.WithPrincipal(principal),
+			idempotency.WithLogger(slog.New(slog.DiscardHandler))).Wrap(h)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, &runs
+}
+
+// When the answers do not identify their effect (the same body for two
+// requests under fresh keys), equal answers prove no replay and different
+// ones no leak: replay, concurrent and scope are skipped with the reason,
+// never passed or failed on body equality alone.
+func TestAnswersThatDoNotIdentifyTheEffect(t *testing.T) {
+	t.Run("no de-duplication is never a pass", func(t *testing.T) {
+		srv, runs := constant(t, false, http.StatusCreated, `{"status":"paid"}`)
+		cfg := config(srv.URL, 4)
+		cfg.IDField = ""
+		rep, err := idemcheck.Run(t.Context(), cfg)
+		require.NoError(t, err)
+		t.Log("\n" + rep.String())
+		res := results(rep)
+		for _, name := range []string{"replay", "concurrent", "scope"} {
+			require.Equal(t, idemcheck.Skip, res[name], name)
+		}
+		require.Contains(t, rep.Checks[0].Detail, "the answers do not identify their effect")
+		require.Contains(t, rep.Checks[0].Detail, `got the same body {"status":"paid"}`)
+		require.Contains(t, rep.Checks[0].Detail, "set IDField (-id-field)")
+		require.Greater(t, runs.Load(), int64(4), "every request ran")
+	})
+	for _, tc := range []struct {
+		status int
+		body   string
+	}{{http.StatusNoContent, ""}, {http.StatusAccepted, `{"status":"accepted"}`}} {
+		t.Run(fmt.Sprintf("the middleware answering %d is never a fail", tc.status), func(t *testing.T) {
+			srv, _ := constant(t, true, tc.status, tc.body)
+			cfg := config(srv.URL, 4)
+			cfg.IDField = ""
+			rep, err := idemcheck.Run(t.Context(), cfg)
+			require.NoError(t, err)
+			t.Log("\n" + rep.String())
+			require.False(t, rep.Failed())
+			require.Equal(t, idemcheck.Skip, results(rep)["scope"])
+		})
+	}
+	t.Run("a leaked replay that differs from the first answer", func(t *testing.T) {
+		srv, _ := serveFake(t, leakRegenerated, 4)
+		cfg := config(srv.URL, 4)
+		cfg.IDField = ""
+		rep, err := idemcheck.Run(t.Context(), cfg)
+		require.NoError(t, err)
+		t.Log("\n" + rep.String())
+		require.Equal(t, idemcheck.Fail, results(rep)["scope"])
+		require.Contains(t, rep.Checks[4].Detail, "the second principal got a replay (Idempotent-Replayed: true)")
+	})
+}
+
+// An API that accepts keys keygen refuses (a tab, 256 bytes) and
+// de-duplicates them as sent is not failed for it: invalid_key retries
+// each and reports (Info) that they replay.
+func TestLenientKeysThatDeduplicateAreInfo(t *testing.T) {
+	srv, _ := serveFake(t, lenientKeys, 4)
+	rep, err := idemcheck.Run(t.Context(), config(srv.URL, 4))
+	require.NoError(t, err)
+	t.Log("\n" + rep.String())
+	require.False(t, rep.Failed())
+	ik := rep.Checks[5]
+	require.Equal(t, "invalid_key", ik.Name)
+	require.Equal(t, idemcheck.Info, ik.Result)
+	require.Contains(t, ik.Detail, "a key with a tab: accepted (201), its retry got the replay")
+	require.Contains(t, ik.Detail, "a key of 256 bytes: accepted (201), its retry got the replay")
+	require.Contains(t, ik.Detail, "its first 255 bytes are another key")
 }

@@ -12,12 +12,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
 )
 
 // inProgressTries is how many times the in_progress check retries after a
-// conflict.
-const inProgressTries = 3
+// conflict; bursts is how many bursts of N duplicates it looks for one in,
+// the concurrent check's included.
+const (
+	inProgressTries = 3
+	bursts          = 3
+)
 
 // run sends the first request, then runs every check in order.
 func (c *checker) run(ctx context.Context) (Report, error) {
@@ -38,6 +43,7 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		}
 	}
 	c.fresh = append(c.fresh, c.first)
+	c.samples = append(c.samples, c.first)
 	checks := []struct {
 		name string
 		f    func(context.Context) (Result, string, []string)
@@ -50,18 +56,69 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		{"invalid_key", c.invalidKey},
 		{"marker", c.marker},
 	}
+	var byEffect []bool // per check: its result rests on telling effects apart
+	defer func() { c.unverified(rep.Checks, byEffect) }()
 	for _, ch := range checks {
+		c.byEffect = false
 		res, detail, ev := ch.f(ctx)
 		if ev == nil {
 			ev = []string{} // JSON: a list, never null
 		}
 		rep.Checks = append(rep.Checks, Check{Name: ch.name, Result: res, Detail: detail, Evidence: ev})
+		byEffect = append(byEffect, c.byEffect)
 		if ctx.Err() != nil {
 			return rep, fmt.Errorf("idemcheck: the run was cut short during the %s check: %w",
 				ch.name, context.Cause(ctx))
 		}
 	}
 	return rep, nil
+}
+
+// identifies reports whether the target's success answers tell effects
+// apart, as the run saw them: no two requests under fresh keys with the
+// same body (the first request, the concurrent check's key, the marker
+// check's keys) got the same answer, or the same IDField, and at least two
+// did. Otherwise it says why not.
+func (c *checker) identifies() (bool, string) {
+	for i, a := range c.samples {
+		for _, b := range c.samples[:i] {
+			if bytes.Equal(a.body, b.body) || c.effect(a) == c.effect(b) {
+				return false, fmt.Sprintf("two requests under fresh keys, %s and %s, got the same %s",
+					showKey(b.key), showKey(a.key), c.showEffect(a))
+			}
+		}
+	}
+	if len(c.samples) < 2 {
+		return false, "fewer than two requests under fresh keys succeeded, so nothing shows that " +
+			"two effects get two different answers"
+	}
+	return true, ""
+}
+
+// unverified turns the results that rest on telling effects apart into
+// Skip (an Info says it is unverified) when the answers do not identify
+// their effect: a replay and a second effect would then look alike.
+func (c *checker) unverified(checks []Check, byEffect []bool) {
+	ok, why := c.identifies()
+	if ok {
+		return
+	}
+	what := "set IDField (-id-field) to the JSON member that names the effect"
+	if c.cfg.IDField != "" {
+		what = "IDField (-id-field) " + strconv.Quote(c.cfg.IDField) + " does not name the effect; set it to one that does"
+	}
+	for i := range checks {
+		ch := &checks[i]
+		switch {
+		case !byEffect[i]:
+		case ch.Result == Info:
+			ch.Detail += "; unverified: the answers do not identify their effect (" + why + ")"
+		default:
+			ch.Result = Skip
+			ch.Detail = fmt.Sprintf("the answers do not identify their effect, so a replay and a second effect "+
+				"look alike: %s; %s (seen: %s)", why, what, ch.Detail)
+		}
+	}
 }
 
 // noAnswer is the detail of a check whose request got no answer.
@@ -82,6 +139,7 @@ func (c *checker) replay(ctx context.Context) (Result, string, []string) {
 	case a.err != nil:
 		return Fail, c.noAnswer(a), ev
 	case a.status == c.first.status && bytes.Equal(a.body, c.first.body):
+		c.byEffect = true
 		return Pass, fmt.Sprintf("the retry got the first answer again (%d, %d bytes): one effect, %s",
 			a.status, len(a.body), c.showEffect(a)), ev
 	case !success(a.status):
@@ -92,6 +150,7 @@ func (c *checker) replay(ctx context.Context) (Result, string, []string) {
 			"a second effect or a regenerated replay (%s; set IDField, -id-field, to tell which)",
 			c.route, differ(c.first, a)), ev
 	case c.effect(a) == c.effect(c.first):
+		c.byEffect = true
 		return Fail, fmt.Sprintf("a client whose first answer was lost gets another answer on its retry "+
 			"than the one the server sent first: the replay regenerates part of the body (same %s; %s)",
 			c.showEffect(a), differ(c.first, a)), ev
@@ -114,20 +173,26 @@ func differ(x, y answer) string {
 	return fmt.Sprintf("the bodies differ from byte %d", i)
 }
 
-// concurrent sends N requests with one key at once.
-func (c *checker) concurrent(ctx context.Context) (Result, string, []string) {
-	c.concKey = newKey("concurrent")
+// burst sends N requests with key at once and returns their answers.
+func (c *checker) burst(ctx context.Context, key string) []answer {
 	answers := make([]answer, c.n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range answers {
 		wg.Go(func() {
 			<-start
-			answers[i] = c.send(ctx, c.concKey, c.cfg.Body, c.header)
+			answers[i] = c.send(ctx, key, c.cfg.Body, c.header)
 		})
 	}
 	close(start)
 	wg.Wait()
+	return answers
+}
+
+// concurrent sends N requests with one key at once.
+func (c *checker) concurrent(ctx context.Context) (Result, string, []string) {
+	c.concKey = newKey("concurrent")
+	answers := c.burst(ctx, c.concKey)
 
 	ev := []string{fmt.Sprintf("key %s sent %d times at once", showKey(c.concKey), c.n)}
 	var effects []string // distinct, in order of first appearance
@@ -138,6 +203,9 @@ func (c *checker) concurrent(ctx context.Context) (Result, string, []string) {
 		ev = append(ev, evidence(fmt.Sprintf("duplicate %d", i+1), a))
 		switch {
 		case a.err == nil && success(a.status):
+			if successes == 0 {
+				c.samples = append(c.samples, a)
+			}
 			successes++
 			if e := c.effect(a); !slices.Contains(effects, e) {
 				effects = append(effects, e)
@@ -172,30 +240,58 @@ func (c *checker) concurrent(ctx context.Context) (Result, string, []string) {
 		return Fail, fmt.Sprintf("no client learns the outcome of %s: none of %d duplicates sent at once "+
 			"succeeded, each got a conflict, the one that ran included", c.route, c.n), ev
 	}
+	c.byEffect = true
 	return Pass, fmt.Sprintf("%d duplicates sent at once made one effect (%s): %d answered with it "+
 		"(its execution and replays), %d with a conflict", c.n, shown[0], successes, len(c.conflicts)), ev
 }
 
-// inProgress reports the first conflict of the concurrent check and retries
-// after it.
+// inProgress takes the first conflict of the concurrent check, or of up to
+// two more bursts of N requests under fresh keys when that one saw none,
+// reports it and retries after it.
 func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
-	if len(c.conflicts) == 0 {
-		return Skip, "no conflict seen: every concurrent duplicate got the effect or its replay", nil
+	key, conflicts, effect := c.concKey, c.conflicts, c.concEffect
+	var ev []string
+	for b := 2; len(conflicts) == 0 && b <= bursts && ctx.Err() == nil; b++ {
+		key = newKey("in_progress")
+		answers := c.burst(ctx, key)
+		effect = ""
+		var statuses []string
+		for _, a := range answers {
+			switch {
+			case a.err != nil:
+				statuses = append(statuses, "no answer")
+			case conflict(a.status):
+				conflicts = append(conflicts, a)
+			case success(a.status) && effect == "":
+				effect = c.effect(a)
+				c.samples = append(c.samples, a)
+			}
+			if a.err == nil {
+				statuses = append(statuses, strconv.Itoa(a.status))
+			}
+		}
+		ev = append(ev, fmt.Sprintf("burst %d: key %s sent %d times at once: %s", b, showKey(key), c.n,
+			strings.Join(statuses, ", ")))
 	}
-	cf := c.conflicts[0]
+	if len(conflicts) == 0 {
+		return Skip, fmt.Sprintf("unverified: no conflict seen in %d bursts of %d duplicates sent at once "+
+			"(each got the effect or its replay), so what a client that retries while the work runs "+
+			"gets is unknown; a target whose work takes longer shows it", bursts, c.n), ev
+	}
+	cf := conflicts[0]
 	code := cmp.Or(problemCode(cf.body), "no problem code")
 	ra := cmp.Or(cf.header.Get("Retry-After"), "none")
 	seen := fmt.Sprintf("%d %s, Retry-After: %s", cf.status, code, ra)
-	ev := []string{evidence("conflict, key "+showKey(c.concKey), cf)}
+	ev = append(ev, evidence("conflict, key "+showKey(key), cf))
 	var a answer
 	for try := 1; try <= inProgressTries; try++ {
-		wait, _ := retryAfter(cf.header.Get("Retry-After"), time.Now())
-		wait = min(wait, c.maxRetryAfter)
-		if !sleep(ctx, wait) {
+		pause, _ := retryAfter(cf.header.Get("Retry-After"), time.Now())
+		pause = min(pause, c.maxRetryAfter)
+		if wait.Sleep(ctx, pause) != nil {
 			return Fail, c.noAnswer(answer{err: context.Cause(ctx)}), ev
 		}
-		a = c.send(ctx, c.concKey, c.cfg.Body, c.header)
-		ev = append(ev, evidence(fmt.Sprintf("retry %d after %v", try, wait), a))
+		a = c.send(ctx, key, c.cfg.Body, c.header)
+		ev = append(ev, evidence(fmt.Sprintf("retry %d after %v", try, pause), a))
 		if a.err != nil || !conflict(a.status) {
 			break
 		}
@@ -210,31 +306,17 @@ func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
 	case !success(a.status):
 		return Fail, fmt.Sprintf("a client that retries %s after the conflict gets %d instead of the "+
 			"replay: %s", c.route, a.status, seen), ev
-	case c.concEffect != "" && c.effect(a) != c.concEffect:
+	case effect != "" && c.effect(a) != effect:
 		return Fail, fmt.Sprintf("a client that retries %s after the conflict creates a second effect: "+
 			"%s; the retry made %s", c.route, seen, c.showEffect(a)), ev
 	}
+	c.byEffect = true
 	detail := fmt.Sprintf("conflict %s; the retry after it got the replay (%d, %s)", seen, a.status,
 		c.showEffect(a))
 	if ra == "none" {
 		detail += "; without Retry-After a client must guess when to retry"
 	}
 	return Info, detail, ev
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // mismatch sends the first key with an altered body, then the altered body
@@ -270,6 +352,10 @@ func (c *checker) mismatch(ctx context.Context) (Result, string, []string) {
 		"under a fresh key the altered body succeeded (%d)", seen, control.status), ev
 }
 
+// leak starts the detail of a failed scope check.
+const leak = "a caller who sends another caller's key (a guessable, event-derived one, say) gets " +
+	"that caller's stored answer, and its own request never runs: "
+
 // scope sends the first key and body under the second principal.
 func (c *checker) scope(ctx context.Context) (Result, string, []string) {
 	if c.other == nil {
@@ -286,12 +372,15 @@ func (c *checker) scope(ctx context.Context) (Result, string, []string) {
 	case a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
 		return Skip, fmt.Sprintf("the target refused the second principal (%d): give it credentials "+
 			"the target accepts", a.status), ev
-	case bytes.Equal(a.body, c.first.body) || (success(a.status) && c.effect(a) == c.effect(c.first)):
-		return Fail, "a caller who sends another caller's key (a guessable, event-derived one, say) gets " +
-			"that caller's stored answer, and its own request never runs: the second principal got " +
-			"the first principal's answer", ev
+	case a.header.Get(replayedHeader) == "true" && c.first.header.Get(replayedHeader) != "true":
+		// The marker tells replays apart (the first execution had none).
+		return Fail, leak + "the second principal got a replay (" + replayedHeader + ": true)", ev
+	case success(a.status) && c.effect(a) == c.effect(c.first):
+		c.byEffect = true
+		return Fail, leak + "the second principal got the first principal's answer", ev
 	case success(a.status):
 		c.fresh = append(c.fresh, a)
+		c.byEffect = true
 		return Pass, fmt.Sprintf("the second principal's request ran in its own scope: %d, %s",
 			a.status, c.showEffect(a)), ev
 	case clientError(a.status):
@@ -303,16 +392,18 @@ func (c *checker) scope(ctx context.Context) (Result, string, []string) {
 		"in vain", a.status), ev
 }
 
-// invalidKey sends a key with a control character and a key of 256 bytes.
+// invalidKey sends a key with a control character and a key of 256 bytes;
+// a key the target accepts is retried, and the long one's 255-byte prefix
+// is sent as a key of its own.
 func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
 	tab := newKey("invalid_key") + "\tx"
 	long := newKey("invalid_key")
 	long += strings.Repeat("x", 256-len(long)) // one byte over the 255 of keygen.Validate
 	var ev, seen []string
 	res, detail := Pass, ""
-	fail := func(d string) {
-		if res == Pass { // the first failure is the one reported
-			res, detail = Fail, d
+	fail := func(d string, byEffect bool) {
+		if res != Fail { // the first failure is the one reported
+			res, detail, c.byEffect = Fail, d, byEffect
 		}
 	}
 	for _, k := range []struct{ what, key string }{
@@ -323,22 +414,68 @@ func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
 		ev = append(ev, evidence(k.what+" "+showKey(k.key), a))
 		switch {
 		case a.err != nil:
-			fail(c.noAnswer(a))
+			fail(c.noAnswer(a), false)
+			continue
 		case clientError(a.status):
-			seen = append(seen, fmt.Sprintf("%s: %d %s", k.what, a.status,
+			seen = append(seen, fmt.Sprintf("%s: refused, %d %s", k.what, a.status,
 				cmp.Or(problemCode(a.body), "without a problem code")))
-		case success(a.status):
-			fail(fmt.Sprintf("a malformed key is accepted, so the key the server enforces may "+
-				"not be the one the client sent (trimmed, truncated or ignored) and its retries are not "+
-				"reliably de-duplicated: %s got %d", k.what, a.status))
+			continue
+		case !success(a.status):
+			fail(fmt.Sprintf("a client whose key is malformed gets %d and retries with the same key; if "+
+				"the effect ran before the key was checked, every retry runs it again: %s got %d "+
+				"(a 4xx is expected)", a.status, k.what, a.status), false)
+			continue
+		}
+		// Accepted: the key must still de-duplicate, as it was sent.
+		if res == Pass {
+			res = Info
+		}
+		c.samples = append(c.samples, a)
+		r := c.send(ctx, k.key, c.cfg.Body, c.header)
+		ev = append(ev, evidence("its retry", r))
+		switch {
+		case r.err != nil:
+			fail(c.noAnswer(r), false)
+			continue
+		case success(r.status) && c.effect(r) != c.effect(a):
+			fail(fmt.Sprintf("a client whose key the server accepts but does not de-duplicate runs "+
+				"its request again on every retry: %s was accepted (%d, %s) and its retry made %s",
+				k.what, a.status, c.showEffect(a), c.showEffect(r)), false)
+			continue
+		case r.status == a.status && bytes.Equal(r.body, a.body):
+			if res != Fail {
+				c.byEffect = true // "the replay": told by the answers
+			}
+			seen = append(seen, fmt.Sprintf("%s: accepted (%d), its retry got the replay", k.what, a.status))
 		default:
-			fail(fmt.Sprintf("a client whose key is malformed gets %d and retries with the "+
-				"same key; if the effect ran before the key was checked, every retry runs it again: "+
-				"%s got %d (a 4xx is expected)", a.status, k.what, a.status))
+			seen = append(seen, fmt.Sprintf("%s: accepted (%d), its retry got %d", k.what, a.status, r.status))
+		}
+		if k.key != long {
+			continue
+		}
+		prefix := long[:255]
+		p := c.send(ctx, prefix, c.cfg.Body, c.header)
+		ev = append(ev, evidence("its first 255 bytes as a key", p))
+		switch {
+		case p.err != nil:
+			fail(c.noAnswer(p), false)
+		case success(p.status) && (bytes.Equal(p.body, a.body) || c.effect(p) == c.effect(a)):
+			fail(fmt.Sprintf("keys are cut to 255 bytes, so two keys that differ after that share one "+
+				"scope: a client's request gets another's stored answer and never runs; the 255-byte prefix "+
+				"of %s got its answer (%d, %s)", k.what, p.status, c.showEffect(p)), true)
+		case success(p.status):
+			seen = append(seen, fmt.Sprintf("its first 255 bytes are another key (%d, %s)", p.status,
+				c.showEffect(p)))
+		default:
+			seen = append(seen, fmt.Sprintf("its first 255 bytes got %d", p.status))
 		}
 	}
-	if res == Pass {
+	switch res {
+	case Pass:
 		detail = "both malformed keys were refused with a 4xx (" + strings.Join(seen, "; ") + ")"
+	case Info:
+		detail = "a malformed key was accepted and de-duplicated as sent (" + strings.Join(seen, "; ") +
+			"); a 4xx is safer: a client cannot tell whether such a key is what the server enforces"
 	}
 	return res, detail, ev
 }
@@ -383,6 +520,7 @@ func (c *checker) keyForm(ctx context.Context, what, sent, retry string, ev *[]s
 		return strings.TrimSpace(fmt.Sprintf("%s: refused (%d %s", what, a.status, problemCode(a.body))) + ")"
 	}
 	c.fresh = append(c.fresh, a)
+	c.samples = append(c.samples, a)
 	again := "its retry"
 	if retry != sent {
 		again = "its bare form " + strconv.Quote(retry)

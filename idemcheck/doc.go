@@ -25,10 +25,13 @@
 //   - concurrent: [Config.N] requests with one key, sent at once. Exactly one
 //     effect; every other answer is the replay or a conflict (409, 425 or
 //     429), never a second effect and never another failure.
-//   - in_progress: when a conflict was seen, its status, problem code and
+//   - in_progress: the first conflict seen, its status, problem code and
 //     Retry-After (info); then the request is retried after it (at most
 //     three times, each wait capped by [Config.MaxRetryAfter]) and must get
-//     the replay. Skipped when every duplicate got the replay.
+//     the replay. When the concurrent check saw no conflict, up to two more
+//     bursts of N requests under fresh keys look for one; skipped, so
+//     unverified, when none of the three bursts saw one (the target's work
+//     is quicker than a burst).
 //   - mismatch: the first key with an altered body must get a 4xx, never the
 //     first answer and never a new effect. The body is altered as a client
 //     bug would alter it: in a JSON object the first number member (in
@@ -38,11 +41,20 @@
 //     must succeed: otherwise the 4xx may be the target's validation and
 //     the check is skipped.
 //   - scope: the first key and body under a second principal ([Config.Other])
-//     must not get the first principal's answer. Skipped without Other, or
-//     when the target refuses the second principal (401, 403).
+//     must not get the first principal's answer: its effect, or a replay
+//     (Idempotent-Replayed: true, when first executions carry none).
+//     Skipped without Other, or when the target refuses the second
+//     principal (401, 403).
 //   - invalid_key: a key with a control character (a tab) and a key of 256
-//     bytes must each get a 4xx: a 2xx means the key was accepted, a 5xx
-//     that the server failed on it (and may have run the effect).
+//     bytes (one over the 255 of package keygen) should each get a 4xx
+//     (pass). A 5xx fails: the server failed on the key, perhaps after the
+//     effect ran. A key the target accepts is retried, and for the long one
+//     its 255-byte prefix is sent as a key of its own: the check fails when
+//     the retry makes a second effect (the key is not enforced as sent) or
+//     when the prefix gets the long key's answer (keys are cut, so two keys
+//     share a scope); otherwise it is info. What it cannot see from outside:
+//     whether a request refused with a 4xx ran anything first (without a
+//     way to list effects, a 4xx is taken at its word).
 //   - marker: whether replays carry Idempotent-Replayed, and whether the keys
 //     real clients send are accepted: a key with inner spaces, and a key
 //     sent as an RFC 9651 sf-string (whose bare form must then replay it).
@@ -51,16 +63,31 @@
 //
 // # What the target must allow
 //
-// A run makes 11 requests plus N (and up to three retries after a
-// conflict) and creates six effects (five without Other): point it at a
-// sandbox or staging endpoint where that is harmless. The
+// A run makes 11 requests plus N (up to 2N more when the first burst sees
+// no conflict, up to three retries after a conflict, and three more when
+// the target accepts malformed keys) and creates six effects (five without
+// Other; one more per extra burst and per malformed key accepted): point
+// it at a sandbox or staging endpoint where that is harmless. The
 // request ([Config.Method], [Config.Body], [Config.Header]) must succeed
 // (2xx) under a fresh key every time, as a new logical request, since every
-// check but replay uses a key of its own. Effects are told apart by the
-// JSON member [Config.IDField] of success answers when it is set, and by
-// the success bodies otherwise; a body that does not identify its effect
-// makes two effects look like one, so set IDField when the body carries
-// anything else that varies.
+// check but replay uses a key of its own.
+//
+// # Telling effects apart
+//
+// Effects are told apart by the JSON member [Config.IDField] of success
+// answers when it is set, and by the whole success body otherwise. Two
+// things can go wrong, and a run guards against the first:
+//
+//   - The answer does not identify its effect (a 204, or a constant
+//     {"status":"accepted"}): a replay and a second effect look alike. The
+//     run sees it when two requests under fresh keys with the same body
+//     (the first request, the concurrent check's key, the marker check's
+//     keys) get the same answer; replay, concurrent and scope are then
+//     skipped with that reason, never passed or failed, and in_progress
+//     and marker say that what they report is unverified.
+//   - The body carries something else that varies from answer to answer
+//     (a timestamp, a request id): without IDField a replay then looks
+//     like a second effect, and replay and concurrent fail. Set IDField.
 //
 // Every key is fresh, made per run, and names the check that sent it
 // (idemcheck-replay-<uuid>, idemcheck-concurrent-<uuid>, ...), so the

@@ -183,3 +183,66 @@ func TestRunAgainUsesFreshKeys(t *testing.T) {
 	}
 	require.Equal(t, int64(12), effects.Load(), "the second run replayed nothing of the first")
 }
+
+// When the concurrent check's burst sees no conflict (the work is quicker
+// than the burst), in_progress sends up to two more bursts under fresh
+// keys and reports the conflict one of them sees, instead of skipping.
+func TestInProgressLooksForAConflictInMoreBursts(t *testing.T) {
+	const n = 4
+	var effects atomic.Int64
+	var serial sync.Mutex // the quick bursts: one request at a time, so each duplicate gets the replay
+	var mu sync.Mutex
+	order := map[string]int{}       // in_progress keys, numbered as they arrive
+	slow := func(key string) bool { // the second extra burst's key
+		if !strings.HasPrefix(key, "idemcheck-in_progress-") {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if order[key] == 0 {
+			order[key] = len(order) + 1
+		}
+		return order[key] == 2
+	}
+	answered := make(chan struct{}, n)
+	mw := idempotency.New(newStore(), idempotency.WithPrincipal(principal),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slow(r.Header.Get("Idempotency-Key")) {
+			for range n - 1 { // the duplicates got their answer (409) first
+				<-answered
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"eff_%d"}`, effects.Add(1))
+	})))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		switch {
+		case slow(key):
+			mux.ServeHTTP(w, r)
+			answered <- struct{}{}
+		case strings.HasPrefix(key, "idemcheck-concurrent-"), strings.HasPrefix(key, "idemcheck-in_progress-"):
+			serial.Lock()
+			mux.ServeHTTP(w, r)
+			serial.Unlock()
+		default:
+			mux.ServeHTTP(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	rep, err := idemcheck.Run(t.Context(), config(srv.URL, n))
+	require.NoError(t, err)
+	t.Log("\n" + rep.String())
+	require.False(t, rep.Failed())
+	ip := rep.Checks[2]
+	require.Equal(t, "in_progress", ip.Name)
+	require.Equal(t, idemcheck.Info, ip.Result, ip.Detail)
+	require.Contains(t, ip.Detail, "409 idempotency_request_in_progress, Retry-After: 1; the retry after it got the replay")
+	require.Contains(t, ip.Evidence[0], "burst 2: key \"idemcheck-in_progress-")
+	require.Equal(t, 0, strings.Count(ip.Evidence[0], "409"))
+	require.Contains(t, ip.Evidence[1], "burst 3: key \"idemcheck-in_progress-")
+	require.Equal(t, n-1, strings.Count(ip.Evidence[1], "409"))
+}

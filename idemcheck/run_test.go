@@ -86,12 +86,13 @@ func TestEveryRequestIsBounded(t *testing.T) {
 }
 
 // A target that hangs on duplicates fails the concurrent check; the run
-// goes on.
+// goes on, and in_progress sees no conflict in its bursts.
 func TestHangOnDuplicatesFailsConcurrent(t *testing.T) {
 	done := make(chan struct{})
 	srv, _ := serveFake(t, correct, 4)
 	hanging := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.Header.Get("Idempotency-Key"), "idemcheck-concurrent-") {
+		if key := r.Header.Get("Idempotency-Key"); strings.HasPrefix(key, "idemcheck-concurrent-") ||
+			strings.HasPrefix(key, "idemcheck-in_progress-") {
 			hang(done).ServeHTTP(w, r)
 			return
 		}

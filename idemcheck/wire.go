@@ -37,6 +37,8 @@ type checker struct {
 
 	first, second answer   // the replay check's two answers
 	fresh         []answer // first answers under fresh keys, for the marker
+	samples       []answer // first answers under fresh keys with the request's body and principal
+	byEffect      bool     // the running check's result rests on telling effects apart
 	concKey       string   // the concurrent check's key
 	concEffect    string   // the one effect it saw ("" when none)
 	conflicts     []answer // conflicts seen by the concurrent check

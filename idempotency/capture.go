@@ -63,18 +63,47 @@ func (c *capture) statusCode() int {
 }
 
 // release sends the buffered response to the client, without the replay
-// marker: a handler that copies another service's headers must not make a
-// first execution look like a replay.
+// marker, as a header or a trailer (set with http.TrailerPrefix, or
+// declared in Trailer): a handler that copies another service's headers
+// must not make a first execution look like a replay.
 func (c *capture) release() {
 	dst := c.w.Header()
 	for k, v := range c.header {
-		if !strings.EqualFold(k, ReplayedHeader) {
-			dst[k] = v
+		name := k
+		if len(k) > len(http.TrailerPrefix) && strings.EqualFold(k[:len(http.TrailerPrefix)], http.TrailerPrefix) {
+			name = k[len(http.TrailerPrefix):]
 		}
+		switch {
+		case strings.EqualFold(name, ReplayedHeader):
+			continue
+		case strings.EqualFold(k, "Trailer"):
+			if v = withoutMarker(v); len(v) == 0 {
+				continue
+			}
+		}
+		dst[k] = v
 	}
 	c.w.WriteHeader(c.statusCode())
 	_, _ = c.w.Write(c.body.Bytes())
 	if c.flushed {
 		_ = http.NewResponseController(c.w).Flush()
 	}
+}
+
+// withoutMarker returns the Trailer field values vals without the replay
+// marker's name.
+func withoutMarker(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		var names []string
+		for n := range strings.SplitSeq(v, ",") {
+			if n = strings.TrimSpace(n); n != "" && !strings.EqualFold(n, ReplayedHeader) {
+				names = append(names, n)
+			}
+		}
+		if len(names) > 0 {
+			out = append(out, strings.Join(names, ", "))
+		}
+	}
+	return out
 }

@@ -40,11 +40,10 @@ func rawPost(t *testing.T, addr, key string) (*http.Response, string, error) {
 }
 
 // A guarded handler cannot hijack its connection: the hijack fails with
-// an error wrapping http.ErrNotSupported (through http.ResponseController as through a type
-// assertion), so the handler answers over HTTP as usual, and nothing is
-// stored for an answer that the middleware never sent. Before, the hijack
-// went through to the connection and the middleware stored an empty 200
-// that the retry then got replayed.
+// an error wrapping http.ErrNotSupported (through http.ResponseController
+// as through a type assertion), so the handler answers over HTTP as usual,
+// and nothing is stored for an answer that the middleware never sent (an
+// empty 200 that a retry would get replayed).
 func TestHijackOnAGuardedRouteFails(t *testing.T) {
 	var mu sync.Mutex
 	var hijacked int

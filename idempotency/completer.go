@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/saferetry/saferetry/internal/wait"
 )
 
 // Completer drives abandoned requests to completion in the background: the
@@ -34,7 +36,6 @@ type Completer struct {
 	m      *Middleware
 	routes map[string]http.Handler
 	muxes  map[string]*http.ServeMux
-	batch  int // records taken over per run
 
 	mu          sync.Mutex
 	unresumable map[Scope]int64    // records skipped for good: scope -> generation
@@ -48,7 +49,7 @@ type failures struct {
 }
 
 const (
-	completeBatch      = 100
+	completeBatch      = 100 // records taken over per run
 	completeMinBackoff = time.Minute
 	completeMaxBackoff = time.Hour
 )
@@ -56,10 +57,13 @@ const (
 // Completer returns a Completer for m's store and policy. routes maps a
 // route, as the middleware names it in Scope.Route (a ServeMux pattern such
 // as "POST /payments" by default), to the handler that serves it, without
-// the middleware. It starts nothing: call RunOnce, or Start.
+// the middleware. A middleware mounted on a subtree over a router that is
+// not an *http.ServeMux names routes by the raw request path, which routes
+// cannot list (every such record is unresumable): give it WithRoute. It
+// starts nothing: call RunOnce, or Start.
 func (m *Middleware) Completer(routes map[string]http.Handler) *Completer {
 	c := &Completer{
-		m: m, routes: routes, muxes: make(map[string]*http.ServeMux), batch: completeBatch,
+		m: m, routes: routes, muxes: make(map[string]*http.ServeMux),
 		unresumable: make(map[Scope]int64), backoff: make(map[Scope]failures),
 	}
 	for route := range routes {
@@ -88,6 +92,7 @@ type CompleterReport struct {
 // run and is returned, wrapped, with the report so far; ctx's end stops it
 // between records (and cancels the running handler's context). Failures of
 // single records are reported to the observers and counted, not returned.
+// Without a store (New(nil)) every run fails.
 func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 	rep, err := c.runOnce(ctx)
 	c.m.obs.completerRun(ctx, rep, err)
@@ -96,10 +101,15 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 
 func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 	var rep CompleterReport
+	if c.m.store == nil {
+		return rep, fmt.Errorf("idempotency: completer: %w", errNilStore)
+	}
 	c.mu.Lock()
-	extra := min(len(c.unresumable)+len(c.backoff), 10*c.batch)
+	extra := min(len(c.unresumable)+len(c.backoff), 10*completeBatch)
 	c.mu.Unlock()
-	recs, err := c.m.store.Abandoned(ctx, time.Now(), c.batch+extra)
+	sctx, cancel := storeCtx(ctx)
+	recs, err := c.m.store.Abandoned(sctx, time.Now(), completeBatch+extra)
+	cancel()
 	if err != nil {
 		return rep, fmt.Errorf("idempotency: completer: listing abandoned records: %w", err)
 	}
@@ -111,7 +121,7 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		if taken >= c.batch || c.remembered(rec) || c.waiting(rec.Scope) {
+		if taken >= completeBatch || c.remembered(rec) || c.waiting(rec.Scope) {
 			rep.Skipped++
 			continue
 		}
@@ -209,10 +219,12 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 	}
 	// A takeover only: a completed record is never restarted and one that
 	// vanished is not recreated.
-	res, err := c.m.store.Claim(ctx, Claim{
+	sctx, cancel := storeCtx(ctx)
+	res, err := c.m.store.Claim(sctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
 		Owner: uuid.NewString(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
 	})
+	cancel()
 	if err != nil {
 		return "", fmt.Errorf("idempotency: completer: claim: %w", err)
 	}
@@ -318,33 +330,31 @@ func (c *Completer) execute(e *resumption, r *http.Request) (outcome Outcome) {
 	return e.outcome
 }
 
-// Start runs RunOnce in a background goroutine, at once and then every
-// interval (default and <= 0: one minute), until ctx ends or stop is
+// Start runs RunOnce in a background goroutine, at once and then interval
+// after each run (default and <= 0: one minute), until ctx ends or stop is
 // called. stop cancels the loop (a running handler sees its context
 // canceled) and waits for the goroutine; it is safe to call more than once.
 func (c *Completer) Start(ctx context.Context, interval time.Duration) (stop func()) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
-	return every(ctx, interval, func(ctx context.Context) { _, _ = c.RunOnce(ctx) })
+	return every(ctx, func(ctx context.Context) time.Duration {
+		_, _ = c.RunOnce(ctx)
+		return interval
+	})
 }
 
-// every runs f in a goroutine at once and then every interval, until ctx
-// ends or stop is called; stop cancels f's context and waits for the
-// goroutine to return.
-func every(ctx context.Context, interval time.Duration, f func(ctx context.Context)) (stop func()) {
+// every runs f in a goroutine at once and then again after the pause f
+// returns, until ctx ends or stop is called; stop cancels f's context and
+// waits for the goroutine to return.
+func every(ctx context.Context, f func(ctx context.Context) (pause time.Duration)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
 		for {
-			f(ctx)
-			select {
-			case <-ctx.Done():
+			if wait.Sleep(ctx, f(ctx)) != nil {
 				return
-			case <-t.C:
 			}
 		}
 	}()

@@ -204,9 +204,7 @@ func TestCompleterOutcomes(t *testing.T) {
 		require.Equal(t, "order", p.RecoveryPoint, "a panic after a phase keeps the record")
 
 		// The next run skips what it cannot resume, and backs off from what
-		// it failed to finish; once the wait is over it retries those;
-		// records it skips do not take the batch's places.
-		idempotency.SetCompleterBatch(c, 1)
+		// it failed to finish; once the wait is over it retries those.
 		time.Sleep(time.Millisecond) // a lease ended at now expires after now
 		rep, err = c.RunOnce(t.Context())
 		require.NoError(t, err)
@@ -214,7 +212,7 @@ func TestCompleterOutcomes(t *testing.T) {
 		time.Sleep(2 * time.Minute) // the wait after one failure
 		rep, err = c.RunOnce(t.Context())
 		require.NoError(t, err)
-		require.Equal(t, idempotency.CompleterReport{Found: 4, Skipped: 3, Kept: 1}, rep, "two remembered, one taken, the panicking one waits")
+		require.Equal(t, idempotency.CompleterReport{Found: 4, Skipped: 2, Kept: 1, Failed: 1}, rep, "two remembered, two retried")
 	})
 }
 
@@ -526,5 +524,49 @@ func TestCompleterFencesTheStalledOwner(t *testing.T) {
 		require.Equal(t, idempotency.Completed, rec.State)
 		require.Contains(t, string(rec.Response.Body), `"order":"ord_z"`, "the Completer resumed after the zombie's order")
 		require.True(t, errors.Is(zombieErr, idempotency.ErrLeaseLost))
+	})
+}
+
+// A run takes over at most 100 records; the records it skips (remembered
+// as unresumable, or backing off) do not take the batch's places, and the
+// records over the batch wait for the next run.
+func TestCompleterBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		failed := map[string]bool{} // keys whose first execution failed
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			run, _ := idempotency.FromContext(r.Context())
+			if !failed[run.Scope.Key] {
+				failed[run.Scope.Key] = true
+				w.WriteHeader(http.StatusBadGateway) // kept at its phase, backing off
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		t0 := time.Now()
+		for i := range 2 {
+			crashed(t, mem, idempotency.Scope{Method: "POST", Route: "POST /unknown", Key: fmt.Sprint("u", i)},
+				"/unknown", `{}`, t0)
+		}
+		for i := range 101 {
+			crashed(t, mem, idempotency.Scope{Method: "POST", Route: "POST /payments", Key: fmt.Sprintf("k%03d", i)},
+				"/payments", `{}`, t0.Add(time.Second), idempotency.CommittedPhase{Name: "order"})
+		}
+		c, _ := completer(mem, quiet, map[string]http.Handler{"POST /payments": h})
+		time.Sleep(time.Minute)
+		run := func() idempotency.CompleterReport {
+			t.Helper()
+			rep, err := c.RunOnce(t.Context())
+			require.NoError(t, err)
+			return rep
+		}
+		require.Equal(t, idempotency.CompleterReport{Found: 100, Skipped: 2, Kept: 98}, run(),
+			"100 listed, the oldest first: 2 unresumable, 98 taken")
+		require.Equal(t, idempotency.CompleterReport{Found: 5, Skipped: 2, Kept: 3}, run(),
+			"2 remembered, the 3 left taken (the 98 kept end their lease now: listed from the next instant)")
+		time.Sleep(2 * time.Minute)
+		require.Equal(t, idempotency.CompleterReport{Found: 103, Skipped: 3, Completed: 100}, run(),
+			"2 remembered; 100 taken, the batch; 1 waits for the next run")
+		require.Equal(t, idempotency.CompleterReport{Found: 3, Skipped: 2, Completed: 1}, run())
 	})
 }

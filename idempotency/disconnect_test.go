@@ -19,13 +19,13 @@ import (
 	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
-// Issue 16 point 5: a client that times out does not make the work run
-// again. Over real loopback, the client gives up after 100 ms while the
-// guarded handler is still working; net/http cancels the request's context;
-// the handler, released only after that, still has a live context (like a
-// handler writing through a transaction bound to it, it would fail on a
-// canceled one), so its response is stored, and the client's retry with
-// the same key gets the replay: the work ran once.
+// A client that times out does not make the work run again. Over real
+// loopback, the client gives up after 100 ms while the guarded handler is
+// still working; net/http cancels the request's context; the handler,
+// released only after that, still has a live context (like a handler
+// writing through a transaction bound to it, it would fail on a canceled
+// one), so its response is stored, and the client's retry with the same
+// key gets the replay: the work ran once.
 func TestClientTimeoutDoesNotRerunTheWork(t *testing.T) {
 	var runs atomic.Int64
 	entered := make(chan struct{}, 1)

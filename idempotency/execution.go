@@ -4,14 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"time"
 )
 
 // execution is the middleware's side of one run of a handler that owns its
-// record, which the handler never sees: its response capture, its request
-// body and the heartbeat of its lease.
+// record, which the handler never sees: its response capture and the
+// heartbeat of its lease.
 type execution struct {
 	m          *Middleware
 	run        *Run
@@ -20,15 +21,8 @@ type execution struct {
 	start      time.Time
 	background bool // the Completer's
 	cw         capture
-	body       bodyReader
 	hb         heartbeat
 }
-
-// bodyReader is the handler's request body: the bytes the middleware read,
-// with a Close that does nothing.
-type bodyReader struct{ bytes.Reader }
-
-func (*bodyReader) Close() error { return nil }
 
 // run executes the handler as the owner of res.Record and answers through
 // w, and returns the outcome (see Observer.Executed). bg is r's context
@@ -49,26 +43,25 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context
 		defer stop()
 	}
 	run.cancel = cancel
-	m.obs.claimed(bg, Event{Scope: req.scope, Claim: res.Outcome, Generation: rec.Generation,
-		RecoveryPoint: rec.RecoveryPoint, Background: background})
 	x := &execution{m: m, run: run, bg: bg, req: req, start: time.Now(), background: background,
 		cw: capture{w: w, header: make(http.Header)}}
 	x.hb.start(m, run, bg, cancel)
 	r2 := r.WithContext(hctx)
-	x.body.Reset(req.input.body)
-	r2.Body = &x.body
+	r2.Body = io.NopCloser(bytes.NewReader(req.input.body))
 	r2.ContentLength = int64(len(req.input.body))
 
 	returned := false
 	defer func() {
 		if !returned {
-			// The handler panicked (or called runtime.Goexit): give the
-			// key up, or keep it for a resume, and let the panic go on to
-			// net/http.
+			// The handler (or an observer) panicked, or called
+			// runtime.Goexit: give the key up, or keep it for a resume,
+			// and let the panic go on to net/http.
 			s := x.end(nil)
 			x.report(OutcomePanicked, context.Cause(hctx), s.err)
 		}
 	}()
+	m.obs.claimed(bg, Event{Scope: req.scope, Claim: res.Outcome, Generation: rec.Generation,
+		RecoveryPoint: rec.RecoveryPoint, Background: background})
 	h.next.ServeHTTP(&x.cw, r2)
 	returned = true
 	outcome, err := x.finish()
@@ -181,7 +174,11 @@ func (x *execution) end(resp *Response) settled {
 		return s // a successor owns the record: nothing to give up
 	}
 	x.hb.settle()
-	s.kept = x.giveUp()
+	kept, err := x.giveUp()
+	s.kept = kept
+	if err != nil {
+		s.err = err
+	}
 	return s
 }
 
@@ -189,7 +186,7 @@ func (x *execution) end(resp *Response) settled {
 // the request's unit when the handler began one (an error then means that
 // nothing of it committed), else with Store.Complete, one conditional write.
 func (x *execution) complete(unit Unit, resp Response) error {
-	ctx, cancel := context.WithTimeout(x.bg, storeTimeout)
+	ctx, cancel := storeCtx(x.bg)
 	defer cancel()
 	start := time.Now()
 	lease := x.run.Lease
@@ -206,9 +203,9 @@ func (x *execution) complete(unit Unit, resp Response) error {
 // giveUp gives the key up after an answer that is not stored: Release,
 // unless the record holds a recovery point, whose lease is then ended at
 // once so that a retry takes it over and resumes. It reports whether the
-// record was kept.
-func (x *execution) giveUp() bool {
-	ctx, cancel := context.WithTimeout(x.bg, storeTimeout)
+// record was kept, and ErrLeaseLost when a successor owns the record.
+func (x *execution) giveUp() (kept bool, err error) {
+	ctx, cancel := storeCtx(x.bg)
 	defer cancel()
 	lease, keep := x.run.Lease, x.run.currentPoint() != ""
 	if !keep {
@@ -217,30 +214,34 @@ func (x *execution) giveUp() bool {
 		rec, err := x.m.store.Get(ctx, lease.Scope)
 		switch {
 		case errors.Is(err, ErrNotFound):
-			return false
+			return false, nil
 		case err != nil:
 			keep = true // cannot tell: ending the lease is safe either way
 		case rec.State != InProgress || rec.Owner != lease.Owner || rec.Generation != lease.Generation:
-			return false // no longer ours
+			return false, ErrLeaseLost // no longer ours
 		default:
 			keep = rec.RecoveryPoint != ""
 		}
 	}
 	start := time.Now()
+	op := OpRelease
 	if keep {
-		err := x.m.store.EndLease(ctx, lease, time.Now())
-		x.m.obs.storeCall(x.bg, OpEndLease, lease.Scope, start, err)
+		op = OpEndLease
+		err = x.m.store.EndLease(ctx, lease, time.Now())
 	} else {
-		err := x.m.store.Release(ctx, lease)
-		x.m.obs.storeCall(x.bg, OpRelease, lease.Scope, start, err)
+		err = x.m.store.Release(ctx, lease)
 	}
-	return keep
+	x.m.obs.storeCall(x.bg, op, lease.Scope, start, err)
+	if errors.Is(err, ErrLeaseLost) {
+		return false, err
+	}
+	return keep, nil
 }
 
 // answerLost answers the client of an execution that lost its lease: the
 // successor's stored response if it completed, else 409 in progress.
 func (x *execution) answerLost() {
-	ctx, cancel := context.WithTimeout(x.bg, storeTimeout)
+	ctx, cancel := storeCtx(x.bg)
 	defer cancel()
 	rec, err := x.m.store.Get(ctx, x.req.scope)
 	if err == nil && rec.State == Completed && x.m.answer(x.bg, x.cw.w, x.req, rec) {

@@ -36,23 +36,6 @@ func StoredRequest(id, method, url, host, contentType string, body []byte) []byt
 	return storedRequest{ID: id, Method: method, URL: url, Host: host, ContentType: contentType, Body: body}.encode()
 }
 
-// SetReaperLimits sets r's batch size, batches per run and page of
-// unfinished records (0 keeps each).
-func SetReaperLimits(r *Reaper, batch, maxBatches, maxUnfinished int) {
-	if batch > 0 {
-		r.batch = batch
-	}
-	if maxBatches > 0 {
-		r.maxBatches = maxBatches
-	}
-	if maxUnfinished > 0 {
-		r.maxUnfinished = maxUnfinished
-	}
-}
-
-// SetCompleterBatch sets how many records c takes over per run.
-func SetCompleterBatch(c *Completer, n int) { c.batch = n }
-
 // CompleterBackoffs returns how many records c is backing off from.
 func CompleterBackoffs(c *Completer) int {
 	c.mu.Lock()

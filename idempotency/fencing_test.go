@@ -65,7 +65,7 @@ func TestFencingStalledOwner(t *testing.T) {
 					run, _ := idempotency.FromContext(r.Context())
 					write := func() { mu.Lock(); committed = append(committed, who); mu.Unlock() }
 					if u, _, err := run.Unit(r.Context()); err == nil {
-						u.(interface{ OnCommit(func()) }).OnCommit(write)
+						require.NoError(t, memstore.OnCommit(u, write))
 					} else {
 						require.ErrorIs(t, err, errors.ErrUnsupported)
 						write() // no transaction: the write happens regardless

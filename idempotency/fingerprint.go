@@ -15,10 +15,14 @@ import (
 
 // fingerprintVersion is the version of the fingerprint algorithm new records
 // store (Record.FingerprintVersion). Version 1 dropped the content type's
-// parameters; version 2 keeps them (a multipart boundary or a charset
-// changes what the body means). A record of another version is compared
-// with the fingerprint of that version, if the middleware knows it, and is
-// otherwise a different request.
+// parameters and canonicalised a JSON object whose member names differ only
+// in case; version 2 keeps the parameters (a multipart boundary or a
+// charset changes what the body means) and hashes such a JSON body raw
+// (encoding/json matches names without regard to case, so
+// {"amount":1,"AMOUNT":1000} and its reordering mean different amounts). A
+// record of another version is compared with the fingerprint of that
+// version, if the middleware knows it, and is otherwise a different
+// request.
 const fingerprintVersion = 2
 
 // fingerprintInput is what a request's fingerprint covers.
@@ -34,9 +38,10 @@ type fingerprintInput struct {
 // type and the body, each length-prefixed. The content type is its media
 // type, lower-cased, with (version 2) its parameters as mime.FormatMediaType
 // writes them, or the raw value when it does not parse. A JSON body
-// (application/json, any +json type) is in canonical form (canonjson), or
-// raw when it has none: a raw hash can make two equal bodies differ (a
-// false CodeKeyReused), never two different bodies match.
+// (application/json, any +json type) is in canonical form (canonjson; in
+// version 2 with FoldKeys), or raw when it has none: a raw hash can make
+// two equal bodies differ (a false CodeKeyReused), never two different
+// bodies match.
 func fingerprint(in fingerprintInput, v int) (string, bool) {
 	if v != 1 && v != 2 {
 		return "", false
@@ -56,6 +61,7 @@ func fingerprint(in fingerprintInput, v int) (string, bool) {
 	}
 	body := in.body
 	if mt == "application/json" || strings.HasSuffix(mt, "+json") {
+		st.parser.FoldKeys = v >= 2
 		if c, err := st.parser.Append(st.out[:0], body); err == nil {
 			st.out = c
 			body = c

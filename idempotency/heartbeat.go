@@ -79,10 +79,16 @@ func (hb *heartbeat) beat() {
 	until := start.Add(m.cfg.lease)
 	err := m.store.Heartbeat(ctx, run.Lease, until)
 	cancel()
-	m.obs.storeCall(hb.bg, OpHeartbeat, run.Lease.Scope, start, err)
 	if hb.isStopped() {
-		return // the handler is done: this late beat changes nothing
+		// The handler is done: this late beat changes nothing, and a lease
+		// it finds gone (the record completed or given up meanwhile) is no
+		// loss to report.
+		if !errors.Is(err, ErrLeaseLost) {
+			m.obs.storeCall(hb.bg, OpHeartbeat, run.Lease.Scope, start, err)
+		}
+		return
 	}
+	m.obs.storeCall(hb.bg, OpHeartbeat, run.Lease.Scope, start, err)
 	switch {
 	case err == nil:
 		run.extend(until)

@@ -280,3 +280,38 @@ func TestLateHeartbeatDoesNotReExtendAnEndedLease(t *testing.T) {
 		require.False(t, rec.LeaseUntil.After(time.Now()), "the ended lease was extended again by %v", time.Until(rec.LeaseUntil))
 	})
 }
+
+// slowBeat is a memstore whose heartbeats take 40 ms.
+type slowBeat struct{ *memstore.Store }
+
+func (s slowBeat) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
+	time.Sleep(40 * time.Millisecond)
+	return s.Store.Heartbeat(ctx, l, until)
+}
+
+// A heartbeat still in flight when the response is stored finds the lease
+// gone (the record is completed): that is no lost lease, and nothing says
+// so at Warn.
+func TestLateHeartbeatAfterCompletionIsNoLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log, buf := bufLogger()
+		s := &seen{}
+		h := idempotency.New(slowBeat{memstore.New()}, idempotency.WithAnonymousKeys(true),
+			idempotency.WithLease(300*time.Millisecond), idempotency.WithLogger(log),
+			idempotency.WithObserver(s.observer())).
+			Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				time.Sleep(120 * time.Millisecond) // the beat at 100 ms ends at 140 ms
+				w.WriteHeader(http.StatusCreated)
+			}))
+		require.Equal(t, http.StatusCreated, send(t, h, "k", `{}`).Code)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.Contains(t, buf.String(), `level=DEBUG msg="idempotency: the response was stored"`)
+		require.NotContains(t, buf.String(), "level=WARN", "a completed request logged as a lost lease")
+		_, by := s.take()
+		require.Equal(t, idempotency.OutcomeCompleted, by["executed"][0].Outcome)
+		for _, e := range by["store"] {
+			require.NoError(t, e.Err, "store call %s", e.Op)
+		}
+	})
+}

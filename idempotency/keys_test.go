@@ -19,11 +19,10 @@ import (
 	"github.com/saferetry/saferetry/keygen"
 )
 
-// Issue 16 point 6: the keys real clients send (stripe-go sends any key of
-// up to 255 characters after trimming spaces) are accepted end to end, by
-// the saferetry Transport and by the middleware, and replayed under the
-// same key; what the rule refuses is refused by both, with the typed
-// errors.
+// The keys real clients send (stripe-go sends any key of up to 255
+// characters after trimming spaces) are accepted end to end, by the
+// saferetry Transport and by the middleware, and replayed under the same
+// key; what the rule refuses is refused by both, with the typed errors.
 func TestKeysRealClientsSend(t *testing.T) {
 	var effects atomic.Int64
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
 )
 
@@ -22,13 +24,49 @@ const ReplayedHeader = "Idempotent-Replayed"
 // reaches a client.
 const notReplayableHeader = "Saferetry-Not-Replayable"
 
-// storeTimeout bounds each store call the middleware makes on a context
-// detached from its client: the claim, and every call after the handler.
+// storeTimeout bounds each store call the library makes on its own behalf
+// (storeCtx), and the wait for a unit of work to begin (begin).
 const storeTimeout = 10 * time.Second
+
+// storeCtx returns the context of a store call the library makes on its own
+// behalf: ctx, with at most storeTimeout left, so that a hung store (a lock,
+// a network partition, an exhausted pool) never stops a request or a job
+// for good. Callers that must outlive their client pass a context without
+// its cancellation.
+func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, storeTimeout)
+}
+
+// errBeginTimeout ends the wait of begin.
+var errBeginTimeout = fmt.Errorf("idempotency: the store did not begin a unit of work within %v: %w",
+	storeTimeout, context.DeadlineExceeded)
+
+// begin begins a unit of work for l on ctx without its cancellation,
+// waiting at most storeTimeout for the store to begin it. The unit lives
+// until its Commit or Rollback, however long the work in it takes, so its
+// context (which a SQL transaction keeps for its whole life) is not given
+// a deadline: a timer cancels it only while Begin has not returned.
+func (m *Middleware) begin(ctx context.Context, l Lease) (Unit, context.Context, error) {
+	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	timer := time.AfterFunc(storeTimeout, func() { cancel(errBeginTimeout) })
+	u, uctx, err := m.tx.Begin(bctx, l)
+	if !timer.Stop() { // the wait ran out: bctx is canceled, and the unit with it
+		if err == nil {
+			_ = u.Rollback()
+		}
+		return nil, ctx, errBeginTimeout
+	}
+	return u, uctx, err
+}
 
 // pollInterval is how often a request waiting on a record in progress reads
 // it (WithMaxInProgressWait).
 const pollInterval = 100 * time.Millisecond
+
+// errNilStore is the error of a Middleware made with a nil store: it
+// answers 503 CodeStoreUnavailable, and its Completer's and Reaper's runs
+// fail with it.
+var errNilStore = errors.New("idempotency: no store (nil): unavailable")
 
 // Middleware makes the guarded requests of the handlers it wraps take
 // effect effectively once within their key scope and replay window (see the
@@ -44,7 +82,8 @@ type Middleware struct {
 
 // New returns the middleware for store, configured by opts. It never fails:
 // option values it cannot honour are documented by each option. A nil store
-// answers every guarded request 503 CodeStoreUnavailable.
+// answers every guarded request 503 CodeStoreUnavailable, and the runs of
+// its Completer and Reaper fail.
 func New(store Store, opts ...Option) *Middleware {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -179,7 +218,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 	m := h.m
 	ctx := r.Context()
 	if m.store == nil {
-		m.refuseStore(ctx, w, req.scope, errors.New("idempotency: nil store"))
+		m.refuseStore(ctx, w, req.scope, errNilStore)
 		return
 	}
 	req.execID = uuid.NewString()
@@ -233,11 +272,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 					"a request with this idempotency key is being processed; retry later with the same key", nil)
 				return
 			}
-			if sleep(ctx, min(left, pollInterval)) != nil {
+			if wait.Sleep(ctx, min(left, pollInterval)) != nil {
 				return // the client went away while it waited: nobody to answer
 			}
 			start := time.Now()
-			rec, err = m.store.Get(ctx, req.scope)
+			gctx, cancel := storeCtx(ctx)
+			rec, err = m.store.Get(gctx, req.scope)
+			cancel()
 			if ctx.Err() != nil {
 				return // the client went away: not a store outage
 			}
@@ -262,20 +303,9 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // claim claims c.Scope, bounded by storeTimeout.
 func (m *Middleware) claim(bg context.Context, c Claim) (ClaimResult, error) {
-	ctx, cancel := context.WithTimeout(bg, storeTimeout)
+	ctx, cancel := storeCtx(bg)
 	defer cancel()
 	start := time.Now()
 	res, err := m.store.Claim(ctx, c)

@@ -188,24 +188,33 @@ func TestDefaultPrincipalAuthorizationDigest(t *testing.T) {
 
 }
 
-// An Authorization header that is empty or blank identifies nobody: by
-// default such a request has no principal and its key is refused, instead
-// of every such caller sharing the scope of the digest of "".
-func TestBlankAuthorizationIsNoPrincipal(t *testing.T) {
+// An Authorization header that carries no credential identifies nobody:
+// empty, blank, or an authentication scheme alone ("Bearer"). By default
+// such a request has no principal and its key is refused, instead of every
+// such caller sharing one scope (the digest of "" or of "Bearer").
+func TestAuthorizationWithoutCredentialIsNoPrincipal(t *testing.T) {
 	h := &payments{}
 	mw := idempotency.New(memstore.New(), idempotency.WithLogger(quiet))
-	for _, vals := range [][]string{{""}, {"   "}, {"\t"}, {"", " "}} {
+	do := func(vals []string) answer {
 		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
 		r.Header["Authorization"] = vals
-		r.Header.Set("Idempotency-Key", "k")
+		r.Header.Set("Idempotency-Key", "k-"+strings.Join(vals, "|"))
 		w := httptest.NewRecorder()
 		mw.Wrap(h).ServeHTTP(w, r)
-		requireProblem(t, answer{w.Code, w.Header(), w.Body.String()}, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
+		return answer{w.Code, w.Header(), w.Body.String()}
+	}
+	for _, vals := range [][]string{{""}, {"   "}, {"\t"}, {"", " "}, {"Bearer"}, {" bearer "}, {"Basic"},
+		{"Bearer", ""}, {"Digest"}, {"Negotiate"}, {"DPoP"}, {"Token"}} {
+		requireProblem(t, do(vals), http.StatusUnauthorized, idempotency.CodePrincipalMissing)
 	}
 	require.Zero(t, h.n.Load(), "the handler never ran")
+	// A credential, with a scheme or without one, is a principal.
+	for _, vals := range [][]string{{"Bearer x"}, {"Basic YWxpY2U6"}, {"sk_live_123"}, {"Bearer", "Bearer x"}} {
+		require.Equal(t, http.StatusCreated, do(vals).Status, vals)
+	}
 }
 
-// WithAnonymousKeys is the explicit opt-in to the old behaviour: every
+// WithAnonymousKeys is the explicit opt-in to one shared scope: every
 // caller without a principal shares the scope "", so the second anonymous
 // caller with the first one's key gets the first one's stored response.
 func TestWithAnonymousKeysSharesOneScope(t *testing.T) {
@@ -752,8 +761,8 @@ func TestWithShutdownCancelsTheHandler(t *testing.T) {
 	})
 }
 
-// Issue 16 point 3: without an Authorization header the default principal
-// is "", so by default anonymous callers must not share one namespace: a
+// Without an Authorization header the default principal is "", so by
+// default anonymous callers must not share one namespace: a
 // second anonymous caller who sends the first one's key (event-derived keys
 // are guessable) gets 401, never the first caller's stored response; only
 // WithAnonymousKeys brings the shared scope back.
@@ -765,8 +774,8 @@ func TestAnonymousCallersDoNotShareKeys(t *testing.T) {
 	second := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization:")
 	requireProblem(t, second, http.StatusUnauthorized, idempotency.CodePrincipalMissing)
 	require.Zero(t, h.n.Load(), "the handler ran for an anonymous guarded request")
-	// An identified caller is served as before, and requests without a key
-	// are not guarded.
+	// An identified caller is served, and requests without a key are not
+	// guarded.
 	a := post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice")
 	require.Equal(t, http.StatusCreated, a.Status, a.Body)
 	requireReplay(t, post(t, srv, "order-confirm-42", `{"amount":5}`, "Authorization: Bearer alice"), a)

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -192,4 +193,57 @@ func TestObserverSeesHeartbeats(t *testing.T) {
 		}
 		assert.Equal(t, []idempotency.Op{idempotency.OpClaim, idempotency.OpHeartbeat, idempotency.OpHeartbeat, idempotency.OpComplete}, ops)
 	})
+}
+
+// An observer that panics when a request claims its key does not leave the
+// key claimed: the execution gives it up, so that the client's retry runs
+// at once instead of getting 409 until the lease expires.
+func TestObserverPanicAtClaimGivesTheKeyUp(t *testing.T) {
+	var panicked atomic.Bool
+	srv := serve(t, memstore.New(), http.HandlerFunc(created), idempotency.WithObserver(idempotency.Observer{
+		Claimed: func(context.Context, idempotency.Event) {
+			if panicked.CompareAndSwap(false, true) {
+				panic("observer bug")
+			}
+		},
+	}))
+	_, err := tryDo(http.MethodPost, srv.URL+"/payments", "k-panic", `{}`)
+	require.Error(t, err, "net/http drops the connection of a handler that panicked")
+	require.True(t, panicked.Load())
+	a := post(t, srv, "k-panic", `{}`)
+	require.Equal(t, http.StatusCreated, a.Status, "body: %s", a.Body)
+	requireFresh(t, a)
+}
+
+// A handler whose record a successor took over while it ran, and whose
+// answer is not stored, lost its lease: it is reported as OutcomeLost (not
+// released, since the record is the successor's), and its client is told
+// to retry (409) instead of getting the unstored failure.
+func TestUnstoredAnswerAfterATakeoverIsLost(t *testing.T) {
+	mem := memstore.New()
+	s := &seen{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		run, _ := idempotency.FromContext(r.Context())
+		rec, err := mem.Get(r.Context(), run.Scope)
+		require.NoError(t, err)
+		// The lease ends (a stall), and a successor takes the record over.
+		now := time.Now()
+		require.NoError(t, mem.EndLease(r.Context(), run.Lease, now))
+		res, err := mem.Claim(r.Context(), idempotency.Claim{Scope: run.Scope, Fingerprint: rec.Fingerprint,
+			FingerprintVersion: rec.FingerprintVersion, Owner: "successor", Now: now.Add(time.Millisecond),
+			LeaseFor: time.Minute})
+		require.NoError(t, err)
+		require.Equal(t, idempotency.ClaimTakenOver, res.Outcome)
+		w.WriteHeader(http.StatusBadGateway)
+	})
+	srv := serve(t, mem, h, idempotency.WithObserver(s.observer()))
+	requireProblem(t, post(t, srv, "k-lost", `{}`), http.StatusConflict, idempotency.CodeInProgress)
+	_, by := s.take()
+	require.Len(t, by["executed"], 1)
+	require.Equal(t, idempotency.OutcomeLost, by["executed"][0].Outcome)
+	require.ErrorIs(t, by["executed"][0].Err, idempotency.ErrLeaseLost)
+	rec, err := mem.Get(t.Context(), idempotency.Scope{Principal: by["executed"][0].Scope.Principal,
+		Method: "POST", Route: "POST /payments", Key: "k-lost"})
+	require.NoError(t, err)
+	require.Equal(t, "successor", rec.Owner, "the successor's record is left alone")
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -79,14 +80,31 @@ func defaultConfig() config {
 
 // authorizationPrincipal is the default principal: "authz:" and the hex
 // SHA-256 of the request's Authorization field lines joined by newlines, or
-// "" (no principal) when there is none or it holds only spaces.
+// "" (no principal) when no line carries a credential.
 func authorizationPrincipal(r *http.Request) (string, error) {
-	joined := strings.Join(r.Header.Values("Authorization"), "\n")
-	if strings.TrimSpace(joined) == "" {
+	vals := r.Header.Values("Authorization")
+	if !slices.ContainsFunc(vals, hasCredential) {
 		return "", nil
 	}
-	sum := sha256.Sum256([]byte(joined))
+	sum := sha256.Sum256([]byte(strings.Join(vals, "\n")))
 	return "authz:" + hex.EncodeToString(sum[:]), nil
+}
+
+// authSchemes are the authentication schemes of the IANA registry, and a
+// few common unregistered ones, lower-cased: an Authorization value that
+// is one of them alone carries no credential.
+var authSchemes = map[string]bool{
+	"basic": true, "bearer": true, "concealed": true, "digest": true, "dpop": true, "gnap": true,
+	"hoba": true, "mutual": true, "negotiate": true, "ntlm": true, "oauth": true, "privatetoken": true,
+	"scram-sha-1": true, "scram-sha-256": true, "vapid": true, "token": true, "apikey": true,
+	"aws4-hmac-sha256": true,
+}
+
+// hasCredential reports whether an Authorization value carries a
+// credential: it is neither blank nor an authentication scheme alone.
+func hasCredential(v string) bool {
+	v = strings.TrimSpace(v)
+	return v != "" && !authSchemes[strings.ToLower(v)]
 }
 
 func headerSet(names []string) map[string]bool {
@@ -109,8 +127,8 @@ func headerSet(names []string) map[string]bool {
 //
 // Default: the SHA-256 of the Authorization header, which is no
 // authentication (anyone holding the same header shares the scope, and a
-// rotated token is a new principal); an absent, empty or blank header is no
-// principal.
+// rotated token is a new principal); a header without a credential (absent,
+// blank, or a scheme alone such as "Bearer") is no principal.
 func WithPrincipal(f func(*http.Request) (string, error)) Option {
 	return func(c *config) {
 		if f != nil {
@@ -212,7 +230,10 @@ func WithReplayHeaders(names ...string) Option {
 
 // WithMaxRequestBody sets the largest request body read and fingerprinted on
 // a guarded request (default 1 MiB); a larger one gets 413
-// CodeRequestTooLarge. Values <= 0 keep the default.
+// CodeRequestTooLarge. Values <= 0 keep the default. The middleware reads
+// the body before the handler runs; as any handler's read, it is bounded in
+// time by the server: set http.Server.ReadTimeout (or ReadHeaderTimeout and
+// a read deadline through http.ResponseController in an outer handler).
 func WithMaxRequestBody(n int64) Option {
 	return func(c *config) {
 		if n > 0 {

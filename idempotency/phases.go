@@ -150,7 +150,7 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 		return misuse("a phase name has 1 to %d bytes", maxPhaseName)
 	case r.inPhase:
 		return misuse("another phase is running")
-	case r.unit != nil || r.unitErr != nil:
+	case r.unit != nil || r.unitErr != nil || r.beginning:
 		return misuse("the request's unit of work is open; run phases before using it")
 	case r.seen[name]:
 		return misuse("phase name used twice in one execution")
@@ -187,13 +187,6 @@ func (r *Run) saved(rec recovery, point string) {
 	r.mu.Unlock()
 }
 
-// storeCtx is the context of the record writes of a phase: they go on when
-// the client goes away (the work is done; recording it is what makes a retry
-// safe), bounded by storeTimeout.
-func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-}
-
 // lost cancels the handler when a write found the lease lost.
 func (r *Run) lost(err error) {
 	if errors.Is(err, ErrLeaseLost) && r.cancel != nil {
@@ -213,7 +206,7 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 	if !force && now.Before(until) {
 		return nil
 	}
-	sctx, cancel := storeCtx(ctx)
+	sctx, cancel := storeCtx(context.WithoutCancel(ctx)) // on when the client goes away, as commit's
 	defer cancel()
 	next := now.Add(r.m.cfg.lease)
 	if err := r.m.store.Heartbeat(sctx, r.Lease, next); err != nil {
@@ -262,7 +255,7 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 	}
 	pc := &phaseCtx{run: r}
 	if r.m.tx != nil {
-		u, uctx, err := r.m.tx.Begin(context.WithoutCancel(ctx), r.Lease)
+		u, uctx, err := r.m.begin(ctx, r.Lease)
 		if err != nil {
 			return nil, &PhaseError{Phase: name, Op: "begin", Err: err}
 		}
@@ -287,7 +280,9 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 // commit writes rec as the recovery data at point: in unit when there is
 // one, else straight to the store. Both are conditional on the lease.
 func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery) error {
-	sctx, cancel := storeCtx(ctx)
+	// The record's writes go on when the client goes away: the work is
+	// done, and recording it is what makes a retry safe.
+	sctx, cancel := storeCtx(context.WithoutCancel(ctx))
 	defer cancel()
 	data, now := rec.encode(), time.Now()
 	var err error

@@ -101,7 +101,9 @@ func (s *shop) onCommit(ctx context.Context, run *idempotency.Run, f func()) {
 		f() // a plain store: the write is not transactional
 		return
 	}
-	u.(interface{ OnCommit(func()) }).OnCommit(func() { s.mu.Lock(); f(); s.mu.Unlock() })
+	if err := memstore.OnCommit(u, func() { s.mu.Lock(); f(); s.mu.Unlock() }); err != nil {
+		panic(err)
+	}
 }
 
 func (s *shop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -340,7 +342,7 @@ func TestPhaseFencing(t *testing.T) {
 						}
 						u, _, err := run.Unit(ctx)
 						require.NoError(t, err)
-						u.(interface{ OnCommit(func()) }).OnCommit(func() { mu.Lock(); committed = append(committed, who); mu.Unlock() })
+						require.NoError(t, memstore.OnCommit(u, func() { mu.Lock(); committed = append(committed, who); mu.Unlock() }))
 						return []byte("charge by " + who), nil
 					})
 					if who == "A" {
@@ -376,7 +378,8 @@ func TestPhaseFencing(t *testing.T) {
 					require.Equal(t, "commit", pe.Op, "the fence holds at the commit")
 				}
 				a := <-aDone
-				require.Equal(t, http.StatusInternalServerError, a.Code, "A's unstored failure goes to its client")
+				require.Equal(t, http.StatusCreated, a.Code, "A lost its record: its client gets B's stored answer")
+				requireReplayed(t, a, "done by B")
 				requireReplayed(t, send(t, h, "order-42", `{}`), "done by B")
 				require.Equal(t, []string{"B"}, committed, "A's phase writes never committed")
 				rec, err := mem.Get(t.Context(), payScope)
@@ -567,7 +570,7 @@ func TestPhaseFunctionError(t *testing.T) {
 			run, _ := idempotency.FromContext(r.Context())
 			_, err = run.Phase(r.Context(), "order", func(ctx context.Context) ([]byte, error) {
 				u, _, _ := run.Unit(ctx)
-				u.(interface{ OnCommit(func()) }).OnCommit(func() { committed.Store(true) })
+				require.NoError(t, memstore.OnCommit(u, func() { committed.Store(true) }))
 				return nil, boom
 			})
 			http.Error(w, "no", http.StatusConflict)

@@ -13,18 +13,27 @@ import (
 // (in progress, its lease ended before the horizon) it reports it
 // (Observer.Unfinished; the logging observer logs it at Warn), for a person
 // to check its side effects. A Reaper is safe for concurrent use, and
-// several may share a store.
+// several may share a store. When several Middlewares with different
+// policies share a store, run the Reaper of the one with the longest replay
+// window only: another deletes records that one would still replay.
 type Reaper struct {
-	m             *Middleware
-	batch         int // records per DeleteBefore call
-	maxBatches    int // DeleteBefore calls per run
-	maxUnfinished int // unfinished records listed per page
+	m *Middleware
 }
+
+// The bounds of one ReapOnce, and Start's pause between runs while one
+// reports More: 50,000 records a run, and runs back to back until the
+// backlog is gone.
+const (
+	reapBatch      = 500         // records per DeleteBefore call
+	reapMaxBatches = 100         // DeleteBefore calls per run
+	reapPage       = 100         // unfinished records listed per page
+	reapAgainAfter = time.Second // Start's pause before the next run while a run reports More
+)
 
 // Reaper returns a Reaper for m's store and policy. It starts nothing: call
 // ReapOnce, or Start.
 func (m *Middleware) Reaper() *Reaper {
-	return &Reaper{m: m, batch: 500, maxBatches: 100, maxUnfinished: 100}
+	return &Reaper{m: m}
 }
 
 // ReaperReport is what one ReapOnce did.
@@ -41,7 +50,7 @@ type ReaperReport struct {
 	// (taken over, updated, or not reached).
 	Skipped int
 	// More is true when the run stopped before it reached every record past
-	// the horizon (100 batches of 500); the next run goes on.
+	// the horizon (100 batches of 500); Start runs the next one a second later.
 	More bool
 }
 
@@ -50,7 +59,8 @@ type ReaperReport struct {
 // delete it; it deletes in batches of 500, only below the lease end of the
 // last unfinished record listed while more may be unlisted, for at most 100
 // batches. On a store error it stops and returns the report so far with the
-// error, wrapped; ctx's end stops it between calls.
+// error, wrapped; ctx's end stops it between calls. Without a store
+// (New(nil)) every run fails.
 func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (ReaperReport, error) {
 	rep, err := r.reapOnce(ctx, now)
 	r.m.obs.reaperRun(ctx, rep, err)
@@ -59,15 +69,20 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 
 func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, error) {
 	rep := ReaperReport{Horizon: now.Add(-r.m.horizon)}
+	if r.m.store == nil {
+		return rep, fmt.Errorf("idempotency: reaper: %w", errNilStore)
+	}
 
 	logged := make(map[Scope]int64) // scope -> generation listed and logged in this run
-	limit := r.maxUnfinished
+	limit := reapPage
 	lastFull := false // the last DeleteBefore batch was full
 	for {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		page, err := r.m.store.Abandoned(ctx, rep.Horizon, limit)
+		sctx, cancel := storeCtx(ctx)
+		page, err := r.m.store.Abandoned(sctx, rep.Horizon, limit)
+		cancel()
 		if err != nil {
 			return rep, fmt.Errorf("idempotency: reaper: listing unfinished records: %w", err)
 		}
@@ -100,36 +115,40 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 				continue
 			}
 		}
-		for rep.Batches < r.maxBatches {
+		for rep.Batches < reapMaxBatches {
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
-			n, err := r.m.store.DeleteBefore(ctx, cut, r.batch)
+			sctx, cancel := storeCtx(ctx)
+			n, err := r.m.store.DeleteBefore(sctx, cut, reapBatch)
+			cancel()
 			if err != nil {
 				return rep, fmt.Errorf("idempotency: reaper: deleting: %w", err)
 			}
 			rep.Batches++
 			rep.Deleted += n
-			lastFull = n >= r.batch
+			lastFull = n >= reapBatch
 			if !lastFull {
 				break
 			}
 		}
-		if rep.Batches >= r.maxBatches && lastFull {
+		if rep.Batches >= reapMaxBatches && lastFull {
 			rep.More = true
 			break
 		}
 		if !full {
 			break
 		}
-		if rep.Batches >= r.maxBatches {
+		if rep.Batches >= reapMaxBatches {
 			rep.More = true // unfinished records may be left unlisted
 			break
 		}
 	}
 
 	for _, rec := range rep.Unfinished {
-		_, err := r.m.store.Get(ctx, rec.Scope)
+		sctx, cancel := storeCtx(ctx)
+		_, err := r.m.store.Get(sctx, rec.Scope)
+		cancel()
 		switch {
 		case err == nil:
 			rep.Skipped++
@@ -141,13 +160,19 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 	return rep, nil
 }
 
-// Start runs ReapOnce in a background goroutine, at once and then every
-// interval (default and <= 0: ten minutes), until ctx ends or stop is
+// Start runs ReapOnce in a background goroutine, at once and then interval
+// after each run (default and <= 0: ten minutes), or one second after a run
+// that reports More, until the backlog is gone; until ctx ends or stop is
 // called. stop cancels the loop and waits for the goroutine; it is safe to
 // call more than once.
 func (r *Reaper) Start(ctx context.Context, interval time.Duration) (stop func()) {
 	if interval <= 0 {
 		interval = 10 * time.Minute
 	}
-	return every(ctx, interval, func(ctx context.Context) { _, _ = r.ReapOnce(ctx, time.Now()) })
+	return every(ctx, func(ctx context.Context) time.Duration {
+		if rep, err := r.ReapOnce(ctx, time.Now()); err == nil && rep.More {
+			return reapAgainAfter
+		}
+		return interval
+	})
 }

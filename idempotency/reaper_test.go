@@ -64,21 +64,18 @@ func exists(t *testing.T, s idempotency.Store, key string) bool {
 }
 
 // reaper returns the Reaper of a middleware over s with a one-hour cleanup
-// horizon (over a 30-minute replay window) and the given limits (0: the
-// defaults).
-func reaper(s idempotency.Store, log *slog.Logger, batch, maxBatches, maxUnfinished int) *idempotency.Reaper {
-	r := idempotency.New(s, idempotency.WithLogger(log), idempotency.WithReplayWindow(30*time.Minute),
+// horizon (over a 30-minute replay window).
+func reaper(s idempotency.Store, log *slog.Logger) *idempotency.Reaper {
+	return idempotency.New(s, idempotency.WithLogger(log), idempotency.WithReplayWindow(30*time.Minute),
 		idempotency.WithCleanupHorizon(time.Hour)).Reaper()
-	idempotency.SetReaperLimits(r, batch, maxBatches, maxUnfinished)
-	return r
 }
 
-// By default the horizon is 72 hours.
+// By default the horizon is 72 hours; records go in batches of 500.
 func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 	s := memstore.New()
 	now := reapT0.Add(100 * time.Hour)
-	for _, k := range []string{"old-1", "old-2", "old-3", "old-4", "old-5"} {
-		seed(t, s, k, reapT0, true) // 100 h old
+	for i := range 1001 {
+		seed(t, s, fmt.Sprintf("old-%d", i), reapT0, true) // 100 h old
 	}
 	seed(t, s, "edge", now.Add(-72*time.Hour), true) // exactly at the horizon: kept
 	seed(t, s, "young", now.Add(-71*time.Hour), true)
@@ -86,12 +83,11 @@ func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 
 	log, buf := bufLogger()
 	r := idempotency.New(s, idempotency.WithLogger(log)).Reaper()
-	idempotency.SetReaperLimits(r, 2, 0, 0)
 	rep, err := r.ReapOnce(t.Context(), now)
 	require.NoError(t, err)
 	require.True(t, rep.Horizon.Equal(now.Add(-72*time.Hour)))
-	require.Equal(t, 5, rep.Deleted)
-	require.Equal(t, 3, rep.Batches, "2 + 2 + 1: stops at the short batch")
+	require.Equal(t, 1001, rep.Deleted)
+	require.Equal(t, 3, rep.Batches, "500 + 500 + 1: stops at the short batch")
 	require.False(t, rep.More)
 	require.Empty(t, rep.Unfinished)
 	require.Zero(t, rep.Skipped)
@@ -100,7 +96,7 @@ func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 		require.True(t, exists(t, s, k), k)
 	}
 	require.Contains(t, buf.String(), "level=INFO msg=\"idempotency reaper: run finished\"")
-	require.Contains(t, buf.String(), "deleted=5")
+	require.Contains(t, buf.String(), "deleted=1001")
 
 	// Nothing left to do: one empty batch, logged at Debug only.
 	buf.Reset()
@@ -109,27 +105,6 @@ func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 	require.Zero(t, rep.Deleted)
 	require.Equal(t, 1, rep.Batches)
 	require.Contains(t, buf.String(), "level=DEBUG")
-}
-
-func TestReapOnceStopsAtMaxBatches(t *testing.T) {
-	s := memstore.New()
-	for i := range 7 {
-		seed(t, s, string(rune('a'+i)), reapT0, true)
-	}
-	r := reaper(s, quiet, 3, 2, 0)
-	now := reapT0.Add(2 * time.Hour)
-	rep, err := r.ReapOnce(t.Context(), now)
-	require.NoError(t, err)
-	require.Equal(t, 6, rep.Deleted)
-	require.Equal(t, 2, rep.Batches)
-	require.True(t, rep.More)
-	require.Equal(t, 1, s.Len())
-
-	rep, err = r.ReapOnce(t.Context(), now)
-	require.NoError(t, err)
-	require.Equal(t, 1, rep.Deleted)
-	require.False(t, rep.More)
-	require.Zero(t, s.Len())
 }
 
 func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
@@ -184,20 +159,6 @@ func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
 	require.NotContains(t, out, "principal=")
 }
 
-func TestReapOnceCountsUnfinishedItLeftAsSkipped(t *testing.T) {
-	s := memstore.New()
-	seed(t, s, "done-1", reapT0, true)
-	seed(t, s, "done-2", reapT0.Add(time.Second), true)
-	seed(t, s, "stuck", reapT0.Add(2*time.Second), false) // newest UpdatedAt: deleted last
-	rep, err := reaper(s, quiet, 1, 2, 0).ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
-	require.NoError(t, err)
-	require.Equal(t, 2, rep.Deleted)
-	require.True(t, rep.More)
-	require.Len(t, rep.Unfinished, 1)
-	require.Equal(t, 1, rep.Skipped, "the batch bound left the unfinished record for the next run")
-	require.True(t, exists(t, s, "stuck"))
-}
-
 // opFails fails the named operation with errBoom.
 type opFails struct {
 	idempotency.Store
@@ -236,7 +197,7 @@ func TestReapOnceStoreErrors(t *testing.T) {
 		t.Run(op, func(t *testing.T) {
 			s := memstore.New()
 			seed(t, s, "stuck", reapT0, false)
-			_, err := reaper(opFails{Store: s, fail: op}, quiet, 0, 0, 0).ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
+			_, err := reaper(opFails{Store: s, fail: op}, quiet).ReapOnce(t.Context(), reapT0.Add(2*time.Hour))
 			require.ErrorIs(t, err, errBoom)
 			require.EqualError(t, err, msg)
 		})
@@ -244,7 +205,7 @@ func TestReapOnceStoreErrors(t *testing.T) {
 	t.Run("canceled", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		_, err := reaper(memstore.New(), quiet, 0, 0, 0).ReapOnce(ctx, reapT0)
+		_, err := reaper(memstore.New(), quiet).ReapOnce(ctx, reapT0)
 		require.ErrorIs(t, err, context.Canceled)
 	})
 }
@@ -367,7 +328,7 @@ func TestReapOnceLogsEveryUnfinishedRecordItDeletes(t *testing.T) {
 			}
 			seed(t, s, "young", reapT0.Add(99*time.Hour), false)
 			log, buf := bufLogger()
-			rep, err := reaper(s, log, 40, 0, 100).ReapOnce(t.Context(), reapT0.Add(100*time.Hour))
+			rep, err := reaper(s, log).ReapOnce(t.Context(), reapT0.Add(100*time.Hour))
 			require.NoError(t, err)
 			require.Equal(t, n+30, rep.Deleted)
 			require.False(t, rep.More)
@@ -388,18 +349,84 @@ func TestReapOnceLogsEveryUnfinishedRecordItDeletes(t *testing.T) {
 func TestReapOnceNeverDeletesAnUnlistedUnfinishedRecord(t *testing.T) {
 	s := memstore.New()
 	now := reapT0.Add(100 * time.Hour)
-	for i := range 2 {
+	const page = 100 // unfinished records listed per page
+	for i := range page {
 		rec := seed(t, s, fmt.Sprintf("late-%d", i), reapT0.Add(time.Duration(i)*time.Second), false)
 		// A late phase commit by an owner whose lease had ended: updated
 		// after the horizon, so not deletable yet.
 		require.NoError(t, s.SetRecoveryPoint(t.Context(), rec.Lease(), "order", nil, now.Add(-time.Minute)))
 	}
-	seed(t, s, "unlisted", reapT0.Add(time.Minute), false)
+	seed(t, s, "unlisted", reapT0.Add(time.Hour), false)
 	log, buf := bufLogger()
-	rep, err := reaper(s, log, 0, 0, 2).ReapOnce(t.Context(), now)
+	rep, err := reaper(s, log).ReapOnce(t.Context(), now)
 	require.NoError(t, err)
 	require.True(t, rep.More)
 	require.True(t, exists(t, s, "unlisted"), "deleted without being logged")
 	require.NotContains(t, buf.String(), keygen.Digest("unlisted"))
-	require.Equal(t, 2, rep.Skipped)
+	require.Equal(t, page, rep.Skipped)
+}
+
+// A Middleware without a store answers 503; its Completer's and Reaper's
+// runs fail with an error instead of panicking, also under Start, which
+// logs them and goes on.
+func TestJobsWithoutAStoreFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log, buf := bufLogger()
+		mw := idempotency.New(nil, idempotency.WithLogger(log))
+		_, err := mw.Reaper().ReapOnce(t.Context(), time.Now())
+		require.ErrorContains(t, err, "idempotency: reaper: idempotency: no store (nil)")
+		_, err = mw.Completer(nil).RunOnce(t.Context())
+		require.ErrorContains(t, err, "idempotency: completer: idempotency: no store (nil)")
+
+		stopReaper := mw.Reaper().Start(t.Context(), 0)
+		stopCompleter := mw.Completer(nil).Start(t.Context(), 0)
+		synctest.Wait()
+		stopReaper()
+		stopCompleter()
+		require.Contains(t, buf.String(), `level=ERROR msg="idempotency reaper: run failed"`)
+		require.Contains(t, buf.String(), `level=ERROR msg="idempotency completer: run failed"`)
+	})
+}
+
+// A backlog larger than one run (50,000 records: 100 batches of 500) is
+// worked off by runs back to back, a second apart, not one run per
+// interval: the Reaper keeps up with any sustained rate of new keys. A run
+// cut short by its bound leaves the unfinished records it listed but did
+// not reach, and counts them as Skipped; the next run deletes them.
+func TestReaperStartWorksOffABacklogAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memstore.New()
+		old := time.Now().Add(-100 * time.Hour)
+		const backlog = 50_000
+		for i := range backlog {
+			seed(t, s, fmt.Sprintf("done-%05d", i), old, true)
+		}
+		seed(t, s, "stuck", old.Add(time.Second), false) // the newest update: deleted last
+		mw, errs, reps := reaperRuns(s, quiet)
+		start := time.Now()
+		stop := mw.Reaper().Start(t.Context(), 0)
+		defer stop()
+
+		require.NoError(t, <-errs)
+		rep := <-reps
+		require.Equal(t, backlog, rep.Deleted)
+		require.Equal(t, 100, rep.Batches)
+		require.True(t, rep.More)
+		require.Len(t, rep.Unfinished, 1)
+		require.Equal(t, 1, rep.Skipped, "the batch bound left the unfinished record for the next run")
+		require.True(t, exists(t, s, "stuck"))
+
+		require.NoError(t, <-errs)
+		rep = <-reps
+		require.Equal(t, time.Second, time.Since(start), "the next run comes at once, not after the interval")
+		require.Equal(t, 1, rep.Deleted)
+		require.False(t, rep.More)
+		require.Len(t, rep.Unfinished, 1)
+		require.Zero(t, rep.Skipped)
+		require.Zero(t, s.Len())
+
+		require.NoError(t, <-errs)
+		<-reps
+		require.Equal(t, time.Second+10*time.Minute, time.Since(start), "then the interval again")
+	})
 }

@@ -35,8 +35,11 @@ type Run struct {
 	created      time.Time               // the record's CreatedAt: the base without an ID
 	cancel       context.CancelCauseFunc // cancels the handler's context
 
+	beginMu sync.Mutex // held by Unit while it begins the request's unit
+
 	mu         sync.Mutex
 	leaseUntil time.Time
+	beginning  bool            // Unit is beginning the request's unit
 	unit       Unit            // the request's unit, once begun
 	unitCtx    context.Context // Begin's context for unit
 	unitErr    error           // Begin's error, kept for the completion
@@ -104,26 +107,46 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	if r.m.tx == nil {
 		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work (not a Transactor): %w", errors.ErrUnsupported)
 	}
+	// One Unit call at a time begins the unit, without holding r.mu while
+	// the store begins it: a heartbeat and the phases' checks go on.
+	r.beginMu.Lock()
+	defer r.beginMu.Unlock()
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	switch {
 	case r.done:
+		r.mu.Unlock()
 		return nil, ctx, errRunDone
 	case r.inPhase:
 		// ctx is not the phase's: the request's unit would take the
 		// phase's writes out of the phase.
+		r.mu.Unlock()
 		return nil, ctx, &PhaseError{Phase: r.phase, Op: "use", Err: fmt.Errorf(
 			"%w: the request's unit asked for while phase %q runs; use the context the phase gave its function", ErrMisuse, r.phase)}
 	case r.unitErr != nil:
+		r.mu.Unlock()
 		return nil, ctx, r.unitErr
-	case r.unit == nil:
-		u, uctx, err := r.m.tx.Begin(r.bg, r.Lease)
-		if err != nil {
-			r.unitErr = err
-			return nil, ctx, err
-		}
-		r.unit, r.unitCtx = u, uctx
+	case r.unit != nil:
+		r.mu.Unlock()
+		return r.unit, mergeValues(ctx, r.unitCtx), nil
 	}
+	r.beginning = true // no phase may start from now on
+	r.mu.Unlock()
+
+	u, uctx, err := r.m.begin(r.bg, r.Lease)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.beginning = false
+	switch {
+	case err != nil:
+		r.unitErr = err
+		return nil, ctx, err
+	case r.done:
+		// The handler returned while the unit began (Unit was called by
+		// a goroutine of its own): the completion never sees this unit.
+		_ = u.Rollback()
+		return nil, ctx, errRunDone
+	}
+	r.unit, r.unitCtx = u, uctx
 	return r.unit, mergeValues(ctx, r.unitCtx), nil
 }
 

@@ -237,7 +237,7 @@ type Store interface {
 
 // Transactor is implemented by stores that can commit a handler's own
 // writes and the record's in one transaction (sqlstore; memstore, whose
-// units apply a handler's OnCommit writes with the record's). The
+// units apply a handler's memstore.OnCommit writes with the record's). The
 // middleware and the phases use it when the store offers it.
 type Transactor interface {
 	// Begin starts a unit of work for the owner of l. The returned context

@@ -9,7 +9,9 @@
 //
 // Run it with -h for the flags. Exit status: 0 when no check failed, 1 when
 // one failed, 2 when the target could not be checked (unreachable, or its
-// first answer is not a success) or the command line is wrong.
+// first answer is not a success) or the command line is wrong. The error
+// goes to stderr; with -json, stdout holds the report all the same, with
+// the checks that ran (maybe none).
 package main
 
 import (
@@ -37,15 +39,17 @@ const maxBodyFile = 10 << 20
 const usage = `usage: idemcheck [flags] URL
 
 Checks that the endpoint at URL honours the Idempotency-Key header. It sends
-the request (-X, -d, -H) under fresh keys, 11 times plus -n (and up to 3
-retries after a conflict), and reports the checks replay, concurrent,
-in_progress, mismatch, scope, invalid_key and marker. The request must
-succeed under a fresh key every time, and the run creates six effects:
-point it at a sandbox or staging API.
+the request (-X, -d, -H) under fresh keys, 11 times plus -n (up to 2n more
+when the first burst of -n sees no conflict, up to 3 retries after a
+conflict, 3 more when malformed keys are accepted), and reports the checks
+replay, concurrent, in_progress, mismatch, scope, invalid_key and marker.
+The request must succeed under a fresh key every time, and the run creates
+six effects (up to eleven): point it at a sandbox or staging API.
 
 Exit status: 0 when no check failed, 1 when one failed, 2 when the target
 could not be checked (unreachable, or its first answer is not a 2xx) or the
-command line is wrong.
+command line is wrong; the error goes to stderr, and with -json stdout
+holds the report all the same, with the checks that ran (maybe none).
 
 Example:
   idemcheck -H 'Authorization: Bearer tok_1' -H 'Content-Type: application/json' \
@@ -74,7 +78,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&other, "other", "a header of a second principal, `'Name: value'`, such as another\n"+
 		"Authorization (repeatable); it replaces the same -H header and runs the scope check")
 	fs.StringVar(&cfg.IDField, "id-field", "", "the JSON `member` of a success answer that identifies the effect\n"+
-		"it created (a.b reaches into objects); without it effects are told apart by their bodies")
+		"it created (a.b reaches into objects); without it effects are told apart by their bodies,\n"+
+		"and a body that varies by answer (a timestamp) makes a replay look like a new effect")
 	fs.IntVar(&cfg.N, "n", idemcheck.DefaultN, "concurrent duplicates (at most 256)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.StringVar(&cfg.KeyHeader, "key-header", idemcheck.DefaultKeyHeader, "the `header` that carries the key")
@@ -94,7 +99,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 		_, _ = out.WriteTo(stderr)
 		return 2
 	}
+	printed := false
+	report := func(rep idemcheck.Report) {
+		printed = true
+		if !*asJSON {
+			fmt.Fprint(stdout, rep.String())
+			return
+		}
+		if rep.Target == "" {
+			rep.Target = cfg.URL
+		}
+		if rep.Checks == nil {
+			rep.Checks = []idemcheck.Check{} // JSON: a list, never null
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	}
+	// fail reports an error that stops the run: on stderr, and with -json
+	// the report so far (maybe no check) on stdout, which stays JSON.
 	fail := func(err error) int {
+		if *asJSON && !printed {
+			report(idemcheck.Report{})
+		}
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
@@ -123,13 +150,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rep, err := idemcheck.Run(ctx, cfg)
 	if err == nil || len(rep.Checks) > 0 {
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(rep)
-		} else {
-			fmt.Fprint(stdout, rep.String())
-		}
+		report(rep)
 	}
 	switch {
 	case err != nil:

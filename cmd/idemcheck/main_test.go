@@ -115,6 +115,28 @@ func TestTargetDownExitsTwo(t *testing.T) {
 	require.Contains(t, stderr, "nothing accepted connections at "+ln.Addr().String()+" within 200ms (-wait)")
 }
 
+// With -json, stdout holds the report even when the target could not be
+// checked: {"target": ..., "checks": []}, the error on stderr, so that a
+// CI step that saves stdout gets JSON.
+func TestJSONWhenTheTargetCannotBeChecked(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	url := "http://" + ln.Addr().String() + "/payments"
+	require.NoError(t, ln.Close())
+	for _, args := range [][]string{{"-json", url}, {"-json", "ftp://a/"}, {"-json"}} {
+		code, stdout, stderr := runCmd(args...)
+		require.Equal(t, 2, code, args)
+		var rep map[string]any
+		require.NoError(t, json.Unmarshal([]byte(stdout), &rep), "%v: stdout %q", args, stdout)
+		require.Equal(t, []string{"checks", "target"}, keys(rep))
+		require.Equal(t, []any{}, rep["checks"])
+		require.NotEmpty(t, stderr)
+	}
+	_, stdout, stderr := runCmd("-json", url)
+	require.Contains(t, stdout, `"target": "`+url+`"`)
+	require.Contains(t, stderr, "could not be checked: no answer to the first request")
+}
+
 func TestTarget404ExitsTwo(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	defer srv.Close()

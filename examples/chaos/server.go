@@ -363,11 +363,13 @@ func (a *api) createInMemory(w http.ResponseWriter, r *http.Request, key string,
 	id := a.b.ledger.id()
 	if run, ok := idempotency.FromContext(r.Context()); ok {
 		u, _, err := run.Unit(r.Context())
+		if err == nil {
+			err = memstore.OnCommit(u, func() { a.b.ledger.add(key, id) })
+		}
 		if err != nil {
 			http.Error(w, "storage failed", http.StatusServiceUnavailable)
 			return
 		}
-		u.(interface{ OnCommit(func()) }).OnCommit(func() { a.b.ledger.add(key, id) })
 	} else {
 		a.b.ledger.add(key, id)
 	}

@@ -17,9 +17,12 @@
 // charge, one receipt.
 //
 // With -serve, it serves the same payments API (without the faults, and
-// with a second account) until interrupted, as a target for idemcheck:
+// with a second account) until interrupted, as a target for idemcheck;
+// -delay makes each payment take that long, so that duplicates sent
+// meanwhile get the in-progress conflict that idemcheck's in_progress
+// check retries after:
 //
-//	go run ./examples/payments -serve 127.0.0.1:8099
+//	go run ./examples/payments -serve 127.0.0.1:8099 -delay 200ms
 package main
 
 import (
@@ -58,13 +61,15 @@ import (
 func main() {
 	addr := flag.String("serve", "", "serve the payments API on `host:port` until interrupted (SIGINT, SIGTERM),\n"+
 		"without the demo's faults, instead of running the demo")
+	delay := flag.Duration("delay", 0, "with -serve, how long each payment takes before its first phase\n"+
+		"(duplicates sent meanwhile get 409 in progress)")
 	flag.Parse()
 	if *addr != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		ln, err := net.Listen("tcp", *addr)
 		if err == nil {
-			err = serve(ctx, ln, os.Stdout)
+			err = serve(ctx, ln, os.Stdout, *delay)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "payments:", err)
@@ -170,6 +175,7 @@ type api struct {
 	processor string
 	client    *http.Client
 	out       *printer
+	delay     time.Duration // how long a payment takes before its first phase
 }
 
 func (a *api) pay(w http.ResponseWriter, r *http.Request) {
@@ -184,6 +190,14 @@ func (a *api) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	orderRef, amount := in.Order, in.Amount
+	if a.delay > 0 { // a slow payment: a duplicate sent meanwhile gets 409
+		t := time.NewTimer(a.delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
 
 	// Phase 1: the order, in the phase's own transaction.
 	ran := false
@@ -327,7 +341,7 @@ type app struct {
 
 // newApp opens the database in dir, creates the tables and returns the API;
 // the processor is down for its first down charges.
-func newApp(ctx context.Context, dir string, out *printer, down int) (*app, error) {
+func newApp(ctx context.Context, dir string, out *printer, down int, delay time.Duration) (*app, error) {
 	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "payments.db")))
 	if err != nil {
 		return nil, err
@@ -356,7 +370,8 @@ func newApp(ctx context.Context, dir string, out *printer, down int) (*app, erro
 	proc := &processor{out: out, down: down, charges: map[string]string{}}
 	procSrv := httptest.NewServer(proc)
 	transport := &http.Transport{}
-	a := &api{db: db, processor: procSrv.URL, client: &http.Client{Transport: transport, Timeout: 5 * time.Second}, out: out}
+	a := &api{db: db, processor: procSrv.URL, client: &http.Client{Transport: transport, Timeout: 5 * time.Second},
+		out: out, delay: delay}
 	// The principal scopes every key: it must be the account that the
 	// server's authentication VERIFIED, never a value the client sets
 	// freely (an "X-Account" header would let anyone who knows or guesses
@@ -388,15 +403,15 @@ func newApp(ctx context.Context, dir string, out *printer, down int) (*app, erro
 
 // serve serves the payments API on ln until ctx ends, without faults, and
 // with two accounts (bearer tokens tok_demo_acct_1 and tok_demo_acct_2), as
-// a target for idemcheck. It prints where it listens, and what the database
-// holds when it stops.
-func serve(ctx context.Context, ln net.Listener, w io.Writer) error {
+// a target for idemcheck; each payment waits delay first. It prints where
+// it listens, and what the database holds when it stops.
+func serve(ctx context.Context, ln net.Listener, w io.Writer, delay time.Duration) error {
 	dir, err := os.MkdirTemp("", "saferetry-payments")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	app, err := newApp(ctx, dir, &printer{w: io.Discard}, 0)
+	app, err := newApp(ctx, dir, &printer{w: io.Discard}, 0, delay)
 	if err != nil {
 		return err
 	}
@@ -438,7 +453,7 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	app, err := newApp(ctx, dir, out, 1)
+	app, err := newApp(ctx, dir, out, 1, 0)
 	if err != nil {
 		return res, err
 	}

@@ -81,11 +81,8 @@ func WithMaxBytes(n int) Option {
 //
 // A record costs about 600 bytes plus its scope, its response and, while in
 // progress, its stored request, which it drops at completion. Its Units
-// apply their writes at Commit, under the store's lock; a Unit also has a
-// method OnCommit(f func()) (reach it with a type assertion to
-// interface{ OnCommit(func()) }) that runs f under that lock at a
-// successful Commit, so that a handler's own in-memory writes commit with
-// the record.
+// apply their writes at Commit, under the store's lock; OnCommit adds a
+// handler's own in-memory writes to them.
 func New(opts ...Option) *Store {
 	m := &Store{
 		records:    make(map[idempotency.Scope]*memRecord),

@@ -36,14 +36,18 @@ func TestUnitOnCommit(t *testing.T) {
 	var applied int
 	u, _, err := s.Begin(t.Context(), rec.Lease())
 	require.NoError(t, err)
-	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
+	require.NoError(t, memstore.OnCommit(u, func() { applied++ }))
 	require.NoError(t, u.Rollback())
 	require.ErrorContains(t, u.Commit(), "already committed or rolled back")
 	require.Zero(t, applied, "a rolled-back unit ran its hook")
+	require.ErrorContains(t, memstore.OnCommit(u, func() { applied++ }), "already committed or rolled back")
+	// Another store's unit, or none, has no hooks.
+	require.ErrorIs(t, memstore.OnCommit(otherUnit{}, func() {}), errors.ErrUnsupported)
+	require.ErrorIs(t, memstore.OnCommit(nil, func() {}), errors.ErrUnsupported)
 
 	u, _, err = s.Begin(t.Context(), rec.Lease())
 	require.NoError(t, err)
-	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
+	require.NoError(t, memstore.OnCommit(u, func() { applied++ }))
 	require.NoError(t, u.Complete(t.Context(), idempotency.Response{Status: 201}, now))
 	require.NoError(t, u.Commit())
 	require.Equal(t, 1, applied)
@@ -56,7 +60,7 @@ func TestUnitOnCommit(t *testing.T) {
 	require.NoError(t, err)
 	u, _, err = s.Begin(t.Context(), rec2.Lease())
 	require.NoError(t, err)
-	u.(interface{ OnCommit(func()) }).OnCommit(func() { applied++ })
+	require.NoError(t, memstore.OnCommit(u, func() { applied++ }))
 	_, took, err := claimed(s.Claim(t.Context(), idempotency.Claim{Scope: sc2, Fingerprint: "f", Owner: "b", Now: now.Add(2 * time.Second), LeaseFor: time.Second}))
 	require.NoError(t, err)
 	require.True(t, took)
@@ -173,3 +177,6 @@ func TestReturnsTheResponseItWasGiven(t *testing.T) {
 func claimed(res idempotency.ClaimResult, err error) (idempotency.Record, bool, error) {
 	return res.Record, res.Acquired(), err
 }
+
+// otherUnit is a unit of some other store.
+type otherUnit struct{ idempotency.Unit }

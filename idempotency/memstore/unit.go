@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -60,11 +61,24 @@ func (u *memoryUnit) Complete(_ context.Context, resp idempotency.Response, now 
 	return u.add(op)
 }
 
-// OnCommit registers f to run under the store's lock at a successful Commit.
-func (u *memoryUnit) OnCommit(f func()) {
-	if !u.done && f != nil {
-		u.hooks = append(u.hooks, f)
+// OnCommit registers f to run at a successful Commit of u, a unit of a
+// Store's (Run.Unit, or the unit of a phase), under the Store's lock, so
+// that a handler's own in-memory writes take effect with the record's, or
+// not at all. f must be fast and must not call the Store. It fails with an
+// error wrapping errors.ErrUnsupported when u is not a Store's unit (nil
+// included), and with one when u was already committed or rolled back. A
+// nil f is no hook.
+func OnCommit(u idempotency.Unit, f func()) error {
+	mu, ok := u.(*memoryUnit)
+	switch {
+	case !ok:
+		return fmt.Errorf("memstore: OnCommit: the unit (%T) is not a memory Store's: %w", u, errors.ErrUnsupported)
+	case mu.done:
+		return errUnitDone
+	case f != nil:
+		mu.hooks = append(mu.hooks, f)
 	}
+	return nil
 }
 
 func (u *memoryUnit) Commit() error {

@@ -7,9 +7,10 @@
 // It gives the same bytes, and refuses the same inputs, as the short
 // encoding/json version its tests keep as the oracle (decode into interface
 // values with UseNumber, check for ambiguity, re-encode without HTML
-// escaping); it exists for its cost, which every guarded request pays. On a
-// 553-byte payment body (BenchmarkParser, BenchmarkReference) it takes about
-// 2 us and no allocation against 45 us and 516 allocations: the short
+// escaping), with Parser.FoldKeys on or off; it exists for its cost, which
+// every guarded request pays. On a 553-byte payment body (BenchmarkParser,
+// BenchmarkReference, FoldKeys on) it takes about 2 us and no allocation
+// against 45 us and 516 allocations: the short
 // version alone would cost twice the rest of a guarded request on the
 // memory store (about 20 us, 55 allocations, bench BenchmarkMiddleware) and
 // a sixth of one on SQLite (0.29 ms).
@@ -17,9 +18,11 @@ package canonjson
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -32,7 +35,8 @@ var ErrNotJSON = errors.New("canonjson: not a single JSON value")
 // that it cannot canonicalise without merging different bodies: a string
 // with invalid UTF-8 or a lone surrogate escape ("\ud800" and "\udfff"
 // would both decode to U+FFFD), or an object that repeats a key
-// ({"amount":1,"amount":1000} would equal {"amount":1000}). The
+// ({"amount":1,"amount":1000} would equal {"amount":1000}; with
+// Parser.FoldKeys, a key equal to another under case folding). The
 // idempotency fingerprint hashes such a body raw.
 var ErrAmbiguousJSON = errors.New("canonjson: JSON with invalid UTF-8, a lone surrogate escape or a repeated key")
 
@@ -93,6 +97,13 @@ const maxJSONDepth = 10000
 // however deep the nesting. Its zero value is ready to use; a Parser is
 // used by one goroutine at a time and keeps its buffers between calls.
 type Parser struct {
+	// FoldKeys makes object members whose names are equal under Unicode
+	// case folding (bytes.EqualFold: "amount" and "AMOUNT") repeated keys,
+	// refused as ambiguous: encoding/json matches a member to a struct
+	// field that way, the last one winning, so {"amount":1,"AMOUNT":1000}
+	// decodes as 1000 and its reordering as 1. Canonical leaves it off.
+	FoldKeys bool
+
 	in      []byte
 	pos     int
 	scratch []byte  // decoded strings and keys
@@ -283,6 +294,15 @@ func (p *Parser) emit(out []byte, i int) ([]byte, error) {
 		p.order = append(p.order, c)
 	}
 	members := p.order[base:]
+	if p.FoldKeys && len(members) > 1 {
+		slices.SortFunc(members, func(a, b int) int { return compareFold(p.key(a), p.key(b)) })
+		for k := 1; k < len(members); k++ {
+			if compareFold(p.key(members[k-1]), p.key(members[k])) == 0 {
+				return nil, fmt.Errorf("%w: keys %q and %q are equal under case folding",
+					ErrAmbiguousJSON, p.key(members[k-1]), p.key(members[k]))
+			}
+		}
+	}
 	slices.SortStableFunc(members, func(a, b int) int { return bytes.Compare(p.key(a), p.key(b)) })
 	for k := 1; k < len(members); k++ {
 		if bytes.Equal(p.key(members[k-1]), p.key(members[k])) {
@@ -304,6 +324,47 @@ func (p *Parser) emit(out []byte, i int) ([]byte, error) {
 	}
 	p.order = p.order[:base]
 	return append(out, '}'), nil
+}
+
+// compareFold orders a and b (valid UTF-8) by their runes folded as
+// foldRune folds them: it returns 0 exactly when bytes.EqualFold(a, b).
+func compareFold(a, b []byte) int {
+	for len(a) > 0 && len(b) > 0 {
+		ra, na := rune(a[0]), 1
+		if ra >= utf8.RuneSelf {
+			ra, na = utf8.DecodeRune(a)
+		}
+		rb, nb := rune(b[0]), 1
+		if rb >= utf8.RuneSelf {
+			rb, nb = utf8.DecodeRune(b)
+		}
+		if ra != rb {
+			if c := cmp.Compare(foldRune(ra), foldRune(rb)); c != 0 {
+				return c
+			}
+		}
+		a, b = a[na:], b[nb:]
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+// foldRune returns the smallest rune of r's case-folding orbit
+// (unicode.SimpleFold), as encoding/json folds names: two runes fold alike
+// exactly when they are equal under simple case folding.
+func foldRune(r rune) rune {
+	if r < utf8.RuneSelf {
+		if 'a' <= r && r <= 'z' {
+			return r - 'a' + 'A'
+		}
+		return r
+	}
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
 }
 
 // str reads the string at p.pos (its opening quote) and appends its decoded

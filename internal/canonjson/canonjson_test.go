@@ -41,6 +41,23 @@ func TestCanonical(t *testing.T) {
 		_, err := Canonical([]byte(amb))
 		require.ErrorIs(t, err, ErrAmbiguousJSON, amb)
 	}
+	// With FoldKeys, so are names equal under case folding, which
+	// encoding/json matches to one struct field; without, they are two
+	// members.
+	for _, amb := range []string{
+		`{"amount":1,"AMOUNT":1000}`, `{"x":[{"Id":1,"iD":2}]}`, `{"K":1,"\u212a":2}`, `{"ſ":1,"S":2}`,
+		`{"é":1,"É":2}`, `{"a":1,"b":2,"A":3}`,
+	} {
+		p := Parser{FoldKeys: true}
+		_, err := p.Append(nil, []byte(amb))
+		require.ErrorIs(t, err, ErrAmbiguousJSON, amb)
+		_, err = Canonical([]byte(amb))
+		require.NoError(t, err, amb)
+	}
+	p := Parser{FoldKeys: true}
+	got, err := p.Append(nil, []byte(`{"ss":1,"ß":2,"a":{"b":1},"B":{"b":2}}`))
+	require.NoError(t, err, "ß folds to itself (simple folding), b and B are in two objects")
+	require.Equal(t, `{"B":{"b":2},"a":{"b":1},"ss":1,"ß":2}`, string(got))
 }
 
 // jsonMeaning is an oracle for FuzzCanonical, independent of

@@ -17,8 +17,8 @@ import (
 // escaping) plus the ambiguity checks. The single-pass canonicaliser must give
 // the same bytes for every body this one accepts, and refuse every body it
 // refuses: the idempotency FingerprintVersion did not change when it was
-// replaced.
-func referenceCanonical(b []byte) ([]byte, error) {
+// replaced. fold is Parser.FoldKeys.
+func referenceCanonical(b []byte, fold bool) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var v any
@@ -28,7 +28,7 @@ func referenceCanonical(b []byte) ([]byte, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, ErrNotJSON
 	}
-	if !utf8.Valid(b) || refLoneSurrogate(b) || refRepeatedKey(b) {
+	if !utf8.Valid(b) || refLoneSurrogate(b) || refRepeatedKey(b, fold) {
 		return nil, ErrAmbiguousJSON
 	}
 	var out bytes.Buffer
@@ -72,7 +72,9 @@ func refLoneSurrogate(b []byte) bool {
 	return false
 }
 
-func refRepeatedKey(b []byte) bool {
+// refRepeatedKey reports whether an object of b repeats a key, or with
+// fold has two keys that bytes.EqualFold finds equal.
+func refRepeatedKey(b []byte, fold bool) bool {
 	type frame struct {
 		keys      map[string]bool
 		expectKey bool
@@ -116,6 +118,11 @@ func refRepeatedKey(b []byte) bool {
 		if top.keys[key] {
 			return true
 		}
+		for k := range top.keys {
+			if fold && bytes.EqualFold([]byte(k), []byte(key)) {
+				return true
+			}
+		}
 		top.keys[key] = true
 		top.expectKey = false
 	}
@@ -130,6 +137,8 @@ var canonicalSeeds = []string{
 	`[1.0, 1, -0, 0.5e10, 1E+2, -12.5e-3]`, `01`, `1.`, `-`, `.5`, `1e`, `[1,]`, `{"a":1,}`, `{"a"}`,
 	`{} {}`, `[]`, `{}`, `null`, `true`, `false`, `nul`, `"unterminated`, `"\x"`, `"\u12"`,
 	`{"a":{"a":{"a":1}},"A":2,"é":3,"e":4}`, `{"\u0061":1,"a":2}`,
+	`{"amount":1,"AMOUNT":1000}`, `{"x":{"Id":1,"iD":2}}`, `{"K":1,"\u212a":2}`, `{"ſ":1,"S":2}`, `{"é":1,"É":2}`,
+	`{"ss":1,"ß":2}`, `{"a":1,"b":2,"A":3}`,
 }
 
 func TestCanonicalMatchesTheReference(t *testing.T) {
@@ -156,12 +165,15 @@ func FuzzCanonicalMatchesTheReference(f *testing.F) {
 
 func compareWithReference(t *testing.T, b []byte) {
 	t.Helper()
-	got, err := Canonical(b)
-	want, rerr := referenceCanonical(b)
-	if (err == nil) != (rerr == nil) {
-		t.Fatalf("Canonical(%q): error %v, reference error %v", b, err, rerr)
-	}
-	if err == nil && !bytes.Equal(got, want) {
-		t.Fatalf("Canonical(%q) = %q, reference %q", b, got, want)
+	for _, fold := range []bool{false, true} {
+		p := Parser{FoldKeys: fold}
+		got, err := p.Append(nil, b)
+		want, rerr := referenceCanonical(b, fold)
+		if (err == nil) != (rerr == nil) {
+			t.Fatalf("Canonical(%q) with FoldKeys %v: error %v, reference error %v", b, fold, err, rerr)
+		}
+		if err == nil && !bytes.Equal(got, want) {
+			t.Fatalf("Canonical(%q) with FoldKeys %v = %q, reference %q", b, fold, got, want)
+		}
 	}
 }
