@@ -33,8 +33,9 @@
 // status is written, and a saferetry Transport never retries a marked
 // answer, whatever its rules (retry.ReasonRetriedBelow). The mark climbs the
 // whole chain: a service whose call below received a marked answer marks
-// its own failure too. Handlers need no code change; the response writer
-// keeps http.Flusher, http.Hijacker (when the server's writer is one) and
+// its own failure too. Handlers need no code change: the response writer
+// has the optional interfaces of the server's own (http.Flusher,
+// http.Hijacker, http.CloseNotifier, http.Pusher: see Middleware) and keeps
 // http.ResponseController working.
 //
 // Both headers, their syntax and their meaning, for clients in other

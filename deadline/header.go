@@ -44,9 +44,17 @@ const maxPropagated = 5 * time.Minute
 //     "Retried-Below: true".
 //
 // The context is canceled when next returns. next's writer has an Unwrap
-// method (for http.ResponseController), is an http.Flusher, an
-// io.ReaderFrom and an io.StringWriter, and an http.Hijacker when w is one.
-// It costs a request three allocations (the writer with the record, the
+// method (for http.ResponseController) and the optional interfaces of w,
+// picked among the combinations of net/http's own writers:
+//
+//   - w is an http.Hijacker and an http.CloseNotifier (HTTP/1): http.Flusher,
+//     http.Hijacker, http.CloseNotifier, io.ReaderFrom, io.StringWriter;
+//   - w is an http.CloseNotifier and an http.Pusher (HTTP/2): http.Flusher,
+//     http.CloseNotifier, http.Pusher, io.StringWriter;
+//   - any other w: http.Flusher, io.ReaderFrom, io.StringWriter, and
+//     http.ResponseController reaches the rest of w through Unwrap.
+//
+// A request costs three allocations (the writer with the record, the
 // context, the request's copy). Safe for concurrent use.
 func Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -57,11 +65,7 @@ func Middleware(next http.Handler) http.Handler {
 			ctx, cancel = context.WithTimeout(ctx, d)
 			defer cancel()
 		}
-		var wr http.ResponseWriter = mw
-		if _, ok := w.(http.Hijacker); ok {
-			wr = hijackWriter{mw}
-		}
-		next.ServeHTTP(wr, r.WithContext(ctx))
+		next.ServeHTTP(wrap(w, mw), r.WithContext(ctx))
 	})
 }
 
