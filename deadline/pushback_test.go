@@ -88,6 +88,35 @@ func TestOnlyTheFinalStatusIsMarked(t *testing.T) {
 	}
 }
 
+// A flush that the server's writer cannot do (http.TimeoutHandler's writer
+// has no Flush) sends nothing: the status written after it is still the
+// final one, and marked.
+func TestAFlushThatSendsNothingLeavesTheStatusMarkable(t *testing.T) {
+	for _, flush := range map[string]func(w http.ResponseWriter) error{
+		"ResponseController": func(w http.ResponseWriter) error { return http.NewResponseController(w).Flush() },
+		"Flusher":            func(w http.ResponseWriter) error { w.(http.Flusher).Flush(); return nil },
+	} {
+		h := http.TimeoutHandler(Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_ = flush(w)
+			hop.FromContext(r.Context()).NoteRetriedBelow()
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})), time.Minute, "timed out")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		assert.Equal(t, []string{"true"}, rec.Header().Values("Retried-Below"))
+	}
+	err := func() error {
+		var err error
+		Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			err = http.NewResponseController(w).Flush()
+		})).ServeHTTP(struct{ http.ResponseWriter }{httptest.NewRecorder()},
+			httptest.NewRequest(http.MethodGet, "/", nil))
+		return err
+	}()
+	assert.ErrorIs(t, err, http.ErrNotSupported, "the flush's error reaches the handler")
+}
+
 // The writer keeps what net/http's writer can do: http.Flusher,
 // http.Hijacker (HTTP/1), http.ResponseController's deadlines through
 // Unwrap, io.ReaderFrom and io.StringWriter.

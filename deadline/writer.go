@@ -2,6 +2,7 @@ package deadline
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -45,10 +46,15 @@ func (w *markWriter) WriteString(s string) (int, error) {
 }
 
 // FlushError flushes the underlying writer (http.ResponseController uses
-// it); without a status written first, that sends a 200.
+// it); without a status written first, that sends a 200. A writer that
+// cannot flush (http.ErrNotSupported) sends nothing, so the status is still
+// to come.
 func (w *markWriter) FlushError() error {
-	w.wrote = true
-	return http.NewResponseController(w.ResponseWriter).Flush()
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if !errors.Is(err, http.ErrNotSupported) {
+		w.wrote = true
+	}
+	return err
 }
 
 // Flush is FlushError without its error, for http.Flusher.
