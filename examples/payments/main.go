@@ -155,7 +155,7 @@ func (p *processor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, c)
 	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/charges/"):
 		p.lookups++
-		key, _ := url.PathUnescape(strings.TrimPrefix(r.URL.Path, "/charges/"))
+		key := strings.TrimPrefix(r.URL.Path, "/charges/") // net/http has unescaped the path
 		c, ok := p.charges[key]
 		if !ok {
 			p.out.say("  processor: lookup %s: no such charge", key)
