@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 
@@ -98,6 +99,26 @@ func TestAMarkedAnswerIsNeverRetried(t *testing.T) {
 			assert.Equal(t, OutcomeStopped, done.Outcome)
 		})
 	}
+	// The mark on an in-progress conflict, which is retried, is no mark:
+	// the mark means something only on a 5xx or 429 answer.
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int32
+		base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set(markHeader, "true")
+			if n.Add(1) == 1 {
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusConflict)
+				io.WriteString(w, `{"status":409,"code":"idempotency_request_in_progress"}`)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		resp, err := newBubbleTransport(base).RoundTrip(post(t, context.Background(), url, "{}"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, int32(2), n.Load(), "the in-progress conflict was retried")
+	})
 	// Without the mark, the same rules retry it.
 	synctest.Test(t, func(t *testing.T) {
 		srv := &script{statuses: []int{500, 200}, header: func(_ int, h http.Header) { h.Set(markHeader, "no") }}
@@ -162,6 +183,9 @@ func TestACallThatGaveUpMarksTheAnswerAbove(t *testing.T) {
 			status: 503, marked: true},
 		{name: "a failure that is not retryable", srv: func() *script { return &script{statuses: []int{500}} },
 			status: 503},
+		{name: "the mark on a 404 is no mark", srv: func() *script { return markedScript(404) }, status: 502},
+		{name: "the mark on a success is no mark", srv: func() *script { return markedScript(200) },
+			status: 500},
 		{name: "a success after a retry", srv: func() *script { return &script{statuses: []int{503, 200}} },
 			status: 503},
 	} {

@@ -25,7 +25,7 @@ type markWriter struct {
 func (w *markWriter) WriteHeader(code int) {
 	if !w.wrote && code >= 200 {
 		w.wrote = true
-		if (code >= 500 || code == http.StatusTooManyRequests) && w.rec.RetriedBelow() {
+		if hop.Failure(code) && w.rec.RetriedBelow() {
 			hop.Mark(w.ResponseWriter.Header())
 		}
 	}

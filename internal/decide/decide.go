@@ -36,9 +36,10 @@ type Input struct {
 	Outcome  retry.Decision // the attempt's outcome, classified
 	Attempt  int            // attempts sent, this one included
 	Canceled bool           // the caller's context has ended
-	// Marked is true when the answer carries the mark "retried below: do
-	// not retry" (docs/CONTRACT.md): a service further down the chain has
-	// already retried this failure.
+	// Marked is true when the answer is a 5xx or 429 carrying the mark
+	// "retried below: do not retry" (docs/CONTRACT.md, hop.Marked): a
+	// service further down the chain has already retried this failure. The
+	// mark on any other answer is no mark.
 	Marked bool
 	// Body is why the request body cannot be sent again
 	// (retry.ReasonBodyNotRewindable), "" when it can.

@@ -68,11 +68,22 @@ func parseAttempt(v string) int {
 	return int(n)
 }
 
-// Marked reports whether h carries the mark: a MarkHeader field line whose
-// value, without the spaces and tabs around it, is "true" in any case.
-// Other values are ignored.
-func Marked(h http.Header) bool {
-	for _, v := range h[MarkHeader] {
+// Failure reports whether status is one that the mark applies to: a 5xx
+// or a 429. deadline.Middleware marks only those, and a client honours the
+// mark only on those.
+func Failure(status int) bool {
+	return status >= 500 || status == http.StatusTooManyRequests
+}
+
+// Marked reports whether resp, nil for none, carries the mark: it is a
+// Failure whose header has a MarkHeader field line whose value, without the
+// spaces and tabs around it, is "true" in any case. Other values, and the
+// mark on any other status, are ignored.
+func Marked(resp *http.Response) bool {
+	if resp == nil || !Failure(resp.StatusCode) {
+		return false
+	}
+	for _, v := range resp.Header[MarkHeader] {
 		if strings.EqualFold(strings.Trim(v, " \t"), "true") {
 			return true
 		}
