@@ -278,8 +278,11 @@ func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 // tells the CallDone observers how the call ended, and returns resp and err.
 func (c *call) done(resp *http.Response, err error, outcome Outcome,
 	stop retry.Reason) (*http.Response, error) {
-	marked := hop.Marked(resp)
-	if decide.PushBack(decide.Config{MaxAttempts: c.maxAttempts}, stop, marked) {
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	if decide.PushBack(stop, c.sent, status, hop.Marked(resp)) {
 		if rec := hop.FromContext(c.req.Context()); rec != nil {
 			rec.NoteRetriedBelow()
 		}

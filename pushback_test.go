@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -150,7 +151,7 @@ func front(t *testing.T, tr *Transport, url string, status int) *httptest.Respon
 }
 
 // A call made for a request served behind deadline.Middleware notes in its
-// record when it gave up after retrying, or was answered with the mark; the
+// record when its failure was retried (decide.PushBack), here or below; the
 // middleware then marks the request's own 5xx or 429 answer.
 func TestACallThatGaveUpMarksTheAnswerAbove(t *testing.T) {
 	for _, tc := range []struct {
@@ -188,6 +189,13 @@ func TestACallThatGaveUpMarksTheAnswerAbove(t *testing.T) {
 			status: 500},
 		{name: "a success after a retry", srv: func() *script { return &script{statuses: []int{503, 200}} },
 			status: 503},
+		{name: "retried, then a failure that is not retryable",
+			srv: func() *script { return &script{statuses: []int{503, 503, 500}} }, status: 502, marked: true},
+		{name: "retried, then a 404", srv: func() *script { return &script{statuses: []int{503, 404}} },
+			status: 502},
+		{name: "retried, then a 429 not retried",
+			srv:  func() *script { return &script{statuses: []int{503, 429}} },
+			opts: []Option{WithRetryPolicy(retry.Status(retry.Deny, 429))}, status: 503, marked: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -209,6 +217,37 @@ func TestAnUnreachableServiceBelowMarksTheAnswerAbove(t *testing.T) {
 	rec := front(t, newTestTransport(nil), closedPort(t), 502)
 	assert.Equal(t, 502, rec.Code)
 	assert.Equal(t, "true", rec.Header().Get(markHeader))
+}
+
+// A call that the handler's own deadline cancels while its retry is in
+// flight was retried: the answer above is marked.
+func TestACallCanceledAfterRetryingMarksTheAnswerAbove(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hits atomic.Int32
+		base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if hits.Add(1) > 1 { // the retry: slower than the handler above waits
+				<-r.Context().Done()
+				return
+			}
+			w.WriteHeader(503)
+		}))
+		var stop retry.Reason
+		tr := newBubbleTransport(base, WithObserver(Observer{
+			CallDone: func(_ context.Context, i CallDoneInfo) { stop = i.Stop }}))
+		h := deadline.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+			defer cancel()
+			out, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			_, err := tr.RoundTrip(out)
+			require.Error(t, err)
+			w.WriteHeader(503)
+		}))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, int32(2), hits.Load())
+		assert.Equal(t, retry.ReasonCanceled, stop)
+		assert.Equal(t, "true", rec.Header().Get(markHeader))
+	})
 }
 
 // Without deadline.Middleware there is no record: the call notes nothing
