@@ -39,9 +39,9 @@ const maxPropagated = 5 * time.Minute
 //   - the attempt number, which [Attempt] returns (0 when the request
 //     carries none, or an invalid one);
 //   - pushback: when a saferetry Transport noted in the record that a call
-//     made for the request gave up after retrying, or was answered with the
-//     mark, a 5xx or 429 status that next writes gets the response header
-//     "Retried-Below: true".
+//     made for the request had its failure retried (the package
+//     documentation lists when), a 5xx or 429 status that next writes gets
+//     the response header "Retried-Below: true".
 //
 // The context is canceled when next returns. next's writer has an Unwrap
 // method (for http.ResponseController) and the optional interfaces of w,

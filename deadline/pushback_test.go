@@ -17,7 +17,7 @@ import (
 )
 
 // noted is a handler that notes in its record, as a saferetry Transport
-// does after a call that gave up after retrying, then runs h.
+// does after a call whose failure was retried, then runs h.
 func noted(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hop.FromContext(r.Context()).NoteRetriedBelow()

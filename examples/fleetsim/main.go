@@ -24,10 +24,10 @@
 //     tier that fails every request for a while, then half of them. Every
 //     tier retries with the same decision function, up to 3 attempts, with
 //     no budget or the default token bucket per instance, and with or
-//     without pushback (a service whose call below gave up after retrying
-//     marks its failure "retried below", and no caller retries a marked
-//     answer: internal/decide.PushBack, as the Transport and
-//     deadline.Middleware do). It reports the bottom's requests per user
+//     without pushback (a service whose call below gave up on a retryable
+//     failure or was answered with the mark marks its failure "retried
+//     below", and no caller retries a marked answer: internal/decide.PushBack,
+//     as the Transport and deadline.Middleware do). It reports the bottom's requests per user
 //     request over time, their peak and steady state, and the success rate
 //     of the user requests in the 50% outage, beside one layer of clients
 //     calling the bottom directly.

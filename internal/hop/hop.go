@@ -3,8 +3,9 @@
 // attempt number each attempt carries downstream, the mark "retried below:
 // do not retry" a server puts on its failed answer, and the Record of a
 // request, which the middleware puts in the request's context and in which
-// the Transport notes that a call made for that request gave up after
-// retrying. The wire format is docs/CONTRACT.md's.
+// the Transport notes that a call made for that request had its failure
+// retried (decide.PushBack says when). The wire format is
+// docs/CONTRACT.md's.
 package hop
 
 import (
@@ -96,16 +97,16 @@ func Mark(h http.Header) { h[MarkHeader] = []string{"true"} }
 
 // Record is what deadline.Middleware knows about the request it serves: the
 // attempt number the caller sent, and whether a call made for the request
-// gave up after retrying. It is safe for concurrent use: a handler may make
-// several calls at once.
+// had its failure retried. It is safe for concurrent use: a handler may
+// make several calls at once.
 type Record struct {
 	Attempt int // the caller's attempt number, 0 when unknown
 	retried atomic.Bool
 }
 
-// NoteRetriedBelow records that a call made for the request gave up after
-// retrying, or was answered with the mark: the request's own failure has
-// been retried below.
+// NoteRetriedBelow records that a call made for the request had its
+// failure retried, here or below (decide.PushBack): the request's own
+// failure has been retried below.
 func (r *Record) NoteRetriedBelow() { r.retried.Store(true) }
 
 // RetriedBelow reports whether NoteRetriedBelow was called.
