@@ -46,7 +46,10 @@
 // answer marks its own failure too. Handlers need no code change: the
 // response writer has the optional interfaces of the server's own
 // (http.Flusher, http.Hijacker, http.CloseNotifier, http.Pusher: see
-// Middleware) and keeps http.ResponseController working.
+// Middleware) and keeps http.ResponseController working. A handler whose
+// calls below retry through another client (an AWS SDK, gRPC) may set
+// "Retried-Below: true" on its own 5xx or 429 answer itself when that
+// client gave up after retrying.
 //
 // Both headers, their syntax and their meaning, for clients in other
 // languages, are in docs/CONTRACT.md.

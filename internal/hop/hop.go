@@ -31,9 +31,9 @@ const (
 // digits (after trimming) is refused without being parsed.
 const maxAttemptDigits = 10
 
-// attemptValues are the header values of the first attempts, shared
-// read-only as the caller's own header values are: a base RoundTripper
-// never modifies a request.
+// attemptValues are the header values of the first attempts, put as they
+// are into every request's header map. The slices are never modified: the
+// http.RoundTripper contract forbids a base transport to modify a request.
 var attemptValues = [...][]string{{"1"}, {"2"}, {"3"}, {"4"}, {"5"}, {"6"}, {"7"}, {"8"}}
 
 // AttemptValue returns the AttemptHeader value of attempt n (n >= 1).
@@ -77,19 +77,15 @@ func Failure(status int) bool {
 }
 
 // Marked reports whether resp, nil for none, carries the mark: it is a
-// Failure whose header has a MarkHeader field line whose value, without the
-// spaces and tabs around it, is "true" in any case. Other values, and the
-// mark on any other status, are ignored.
+// Failure with exactly one MarkHeader field line, whose value is exactly
+// "true". Anything else is no mark: another value or case ("TRUE"), a list
+// ("true, true"), two field lines, the mark on any other status.
 func Marked(resp *http.Response) bool {
 	if resp == nil || !Failure(resp.StatusCode) {
 		return false
 	}
-	for _, v := range resp.Header[MarkHeader] {
-		if strings.EqualFold(strings.Trim(v, " \t"), "true") {
-			return true
-		}
-	}
-	return false
+	vals := resp.Header[MarkHeader]
+	return len(vals) == 1 && vals[0] == "true"
 }
 
 // Mark sets the mark on h.

@@ -38,10 +38,9 @@ func answer(status int, vals ...string) *http.Response {
 }
 
 func TestMarked(t *testing.T) {
-	for _, vals := range [][]string{{"true"}, {"TRUE"}, {" True\t"}, {"no", "true"}} {
-		assert.True(t, Marked(answer(503, vals...)), "%q", vals)
-	}
-	for _, vals := range [][]string{nil, {}, {""}, {"false"}, {"1"}, {"yes"}, {"true, true"}, {"truex"}} {
+	assert.True(t, Marked(answer(503, "true")))
+	for _, vals := range [][]string{nil, {}, {""}, {"false"}, {"1"}, {"yes"}, {"true, true"}, {"truex"},
+		{"TRUE"}, {"True"}, {" true"}, {"no", "true"}, {"true", "true"}} {
 		assert.False(t, Marked(answer(503, vals...)), "%q", vals)
 	}
 	h := http.Header{}
@@ -112,7 +111,7 @@ func FuzzMarked(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, v string) {
 		got := Marked(answer(503, v))
-		want := strings.EqualFold(strings.Trim(v, " \t"), "true")
+		want := v == "true"
 		if got != want {
 			t.Fatalf("Marked(%q) = %v", v, got)
 		}
