@@ -88,9 +88,23 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+const usage = `Usage: go run ./examples/fleetsim [flags]
+
+Simulates retrying clients on a simulated clock, deterministically (a few
+seconds; -chain under one): Brooker's contention experiment, a fleet in an
+outage against one server, and a chain of services. It prints markdown
+tables and writes CSV files and PNG plots.
+
+Flags:
+`
+
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("fleetsim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
 	runs := fs.Int("runs", 100, "runs averaged per contention level and strategy")
 	seed := fs.Uint64("seed", 1, "seed of every random stream")
 	out := fs.String("out", "", "output directory for CSV and PNG files (default: a new temporary directory)")

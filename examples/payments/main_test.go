@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -71,6 +72,19 @@ func TestRun(t *testing.T) {
 		at += i + len(w)
 	}
 	require.NotContains(t, strings.ToLower(out), "exactly once")
+}
+
+func TestHelpPrintsTheUsage(t *testing.T) {
+	var buf bytes.Buffer
+	_, err := parseFlags([]string{"-h"}, &buf)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	require.True(t, strings.HasPrefix(buf.String(), "Usage: go run ./examples/payments"), buf.String())
+	require.Contains(t, buf.String(), "-delay")
+	_, err = parseFlags([]string{"extra"}, io.Discard)
+	require.Error(t, err)
+	cfg, err := parseFlags([]string{"-serve", "127.0.0.1:0", "-delay", "200ms"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, config{serve: "127.0.0.1:0", delay: 200 * time.Millisecond}, cfg)
 }
 
 // The processor finds a charge under the key it was made with, escaped into
