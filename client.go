@@ -199,7 +199,7 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (
 	now := time.Now()
 	in := decide.Input{
 		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
-		Marked: a.resp != nil && hop.Marked(a.resp.Header), Body: c.notRetrying,
+		Marked: hop.Marked(a.resp), Body: c.notRetrying,
 		Now: now, Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
 	}
 	if c.getBody != nil && c.notRetrying == "" {
@@ -278,8 +278,11 @@ func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 // tells the CallDone observers how the call ended, and returns resp and err.
 func (c *call) done(resp *http.Response, err error, outcome Outcome,
 	stop retry.Reason) (*http.Response, error) {
-	marked := resp != nil && hop.Marked(resp.Header)
-	if decide.PushBack(decide.Config{MaxAttempts: c.maxAttempts}, stop, marked) {
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	if decide.PushBack(stop, c.sent, status, hop.Marked(resp)) {
 		if rec := hop.FromContext(c.req.Context()); rec != nil {
 			rec.NoteRetriedBelow()
 		}

@@ -32,8 +32,9 @@
 // makes a success or the caller's cancellation retryable.
 //
 // Before each retry, the loop stops, returning the outcome in hand, when:
-// the answer carries the mark "Retried-Below: true" (a service further
-// down has already retried this failure; no rule lifts that); the caller's
+// the answer is a 5xx or 429 carrying the mark "Retried-Below: true" (a
+// service further down has already retried this failure; no rule lifts
+// that); the caller's
 // context has ended; the attempts are used up; the request
 // body cannot be sent again; the server's Retry-After exceeds
 // WithMaxRetryAfter; the wait would end after the overall deadline; the
@@ -121,13 +122,24 @@
 // Retries multiply across layers: three layers of three attempts send 27
 // requests to a failing service at the bottom. When a service runs behind
 // deadline.Middleware and its handlers call other services with a
-// Transport and the request's context (req.WithContext(r.Context())), a
-// call that gave up after retrying (the attempts used up, the budget or
-// the deadline refusing the next retry), or that received a marked answer,
-// makes the middleware mark the service's own 5xx or 429 answer
-// "Retried-Below: true"; a Transport never retries a marked answer
-// (retry.ReasonRetriedBelow). So one layer retries and the layers above
-// do not. Package deadline has the details, docs/CONTRACT.md the headers.
+// Transport and the request's context (req.WithContext(r.Context())), the
+// middleware marks the service's own 5xx or 429 answer "Retried-Below:
+// true" when one of those calls:
+//
+//   - gave up on a retryable failure: the attempts used up after retrying
+//     (retry.ReasonMaxAttempts, when more than one was allowed), or the
+//     budget, the deadline or a Retry-After longer than WithMaxRetryAfter
+//     refusing a retry, the first included (retry.ReasonBudget,
+//     retry.ReasonDeadline, retry.ReasonRetryAfterTooLong);
+//   - was retried and ended in an error, a 5xx or a 429, whatever stopped
+//     it (a failure that is not retryable, the caller's cancellation, a
+//     body that cannot be sent again);
+//   - received a 5xx or 429 answer carrying the mark
+//     (retry.ReasonRetriedBelow).
+//
+// A Transport never retries a marked answer. So one layer retries and the
+// layers above do not. Package deadline has the details, docs/CONTRACT.md
+// the headers.
 //
 // # Plugging in
 //

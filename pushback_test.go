@@ -6,8 +6,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -98,6 +100,26 @@ func TestAMarkedAnswerIsNeverRetried(t *testing.T) {
 			assert.Equal(t, OutcomeStopped, done.Outcome)
 		})
 	}
+	// The mark on an in-progress conflict, which is retried, is no mark:
+	// the mark means something only on a 5xx or 429 answer.
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int32
+		base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set(markHeader, "true")
+			if n.Add(1) == 1 {
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusConflict)
+				io.WriteString(w, `{"status":409,"code":"idempotency_request_in_progress"}`)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		resp, err := newBubbleTransport(base).RoundTrip(post(t, context.Background(), url, "{}"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, int32(2), n.Load(), "the in-progress conflict was retried")
+	})
 	// Without the mark, the same rules retry it.
 	synctest.Test(t, func(t *testing.T) {
 		srv := &script{statuses: []int{500, 200}, header: func(_ int, h http.Header) { h.Set(markHeader, "no") }}
@@ -129,7 +151,7 @@ func front(t *testing.T, tr *Transport, url string, status int) *httptest.Respon
 }
 
 // A call made for a request served behind deadline.Middleware notes in its
-// record when it gave up after retrying, or was answered with the mark; the
+// record when its failure was retried (decide.PushBack), here or below; the
 // middleware then marks the request's own 5xx or 429 answer.
 func TestACallThatGaveUpMarksTheAnswerAbove(t *testing.T) {
 	for _, tc := range []struct {
@@ -162,8 +184,18 @@ func TestACallThatGaveUpMarksTheAnswerAbove(t *testing.T) {
 			status: 503, marked: true},
 		{name: "a failure that is not retryable", srv: func() *script { return &script{statuses: []int{500}} },
 			status: 503},
+		{name: "the mark on a 404 is no mark", srv: func() *script { return markedScript(404) }, status: 502},
+		{name: "the mark on a success is no mark", srv: func() *script { return markedScript(200) },
+			status: 500},
 		{name: "a success after a retry", srv: func() *script { return &script{statuses: []int{503, 200}} },
 			status: 503},
+		{name: "retried, then a failure that is not retryable",
+			srv: func() *script { return &script{statuses: []int{503, 503, 500}} }, status: 502, marked: true},
+		{name: "retried, then a 404", srv: func() *script { return &script{statuses: []int{503, 404}} },
+			status: 502},
+		{name: "retried, then a 429 not retried",
+			srv:  func() *script { return &script{statuses: []int{503, 429}} },
+			opts: []Option{WithRetryPolicy(retry.Status(retry.Deny, 429))}, status: 503, marked: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -185,6 +217,37 @@ func TestAnUnreachableServiceBelowMarksTheAnswerAbove(t *testing.T) {
 	rec := front(t, newTestTransport(nil), closedPort(t), 502)
 	assert.Equal(t, 502, rec.Code)
 	assert.Equal(t, "true", rec.Header().Get(markHeader))
+}
+
+// A call that the handler's own deadline cancels while its retry is in
+// flight was retried: the answer above is marked.
+func TestACallCanceledAfterRetryingMarksTheAnswerAbove(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hits atomic.Int32
+		base, url := pipeServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if hits.Add(1) > 1 { // the retry: slower than the handler above waits
+				<-r.Context().Done()
+				return
+			}
+			w.WriteHeader(503)
+		}))
+		var stop retry.Reason
+		tr := newBubbleTransport(base, WithObserver(Observer{
+			CallDone: func(_ context.Context, i CallDoneInfo) { stop = i.Stop }}))
+		h := deadline.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+			defer cancel()
+			out, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			_, err := tr.RoundTrip(out)
+			require.Error(t, err)
+			w.WriteHeader(503)
+		}))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, int32(2), hits.Load())
+		assert.Equal(t, retry.ReasonCanceled, stop)
+		assert.Equal(t, "true", rec.Header().Get(markHeader))
+	})
 }
 
 // Without deadline.Middleware there is no record: the call notes nothing

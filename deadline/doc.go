@@ -26,16 +26,30 @@
 // the bottom. So one layer retries and the layers above do not. A saferetry
 // Transport whose request is made with the context of a request served
 // behind Middleware (req.WithContext(r.Context()), as handlers do) notes in
-// the record when its call gave up on a retryable failure after retrying it
-// (the attempts used up, the retry budget or the deadline refusing the
-// next retry), or was answered with the mark. Middleware then marks that
-// request's own 5xx or 429 answer with "Retried-Below: true", set before the
-// status is written, and a saferetry Transport never retries a marked
-// answer, whatever its rules (retry.ReasonRetriedBelow). The mark climbs the
-// whole chain: a service whose call below received a marked answer marks
-// its own failure too. Handlers need no code change; the response writer
-// keeps http.Flusher, http.Hijacker (when the server's writer is one) and
-// http.ResponseController working.
+// the record when its call:
+//
+//   - gave up on a retryable failure: the attempts used up after retrying
+//     (retry.ReasonMaxAttempts, when more than one was allowed), or the
+//     retry budget, the deadline or a Retry-After longer than the Transport
+//     waits refusing a retry, the first included (retry.ReasonBudget,
+//     retry.ReasonDeadline, retry.ReasonRetryAfterTooLong);
+//   - was retried and ended in an error, a 5xx or a 429, whatever stopped
+//     it (a failure that is not retryable, the caller's cancellation, a
+//     body that cannot be sent again);
+//   - received a 5xx or 429 answer carrying the mark
+//     (retry.ReasonRetriedBelow).
+//
+// Middleware then marks that request's own 5xx or 429 answer with
+// "Retried-Below: true", set before the status is written, and a saferetry
+// Transport never retries a marked answer, whatever its rules. The mark
+// climbs the whole chain: a service whose call below received a marked
+// answer marks its own failure too. Handlers need no code change: the
+// response writer has the optional interfaces of the server's own
+// (http.Flusher, http.Hijacker, http.CloseNotifier, http.Pusher: see
+// Middleware) and keeps http.ResponseController working. A handler whose
+// calls below retry through another client (an AWS SDK, gRPC) may set
+// "Retried-Below: true" on its own 5xx or 429 answer itself when that
+// client gave up after retrying.
 //
 // Both headers, their syntax and their meaning, for clients in other
 // languages, are in docs/CONTRACT.md.

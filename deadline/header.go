@@ -39,14 +39,22 @@ const maxPropagated = 5 * time.Minute
 //   - the attempt number, which [Attempt] returns (0 when the request
 //     carries none, or an invalid one);
 //   - pushback: when a saferetry Transport noted in the record that a call
-//     made for the request gave up after retrying, or was answered with the
-//     mark, a 5xx or 429 status that next writes gets the response header
-//     "Retried-Below: true".
+//     made for the request had its failure retried (the package
+//     documentation lists when), a 5xx or 429 status that next writes gets
+//     the response header "Retried-Below: true".
 //
 // The context is canceled when next returns. next's writer has an Unwrap
-// method (for http.ResponseController), is an http.Flusher, an
-// io.ReaderFrom and an io.StringWriter, and an http.Hijacker when w is one.
-// It costs a request three allocations (the writer with the record, the
+// method (for http.ResponseController) and the optional interfaces of w,
+// picked among the combinations of net/http's own writers:
+//
+//   - w is an http.Hijacker and an http.CloseNotifier (HTTP/1): http.Flusher,
+//     http.Hijacker, http.CloseNotifier, io.ReaderFrom, io.StringWriter;
+//   - w is an http.CloseNotifier and an http.Pusher (HTTP/2): http.Flusher,
+//     http.CloseNotifier, http.Pusher, io.StringWriter;
+//   - any other w: http.Flusher, io.ReaderFrom, io.StringWriter, and
+//     http.ResponseController reaches the rest of w through Unwrap.
+//
+// A request costs three allocations (the writer with the record, the
 // context, the request's copy). Safe for concurrent use.
 func Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -57,11 +65,7 @@ func Middleware(next http.Handler) http.Handler {
 			ctx, cancel = context.WithTimeout(ctx, d)
 			defer cancel()
 		}
-		var wr http.ResponseWriter = mw
-		if _, ok := w.(http.Hijacker); ok {
-			wr = hijackWriter{mw}
-		}
-		next.ServeHTTP(wr, r.WithContext(ctx))
+		next.ServeHTTP(wrap(w, mw), r.WithContext(ctx))
 	})
 }
 

@@ -2,6 +2,7 @@ package deadline
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -16,7 +17,7 @@ import (
 )
 
 // noted is a handler that notes in its record, as a saferetry Transport
-// does after a call that gave up after retrying, then runs h.
+// does after a call whose failure was retried, then runs h.
 func noted(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hop.FromContext(r.Context()).NoteRetriedBelow()
@@ -87,6 +88,35 @@ func TestOnlyTheFinalStatusIsMarked(t *testing.T) {
 	}
 }
 
+// A flush that the server's writer cannot do (http.TimeoutHandler's writer
+// has no Flush) sends nothing: the status written after it is still the
+// final one, and marked.
+func TestAFlushThatSendsNothingLeavesTheStatusMarkable(t *testing.T) {
+	for _, flush := range map[string]func(w http.ResponseWriter) error{
+		"ResponseController": func(w http.ResponseWriter) error { return http.NewResponseController(w).Flush() },
+		"Flusher":            func(w http.ResponseWriter) error { w.(http.Flusher).Flush(); return nil },
+	} {
+		h := http.TimeoutHandler(Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_ = flush(w)
+			hop.FromContext(r.Context()).NoteRetriedBelow()
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})), time.Minute, "timed out")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		assert.Equal(t, []string{"true"}, rec.Header().Values("Retried-Below"))
+	}
+	err := func() error {
+		var err error
+		Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			err = http.NewResponseController(w).Flush()
+		})).ServeHTTP(struct{ http.ResponseWriter }{httptest.NewRecorder()},
+			httptest.NewRequest(http.MethodGet, "/", nil))
+		return err
+	}()
+	assert.ErrorIs(t, err, http.ErrNotSupported, "the flush's error reaches the handler")
+}
+
 // The writer keeps what net/http's writer can do: http.Flusher,
 // http.Hijacker (HTTP/1), http.ResponseController's deadlines through
 // Unwrap, io.ReaderFrom and io.StringWriter.
@@ -154,23 +184,54 @@ func TestTheWriterKeepsFlushHijackAndResponseController(t *testing.T) {
 	}
 }
 
-// Over HTTP/2 net/http's writer is no http.Hijacker, and neither is the
-// middleware's: a handler that checks gets the same answer as without it.
-func TestTheWriterIsAHijackerOnlyWhenTheServersIs(t *testing.T) {
-	srv := httptest.NewUnstartedServer(Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, hj := w.(http.Hijacker)
-		_, _, err := http.NewResponseController(w).Hijack()
-		_, fl := w.(http.Flusher)
-		io.WriteString(w, r.Proto+" "+boolString(hj)+" "+boolString(err == nil)+" "+boolString(fl))
-	})))
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	defer srv.Close()
-	resp, err := srv.Client().Get(srv.URL)
-	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	assert.Equal(t, "HTTP/2.0 false false true", string(body))
+// The writer has exactly the optional interfaces of the server's own, over
+// HTTP/1 and HTTP/2, and they work: a handler's type assertion (a
+// server-sent events handler's unchecked w.(http.CloseNotifier)) gets the
+// answer it gets without the middleware.
+func TestTheWriterHasTheServersInterfaces(t *testing.T) {
+	probe := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var got []string
+		if _, ok := w.(http.Flusher); ok {
+			got = append(got, "Flusher")
+		}
+		if _, ok := w.(http.Hijacker); ok {
+			got = append(got, "Hijacker")
+		}
+		//lint:ignore SA1019 handlers still assert it
+		if cn, ok := w.(http.CloseNotifier); ok {
+			got = append(got, "CloseNotifier", "notifies="+boolString(cn.CloseNotify() != nil))
+		}
+		if p, ok := w.(http.Pusher); ok {
+			got = append(got, "Pusher", "push="+fmt.Sprint(p.Push("/style.css", nil)))
+		}
+		if _, ok := w.(io.ReaderFrom); ok {
+			got = append(got, "ReaderFrom")
+		}
+		if _, ok := w.(io.StringWriter); ok {
+			got = append(got, "StringWriter")
+		}
+		io.WriteString(w, r.Proto+" "+strings.Join(got, " "))
+	})
+	for _, h2 := range []bool{false, true} {
+		sets := map[bool]string{}
+		for _, behind := range []bool{false, true} {
+			var h http.Handler = probe
+			if behind {
+				h = Middleware(probe)
+			}
+			srv := httptest.NewUnstartedServer(h)
+			srv.EnableHTTP2 = h2
+			srv.StartTLS()
+			resp, err := srv.Client().Get(srv.URL)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			srv.Close()
+			sets[behind] = string(body)
+		}
+		t.Log(sets[false])
+		assert.Equal(t, sets[false], sets[true], "HTTP/2: %v", h2)
+	}
 }
 
 func boolString(b bool) string {

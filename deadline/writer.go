@@ -2,6 +2,7 @@ package deadline
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -24,7 +25,7 @@ type markWriter struct {
 func (w *markWriter) WriteHeader(code int) {
 	if !w.wrote && code >= 200 {
 		w.wrote = true
-		if (code >= 500 || code == http.StatusTooManyRequests) && w.rec.RetriedBelow() {
+		if hop.Failure(code) && w.rec.RetriedBelow() {
 			hop.Mark(w.ResponseWriter.Header())
 		}
 	}
@@ -44,19 +45,16 @@ func (w *markWriter) WriteString(s string) (int, error) {
 	return io.WriteString(w.ResponseWriter, s)
 }
 
-// ReadFrom copies from src, with the underlying writer's ReadFrom when it
-// has one (net/http's uses sendfile); without a status written first, that
-// is a 200.
-func (w *markWriter) ReadFrom(src io.Reader) (int64, error) {
-	w.wrote = true
-	return io.Copy(w.ResponseWriter, src)
-}
-
 // FlushError flushes the underlying writer (http.ResponseController uses
-// it); without a status written first, that sends a 200.
+// it); without a status written first, that sends a 200. A writer that
+// cannot flush (http.ErrNotSupported) sends nothing, so the status is still
+// to come.
 func (w *markWriter) FlushError() error {
-	w.wrote = true
-	return http.NewResponseController(w.ResponseWriter).Flush()
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if !errors.Is(err, http.ErrNotSupported) {
+		w.wrote = true
+	}
+	return err
 }
 
 // Flush is FlushError without its error, for http.Flusher.
@@ -65,11 +63,64 @@ func (w *markWriter) Flush() { _ = w.FlushError() }
 // Unwrap returns the underlying writer, for http.ResponseController.
 func (w *markWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// hijackWriter is a markWriter over a writer that is an http.Hijacker.
-type hijackWriter struct{ *markWriter }
+// wrap returns the writer Middleware gives its handler over w: mw, with
+// exactly the optional interfaces of w among those of net/http's own
+// writers. It picks one of their combinations: HTTP/1's (http.Hijacker,
+// http.CloseNotifier, io.ReaderFrom), HTTP/2's (http.CloseNotifier,
+// http.Pusher), or, for any other writer, mw alone (io.ReaderFrom). Every
+// one is an http.Flusher and an io.StringWriter, as both of net/http's are.
+func wrap(w http.ResponseWriter, mw *markWriter) http.ResponseWriter {
+	_, hj := w.(http.Hijacker)
+	//lint:ignore SA1019 handlers still assert it (server-sent events); it must not go missing
+	_, cn := w.(http.CloseNotifier)
+	_, pu := w.(http.Pusher)
+	switch {
+	case hj && cn:
+		return http1Writer{readerFromWriter{mw}}
+	case cn && pu:
+		return http2Writer{mw}
+	}
+	return readerFromWriter{mw}
+}
+
+// readerFromWriter is a markWriter that is an io.ReaderFrom.
+type readerFromWriter struct{ *markWriter }
+
+// ReadFrom copies from src, with the underlying writer's ReadFrom when it
+// has one (net/http's HTTP/1 writer uses sendfile); without a status
+// written first, that is a 200.
+func (w readerFromWriter) ReadFrom(src io.Reader) (int64, error) {
+	w.wrote = true
+	return io.Copy(w.ResponseWriter, src)
+}
+
+// http1Writer is a markWriter over net/http's HTTP/1 writer, or one with
+// its optional interfaces.
+type http1Writer struct{ readerFromWriter }
 
 // Hijack hands the connection over; nothing is marked after it.
-func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (w http1Writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	w.wrote = true
 	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+// CloseNotify is the underlying writer's.
+func (w http1Writer) CloseNotify() <-chan bool {
+	//lint:ignore SA1019 see wrap
+	return w.ResponseWriter.(http.CloseNotifier).CloseNotify()
+}
+
+// http2Writer is a markWriter over net/http's HTTP/2 writer, or one with
+// its optional interfaces.
+type http2Writer struct{ *markWriter }
+
+// CloseNotify is the underlying writer's.
+func (w http2Writer) CloseNotify() <-chan bool {
+	//lint:ignore SA1019 see wrap
+	return w.ResponseWriter.(http.CloseNotifier).CloseNotify()
+}
+
+// Push is the underlying writer's.
+func (w http2Writer) Push(target string, opts *http.PushOptions) error {
+	return w.ResponseWriter.(http.Pusher).Push(target, opts)
 }

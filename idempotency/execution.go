@@ -274,7 +274,7 @@ func (x *execution) response() Response {
 			resp.Header[k] = v // the store copies what it keeps
 		}
 	}
-	if cw.body.Len() > x.m.cfg.maxStoredBody {
+	if int64(cw.body.Len()) > x.m.cfg.maxStoredBody {
 		resp.Header.Set(notReplayableHeader, "body-too-large")
 		return resp
 	}

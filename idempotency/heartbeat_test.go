@@ -69,7 +69,7 @@ func TestHeartbeat(t *testing.T) {
 	})
 }
 
-// beatFails is a MemoryStore whose heartbeats fail (store unreachable)
+// beatFails is a memstore.Store whose heartbeats fail (store unreachable)
 // while fail reports true for the beat's number (1, 2, ...).
 type beatFails struct {
 	*memstore.Store
@@ -149,7 +149,7 @@ func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
 	})
 }
 
-// beatLog is a MemoryStore that records when each key's lease was extended.
+// beatLog is a memstore.Store that records when each key's lease was extended.
 type beatLog struct {
 	*memstore.Store
 	start time.Time

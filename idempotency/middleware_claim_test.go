@@ -83,9 +83,9 @@ func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (idempot
 	return s.Store.Claim(ctx, c)
 }
 
-// Only the MemoryStore itself goes without store timeouts: a store that
+// Only memstore.Store itself goes without store timeouts: a store that
 // embeds it (a wrapper that may add I/O) keeps them.
-func TestAStoreEmbeddingTheMemoryStoreKeepsTheStoreTimeout(t *testing.T) {
+func TestAStoreEmbeddingTheMemstoreKeepsTheStoreTimeout(t *testing.T) {
 	store := &deadlineStore{Store: memstore.New()}
 	mw := idempotency.New(store, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)

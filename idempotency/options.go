@@ -19,6 +19,10 @@ const (
 	defaultCleanupHorizon = 72 * time.Hour
 )
 
+// minLease is the shortest lease (WithLease): its heartbeat, every third
+// of it, is then 1 ms apart.
+const minLease = 3 * time.Millisecond
+
 // replayHeaders is the default allow-list of response headers that are
 // stored and replayed (WithReplayHeaders adds to it).
 var replayHeaders = []string{
@@ -53,7 +57,7 @@ type config struct {
 	horizon        time.Duration
 	replayHeaders  map[string]bool
 	maxRequestBody int64
-	maxStoredBody  int
+	maxStoredBody  int64
 	store5xx       bool
 	route          func(*http.Request) string // nil: the default route
 	header         string
@@ -167,11 +171,15 @@ func WithKeyRequired(required bool) Option {
 	return func(c *config) { c.required = required }
 }
 
-// WithMismatchStatus sets the status of a CodeKeyReused answer: 422
-// (default) or 409. Other values keep the default.
+// WithMismatchStatus sets the status of a CodeKeyReused answer: any 4xx,
+// as given (422 by default, 409 as some APIs answer); pick one that
+// clients do not retry (not 408 or 429). A value outside 400-499 means 422:
+// a reused key is the client's error, never a success or the server's
+// failure.
 func WithMismatchStatus(status int) Option {
 	return func(c *config) {
-		if status == http.StatusConflict || status == http.StatusUnprocessableEntity {
+		c.mismatchStatus = http.StatusUnprocessableEntity
+		if status >= 400 && status <= 499 {
 			c.mismatchStatus = status
 		}
 	}
@@ -189,13 +197,10 @@ func WithMaxInProgressWait(d time.Duration) Option {
 // every lease/3 while the handler runs; if the process stalls and it
 // expires, a retry or the Completer takes the record over and the stalled
 // owner's writes fail with ErrLeaseLost. Set it well above the store's
-// worst latency. Values under 3 ms keep the default.
+// worst latency. A value under the minimum, 3 ms (0 and negative values
+// included), means 3 ms.
 func WithLease(d time.Duration) Option {
-	return func(c *config) {
-		if d >= 3*time.Millisecond {
-			c.lease = d
-		}
-	}
+	return func(c *config) { c.lease = max(d, minLease) }
 }
 
 // WithReplayWindow sets how long a completed response is replayed (default
@@ -230,28 +235,22 @@ func WithReplayHeaders(names ...string) Option {
 
 // WithMaxRequestBody sets the largest request body read and fingerprinted on
 // a guarded request (default 1 MiB); a larger one gets 413
-// CodeRequestTooLarge. Values <= 0 keep the default. The middleware reads
+// CodeRequestTooLarge. A value of 0 or less accepts no body: a guarded
+// request with a body gets 413, one without runs. The middleware reads
 // the body before the handler runs; as any handler's read, it is bounded in
 // time by the server: set http.Server.ReadTimeout (or ReadHeaderTimeout and
 // a read deadline through http.ResponseController in an outer handler).
 func WithMaxRequestBody(n int64) Option {
-	return func(c *config) {
-		if n > 0 {
-			c.maxRequestBody = n
-		}
-	}
+	return func(c *config) { c.maxRequestBody = max(n, 0) }
 }
 
 // WithMaxStoredBody sets the largest response body stored for replay
 // (default 1 MiB). A larger response still reaches its first client and
 // completes the record, but its replays answer 409
-// CodeResponseNotReplayable. Values <= 0 keep the default.
-func WithMaxStoredBody(n int) Option {
-	return func(c *config) {
-		if n > 0 {
-			c.maxStoredBody = n
-		}
-	}
+// CodeResponseNotReplayable. A value of 0 or less stores no body: only
+// responses without one are replayable.
+func WithMaxStoredBody(n int64) Option {
+	return func(c *config) { c.maxStoredBody = max(n, 0) }
 }
 
 // WithStore5xx stores 5xx responses and replays them like any other

@@ -18,7 +18,7 @@ const (
 	// CodeInProgress (409, Retry-After: 1): a request with the same key and
 	// fingerprint is running. Retry with the same key.
 	CodeInProgress Code = "idempotency_request_in_progress"
-	// CodeKeyReused (422, or 409 under WithMismatchStatus): the key was used
+	// CodeKeyReused (422, or the 4xx of WithMismatchStatus): the key was used
 	// for a different request. Do not retry; use a new key.
 	CodeKeyReused Code = "idempotency_key_reused"
 	// CodeKeyMissing (400): the route requires a key (WithKeyRequired).

@@ -55,7 +55,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		fmt.Fprintf(out, "Usage: go run ./examples/chaos [flags]\n\n")
 		fmt.Fprintf(out, "Runs a payments API behind the idempotency middleware and a fault-injecting proxy, sends\n")
 		fmt.Fprintf(out, "payments from a fleet of saferetry clients, re-sends what failed, and checks that every\n")
-		fmt.Fprintf(out, "payment took effect once. Exit status: 0 pass, 1 duplicates or lost payments, 2 error.\n\nFlags:\n")
+		fmt.Fprintf(out, "payment had its effect effectively once within its key's scope (at-least-once delivery\n")
+		fmt.Fprintf(out, "plus de-duplication). Exit status: 0 pass, 1 duplicates or lost payments, 2 error.\n\nFlags:\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			if hiddenFlags[f.Name] {
 				return
@@ -107,8 +108,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 }
 
 // realMain runs the demo and returns the exit status: 0 when every logical
-// request took effect once, 1 when there were duplicates or lost requests,
-// 2 on a usage or setup error.
+// request had its effect effectively once within its key's scope, 1 when
+// there were duplicates or lost requests, 2 on a usage or setup error.
 func realMain(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {

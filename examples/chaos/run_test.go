@@ -41,7 +41,7 @@ func runOK(t *testing.T, cfg config) (summary, string) {
 }
 
 // requireGuarantee checks the chaos gate: real faults happened and every
-// logical request took effect once.
+// logical request had its effect effectively once.
 func requireGuarantee(t *testing.T, sum summary, out string) {
 	t.Helper()
 	require.Positive(t, sum.Logical)

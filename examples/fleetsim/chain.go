@@ -256,7 +256,7 @@ func simulateChain(c ChainConfig, v ChainVariant) ChainResult {
 		answer := int64(chOK)
 		if !ok {
 			answer = chFailed
-			if v.Pushback && decide.PushBack(loop, stop, marked) {
+			if v.Pushback && decide.PushBack(stop, cl.attempt, http.StatusServiceUnavailable, marked) {
 				answer = chMarked
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,6 +222,7 @@ func TestExitStatus(t *testing.T) {
 	for _, arg := range []string{"-h", "-help"} {
 		var stderr bytes.Buffer
 		assert.Equal(t, 0, realMain([]string{arg}, io.Discard, &stderr), arg)
+		assert.True(t, strings.HasPrefix(stderr.String(), "Usage: go run ./examples/fleetsim"), arg)
 		assert.Contains(t, stderr.String(), "-runs", arg)
 		assert.NotContains(t, stderr.String(), "help requested", arg)
 	}

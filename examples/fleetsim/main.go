@@ -24,10 +24,10 @@
 //     tier that fails every request for a while, then half of them. Every
 //     tier retries with the same decision function, up to 3 attempts, with
 //     no budget or the default token bucket per instance, and with or
-//     without pushback (a service whose call below gave up after retrying
-//     marks its failure "retried below", and no caller retries a marked
-//     answer: internal/decide.PushBack, as the Transport and
-//     deadline.Middleware do). It reports the bottom's requests per user
+//     without pushback (a service whose call below gave up on a retryable
+//     failure or was answered with the mark marks its failure "retried
+//     below", and no caller retries a marked answer: internal/decide.PushBack,
+//     as the Transport and deadline.Middleware do). It reports the bottom's requests per user
 //     request over time, their peak and steady state, and the success rate
 //     of the user requests in the 50% outage, beside one layer of clients
 //     calling the bottom directly.
@@ -88,9 +88,23 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+const usage = `Usage: go run ./examples/fleetsim [flags]
+
+Simulates retrying clients on a simulated clock, deterministically (a few
+seconds; -chain under one): Brooker's contention experiment, a fleet in an
+outage against one server, and a chain of services. It prints markdown
+tables and writes CSV files and PNG plots.
+
+Flags:
+`
+
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("fleetsim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
 	runs := fs.Int("runs", 100, "runs averaged per contention level and strategy")
 	seed := fs.Uint64("seed", 1, "seed of every random stream")
 	out := fs.String("out", "", "output directory for CSV and PNG files (default: a new temporary directory)")

@@ -59,17 +59,19 @@ import (
 )
 
 func main() {
-	addr := flag.String("serve", "", "serve the payments API on `host:port` until interrupted (SIGINT, SIGTERM),\n"+
-		"without the demo's faults, instead of running the demo")
-	delay := flag.Duration("delay", 0, "with -serve, how long each payment takes before its first phase\n"+
-		"(duplicates sent meanwhile get 409 in progress)")
-	flag.Parse()
-	if *addr != "" {
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		os.Exit(2)
+	}
+	if cfg.serve != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		ln, err := net.Listen("tcp", *addr)
+		ln, err := net.Listen("tcp", cfg.serve)
 		if err == nil {
-			err = serve(ctx, ln, os.Stdout, *delay)
+			err = serve(ctx, ln, os.Stdout, cfg.delay)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "payments:", err)
@@ -85,6 +87,48 @@ func main() {
 		fmt.Fprintln(os.Stderr, "payments:", err)
 		os.Exit(1)
 	}
+}
+
+const usage = `Usage: go run ./examples/payments [-serve host:port [-delay d]]
+
+Runs a payments API (an order, a card charge and a receipt as atomic phases
+behind the idempotency middleware, on embedded SQLite) and a saferetry
+client on loopback; a processor outage and a lost answer hit one payment,
+and the command checks that it had its effects effectively once within its
+key's scope: one order, one charge, one receipt. With -serve it serves the
+API as an idemcheck target instead.
+
+Flags:
+`
+
+// config is the command line.
+type config struct {
+	serve string        // -serve: the address to serve on, "" to run the demo
+	delay time.Duration // -delay
+}
+
+// parseFlags reads the command line: it returns flag.ErrHelp after writing
+// the usage to w for -h, and an error for anything it cannot read.
+func parseFlags(args []string, w io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("payments", flag.ContinueOnError)
+	fs.SetOutput(w)
+	fs.Usage = func() {
+		fmt.Fprint(w, usage)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&cfg.serve, "serve", "", "serve the payments API on `host:port` until interrupted (SIGINT,\n"+
+		"SIGTERM), without the demo's faults, instead of running the demo")
+	fs.DurationVar(&cfg.delay, "delay", 0, "with -serve, how long each payment takes before its first phase\n"+
+		"(duplicates sent meanwhile get 409 in progress)")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return cfg, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return cfg, nil
 }
 
 // result is what happened, for the test and the final check.
@@ -155,7 +199,7 @@ func (p *processor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, c)
 	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/charges/"):
 		p.lookups++
-		key, _ := url.PathUnescape(strings.TrimPrefix(r.URL.Path, "/charges/"))
+		key := strings.TrimPrefix(r.URL.Path, "/charges/") // net/http has unescaped the path
 		c, ok := p.charges[key]
 		if !ok {
 			p.out.say("  processor: lookup %s: no such charge", key)

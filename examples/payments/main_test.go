@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/saferetry/saferetry/idemcheck"
+	"github.com/saferetry/saferetry/keygen"
 )
 
 func TestMain(m *testing.M) {
@@ -67,6 +72,44 @@ func TestRun(t *testing.T) {
 		at += i + len(w)
 	}
 	require.NotContains(t, strings.ToLower(out), "exactly once")
+}
+
+func TestHelpPrintsTheUsage(t *testing.T) {
+	var buf bytes.Buffer
+	_, err := parseFlags([]string{"-h"}, &buf)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	require.True(t, strings.HasPrefix(buf.String(), "Usage: go run ./examples/payments"), buf.String())
+	require.Contains(t, buf.String(), "-delay")
+	_, err = parseFlags([]string{"extra"}, io.Discard)
+	require.Error(t, err)
+	cfg, err := parseFlags([]string{"-serve", "127.0.0.1:0", "-delay", "200ms"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, config{serve: "127.0.0.1:0", delay: 200 * time.Millisecond}, cfg)
+}
+
+// The processor finds a charge under the key it was made with, escaped into
+// the lookup's path as the payments API escapes it: a downstream key from
+// keygen.Event holds escapes of its own ("%2D").
+func TestProcessorLooksUpAChargeByItsKey(t *testing.T) {
+	proc := &processor{out: &printer{w: io.Discard}, charges: map[string]string{}}
+	srv := httptest.NewServer(proc)
+	defer srv.Close()
+	for _, key := range []string{keygen.Event("order-pay-42", "charge", "16694b26-4d60"), "a/b c%2Dd"} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/charges", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		charge, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+		resp, err = srv.Client().Get(srv.URL + "/charges/" + url.PathEscape(key))
+		require.NoError(t, err)
+		found, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, key)
+		require.Equal(t, string(charge), string(found), key)
+	}
 }
 
 // TestServeIsAnIdemcheckTarget serves the API as -serve -delay 200ms does

@@ -9,7 +9,7 @@ import (
 )
 
 // TestBoundedStore checks, in addition to TestStore, the contract of a store
-// that holds a bounded number of records (the MemoryStore does): newStore
+// that holds a bounded number of records (memstore.Store does): newStore
 // returns an empty store that has room for capacity records and no fewer
 // (register any cleanup with t.Cleanup). Such a store fails closed: a claim
 // that would create a record when it is full returns an error wrapping

@@ -35,7 +35,7 @@ func TestMaxBytes(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	one := s.Bytes()
-	require.Greater(t, one, 3000, "the stored request is counted")
+	require.Greater(t, one, int64(3000), "the stored request is counted")
 	_, ok, err = claimed(s.Claim(t.Context(), boundsClaim("b", req, boundsT0)))
 	require.NoError(t, err)
 	require.True(t, ok)

@@ -23,7 +23,7 @@ func checkMemory(t *testing.T, m *Store) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sum, queued := 0, 0
+	sum, queued := int64(0), 0
 	for sc, rec := range m.records {
 		require.Equal(t, sc, rec.Scope)
 		require.Equal(t, rec.measure(), rec.size, "record %q", sc.Key)
@@ -134,5 +134,5 @@ func TestDefaultLimits(t *testing.T) {
 	}
 	require.ErrorIs(t, err, idempotency.ErrStoreFull)
 	require.Equal(t, defaultMaxRecords, n-1)
-	require.Less(t, s.Bytes(), defaultMaxBytes)
+	require.Less(t, s.Bytes(), int64(defaultMaxBytes))
 }

@@ -19,20 +19,20 @@ type memRecord struct {
 	window  time.Duration // the replay window of the claim that created it; <= 0: never expires
 	expires time.Time     // CompletedAt + window, once completed with a window
 	idx     int           // its index in the expiry queue, or -1
-	size    int           // its share of Store.bytes
+	size    int64         // its share of Store.bytes
 }
 
 // recordOverhead is what a record costs the Store beyond the bytes of
 // its strings and byte slices: the record itself, its map entry, its place
 // in the expiry queue and the rounding of its allocations, as measured
-// with small bodies (TestMemoryStoreCountsWhatItHolds checks the count
+// with small bodies (TestCountsWhatItHolds checks the count
 // against the heap).
 const recordOverhead = 600
 
 // measure returns the size of r as the store counts it: recordOverhead plus
 // the length of every string and byte slice it holds (16 bytes more per
 // header string, for the string itself).
-func (r *memRecord) measure() int {
+func (r *memRecord) measure() int64 {
 	n := recordOverhead + len(r.Scope.Principal) + len(r.Scope.Method) + len(r.Scope.Route) + len(r.Scope.Key) +
 		len(r.Fingerprint) + len(r.Owner) + len(r.RecoveryPoint) + len(r.RecoveryData) + len(r.Request) + len(r.resp.body)
 	for _, v := range r.resp.pairs {
@@ -44,7 +44,7 @@ func (r *memRecord) measure() int {
 			n += 16 + len(v)
 		}
 	}
-	return n
+	return int64(n)
 }
 
 // expiryQueue is a heap (container/heap) of completed records by expiry,

@@ -35,9 +35,9 @@ type Store struct {
 	mu         sync.Mutex
 	records    map[idempotency.Scope]*memRecord
 	expiry     expiryQueue // the completed records that expire, soonest first
-	bytes      int         // the sum of the records' size
+	bytes      int64       // the sum of the records' size
 	maxRecords int
-	maxBytes   int
+	maxBytes   int64
 }
 
 // Option configures New. Options are applied in order; a later one wins.
@@ -56,8 +56,8 @@ func WithMaxRecords(n int) Option {
 
 // WithMaxBytes sets the memory the Store's records may take at most, as
 // Bytes counts it (default 256 MiB). Values <= 0 keep the default;
-// math.MaxInt means no limit.
-func WithMaxBytes(n int) Option {
+// math.MaxInt64 means no limit.
+func WithMaxBytes(n int64) Option {
 	return func(m *Store) {
 		if n > 0 {
 			m.maxBytes = n
@@ -155,7 +155,7 @@ func (m *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 // more as a new record of size bytes needs, and fails with ErrStoreFull when
 // that is not enough (ErrRecordTooLarge when no room could ever be enough).
 // m.mu must be held.
-func (m *Store) makeRoom(size int, now time.Time) error {
+func (m *Store) makeRoom(size int64, now time.Time) error {
 	if size > m.maxBytes {
 		return fmt.Errorf("%w: a new record of %d bytes, at most %d", idempotency.ErrRecordTooLarge, size, m.maxBytes)
 	}
@@ -363,7 +363,7 @@ func (m *Store) Len() int {
 // plus the length of its strings and byte slices (scope, fingerprint, owner,
 // recovery point and data, stored request while in progress, response
 // headers and body). Safe for concurrent use.
-func (m *Store) Bytes() int {
+func (m *Store) Bytes() int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.bytes

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/jitter"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -36,9 +37,10 @@ type Input struct {
 	Outcome  retry.Decision // the attempt's outcome, classified
 	Attempt  int            // attempts sent, this one included
 	Canceled bool           // the caller's context has ended
-	// Marked is true when the answer carries the mark "retried below: do
-	// not retry" (docs/CONTRACT.md): a service further down the chain has
-	// already retried this failure.
+	// Marked is true when the answer is a 5xx or 429 carrying the mark
+	// "retried below: do not retry" (docs/CONTRACT.md, hop.Marked): a
+	// service further down the chain has already retried this failure. The
+	// mark on any other answer is no mark.
 	Marked bool
 	// Body is why the request body cannot be sent again
 	// (retry.ReasonBodyNotRewindable), "" when it can.
@@ -136,21 +138,26 @@ func End(b budget.Budget, now time.Time, status, cost int) {
 	}
 }
 
-// PushBack reports whether a call that stopped for reason stop, its last
-// answer marked "retried below" or not, has had its failure retried, here
-// or further down a chain of services, so that the request it was made for
-// must not be retried above: the loop gave up on a retryable failure after
-// retrying it (the attempts used up, when c allows more than one), or
-// because the budget, the deadline or a Retry-After longer than it honours
-// refused the next retry; or the last answer carries the mark (whatever
-// the stop: a marked failure climbs the whole chain).
-func PushBack(c Config, stop retry.Reason, marked bool) bool {
+// PushBack reports whether a call has had its failure retried, here or
+// further down a chain of services, so that the request it was made for
+// must not be retried above. The call stopped for reason stop after
+// attempts attempts; status is its last answer's status, 0 when it ended
+// without one, and marked whether that answer carries the mark. It pushes
+// back when it gave up on a retryable failure: the attempts used up after
+// retrying, or the budget, the deadline or a Retry-After longer than it
+// honours refusing a retry (the first included); when it was retried and
+// did not end in an answer below 500 but 429 (it ended in an error, a 5xx
+// or a 429, whatever the stop); or when its last answer is a 5xx or 429
+// carrying the mark (whatever the stop: a marked failure climbs the whole
+// chain).
+func PushBack(stop retry.Reason, attempts, status int, marked bool) bool {
 	switch stop {
-	case retry.ReasonRetriedBelow, retry.ReasonBudget, retry.ReasonDeadline,
-		retry.ReasonRetryAfterTooLong:
+	case retry.ReasonBudget, retry.ReasonDeadline, retry.ReasonRetryAfterTooLong:
 		return true
-	case retry.ReasonMaxAttempts:
-		return c.MaxAttempts > 1 || marked
+	case retry.ReasonMaxAttempts: // a retryable failure, the in-progress 409 included
+		if attempts > 1 {
+			return true
+		}
 	}
-	return marked
+	return (marked || attempts > 1) && (status == 0 || hop.Failure(status))
 }

@@ -164,26 +164,41 @@ func TestOnlyASuccessFeedsTheBudget(t *testing.T) {
 }
 
 func TestPushBack(t *testing.T) {
-	three, one := Config{MaxAttempts: 3}, Config{MaxAttempts: 1}
 	for _, tc := range []struct {
-		c      Config
-		stop   retry.Reason
-		marked bool
-		want   bool
+		stop     retry.Reason
+		attempts int
+		status   int // 0: no answer
+		marked   bool
+		want     bool
 	}{
-		{three, retry.ReasonMaxAttempts, false, true},
-		{one, retry.ReasonMaxAttempts, false, false}, // nothing was retried: the layer above may
-		{one, retry.ReasonMaxAttempts, true, true},
-		{three, retry.ReasonBudget, false, true},
-		{three, retry.ReasonDeadline, false, true},
-		{three, retry.ReasonRetryAfterTooLong, false, true},
-		{three, retry.ReasonRetriedBelow, true, true},
-		{three, retry.ReasonNotRetryable, false, false},
-		{three, retry.ReasonNotRetryable, true, true},
-		{three, retry.ReasonCanceled, false, false},
-		{three, retry.ReasonBodyNotRewindable, false, false},
-		{three, retry.ReasonPrepare, false, false},
+		{retry.ReasonMaxAttempts, 3, 503, false, true},
+		{retry.ReasonMaxAttempts, 3, 0, false, true},
+		{retry.ReasonMaxAttempts, 3, 409, false, true},  // the in-progress conflict, retried
+		{retry.ReasonMaxAttempts, 1, 503, false, false}, // nothing was retried: the layer above may
+		{retry.ReasonMaxAttempts, 1, 503, true, true},
+		{retry.ReasonBudget, 1, 503, false, true},
+		{retry.ReasonDeadline, 1, 0, false, true},
+		{retry.ReasonRetryAfterTooLong, 1, 429, false, true},
+		{retry.ReasonRetriedBelow, 1, 503, true, true},
+		{retry.ReasonRetriedBelow, 2, 429, true, true},
+		{retry.ReasonNotRetryable, 1, 500, false, false},
+		{retry.ReasonNotRetryable, 1, 500, true, true},
+		{retry.ReasonNotRetryable, 1, 404, true, false}, // the mark on a 404 is no mark
+		{retry.ReasonNotRetryable, 1, 200, true, false},
+		// Retried, then stopped on something else: pushed back unless the
+		// last answer is below 500 but 429.
+		{retry.ReasonNotRetryable, 3, 500, false, true},
+		{retry.ReasonNotRetryable, 2, 429, false, true},
+		{retry.ReasonNotRetryable, 2, 0, false, true},
+		{retry.ReasonNotRetryable, 2, 404, false, false},
+		{retry.ReasonNotRetryable, 2, 200, false, false},
+		{retry.ReasonCanceled, 1, 0, false, false},
+		{retry.ReasonCanceled, 2, 0, false, true},
+		{retry.ReasonBodyNotRewindable, 1, 503, false, false},
+		{retry.ReasonBodyNotRewindable, 2, 503, false, true},
+		{retry.ReasonPrepare, 0, 0, false, false},
+		{retry.ReasonPrepare, 2, 0, false, true},
 	} {
-		assert.Equal(t, tc.want, PushBack(tc.c, tc.stop, tc.marked), "%+v", tc)
+		assert.Equal(t, tc.want, PushBack(tc.stop, tc.attempts, tc.status, tc.marked), "%+v", tc)
 	}
 }

@@ -3,8 +3,9 @@
 // attempt number each attempt carries downstream, the mark "retried below:
 // do not retry" a server puts on its failed answer, and the Record of a
 // request, which the middleware puts in the request's context and in which
-// the Transport notes that a call made for that request gave up after
-// retrying. The wire format is docs/CONTRACT.md's.
+// the Transport notes that a call made for that request had its failure
+// retried (decide.PushBack says when). The wire format is
+// docs/CONTRACT.md's.
 package hop
 
 import (
@@ -30,9 +31,9 @@ const (
 // digits (after trimming) is refused without being parsed.
 const maxAttemptDigits = 10
 
-// attemptValues are the header values of the first attempts, shared
-// read-only as the caller's own header values are: a base RoundTripper
-// never modifies a request.
+// attemptValues are the header values of the first attempts, put as they
+// are into every request's header map. The slices are never modified: the
+// http.RoundTripper contract forbids a base transport to modify a request.
 var attemptValues = [...][]string{{"1"}, {"2"}, {"3"}, {"4"}, {"5"}, {"6"}, {"7"}, {"8"}}
 
 // AttemptValue returns the AttemptHeader value of attempt n (n >= 1).
@@ -68,16 +69,23 @@ func parseAttempt(v string) int {
 	return int(n)
 }
 
-// Marked reports whether h carries the mark: a MarkHeader field line whose
-// value, without the spaces and tabs around it, is "true" in any case.
-// Other values are ignored.
-func Marked(h http.Header) bool {
-	for _, v := range h[MarkHeader] {
-		if strings.EqualFold(strings.Trim(v, " \t"), "true") {
-			return true
-		}
+// Failure reports whether status is one that the mark applies to: a 5xx
+// or a 429. deadline.Middleware marks only those, and a client honours the
+// mark only on those.
+func Failure(status int) bool {
+	return status >= 500 || status == http.StatusTooManyRequests
+}
+
+// Marked reports whether resp, nil for none, carries the mark: it is a
+// Failure with exactly one MarkHeader field line, whose value is exactly
+// "true". Anything else is no mark: another value or case ("TRUE"), a list
+// ("true, true"), two field lines, the mark on any other status.
+func Marked(resp *http.Response) bool {
+	if resp == nil || !Failure(resp.StatusCode) {
+		return false
 	}
-	return false
+	vals := resp.Header[MarkHeader]
+	return len(vals) == 1 && vals[0] == "true"
 }
 
 // Mark sets the mark on h.
@@ -85,16 +93,16 @@ func Mark(h http.Header) { h[MarkHeader] = []string{"true"} }
 
 // Record is what deadline.Middleware knows about the request it serves: the
 // attempt number the caller sent, and whether a call made for the request
-// gave up after retrying. It is safe for concurrent use: a handler may make
-// several calls at once.
+// had its failure retried. It is safe for concurrent use: a handler may
+// make several calls at once.
 type Record struct {
 	Attempt int // the caller's attempt number, 0 when unknown
 	retried atomic.Bool
 }
 
-// NoteRetriedBelow records that a call made for the request gave up after
-// retrying, or was answered with the mark: the request's own failure has
-// been retried below.
+// NoteRetriedBelow records that a call made for the request had its
+// failure retried, here or below (decide.PushBack): the request's own
+// failure has been retried below.
 func (r *Record) NoteRetriedBelow() { r.retried.Store(true) }
 
 // RetriedBelow reports whether NoteRetriedBelow was called.

@@ -32,17 +32,34 @@ func TestAttemptValueRoundTrips(t *testing.T) {
 	}
 }
 
+// answer is a response with status and the mark's values vals.
+func answer(status int, vals ...string) *http.Response {
+	return &http.Response{StatusCode: status, Header: http.Header{MarkHeader: vals}}
+}
+
 func TestMarked(t *testing.T) {
-	for _, vals := range [][]string{{"true"}, {"TRUE"}, {" True\t"}, {"no", "true"}} {
-		assert.True(t, Marked(http.Header{MarkHeader: vals}), "%q", vals)
-	}
-	for _, vals := range [][]string{nil, {}, {""}, {"false"}, {"1"}, {"yes"}, {"true, true"}, {"truex"}} {
-		assert.False(t, Marked(http.Header{MarkHeader: vals}), "%q", vals)
+	assert.True(t, Marked(answer(503, "true")))
+	for _, vals := range [][]string{nil, {}, {""}, {"false"}, {"1"}, {"yes"}, {"true, true"}, {"truex"},
+		{"TRUE"}, {"True"}, {" true"}, {"no", "true"}, {"true", "true"}} {
+		assert.False(t, Marked(answer(503, vals...)), "%q", vals)
 	}
 	h := http.Header{}
 	Mark(h)
 	assert.Equal(t, "true", h.Get("retried-below"))
-	assert.True(t, Marked(h))
+	assert.True(t, Marked(&http.Response{StatusCode: 502, Header: h}))
+	assert.False(t, Marked(nil))
+}
+
+// The mark means something on a 5xx or a 429 only.
+func TestMarkedOnlyOnAFailure(t *testing.T) {
+	for _, status := range []int{500, 502, 503, 504, 599, 429} {
+		assert.True(t, Failure(status), status)
+		assert.True(t, Marked(answer(status, "true")), status)
+	}
+	for _, status := range []int{0, 100, 200, 201, 304, 400, 404, 408, 409, 422, 499} {
+		assert.False(t, Failure(status), status)
+		assert.False(t, Marked(answer(status, "true")), status)
+	}
 }
 
 func TestRecordInContext(t *testing.T) {
@@ -93,8 +110,8 @@ func FuzzMarked(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		got := Marked(http.Header{MarkHeader: {v}})
-		want := strings.EqualFold(strings.Trim(v, " \t"), "true")
+		got := Marked(answer(503, v))
+		want := v == "true"
 		if got != want {
 			t.Fatalf("Marked(%q) = %v", v, got)
 		}
