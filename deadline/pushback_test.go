@@ -212,15 +212,39 @@ func TestTheWriterHasTheServersInterfaces(t *testing.T) {
 		}
 		io.WriteString(w, r.Proto+" "+strings.Join(got, " "))
 	})
-	for _, h2 := range []bool{false, true} {
+	// onlyHijacker is a middleware's wrapper in between that keeps
+	// http.Hijacker but not the deprecated http.CloseNotifier.
+	onlyHijacker := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			next.ServeHTTP(struct {
+				http.ResponseWriter
+				http.Hijacker
+				http.Flusher
+				io.ReaderFrom
+				io.StringWriter
+			}{w, w.(http.Hijacker), w.(http.Flusher), w.(io.ReaderFrom), w.(io.StringWriter)}, r)
+		})
+	}
+	for _, tc := range []struct {
+		name    string
+		h2      bool
+		wrapper func(http.Handler) http.Handler
+	}{
+		{"HTTP/1", false, nil},
+		{"HTTP/2", true, nil},
+		{"HTTP/1 through a wrapper without CloseNotifier", false, onlyHijacker},
+	} {
 		sets := map[bool]string{}
 		for _, behind := range []bool{false, true} {
 			var h http.Handler = probe
 			if behind {
 				h = Middleware(probe)
 			}
+			if tc.wrapper != nil {
+				h = tc.wrapper(h)
+			}
 			srv := httptest.NewUnstartedServer(h)
-			srv.EnableHTTP2 = h2
+			srv.EnableHTTP2 = tc.h2
 			srv.StartTLS()
 			resp, err := srv.Client().Get(srv.URL)
 			require.NoError(t, err)
@@ -230,7 +254,7 @@ func TestTheWriterHasTheServersInterfaces(t *testing.T) {
 			sets[behind] = string(body)
 		}
 		t.Log(sets[false])
-		assert.Equal(t, sets[false], sets[true], "HTTP/2: %v", h2)
+		assert.Equal(t, sets[false], sets[true], tc.name)
 	}
 }
 

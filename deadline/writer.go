@@ -66,7 +66,8 @@ func (w *markWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // wrap returns the writer Middleware gives its handler over w: mw, with
 // exactly the optional interfaces of w among those of net/http's own
 // writers. It picks one of their combinations: HTTP/1's (http.Hijacker,
-// http.CloseNotifier, io.ReaderFrom), HTTP/2's (http.CloseNotifier,
+// http.CloseNotifier, io.ReaderFrom), HTTP/1's without CloseNotifier (as
+// many middleware wrappers are), HTTP/2's (http.CloseNotifier,
 // http.Pusher), or, for any other writer, mw alone (io.ReaderFrom). Every
 // one is an http.Flusher and an io.StringWriter, as both of net/http's are.
 func wrap(w http.ResponseWriter, mw *markWriter) http.ResponseWriter {
@@ -76,7 +77,9 @@ func wrap(w http.ResponseWriter, mw *markWriter) http.ResponseWriter {
 	_, pu := w.(http.Pusher)
 	switch {
 	case hj && cn:
-		return http1Writer{readerFromWriter{mw}}
+		return http1Writer{hijackWriter{readerFromWriter{mw}}}
+	case hj:
+		return hijackWriter{readerFromWriter{mw}}
 	case cn && pu:
 		return http2Writer{mw}
 	}
@@ -94,15 +97,21 @@ func (w readerFromWriter) ReadFrom(src io.Reader) (int64, error) {
 	return io.Copy(w.ResponseWriter, src)
 }
 
-// http1Writer is a markWriter over net/http's HTTP/1 writer, or one with
-// its optional interfaces.
-type http1Writer struct{ readerFromWriter }
+// hijackWriter is a markWriter that is an http.Hijacker.
+type hijackWriter struct{ readerFromWriter }
 
 // Hijack hands the connection over; nothing is marked after it.
-func (w http1Writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	w.wrote = true
-	return http.NewResponseController(w.ResponseWriter).Hijack()
+func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.wrote = true
+	}
+	return conn, rw, err
 }
+
+// http1Writer is a markWriter over net/http's HTTP/1 writer, or one with
+// its optional interfaces.
+type http1Writer struct{ hijackWriter }
 
 // CloseNotify is the underlying writer's.
 func (w http1Writer) CloseNotify() <-chan bool {
