@@ -49,6 +49,9 @@ const maxPropagated = 5 * time.Minute
 //
 //   - w is an http.Hijacker and an http.CloseNotifier (HTTP/1): http.Flusher,
 //     http.Hijacker, http.CloseNotifier, io.ReaderFrom, io.StringWriter;
+//   - w is an http.Hijacker only (a wrapper without the deprecated
+//     http.CloseNotifier): http.Flusher, http.Hijacker, io.ReaderFrom,
+//     io.StringWriter;
 //   - w is an http.CloseNotifier and an http.Pusher (HTTP/2): http.Flusher,
 //     http.CloseNotifier, http.Pusher, io.StringWriter;
 //   - any other w: http.Flusher, io.ReaderFrom, io.StringWriter, and
