@@ -89,7 +89,7 @@ func sendFleet(t *testing.T, url string, opts ...saferetry.Option) (ok int) {
 	return int(succeeded.Load())
 }
 
-// Acceptance 2: a server answering 503 to everything. With the default
+// A server answering 503 to everything. With the default
 // budget (a token bucket of 500 tokens, 14 per transient retry, refilled only
 // by successes) the fleet makes exactly 35 retries in all and then sends
 // every request once; without a budget every request is tried 3 times.
@@ -116,7 +116,7 @@ func TestFleetFullOutageAmplification(t *testing.T) {
 	})
 }
 
-// Acceptance 3: a server failing 10% of requests at random (seeded). With
+// A server failing 10% of requests at random (seeded). With
 // the default settings the budget never runs dry (a retried success refunds
 // its cost, first-try successes add a token), so nearly every request
 // succeeds within its 3 attempts and the load grows by about 11%.

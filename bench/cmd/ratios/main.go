@@ -200,7 +200,7 @@ func (d *data) targets() []check {
 	has := func(g, c, u string) bool { return len(d.samples[key{g, c, u}]) > 0 }
 	const sr = "client=saferetry"
 	peers := []string{"client=retryablehttp", "client=failsafe", "client=retrygo"}
-	// The cost when nothing fails (issue 14's guardrails): the baseline is
+	// The cost when nothing fails (the guardrails): the baseline is
 	// the bare transport as most callers run it, with http.Client.Timeout
 	// set to saferetry's 30 s overall deadline (bare-timeout).
 	const bt = "client=bare-timeout"
