@@ -1044,6 +1044,7 @@ type forHosts func(host string) budget.Budget
 func (f forHosts) For(host string) budget.Budget          { return f(host) }
 func (forHosts) OnRequest(time.Time)                      { panic("the host's budget is asked") }
 func (forHosts) AcquireRetry(time.Time, bool) (int, bool) { panic("the host's budget is asked") }
+func (forHosts) Refund(time.Time, int)                    { panic("the host's budget is asked") }
 func (forHosts) OnSuccess(time.Time, int)                 { panic("the host's budget is asked") }
 func (forHosts) Available(time.Time) int                  { panic("the host's budget is asked") }
 

@@ -14,9 +14,10 @@ import (
 // error or panics: a Budget that cannot grant a retry denies it.
 //
 // The client calls, per logical request: OnRequest once before attempt 1;
-// AcquireRetry before every retry (never before attempt 1); OnSuccess once
-// when an attempt succeeds, with the cost of the retry that produced it (0 when
-// attempt 1 succeeded). A failed logical request reports nothing more.
+// AcquireRetry before every retry (never before attempt 1); Refund when a
+// retry it granted is never sent; OnSuccess once when an attempt succeeds,
+// with the cost of the retry that produced it (0 when attempt 1 succeeded).
+// A failed logical request reports nothing more.
 type Budget interface {
 	// OnRequest records that a logical request starts (before attempt 1).
 	OnRequest(now time.Time)
@@ -26,6 +27,11 @@ type Budget interface {
 	// failure (another 5xx, a reset, a timeout). It returns the cost taken
 	// and true, or 0 and false when denied; a denial takes nothing.
 	AcquireRetry(now time.Time, throttled bool) (cost int, ok bool)
+	// Refund gives back cost, what AcquireRetry returned for a retry that
+	// was never sent (the caller canceled during the wait, the deadline
+	// passed, or the attempt could not be prepared). It never raises the
+	// budget above what it held before that grant could have been taken.
+	Refund(now time.Time, cost int)
 	// OnSuccess records that an attempt succeeded; retryCost is the cost that
 	// AcquireRetry returned for the retry that produced it, 0 for a first try.
 	OnSuccess(now time.Time, retryCost int)
@@ -57,5 +63,6 @@ type unlimited struct{}
 
 func (unlimited) OnRequest(time.Time)                      {}
 func (unlimited) AcquireRetry(time.Time, bool) (int, bool) { return 0, true }
+func (unlimited) Refund(time.Time, int)                    {}
 func (unlimited) OnSuccess(time.Time, int)                 {}
 func (unlimited) Available(time.Time) int                  { return math.MaxInt }

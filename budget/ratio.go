@@ -251,6 +251,27 @@ func (r *Ratio) AcquireRetry(now time.Time, _ bool) (int, bool) {
 	return 0, false
 }
 
+// Refund gives one ratio-funded retry back to the window at now when cost
+// is positive and the window still counts one (the newest sub-bucket that
+// does); a retry the floor granted, or one whose sub-bucket has left the
+// window, gives nothing back. Safe for concurrent use.
+func (r *Ratio) Refund(now time.Time, cost int) {
+	if cost <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.advance(now)
+	n := int64(len(r.retries))
+	for i := r.head; i > r.head-n && i >= 0; i-- {
+		if s := i % n; r.retries[s] > 0 {
+			r.retries[s]--
+			r.sumRet--
+			return
+		}
+	}
+}
+
 // OnSuccess does nothing: a ratio budget counts requests, not outcomes.
 func (r *Ratio) OnSuccess(time.Time, int) {}
 

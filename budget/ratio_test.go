@@ -334,3 +334,20 @@ func checkRatioLog(t *testing.T, cfg RatioConfig, log []ratioEvent) {
 	}
 	t.Logf("%d events, %d grants, %d denials", len(log), grants, denials)
 }
+
+func TestRatioRefundGivesBackARatioGrant(t *testing.T) {
+	r := NewRatio(RatioConfig{Ratio: 0.5, FloorPerSecond: -1})
+	for range 4 {
+		r.OnRequest(t0)
+	}
+	require.Equal(t, 2, r.Available(t0))
+	cost, ok := r.AcquireRetry(t0, false)
+	require.True(t, ok)
+	require.Equal(t, 1, r.Available(t0))
+	r.Refund(t0.Add(time.Second), cost)
+	require.Equal(t, 2, r.Available(t0.Add(time.Second)), "the grant, one sub-bucket older, is back")
+	r.Refund(t0.Add(time.Second), cost)
+	require.Equal(t, 2, r.Available(t0.Add(time.Second)), "no grant left in the window: nothing to give back")
+	r.Refund(t0, 0)
+	require.Equal(t, 2, r.Available(t0))
+}

@@ -95,6 +95,9 @@ func (r *Registry) AcquireRetry(now time.Time, throttled bool) (int, bool) {
 	return r.For("").AcquireRetry(now, throttled)
 }
 
+// Refund calls Refund on the budget of the host "".
+func (r *Registry) Refund(now time.Time, cost int) { r.For("").Refund(now, cost) }
+
 // OnSuccess calls OnSuccess on the budget of the host "".
 func (r *Registry) OnSuccess(now time.Time, retryCost int) { r.For("").OnSuccess(now, retryCost) }
 

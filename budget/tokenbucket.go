@@ -129,6 +129,14 @@ func (b *TokenBucket) AcquireRetry(_ time.Time, throttled bool) (int, bool) {
 	}
 }
 
+// Refund puts cost back when it is positive, never above Capacity. Safe for
+// concurrent use; now is ignored.
+func (b *TokenBucket) Refund(_ time.Time, cost int) {
+	if cost > 0 {
+		b.add(int64(cost))
+	}
+}
+
 // OnSuccess refunds retryCost when it is positive (a retry succeeded), or
 // adds the success reward when retryCost is 0 or negative (attempt 1
 // succeeded); either way never above Capacity. Safe for concurrent use; now
@@ -138,13 +146,21 @@ func (b *TokenBucket) OnSuccess(_ time.Time, retryCost int) {
 	if retryCost > 0 {
 		add = int64(retryCost)
 	}
+	b.add(add)
+}
+
+// add puts n tokens in the bucket, never above capacity.
+func (b *TokenBucket) add(n int64) {
+	if n <= 0 {
+		return
+	}
 	capacity := int64(b.capacity)
 	for {
 		tokens := b.tokens.Load()
 		if tokens >= capacity {
 			return // full: the common case of a healthy host costs one load
 		}
-		if b.tokens.CompareAndSwap(tokens, min(capacity, tokens+add)) {
+		if b.tokens.CompareAndSwap(tokens, tokens+min(capacity-tokens, n)) {
 			return
 		}
 	}

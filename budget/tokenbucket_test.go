@@ -230,3 +230,17 @@ func TestTokenBucketConcurrentNoOverdraw(t *testing.T) {
 	require.Equal(t, 100, granted, "500/5")
 	require.Equal(t, 0, b.Available(t0))
 }
+
+func TestTokenBucketRefundGivesBackAnUnsentRetry(t *testing.T) {
+	b := NewTokenBucket(TokenBucketConfig{})
+	cost, ok := b.AcquireRetry(t0, false)
+	require.True(t, ok)
+	require.Equal(t, 486, b.Available(t0))
+	b.Refund(t0, cost)
+	require.Equal(t, 500, b.Available(t0), "the unsent retry's tokens are back")
+	b.Refund(t0, 14)
+	require.Equal(t, 500, b.Available(t0), "never above capacity")
+	b.Refund(t0, 0)
+	b.Refund(t0, -5)
+	require.Equal(t, 500, b.Available(t0), "a cost of 0 or less gives nothing and takes nothing")
+}
