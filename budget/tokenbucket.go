@@ -10,10 +10,10 @@ import (
 // Defaults of a [TokenBucket]: the numbers of the AWS SDKs' retry behaviour
 // 2.1, and a refill with time of the whole capacity in a minute.
 const (
-	defaultCapacity      = 500              // tokens in a full bucket; a bucket starts full
+	defaultCapacity      = 500              // tokens in a full bucket, which it starts as
 	defaultTransientCost = 14               // tokens a retry after a transient failure costs
 	defaultThrottleCost  = 5                // tokens a retry after throttling costs
-	defaultSuccessReward = 1                // tokens a first-try success adds (never above capacity)
+	defaultSuccessReward = 1                // tokens a first-try success adds
 	defaultRefillTime    = 60 * time.Second // time alone refills an empty bucket in this long
 )
 

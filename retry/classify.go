@@ -83,15 +83,20 @@ type Decision struct {
 	Retry bool
 	// Class labels the outcome.
 	Class Class
-	// Throttle is true for 429, for 503 carrying a valid Retry-After, and
-	// for the in-progress 409: the caller uses the throttling backoff base
-	// and budget cost.
+	// Throttle is true for 429, for a 503 that asks for a wait longer than
+	// 0 (RetryAfter), and for the in-progress 409: the caller uses the
+	// throttling backoff base and budget cost. A 503 asking for no wait
+	// ("Retry-After: 0") is a transient failure, as one asking nothing is.
 	Throttle bool
-	// RetryAfter is the server's Retry-After hint (429, 503 and the
-	// in-progress 409 only), valid when HasRetryAfter is true; it may be
-	// huge, the caller caps it.
+	// RetryAfter is how long the server asks the client to wait (429, 503
+	// and the in-progress 409 only), valid when HasRetryAfter is true: its
+	// Retry-After; or, on a 429 or 503 without a valid Retry-After, the
+	// effective window of a quota its RateLimit fields say is spent (r=0;
+	// see the package documentation of saferetry). It may be huge, the
+	// caller caps it.
 	RetryAfter time.Duration
-	// HasRetryAfter reports whether a valid Retry-After was present.
+	// HasRetryAfter reports whether the server asked for a wait: a valid
+	// Retry-After, or RateLimit fields with a spent quota and its window.
 	HasRetryAfter bool
 	// NeverSent is true when the request provably never reached the server
 	// (a dial error, an HTTP/2 refused stream); only then is a request that
@@ -138,12 +143,20 @@ func classifyStatus(in Input, now time.Time) Decision {
 		(code == http.StatusConflict && in.ProblemCode == problemInProgress) {
 		d.RetryAfter, d.HasRetryAfter = parseRetryAfter(in.Response.Header.Get("Retry-After"), now)
 	}
+	throttling := code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
+	if !d.HasRetryAfter && throttling {
+		// Retry-After takes precedence; the RateLimit fields speak only
+		// without a valid one.
+		d.RetryAfter, d.HasRetryAfter = rateLimitWait(in.Response.Header)
+	}
 	switch code {
 	case http.StatusTooManyRequests:
 		d.Throttle = true
 		d.Retry = true
 	case http.StatusServiceUnavailable:
-		d.Throttle = d.HasRetryAfter
+		// A wait of 0 is no throttling: it must never cost more than no
+		// header at all (the throttling backoff's base is the longer one).
+		d.Throttle = d.HasRetryAfter && d.RetryAfter > 0
 		d.Retry = true
 	case http.StatusBadGateway, http.StatusGatewayTimeout:
 		d.Retry = true
