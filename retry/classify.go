@@ -8,7 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
@@ -209,12 +209,10 @@ func classifyErr(in Input) Decision {
 	case isContextDeadline(err):
 		return Decision{Class: ClassCallerDeadline}
 	}
-	// Text matches on net/http's bundled HTTP/2 errors, which are unexported.
-	// GOAWAY is checked first: its message carries server-chosen debug data,
-	// and the conservative class must win.
-	text := errText(err)
 	switch {
-	case strings.Contains(text, "GOAWAY"):
+	case inTree(err, isGoAway):
+		// Checked before the refused stream: a GOAWAY's message carries
+		// server-chosen debug data, and the conservative class must win.
 		return Decision{Class: ClassH2GoAway, Retry: in.Idempotent}
 	case inTree(err, isRefusedStream):
 		return Decision{Class: ClassH2RefusedStream, NeverSent: true, Retry: true}
@@ -226,6 +224,31 @@ func classifyErr(in Input) Decision {
 		return Decision{Class: ClassTimeout, Retry: in.Idempotent}
 	}
 	return Decision{Class: ClassNotRetryable}
+}
+
+// isGoAway reports whether e is the error an HTTP/2 transport returns when
+// the server sent GOAWAY and closed the connection before answering a
+// stream it had accepted (its ID at most the GOAWAY's last stream ID, so
+// the request may have been processed): net/http's bundled
+// http2GoAwayError or golang.org/x/net/http2's GoAwayError. They are
+// recognised by their type, never by their text, which carries the
+// server's debug data and which any server can put in an error (an HTTP/1
+// status line reading "GOAWAY"). A stream above the last stream ID was not
+// processed: net/http retries it on a new connection itself. The error it
+// returns for the first stream of a new connection whose GOAWAY carries an
+// error code, a plain error, is not retried, as net/http does not retry it.
+func isGoAway(e error) bool {
+	t := reflect.TypeOf(e)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.PkgPath() {
+	case "net/http":
+		return t.Name() == "http2GoAwayError"
+	case "golang.org/x/net/http2":
+		return t.Name() == "GoAwayError"
+	}
+	return false
 }
 
 // isRefusedStream reports whether e is an HTTP/2 stream error with code
@@ -310,14 +333,4 @@ func isTransportTimeout(err error) bool {
 // errors.Is(err, context.DeadlineExceeded).
 func isContextDeadline(err error) bool {
 	return inTree(err, func(e error) bool { return e == context.DeadlineExceeded })
-}
-
-// errText returns the message of err without a *url.Error prefix, whose URL
-// could otherwise smuggle "GOAWAY" or "REFUSED_STREAM" into the text.
-func errText(err error) string {
-	var ue *url.Error
-	if errors.As(err, &ue) && ue.Err != nil {
-		return ue.Err.Error()
-	}
-	return err.Error()
 }
