@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/saferetry/saferetry/budget"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -253,4 +255,21 @@ func readCSV(t *testing.T, path string) [][]string {
 	recs, err := csv.NewReader(f).ReadAll()
 	require.NoError(t, err)
 	return recs
+}
+
+// The same outage with the AWS SDKs' bucket, which time does not refill
+// (budget.TokenBucketConfig.RefillTime -1): 35 retries per instance, then
+// none, against the default bucket's refill of 500 tokens a minute.
+func TestOutageAmplificationWithoutTimeRefill(t *testing.T) {
+	c := DefaultOutageConfig(1)
+	aws := simulateOutage(c, Policy{Name: "token bucket, no time refill", New: func() budget.Budget {
+		return budget.NewTokenBucket(budget.TokenBucketConfig{RefillTime: -1})
+	}})
+	def := simulateOutage(c, Policies[1])
+	t.Logf("amplification during the outage: %.3f without time refill, %.3f with the default refill; "+
+		"over the run: %.3f, %.3f", aws.OutageAmplification(), def.OutageAmplification(),
+		aws.Amplification(), def.Amplification())
+	assert.LessOrEqual(t, aws.OutageAmplification(), 1+float64(35*c.Clients)/float64(aws.OutageRequests)+0.001)
+	assert.Less(t, aws.OutageAmplification(), def.OutageAmplification())
+	assert.LessOrEqual(t, def.OutageAmplification(), 1.1)
 }
