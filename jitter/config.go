@@ -63,8 +63,9 @@ func durationOr(d, def, neg time.Duration) time.Duration {
 // retry) after applying the defaults and meanings documented on [Config]. prev is the wait
 // returned for the previous retry (used by [Decorrelated]); throttle selects
 // ThrottleBase instead of Base (the caller sets it as retry.Decision.Throttle
-// says: for 429, or 503 asking for a wait); r is a uniform random value in [0, 1), clamped into that range
-// when outside it. The result is never negative and never exceeds the cap.
+// says: for 429, or 503 asking for a wait); r is a uniform random value in
+// [0, 1), clamped into that range when outside it. The result is never
+// negative and never exceeds the cap.
 // Backoff is pure, never panics and is safe for concurrent use.
 func (c Config) Backoff(attempt int, prev time.Duration, throttle bool, r float64) time.Duration {
 	c = c.withDefaults()
