@@ -161,7 +161,7 @@ func principal(ctx context.Context) (string, bool) {
 }
 
 // authenticate stands in for your authentication: here a bearer token names
-// the account. An error answers 401; a key is never taken unscoped.
+// the account. An error refuses the request: a key is never taken unscoped.
 func authenticate(r *http.Request) (string, error) {
 	account, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || account == "" {
