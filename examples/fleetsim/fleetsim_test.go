@@ -88,8 +88,8 @@ func TestContentionDeterministic(t *testing.T) {
 // The outage experiment with the parameters the README shows: the same
 // arrivals for every policy; without a budget every request of the outage is
 // sent 3 times; the token bucket lets 35 retries per client through, then
-// none; the ratio budget stays within its guarantee; outside the outage the
-// server sees the logical load.
+// only what time refills; the ratio budget stays within its guarantee;
+// outside the outage the server sees the logical load.
 func TestOutageAmplification(t *testing.T) {
 	c := DefaultOutageConfig(1)
 	rs := RunOutage(c)
@@ -141,9 +141,9 @@ func TestOutageAmplification(t *testing.T) {
 
 // The chain experiment with the parameters the README shows, a 3-tier chain
 // with 3 attempts per layer: at full outage of the bottom, 27 requests there
-// per user request without pushback and 3 with it (as one layer), 1.0 once
-// the budgets drain; at 50%, with pushback, the success rate of one layer of
-// 3 attempts.
+// per user request without pushback and 3 with it (as one layer), and once
+// the budgets drain 1.0 plus what time refills them; at 50%, with pushback,
+// the success rate of one layer of 3 attempts.
 func TestChainAmplification(t *testing.T) {
 	c := DefaultChainConfig(1)
 	rs := RunChain(c)
