@@ -3,6 +3,7 @@ package redisstore
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"time"
@@ -63,6 +64,9 @@ func (s *Store) scripts(ctx context.Context, sc *redis.Script, cs []candidate, a
 			}
 			return nil
 		})
+		if errors.Is(err, redis.Nil) { // a record gone: fetched reads it
+			err = nil
+		}
 		return cmds, err
 	}
 	cmds, err := pipe(func(p redis.Pipeliner, k []string, a ...any) *redis.Cmd { return sc.EvalSha(ctx, p, k, a...) })

@@ -48,9 +48,9 @@ var (
 	// slot.
 	ErrInvalidPrefix = errors.New("redisstore: the key prefix holds '{'")
 	// ErrUnboundedClient is returned by New for a client whose calls have
-	// no time limit: a ReadTimeout or WriteTimeout of -1 or -2 without
-	// ContextTimeoutEnabled, so that neither the socket nor the Store's
-	// deadline (WithTimeout) would end a call to a Redis that hangs.
+	// no time limit: a ReadTimeout or WriteTimeout of -1 or -2 (none)
+	// without ContextTimeoutEnabled, so that neither the socket nor the
+	// Store's deadline (WithTimeout) would end a call to a Redis that hangs.
 	ErrUnboundedClient = errors.New("redisstore: the client's calls have no time limit " +
 		"(ReadTimeout or WriteTimeout < 0 without ContextTimeoutEnabled)")
 	// ErrReplicasUnsupported is returned by New for WithReplicas on a
@@ -273,24 +273,24 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	return &Store{rdb: rdb, cfg: cfg, nonceID: hex.EncodeToString(id[:])}, nil
 }
 
-// checkBounded refuses a client whose calls have no time limit.
+// checkBounded refuses a client whose calls have no time limit. A Client's
+// and a ClusterClient's options hold their defaults applied (a timeout of 0
+// or less is none); a Ring's hold what was given (0 is the default, less is
+// none).
 func checkBounded(rdb redis.UniversalClient) error {
-	var read, write time.Duration
-	var ctxTimeout bool
+	none := false
 	switch c := rdb.(type) {
 	case *redis.Client:
 		o := c.Options()
-		read, write, ctxTimeout = o.ReadTimeout, o.WriteTimeout, o.ContextTimeoutEnabled
+		none = (o.ReadTimeout <= 0 || o.WriteTimeout <= 0) && !o.ContextTimeoutEnabled
 	case *redis.ClusterClient:
 		o := c.Options()
-		read, write, ctxTimeout = o.ReadTimeout, o.WriteTimeout, o.ContextTimeoutEnabled
+		none = (o.ReadTimeout <= 0 || o.WriteTimeout <= 0) && !o.ContextTimeoutEnabled
 	case *redis.Ring:
 		o := c.Options()
-		read, write, ctxTimeout = o.ReadTimeout, o.WriteTimeout, o.ContextTimeoutEnabled
-	default:
-		return nil
+		none = (o.ReadTimeout < 0 || o.WriteTimeout < 0) && !o.ContextTimeoutEnabled
 	}
-	if (read < 0 || write < 0) && !ctxTimeout {
+	if none {
 		return ErrUnboundedClient
 	}
 	return nil
