@@ -55,7 +55,8 @@ func appendString(b []byte, s string) []byte {
 }
 
 // decodeHeader reverses encodeHeader. It refuses an unknown format, a
-// truncated or over-long input and a name given twice.
+// truncated or over-long input, and names out of their sorted order (or
+// given twice): it accepts only what encodeHeader writes.
 func decodeHeader(b string) (http.Header, error) {
 	if len(b) == 0 || b[0] != headerFormat {
 		return nil, errBadHeader
@@ -63,11 +64,13 @@ func decodeHeader(b string) (http.Header, error) {
 	d := headerDecoder{b: b[1:]}
 	n := d.count()
 	h := make(http.Header, n)
-	for range n {
+	prev := ""
+	for i := range n {
 		k := d.str()
-		if _, dup := h[k]; dup && d.err == nil {
+		if i > 0 && k <= prev && d.err == nil {
 			d.err = errBadHeader
 		}
+		prev = k
 		nv := d.count()
 		vs := make([]string, nv)
 		for j := range vs {
@@ -102,8 +105,8 @@ func (d *headerDecoder) uvarint() uint64 {
 	for i := 0; i < len(d.b) && i < binary.MaxVarintLen64; i++ {
 		c := d.b[i]
 		if c < 0x80 {
-			if i == binary.MaxVarintLen64-1 && c > 1 {
-				break // overflows 64 bits
+			if (i == binary.MaxVarintLen64-1 && c > 1) || (i > 0 && c == 0) {
+				break // overflows 64 bits, or not the shortest encoding
 			}
 			d.b = d.b[i+1:]
 			return v | uint64(c)<<(7*i)
