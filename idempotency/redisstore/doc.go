@@ -91,9 +91,11 @@
 // Eviction. Under a maxmemory-policy other than noeviction, a Redis at its
 // maxmemory drops keys, records in progress and within their replay window
 // included (every record has an expiry, so volatile-* policies drop them
-// too), and their requests run again. New checks the policy of every primary
-// with CONFIG GET and refuses any other than noeviction with an
-// *EvictionPolicyError (errors.Is ErrEvictionPolicy). A server that refuses
+// too), and their requests run again. New checks the policy with CONFIG GET
+// (on every primary and replica of a Cluster; through Sentinel, on the
+// current primary only: set it on the replicas too) and refuses any other
+// than noeviction with an *EvictionPolicyError (errors.Is
+// ErrEvictionPolicy). A server that refuses
 // CONFIG GET (managed services rename or forbid it) cannot be checked: New
 // logs a warning through WithLogger and goes on; make sure of the policy
 // yourself. Under noeviction a Redis at its maxmemory refuses a claim of a

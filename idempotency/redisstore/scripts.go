@@ -217,7 +217,3 @@ if redis.call('EXISTS', rec) == 0 then
 end
 return redis.call('HGETALL', rec)
 `)
-
-// allScripts are loaded on every primary when a pipeline meets NOSCRIPT.
-var allScripts = []*redis.Script{claimScript, completeScript, heartbeatScript, pointScript,
-	releaseScript, reapScript, fetchScript}

@@ -228,10 +228,12 @@ type Store struct {
 
 var _ idempotency.Store = (*Store)(nil)
 
-// New returns a Store over rdb, configured by opts. It checks, on every
-// primary, that maxmemory-policy is noeviction (an *EvictionPolicyError
-// otherwise; a primary that refuses CONFIG GET, as managed services may, is
-// logged through WithLogger and accepted), bounded by 10 seconds. Errors:
+// New returns a Store over rdb, configured by opts. It checks that
+// maxmemory-policy is noeviction (an *EvictionPolicyError otherwise) on the
+// server of a *redis.Client (the current primary, through Sentinel), on
+// every primary and replica of a Cluster and on every shard of a Ring; a
+// server that refuses CONFIG GET, as managed services may, is logged
+// through WithLogger and accepted. The checks are bounded by 10 seconds. Errors:
 // ErrNilClient, ErrInvalidPrefix, ErrUnboundedClient,
 // ErrReplicasUnsupported, *EvictionPolicyError, or an *OpError with Op
 // "new" when the check cannot reach Redis. The caller keeps rdb and closes
@@ -296,7 +298,8 @@ func checkBounded(rdb redis.UniversalClient) error {
 	return nil
 }
 
-// checkEviction runs CONFIG GET maxmemory-policy on every primary.
+// checkEviction runs CONFIG GET maxmemory-policy on the client's server, on
+// every node of a Cluster, or on every shard of a Ring.
 func checkEviction(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
 	check := func(ctx context.Context, c *redis.Client) error {
 		addr := c.Options().Addr
@@ -319,7 +322,7 @@ func checkEviction(ctx context.Context, rdb redis.UniversalClient, logger *slog.
 	}
 	switch c := rdb.(type) {
 	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, check)
+		return c.ForEachShard(ctx, check) // the replicas too: one may become a primary
 	case *redis.Ring:
 		return c.ForEachShard(ctx, check)
 	case *redis.Client:
@@ -395,13 +398,14 @@ func (s *Store) run(ctx context.Context, op string, sc *redis.Script, k []string
 		}
 		var eval *redis.Cmd
 		var wait *redis.Cmd
-		_, err = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// Each command's error is read from it: Pipelined returns the first.
+		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			eval = sc.EvalSha(ctx, p, k, args...)
 			wait = p.Do(ctx, "wait", s.cfg.replicas, s.cfg.waitTimeout.Milliseconds())
 			return nil
 		})
-		if err != nil && redis.HasErrorPrefix(eval.Err(), "NOSCRIPT") && try == 0 {
-			_, err = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if redis.HasErrorPrefix(eval.Err(), "NOSCRIPT") {
+			_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 				eval = sc.Eval(ctx, p, k, args...)
 				wait = p.Do(ctx, "wait", s.cfg.replicas, s.cfg.waitTimeout.Milliseconds())
 				return nil
