@@ -20,6 +20,11 @@ ports="$base $((base + 1)) $((base + 2))"
 
 case "$cmd" in
 start)
+  for p in $ports; do
+    if redis-cli -p "$p" ping >/dev/null 2>&1; then
+      echo "redis-cluster.sh: port $p already has a Redis (stop it, or pick another BASEPORT)"; exit 1
+    fi
+  done
   addrs=""
   for p in $ports; do
     rm -f "$dir/nodes-$p.conf"
