@@ -102,7 +102,8 @@
 // new key (an *OpError wrapping idempotency.ErrStoreFull: 503
 // CodeStoreFull), while completions, heartbeats, recovery points and
 // releases of the records it holds go through (their scripts are
-// allow-oom), as do replays; a takeover is refused with the new keys.
+// allow-oom), as do replays; a takeover fails with an *OpError (503
+// CodeStoreUnavailable) until memory is freed.
 //
 // # Bounded
 //

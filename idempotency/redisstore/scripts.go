@@ -12,8 +12,9 @@ import "github.com/redis/go-redis/v9"
 // generation, in progress) does not hold, and writes nothing then.
 //
 // The claim has no flags, so that on a Redis over maxmemory its first
-// write fails and it writes nothing (the store answers ErrStoreFull); the
-// others are allow-oom: a completion, a heartbeat, a recovery point or a
+// write fails and it writes nothing (the store answers ErrStoreFull for a
+// new record; a takeover's failure it reports as TAKEOVER, since
+// ErrStoreFull is for new keys only); the others are allow-oom: a completion, a heartbeat, a recovery point or a
 // release of a record that exists is never refused for lack of memory.
 
 // lt compares two decimal integers (no leading zeros, an optional minus).
@@ -92,7 +93,10 @@ if st == '2' then
   return existing()
 end
 if st == '1' and lt(f[10], ARGV[10]) and f[6] == ARGV[5] and f[7] == ARGV[6] then
-  redis.call('HSET', rec, 'o', ARGV[7], 'lu', ARGV[8], 'ua', ARGV[10], 'cn', ARGV[17], 'oc', '2')
+  local w = redis.pcall('HSET', rec, 'o', ARGV[7], 'lu', ARGV[8], 'ua', ARGV[10], 'cn', ARGV[17], 'oc', '2')
+  if type(w) == 'table' and w.err then
+    return redis.error_reply('TAKEOVER ' .. w.err)
+  end
   redis.call('HINCRBY', rec, 'g', 1)
   redis.call('PEXPIREAT', rec, ARGV[15])
   redis.call('ZADD', lease, ARGV[14], ARGV[13])

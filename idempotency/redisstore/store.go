@@ -527,8 +527,9 @@ func mulSat(d time.Duration, k int64) time.Duration {
 // Claim implements idempotency.Store.Claim with one script on the scope's
 // slot (see the package documentation). A claim whose record would be over
 // WithMaxRecordBytes fails with idempotency.ErrRecordTooLarge; one that
-// would write on a Redis over its maxmemory, with an *OpError wrapping
-// idempotency.ErrStoreFull. Other errors are *OpError with Op "claim" (a
+// would create a record on a Redis over its maxmemory, with an *OpError
+// wrapping idempotency.ErrStoreFull (a takeover there fails with a plain
+// *OpError: the store is full only for new keys). Other errors are *OpError with Op "claim" (a
 // digest collision among them) or a *ReplicationError.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	size := int64(len(c.Scope.Principal)) + int64(len(c.Scope.Method)) + int64(len(c.Scope.Route)) +
@@ -562,7 +563,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 		k.member, micros(leaseUntil), expireAt, window, s.nonce(),
 		micros(addSat(c.Now, -h)), micros(addSat(c.Now, -mulSat(h, 2))))
 	if err != nil {
-		if redis.HasErrorPrefix(err, "OOM") {
+		if redis.HasErrorPrefix(err, "OOM") { // the first write of a new record failed
 			return idempotency.ClaimResult{}, &OpError{Op: "claim", Err: fmt.Errorf("%w: %v", idempotency.ErrStoreFull, err)}
 		}
 		var re *ReplicationError

@@ -311,9 +311,9 @@ func TestEvictionPolicy(t *testing.T) {
 
 // TestStoreFull fills a Redis of the test's own to its maxmemory
 // (noeviction): a claim of a new key fails with ErrStoreFull (503
-// CodeStoreFull) and writes nothing, while everything on the records it
-// holds goes on: a replay, a heartbeat, a recovery point, a completion, a
-// release.
+// CodeStoreFull) and writes nothing, a takeover fails with another error
+// and writes nothing, and everything else on the records it holds goes on:
+// a replay, a heartbeat, a recovery point, a completion, a release.
 func TestStoreFull(t *testing.T) {
 	addr := startRedis(t, "--maxmemory-policy", "noeviction")
 	rdb := clientOf(t, addr)
@@ -350,14 +350,25 @@ func TestStoreFull(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.True(t, full, "the store never filled")
+	// Freed buffers can take Redis back under its limit between calls: pin
+	// it over the limit for what follows.
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "1mb").Err())
+	_, err = s.Claim(ctx, testClaim("new", "a", now))
+	require.ErrorIs(t, err, idempotency.ErrStoreFull)
 	replay, err := s.Claim(ctx, testClaim("done", "b", now))
 	require.NoError(t, err)
 	require.Equal(t, idempotency.Completed, replay.Record.State)
+	_, err = s.Claim(ctx, testClaim("first", "c", now.Add(time.Hour))) // a takeover: its lease ended
+	require.Error(t, err)
+	require.NotErrorIs(t, err, idempotency.ErrStoreFull, "ErrStoreFull is for new keys only")
+	got, err := s.Get(ctx, testScope("first"))
+	require.NoError(t, err)
+	require.Equal(t, "a", got.Owner, "the refused takeover wrote nothing")
 	l := first.Record.Lease()
 	require.NoError(t, s.Heartbeat(ctx, l, now.Add(time.Minute)))
 	require.NoError(t, s.SetRecoveryPoint(ctx, l, "order", bytes.Repeat([]byte("d"), 1<<10), now))
 	require.NoError(t, s.Complete(ctx, l, okResponse, now))
-	got, err := s.Get(ctx, l.Scope)
+	got, err = s.Get(ctx, l.Scope)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.Completed, got.State)
 	fill, err := s.Abandoned(ctx, now.Add(time.Hour), 1)
