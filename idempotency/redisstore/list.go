@@ -159,7 +159,9 @@ func fetched(c *redis.Cmd) (idempotency.Record, bool, error) {
 // DeleteBefore implements idempotency.Store.DeleteBefore: up to limit
 // records last updated before horizon that are completed or whose lease
 // also ended before it. It lists every shard's indexes in one pipelined
-// round and deletes with one script per record, which checks the
+// round (each shard at most max(8, 4 limit / 256) members, so a shard
+// holding many more of the old records than its share waits for the next
+// call) and deletes with one script per record, which checks the
 // conditions again, so a record taken over, heartbeated or completed
 // meanwhile survives. Redis expires records by itself (see
 // WithCleanupHorizon): this deletes them earlier. A limit of 0 or less
@@ -169,11 +171,15 @@ func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) 
 		return 0, nil
 	}
 	below := micros(horizon)
-	done, err := s.scan(ctx, "done", below, limit)
+	// Records spread evenly over the shards (their digests decide): each
+	// shard lists a share of the limit, with room for unevenness, rather
+	// than the whole limit, which would list shards times the limit.
+	per := min(limit, max(8, 4*limit/shards))
+	done, err := s.scan(ctx, "done", below, per)
 	if err != nil {
 		return 0, opErr("delete_before", err)
 	}
-	leased, err := s.scan(ctx, "lease", below, limit)
+	leased, err := s.scan(ctx, "lease", below, per)
 	if err != nil {
 		return 0, opErr("delete_before", err)
 	}
