@@ -139,18 +139,12 @@ func fetched(c *redis.Cmd) (idempotency.Record, bool, error) {
 	if err != nil {
 		return idempotency.Record{}, false, err
 	}
-	a, ok := v.([]any)
-	if !ok {
-		return idempotency.Record{}, false, nil // nil or false: gone
+	if _, gone := v.(bool); gone || v == nil {
+		return idempotency.Record{}, false, nil // false (RESP3) or nil: gone
 	}
-	if len(a)%2 != 0 {
-		return idempotency.Record{}, false, errCorrupt
-	}
-	m := make(map[string]string, len(a)/2)
-	for i := 0; i < len(a); i += 2 {
-		k, _ := value(a[i])
-		v, _ := value(a[i+1])
-		m[k] = v
+	m, err := pairs(v)
+	if err != nil {
+		return idempotency.Record{}, false, err
 	}
 	rec, err := recordOf(m)
 	return rec, err == nil, err

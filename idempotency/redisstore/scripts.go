@@ -221,3 +221,11 @@ if redis.call('EXISTS', rec) == 0 then
 end
 return redis.call('HGETALL', rec)
 `)
+
+// getScript reads a record. KEYS: record. A script, not a bare HGETALL,
+// so that it runs on the primary even for a client that sends reads to
+// replicas (ReadOnly, RouteByLatency): the middleware decides from what it
+// reads, and a replica may lag.
+var getScript = redis.NewScript(`#!lua flags=no-writes
+return redis.call('HGETALL', KEYS[1])
+`)

@@ -717,6 +717,35 @@ func (d *decoder) response(status, header, body any) *idempotency.Response {
 	return resp
 }
 
+// pairs reads the answer of an HGETALL made in a script: a flat list of
+// fields and values under RESP2 and RESP3 alike (a map, if a client ever
+// hands one over).
+func pairs(v any) (map[string]string, error) {
+	switch v := v.(type) {
+	case nil:
+		return nil, nil
+	case []any:
+		if len(v)%2 != 0 {
+			return nil, errCorrupt
+		}
+		m := make(map[string]string, len(v)/2)
+		for i := 0; i < len(v); i += 2 {
+			k, _ := value(v[i])
+			val, _ := value(v[i+1])
+			m[k] = val
+		}
+		return m, nil
+	case map[any]any:
+		m := make(map[string]string, len(v))
+		for k, val := range v {
+			ks, _ := value(k)
+			m[ks], _ = value(val)
+		}
+		return m, nil
+	}
+	return nil, errCorrupt
+}
+
 // recordOf reads a record's hash (HGETALL).
 func recordOf(m map[string]string) (idempotency.Record, error) {
 	var d decoder
@@ -750,13 +779,18 @@ func recordOf(m map[string]string) (idempotency.Record, error) {
 	return r, d.err
 }
 
-// Get implements idempotency.Store.Get with one HGETALL. It returns
+// Get implements idempotency.Store.Get with one script (an HGETALL on the
+// primary, whatever replicas the client reads from). It returns
 // idempotency.ErrNotFound when no record exists, *OpError with Op "get"
 // otherwise.
 func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Record, error) {
 	ctx, cancel := s.call(ctx)
 	defer cancel()
-	m, err := s.rdb.HGetAll(ctx, s.keysOf(sc).rec).Result()
+	v, err := getScript.Run(ctx, s.rdb, []string{s.keysOf(sc).rec}).Result()
+	if err != nil && err != redis.Nil {
+		return idempotency.Record{}, opErr("get", err)
+	}
+	m, err := pairs(v)
 	if err != nil {
 		return idempotency.Record{}, opErr("get", err)
 	}

@@ -440,3 +440,30 @@ func TestDeleteBeforeBatches(t *testing.T) {
 		require.Equal(t, want, n)
 	}
 }
+
+// TestReadsGoToThePrimary gives the Store a client that sends read-only
+// commands to a replica (ClusterOptions.ReadOnly), over two servers of the
+// test's own: a primary and, as its "replica", a server that never receives
+// the writes (a replica that lags without end). Get still reads what the
+// primary holds: the middleware decides from what it reads.
+func TestReadsGoToThePrimary(t *testing.T) {
+	primary, lagging := startRedis(t), startRedis(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{
+		ReadOnly:              true,
+		ContextTimeoutEnabled: true,
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			return []redis.ClusterSlot{{Start: 0, End: 16383,
+				Nodes: []redis.ClusterNode{{Addr: primary}, {Addr: lagging}}}}, nil
+		},
+	})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s, err := redisstore.New(rdb)
+	require.NoError(t, err)
+	res, err := s.Claim(t.Context(), testClaim("k", "a", time.Now()))
+	require.NoError(t, err)
+	require.Equal(t, idempotency.ClaimCreated, res.Outcome)
+	rec, err := s.Get(t.Context(), testScope("k"))
+	require.NoError(t, err, "Get read the replica")
+	require.Equal(t, "a", rec.Owner)
+	require.Zero(t, clientOf(t, lagging).DBSize(t.Context()).Val(), "the replica has nothing")
+}
