@@ -11,6 +11,7 @@ require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/redis/go-redis/v9 v9.22.0
 	github.com/saferetry/saferetry v0.0.0-00010101000000-000000000000
 	github.com/saferetry/saferetry/idempotency/sqlstore v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
@@ -29,6 +30,7 @@ require (
 	go.opentelemetry.io/otel/metric v1.46.0 // indirect
 	go.opentelemetry.io/otel/sdk v1.46.0 // indirect
 	go.opentelemetry.io/otel/trace v1.46.0 // indirect
+	go.uber.org/atomic v1.11.0 // indirect
 )
 
 require (
@@ -58,6 +60,7 @@ require (
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/rs/xid v1.4.0 // indirect
 	github.com/rs/zerolog v1.28.0 // indirect
+	github.com/saferetry/saferetry/idempotency/redisstore v0.0.0-00010101000000-000000000000
 	github.com/saferetry/saferetry/otelsaferetry v0.0.0-00010101000000-000000000000
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/image v0.30.0 // indirect
@@ -73,3 +76,5 @@ require (
 )
 
 replace github.com/saferetry/saferetry/otelsaferetry => ../otelsaferetry
+
+replace github.com/saferetry/saferetry/idempotency/redisstore => ../idempotency/redisstore

@@ -10,11 +10,15 @@
 //	go run ./examples/chaos -metrics metrics.json
 //	go run ./examples/chaos -unsafe-no-idempotency # the contrast: duplicates, exit status 1
 //	go run ./examples/chaos -store postgres -dsn postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+//	go run ./examples/chaos -store redis -dsn 127.0.0.1:6379
+//	go run ./examples/chaos -store redis-cluster -dsn 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
 //
-// Everything runs in one process on loopback.
+// Everything runs in one process on loopback; the PostgreSQL and Redis
+// stores need a server running (the demo starts none).
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -38,8 +42,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	faults := fs.String("faults", defaultFaults, "fault mix (see below)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the chaos phase (the whole run takes a few seconds more)")
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, each with its own connection pool and Transport")
-	fs.StringVar(&cfg.Store, "store", cfg.Store, "idempotency store: memory, sqlite (a file in a temp dir) or postgres")
-	fs.StringVar(&cfg.DSN, "dsn", "", "postgres: connection string (default $SAFERETRY_PG_DSN); sqlite: a database file path (default: a new temp dir)")
+	fs.StringVar(&cfg.Store, "store", cfg.Store, "idempotency store: memory, sqlite (a file in a temp dir), postgres, redis or redis-cluster")
+	fs.StringVar(&cfg.DSN, "dsn", "", "postgres: connection string (default $SAFERETRY_PG_DSN); sqlite: a database file path (default: a new temp dir); "+
+		"redis: host:port (default $SAFERETRY_REDIS_ADDR, else 127.0.0.1:6379); redis-cluster: comma-separated addresses (default $SAFERETRY_REDIS_CLUSTER_ADDRS)")
 	fs.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", cfg.AttemptTimeout, "the clients' per-attempt timeout (saferetry.WithAttemptTimeout)")
 	fs.IntVar(&cfg.MaxAttempts, "attempts", cfg.MaxAttempts, "attempts per logical request, first included (saferetry.WithMaxAttempts)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule (0: random)")
@@ -96,9 +101,16 @@ Flags:
 	if cfg.Store == "postgres" && cfg.DSN == "" {
 		cfg.DSN = os.Getenv("SAFERETRY_PG_DSN")
 	}
+	if cfg.Store == "redis" && cfg.DSN == "" {
+		cfg.DSN = cmp.Or(os.Getenv("SAFERETRY_REDIS_ADDR"), "127.0.0.1:6379")
+	}
+	if cfg.Store == "redis-cluster" && cfg.DSN == "" {
+		cfg.DSN = os.Getenv("SAFERETRY_REDIS_CLUSTER_ADDRS")
+	}
 	switch {
-	case cfg.Store != "memory" && cfg.Store != "sqlite" && cfg.Store != "postgres":
-		return cfg, fmt.Errorf("-store %q: want memory, sqlite or postgres", cfg.Store)
+	case cfg.Store != "memory" && cfg.Store != "sqlite" && cfg.Store != "postgres" && cfg.Store != "redis" &&
+		cfg.Store != "redis-cluster":
+		return cfg, fmt.Errorf("-store %q: want memory, sqlite, postgres, redis or redis-cluster", cfg.Store)
 	case cfg.Duration <= 0 || cfg.Duration > time.Hour:
 		return cfg, errors.New("-duration must be between 0 and 1h")
 	case cfg.Clients <= 0 || cfg.Clients > 1000:

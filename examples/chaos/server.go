@@ -21,7 +21,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // PostgreSQL driver "pgx"
-	_ "modernc.org/sqlite"             // SQLite driver "sqlite"
+	"github.com/redis/go-redis/v9"
+	_ "modernc.org/sqlite" // SQLite driver "sqlite"
 
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/idempotency"
@@ -38,9 +39,11 @@ type backend struct {
 	db      *sql.DB // nil for the memory store
 	dialect sqlstore.Dialect
 	store   idempotency.Store
-	ledger  *ledger // the memory store's payments
-	where   string  // for the report: the SQLite file or the PostgreSQL schema
-	close   func()  // drops what openBackend created
+	ledger  *ledger               // the memory store's payments
+	redis   redis.UniversalClient // the Redis stores' payments (redis.go)
+	prefix  string                // the run's Redis key prefix
+	where   string                // for the report: the SQLite file or the PostgreSQL schema
+	close   func()                // drops what openBackend created
 }
 
 // ledger is the payments table of the memory store: rows appended under
@@ -77,8 +80,10 @@ func openBackend(ctx context.Context, kind, dsn string, keep bool) (*backend, er
 		return openSQLite(ctx, dsn, keep)
 	case "postgres":
 		return openPostgres(ctx, dsn, keep)
+	case "redis", "redis-cluster":
+		return openRedis(ctx, dsn, kind == "redis-cluster", keep)
 	}
-	return nil, fmt.Errorf("unknown store %q (want memory, sqlite or postgres)", kind)
+	return nil, fmt.Errorf("unknown store %q (want memory, sqlite, postgres, redis or redis-cluster)", kind)
 }
 
 func openSQLite(ctx context.Context, path string, keep bool) (*backend, error) {
@@ -239,6 +244,9 @@ func (b *backend) sideEffects(ctx context.Context) (map[string][]int64, error) {
 		defer b.ledger.mu.Unlock()
 		return maps.Clone(b.ledger.rows), nil
 	}
+	if b.redis != nil {
+		return b.redisSideEffects(ctx)
+	}
 	rows, err := b.db.QueryContext(ctx, "SELECT idem_key, id FROM payments ORDER BY id")
 	if err != nil {
 		return nil, err
@@ -335,6 +343,10 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	key, _ := keygen.ParseHeader(r.Header.Values("Idempotency-Key"))
 	if a.b.ledger != nil {
 		a.createInMemory(w, r, key, p)
+		return
+	}
+	if a.b.redis != nil {
+		a.createInRedis(w, r, key, p)
 		return
 	}
 	var row *sql.Row

@@ -29,7 +29,7 @@ import (
 
 // patterns are the library modules' packages (examples and bench are not
 // libraries).
-var patterns = []string{"./...", "./idempotency/sqlstore/...", "./otelsaferetry/..."}
+var patterns = []string{"./...", "./idempotency/sqlstore/...", "./idempotency/redisstore/...", "./otelsaferetry/..."}
 
 const (
 	module = "github.com/saferetry/saferetry"

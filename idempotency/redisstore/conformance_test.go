@@ -1,0 +1,36 @@
+package redisstore_test
+
+import (
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/idempotencytest"
+	"github.com/saferetry/saferetry/idempotency/redisstore"
+)
+
+// TestConformance runs the shared Store conformance suite against a
+// standalone Redis and a Redis Cluster, each subtest under a fresh prefix.
+// The suite's times are in 2025, so the records' cleanup horizon is a
+// century: Redis would otherwise expire them at once by its own clock. The
+// Unit subtests skip: the Store is not a Transactor. It runs once more over
+// RESP2, in which Lua's false reaches the client as nil, not as false.
+func TestConformance(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		idempotencytest.TestStore(t, func(t *testing.T) idempotency.Store {
+			s, _, _ := newStore(t, b, redisstore.WithCleanupHorizon(century))
+			return s
+		})
+	})
+	t.Run("standalone-resp2", func(t *testing.T) {
+		idempotencytest.TestStore(t, func(t *testing.T) idempotency.Store {
+			rdb := redis.NewClient(&redis.Options{Addr: redisAddr(t), Protocol: 2, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = rdb.Close() })
+			s, err := redisstore.New(rdb, redisstore.WithPrefix(freshPrefix(t, rdb)), redisstore.WithCleanupHorizon(century))
+			require.NoError(t, err)
+			return s
+		})
+	})
+}

@@ -1,0 +1,134 @@
+// Package redisstore keeps idempotency records in Redis: standalone,
+// Sentinel or Cluster, through go-redis's redis.UniversalClient. Its Store
+// implements idempotency.Store (not idempotency.Transactor: see below).
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+//	// or redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true}),
+//	// redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: addrs, ...})
+//	store, err := redisstore.New(rdb, redisstore.WithPrefix("payments:"))
+//	mw := idempotency.New(store, idempotency.WithPrincipal(accountID))
+//
+// # One script per operation
+//
+// Every operation on a record is one Lua script on one slot: a record's
+// hash and the two indexes of its shard share a hash tag, so the script runs
+// unchanged on a Cluster, and records spread over 256 slots (the shard is
+// the first byte of the SHA-256 of the scope's length-prefixed parts, which
+// also names the record, so scope parts of any bytes and length work). A
+// Get too is a script, so that it reads the primary even through a client
+// that sends reads to replicas. Round trips per guarded request: a new key costs two, the claim
+// and the completion; a replay one, the claim that finds the completed
+// record; an in-progress conflict (409) one. With WithReplicas, each write
+// is followed by WAIT in the same round trip.
+//
+// # Fenced
+//
+// A claim creates the record with generation 1, or 1 more than a completed
+// record it restarts past its replay window; a takeover of an expired lease
+// (same fingerprint) bumps the generation and keeps the recovery point and
+// the stored request. Every later write (heartbeat, end of lease, recovery
+// point, completion, release) checks owner, generation and the in-progress
+// state inside its script and writes nothing, answering
+// idempotency.ErrLeaseLost, when they do not hold. Each call carries a nonce:
+// a claim or a completion that go-redis sends again after a lost reply (the
+// connection died after Redis ran it) finds its own nonce and answers what
+// it did the first time, so a retried claim is still the claimant's and a
+// retried completion succeeds. A release whose reply was lost answers
+// ErrLeaseLost on its retry (the record is gone), which the middleware takes
+// as "nothing to give up".
+//
+// # Expiry, the Completer and the Reaper
+//
+// Records expire in Redis itself (PEXPIREAT): a completed record at its
+// completion plus the longer of the cleanup horizon (WithCleanupHorizon,
+// 72 h) and its claim's replay window, so it is replayed for its whole
+// window without any Reaper; a record in progress at twice the horizon after
+// the later of its last update and its lease end. Each shard keeps a lease
+// index (its records in progress, by lease end) and a done index (its
+// completed records, by completion): Abandoned, which the Completer calls,
+// reads the lease indexes of every shard in one pipelined round (one round
+// trip per primary on a Cluster), never one hot key; members of records that
+// Redis expired leave the indexes as the listings meet them, and a claim
+// trims its shard's members older than the horizon. What the Reaper still
+// does: report each unfinished record (in progress, its lease over, for a
+// person to check its side effects) before it deletes it past the
+// middleware's horizon; Redis drops such a record only a whole horizon
+// later, unreported. Completed records need no Reaper; its DeleteBefore
+// deletes them earlier when the middleware's horizon is shorter.
+//
+// # What it cannot promise
+//
+// No transaction with the business write. Redis has no transaction that a
+// handler's own writes (in another database, or in Redis) and the record
+// could share, so the Store is not an idempotency.Transactor: Run.Unit
+// fails with an error wrapping errors.ErrUnsupported, a phase runs its
+// function with no unit, and the stored response is written after the
+// handler's effects, in its own step. A crash between
+// the two leaves the record in progress, and the request runs again after
+// the lease, from its last recovery point. A handler on this store makes
+// every write safe to run again: split the work into phases (Run.Phase,
+// whose recovery point is written after the phase's function returns, so a
+// crash before it runs the phase again), call other services through
+// Run.External with its downstream key and lookup, and give its own writes
+// a unique key (a SET NX, a unique constraint in its own database keyed by
+// Run.DownstreamKey) so that a second run finds the first one's row instead
+// of adding one.
+//
+// Asynchronous replication. Redis acknowledges a write before any replica
+// has it: a failover (Sentinel, Cluster) can promote a replica that lacks an
+// acknowledged claim or completion, and the request then runs again (a
+// second execution), or a taken-over record comes back with its old owner.
+// WithReplicas(n, timeout) makes every write wait (WAIT) until n replicas
+// acknowledged it and fails the call with a *ReplicationError otherwise.
+// It still does not cover: a failover to a replica other than those that
+// acknowledged; a write lost by a crash of the primary and of those
+// replicas together (replication is to memory; WAIT says nothing of disk:
+// run with appendonly and appendfsync as your durability needs, and WAITAOF
+// on Redis 7.2 or later is not used here); a failover between the write and
+// the WAIT; and reads, which go to the primary only. It makes a lost claim
+// unlikely, not impossible; for a guarantee that survives failover use
+// sqlstore on a database with synchronous replication.
+//
+// Eviction. Under a maxmemory-policy other than noeviction, a Redis at its
+// maxmemory drops keys, records in progress and within their replay window
+// included (every record has an expiry, so volatile-* policies drop them
+// too), and their requests run again. New checks the policy with CONFIG GET
+// (on every primary and replica of a Cluster; through Sentinel, on the
+// current primary only: set it on the replicas too) and refuses any other
+// than noeviction with an *EvictionPolicyError (errors.Is
+// ErrEvictionPolicy). A server that refuses
+// CONFIG GET (managed services rename or forbid it) cannot be checked: New
+// logs a warning through WithLogger and goes on; make sure of the policy
+// yourself. Under noeviction a Redis at its maxmemory refuses a claim of a
+// new key (an *OpError wrapping idempotency.ErrStoreFull: 503
+// CodeStoreFull), while completions, heartbeats, recovery points and
+// releases of the records it holds go through (their scripts are
+// allow-oom), as do replays; a takeover fails with an *OpError (503
+// CodeStoreUnavailable) until memory is freed.
+//
+// # Bounded
+//
+// Every call has a deadline (WithTimeout, 5 s, within the caller's
+// context); go-redis cuts a call at it with ContextTimeoutEnabled, and
+// otherwise at its ReadTimeout and WriteTimeout: New refuses a client with
+// neither (ErrUnboundedClient). A claim of a record over WithMaxRecordBytes
+// (8 MiB) fails with idempotency.ErrRecordTooLarge (413) and writes
+// nothing; the middleware's WithMaxRequestBody and WithMaxStoredBody bound
+// what a record holds. Listings are bounded by their limit per shard.
+//
+// # Clocks
+//
+// The Store reads no clock: times come from its callers, and expiry times
+// are computed from them, so the servers and Redis need clocks that agree
+// to well below the lease (NTP), as for every shared store: a server whose
+// clock runs ahead takes over a live lease early (the fence stops the old
+// owner's writes, but two executions overlapped), and Redis expires
+// records by its own clock.
+//
+// # Keys
+//
+// Under the prefix P (WithPrefix, "saferetry:"): P{xx}r:<digest> the record
+// (a hash), P{xx}lease and P{xx}done the shard's indexes (sorted sets), xx
+// the shard in hex. Delete a store's data with the prefix (SCAN and DEL on
+// each primary); never FLUSHALL a Redis that others share.
+package redisstore

@@ -1,0 +1,102 @@
+package redisstore_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/redisstore"
+)
+
+// counter is a go-redis hook that records the commands the client sends,
+// each a round trip (the Store pipelines nothing on a request's path).
+type counter struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.mu.Lock()
+		c.cmds = append(c.cmds, cmd.Name())
+		c.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.mu.Lock()
+		c.cmds = append(c.cmds, "pipeline")
+		c.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+func (c *counter) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.cmds
+	c.cmds = nil
+	return out
+}
+
+// TestRoundTrips counts what the middleware sends to Redis per guarded
+// request, on a standalone Redis and on a Cluster: a new key two scripts
+// (claim, completion), a replay one, an in-progress conflict one.
+func TestRoundTrips(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		rdb := b.client(t)
+		prefix := freshPrefix(t, rdb)
+		s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
+		require.NoError(t, err)
+		hook := &counter{}
+		rdb.AddHook(hook)
+		release := make(chan struct{})
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Idempotency-Key") == "held" {
+				<-release
+			}
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"id":"ch_1"}`))
+		})
+		mw := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct", nil })).Wrap(h)
+		serve := func(key string) int {
+			req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`))
+			req.Header.Set("Idempotency-Key", key)
+			rec := httptest.NewRecorder()
+			mw.ServeHTTP(rec, req)
+			return rec.Code
+		}
+		require.Equal(t, http.StatusCreated, serve("warm-up")) // loads the scripts
+		hook.take()
+
+		require.Equal(t, http.StatusCreated, serve("k"))
+		require.Equal(t, []string{"evalsha", "evalsha"}, hook.take(), "a new key: claim and completion")
+		require.Equal(t, http.StatusCreated, serve("k"))
+		require.Equal(t, []string{"evalsha"}, hook.take(), "a replay: the claim")
+
+		done := make(chan int)
+		go func() { done <- serve("held") }()
+		require.Eventually(t, func() bool {
+			_, err := s.Get(t.Context(), idempotency.Scope{Principal: "acct", Method: http.MethodPost,
+				Route: "/payments", Key: "held"})
+			return err == nil
+		}, 10*time.Second, time.Millisecond)
+		hook.take()
+		require.Equal(t, http.StatusConflict, serve("held"))
+		require.Equal(t, []string{"evalsha"}, hook.take(), "an in-progress conflict: the claim")
+		close(release)
+		require.Equal(t, http.StatusCreated, <-done)
+	})
+}

@@ -1,0 +1,231 @@
+package redisstore
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts. Each runs on the keys of one record, which share one hash
+// tag and so one slot: the record's hash, its shard's lease index (a
+// sorted set of the shard's records in progress, scored by lease end in
+// microseconds) and its shard's done index (of its completed records,
+// scored by completion time in microseconds). Times in the record are
+// decimal Unix nanoseconds, compared as strings by lt (Lua numbers are
+// doubles, exact only to 2^53). A script answers 0 where the fence (owner,
+// generation, in progress) does not hold, and writes nothing then.
+//
+// The claim has no flags, so that on a Redis over maxmemory its first
+// write fails and it writes nothing (the store answers ErrStoreFull for a
+// new record; a takeover's failure it reports as TAKEOVER, since
+// ErrStoreFull is for new keys only); the others are allow-oom: a completion, a heartbeat, a recovery point or a
+// release of a record that exists is never refused for lack of memory.
+
+// lt compares two decimal integers (no leading zeros, an optional minus).
+const luaLess = `
+local function lt(a, b)
+  local na, nb = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
+  if na ~= nb then return na end
+  if na then a, b = b:sub(2), a:sub(2) end
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+`
+
+// claimScript decides a claim. KEYS: record, lease index, done index.
+// ARGV: 1-4 principal, method, route, key; 5 fingerprint; 6 its version;
+// 7 owner; 8 lease end (ns); 9 request; 10 now (ns); 11 the replay cutoff
+// (ns; "" when completed records never expire); 12 "1" for TakeoverOnly;
+// 13 the index member; 14 the lease score (µs); 15 the record's expiry
+// (ms); 16 the replay window (ms); 17 the call's nonce; 18 and 19 the done
+// and lease index scores (µs) below which members are trimmed.
+//
+// It answers {0} (nothing to take over), {0, st, fp, fv, owner, gen, lu,
+// co, rs, rh, rb} (existing), {1, gen} (created) or {2, gen, rp, rd, rq, ca}
+// (taken over). A claim whose nonce the record holds answers again what it
+// did: a retry after a lost reply is the same claim.
+var claimScript = redis.NewScript(luaLess + `
+local rec, lease, done = KEYS[1], KEYS[2], KEYS[3]
+local f = redis.call('HMGET', rec, 'st', 'p', 'm', 'u', 'k', 'fp', 'fv', 'o', 'g', 'lu', 'co', 'cn', 'oc')
+local st = f[1]
+
+local function taken()
+  local t = redis.call('HMGET', rec, 'g', 'rp', 'rd', 'rq', 'ca')
+  return {2, t[1], t[2], t[3], t[4], t[5]}
+end
+
+local function create(restart)
+  if restart then
+    redis.call('HDEL', rec, 'rp', 'rd', 'rs', 'rh', 'rb', 'co', 'kn')
+    redis.call('ZREM', done, ARGV[13])
+  end
+  redis.call('HSET', rec, 'p', ARGV[1], 'm', ARGV[2], 'u', ARGV[3], 'k', ARGV[4], 'st', '1',
+    'fp', ARGV[5], 'fv', ARGV[6], 'o', ARGV[7], 'lu', ARGV[8], 'rq', ARGV[9],
+    'ca', ARGV[10], 'ua', ARGV[10], 'w', ARGV[16], 'cn', ARGV[17], 'oc', '1')
+  local g = redis.call('HINCRBY', rec, 'g', 1)
+  redis.call('PEXPIREAT', rec, ARGV[15])
+  redis.call('ZADD', lease, ARGV[14], ARGV[13])
+  redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. ARGV[18])
+  redis.call('ZREMRANGEBYSCORE', lease, '-inf', '(' .. ARGV[19])
+  return {1, g}
+end
+
+local function existing()
+  local r = {0, st, f[6], f[7], f[8], f[9], f[10], f[11], false, false, false}
+  if st == '2' then
+    local t = redis.call('HMGET', rec, 'rs', 'rh', 'rb')
+    r[9], r[10], r[11] = t[1], t[2], t[3]
+  end
+  return r
+end
+
+if not st then
+  if ARGV[12] == '1' then return {0} end
+  return create(false)
+end
+if f[2] ~= ARGV[1] or f[3] ~= ARGV[2] or f[4] ~= ARGV[3] or f[5] ~= ARGV[4] then
+  return redis.error_reply('SCOPE the record under this digest holds another scope')
+end
+if st == '1' and f[12] == ARGV[17] and f[8] == ARGV[7] then
+  if f[13] == '2' then return taken() end
+  return {1, tonumber(f[9])}
+end
+if st == '2' then
+  if ARGV[12] ~= '1' and ARGV[11] ~= '' and lt(f[11], ARGV[11]) then
+    return create(true)
+  end
+  return existing()
+end
+if st == '1' and lt(f[10], ARGV[10]) and f[6] == ARGV[5] and f[7] == ARGV[6] then
+  local w = redis.pcall('HSET', rec, 'o', ARGV[7], 'lu', ARGV[8], 'ua', ARGV[10], 'cn', ARGV[17], 'oc', '2')
+  if type(w) == 'table' and w.err then
+    return redis.error_reply('TAKEOVER ' .. w.err)
+  end
+  redis.call('HINCRBY', rec, 'g', 1)
+  redis.call('PEXPIREAT', rec, ARGV[15])
+  redis.call('ZADD', lease, ARGV[14], ARGV[13])
+  return taken()
+end
+return existing()
+`)
+
+// completeScript completes a record. KEYS: record, lease index, done
+// index. ARGV: 1 owner; 2 generation; 3 status; 4 header; 5 "1" when there
+// is a header; 6 body; 7 now (ns); 8 the index member; 9 the done score
+// (µs); 10 now (ms); 11 the cleanup horizon (ms); 12 the call's nonce. The
+// record expires at now plus the longer of the horizon and its replay
+// window. A completed record that holds the call's nonce answers 1 again:
+// a retry after a lost reply is the same completion.
+var completeScript = redis.NewScript(`#!lua flags=allow-oom
+local rec, lease, done = KEYS[1], KEYS[2], KEYS[3]
+local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'w', 'kn')
+if f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
+if f[1] == '2' then
+  if f[5] == ARGV[12] then return 1 end
+  return 0
+end
+if f[1] ~= '1' then return 0 end
+redis.call('HSET', rec, 'st', '2', 'rs', ARGV[3], 'rb', ARGV[6], 'co', ARGV[7], 'ua', ARGV[7], 'kn', ARGV[12])
+if ARGV[5] == '1' then
+  redis.call('HSET', rec, 'rh', ARGV[4])
+else
+  redis.call('HDEL', rec, 'rh')
+end
+redis.call('HDEL', rec, 'rq')
+local keep = tonumber(ARGV[11])
+local w = tonumber(f[4]) or 0
+if w > keep then keep = w end
+redis.call('PEXPIREAT', rec, string.format('%.0f', tonumber(ARGV[10]) + keep + 1))
+redis.call('ZREM', lease, ARGV[8])
+redis.call('ZADD', done, ARGV[9], ARGV[8])
+return 1
+`)
+
+// heartbeatScript sets the lease end (Heartbeat, EndLease). KEYS: record,
+// lease index. ARGV: 1 owner; 2 generation; 3 lease end (ns); 4 its score
+// (µs); 5 the index member; 6 lease end (ms); 7 twice the cleanup horizon
+// (ms). A record in progress expires twice the horizon after the later of
+// its last update and its lease end.
+var heartbeatScript = redis.NewScript(`#!lua flags=allow-oom
+local rec, lease = KEYS[1], KEYS[2]
+local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'ua')
+if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
+redis.call('HSET', rec, 'lu', ARGV[3])
+redis.call('ZADD', lease, ARGV[4], ARGV[5])
+local base = tonumber(ARGV[6])
+local ua = math.floor(tonumber(f[4]) / 1e6)
+if ua > base then base = ua end
+redis.call('PEXPIREAT', rec, string.format('%.0f', base + tonumber(ARGV[7]) + 1))
+return 1
+`)
+
+// pointScript sets the recovery point. KEYS: record. ARGV: 1 owner; 2
+// generation; 3 point; 4 data; 5 "1" when there is data; 6 now (ns); 7 now
+// (ms); 8 twice the cleanup horizon (ms).
+var pointScript = redis.NewScript(`#!lua flags=allow-oom
+local rec = KEYS[1]
+local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'lu')
+if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
+redis.call('HSET', rec, 'rp', ARGV[3], 'ua', ARGV[6])
+if ARGV[5] == '1' then
+  redis.call('HSET', rec, 'rd', ARGV[4])
+else
+  redis.call('HDEL', rec, 'rd')
+end
+local base = tonumber(ARGV[7])
+local lu = math.floor(tonumber(f[4]) / 1e6)
+if lu > base then base = lu end
+redis.call('PEXPIREAT', rec, string.format('%.0f', base + tonumber(ARGV[8]) + 1))
+return 1
+`)
+
+// releaseScript deletes a record in progress. KEYS: record, lease index.
+// ARGV: 1 owner; 2 generation; 3 the index member.
+var releaseScript = redis.NewScript(`#!lua flags=allow-oom
+local rec, lease = KEYS[1], KEYS[2]
+local f = redis.call('HMGET', rec, 'st', 'o', 'g')
+if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
+redis.call('DEL', rec)
+redis.call('ZREM', lease, ARGV[3])
+return 1
+`)
+
+// reapScript deletes a record last updated before the horizon: completed,
+// or in progress with its lease also ended before it. KEYS: record, lease
+// index, done index. ARGV: 1 horizon (ns); 2 the index member. It answers
+// 1 when it deleted the record; a member whose record is gone (expired in
+// Redis) leaves the indexes, and it answers 0.
+var reapScript = redis.NewScript(luaLess + `
+local rec, lease, done = KEYS[1], KEYS[2], KEYS[3]
+local f = redis.call('HMGET', rec, 'st', 'ua', 'lu')
+if not f[1] then
+  redis.call('ZREM', lease, ARGV[2])
+  redis.call('ZREM', done, ARGV[2])
+  return 0
+end
+if lt(f[2], ARGV[1]) and (f[1] == '2' or (f[1] == '1' and lt(f[3], ARGV[1]))) then
+  redis.call('DEL', rec)
+  redis.call('ZREM', lease, ARGV[2])
+  redis.call('ZREM', done, ARGV[2])
+  return 1
+end
+return 0
+`)
+
+// fetchScript reads a record listed in an index. KEYS: record, lease
+// index, done index. ARGV: 1 the index member. It answers the record's
+// fields and values, or nil when it is gone (expired in Redis), and then
+// removes the member from the indexes.
+var fetchScript = redis.NewScript(`#!lua flags=allow-oom
+local rec, lease, done = KEYS[1], KEYS[2], KEYS[3]
+if redis.call('EXISTS', rec) == 0 then
+  redis.call('ZREM', lease, ARGV[1])
+  redis.call('ZREM', done, ARGV[1])
+  return false
+end
+return redis.call('HGETALL', rec)
+`)
+
+// getScript reads a record. KEYS: record. A script, not a bare HGETALL,
+// so that it runs on the primary even for a client that sends reads to
+// replicas (ReadOnly, RouteByLatency): the middleware decides from what it
+// reads, and a replica may lag.
+var getScript = redis.NewScript(`#!lua flags=no-writes
+return redis.call('HGETALL', KEYS[1])
+`)
