@@ -15,13 +15,16 @@ import (
 )
 
 // attempt is one try of a call: its context, that context's cancellation,
-// the timer of its time limit, and its outcome. Its time limit covers
-// everything the Transport does with the response (classify, rules,
-// observers, peek) and stops only when the response is handed over
-// (handOver); after that, the caller's context alone governs the body. The
-// Transport's own reads of the body have bounds of their own as well: the
-// peek at a 409 at most maxPeekTime, the drain of a discarded answer the
-// wait before the retry.
+// the timer of its time limit, its outcome, and what it still owns. Its
+// time limit covers everything the Transport does with the response
+// (classify, rules, observers, peek) and stops only when the response is
+// handed over (handOver); after that, the caller's context alone governs
+// the body. The Transport's own reads of the body have bounds of their own
+// as well: the peek at a 409 at most maxPeekTime, the drain of a discarded
+// answer the wait before the retry.
+//
+// An attempt is torn down in one place: close, which every attempt not
+// handed over goes through exactly once.
 type attempt struct {
 	n      int
 	start  time.Time
@@ -32,6 +35,14 @@ type attempt struct {
 	timer  *time.Timer // cancels ctx at until; nil when the caller's deadline is as early
 	resp   *http.Response
 	err    error
+
+	// body is the response body the attempt owns until it is handed over
+	// (that of a response dropped for a timeout included); unsent is the
+	// request body of an attempt never sent. close closes both.
+	body   io.ReadCloser
+	unsent io.Closer
+	handed bool // the response is the caller's: close does nothing
+	closed bool // close has run
 }
 
 // send prepares and sends attempt n, which retries an outcome of class
@@ -92,7 +103,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 	if prep {
 		if err := prepare(t.cfg.prepare, r, n, c.header, t.cfg.keyHeader); err != nil {
 			if r.Body != nil {
-				r.Body.Close() // never sent: still ours to close
+				a.unsent = r.Body // never sent: still ours to close
 			}
 			return a, err
 		}
@@ -101,8 +112,8 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 	a.resp, a.err = t.base.RoundTrip(r)
 	switch {
 	case a.err != nil:
-		if a.resp != nil && a.resp.Body != nil {
-			a.resp.Body.Close()
+		if a.resp != nil {
+			a.body = a.resp.Body // a base that broke the contract: closed all the same
 		}
 		a.resp = nil
 		if a.expired() {
@@ -110,8 +121,11 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 		}
 	case a.resp == nil:
 		a.err = errors.New("saferetry: base RoundTripper returned neither a response nor an error")
-	case a.expired():
-		a.timeOut() // the headers came after the limit: the body is dead
+	default:
+		a.body = a.resp.Body
+		if a.expired() {
+			a.timeOut() // the headers came after the limit: the body is dead
+		}
 	}
 	return a, nil
 }
@@ -129,26 +143,27 @@ func (a *attempt) expired() bool {
 }
 
 // timeOut makes the attempt a timed-out one, its time limit or the peek's
-// having ended: its response, if any, is closed and dropped.
+// having ended: its response, if any, is dropped (its body stays the
+// attempt's, for close).
 func (a *attempt) timeOut() {
-	if a.resp != nil {
-		if a.resp.Body != nil {
-			a.resp.Body.Close()
-		}
-		a.resp = nil
-	}
+	a.resp = nil
 	a.err = attemptTimedOut(time.Since(a.start), nil)
 }
 
 // handOver gives the response to the caller: its time limit stops, and its
 // context ends when the caller closes the body. It reports false, the
-// response dropped, when the limit ended first: the attempt timed out.
+// response dropped, when the limit ended first: the attempt timed out. A
+// second call reports true and does nothing.
 func (a *attempt) handOver() bool {
+	if a.handed {
+		return true
+	}
 	if a.timer != nil && !a.timer.Stop() {
 		a.timeOut()
 		return false
 	}
 	a.timer = nil
+	a.handed, a.body = true, nil
 	switch {
 	case a.resp.Body == nil:
 		a.cancel(nil)
@@ -162,27 +177,31 @@ func (a *attempt) handOver() bool {
 	return true
 }
 
-// discard drains and closes the response that the loop will not return,
-// then ends the attempt. The drain, so that the connection can be reused,
-// runs within the wait before the retry: it stops at wake, or after
-// maxDrain bytes, whichever comes first; an unfinished body is then closed
-// and its connection dropped.
-func (a *attempt) discard(wake time.Time) {
-	if a.resp != nil && a.resp.Body != nil {
-		if d := time.Until(wake); d > 0 {
-			drain := time.AfterFunc(d, func() { a.cancel(nil) })
-			_, _ = io.Copy(io.Discard, io.LimitReader(a.resp.Body, maxDrain))
-			drain.Stop()
-		}
-		a.resp.Body.Close()
+// close tears down an attempt that was not handed over, in one place: its
+// time limit stops; the response body it owns is drained, so that the
+// connection can be reused, and closed; the request body of an attempt
+// never sent is closed; its context is canceled. The drain runs within the
+// wait before the retry: it stops at drainUntil (a zero or past time: no
+// drain), or after maxDrain bytes, whichever comes first; an unfinished
+// body is then closed and its connection dropped. Later calls do nothing.
+func (a *attempt) close(drainUntil time.Time) {
+	if a.handed || a.closed {
+		return
 	}
-	a.end()
-}
-
-// end stops the attempt's time limit and cancels its context.
-func (a *attempt) end() {
+	a.closed = true
 	if a.timer != nil {
 		a.timer.Stop()
+	}
+	if a.unsent != nil {
+		a.unsent.Close()
+	}
+	if a.body != nil {
+		if d := time.Until(drainUntil); d > 0 && a.resp != nil {
+			drain := time.AfterFunc(d, func() { a.cancel(nil) })
+			_, _ = io.Copy(io.Discard, io.LimitReader(a.body, maxDrain))
+			drain.Stop()
+		}
+		a.body.Close()
 	}
 	a.cancel(nil)
 }

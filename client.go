@@ -178,7 +178,7 @@ func (c *call) run() (*http.Response, error) {
 		// The wait starts at the decision: the drain runs within it, and
 		// the sleep is what is left of it.
 		wake := decided.Add(step.Wait)
-		a.discard(wake)
+		a.close(wake)
 		if err := wait.Sleep(ctx, time.Until(wake)); err != nil {
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
@@ -237,6 +237,7 @@ func (c *call) classify(a *attempt) retry.Decision {
 	if a.resp != nil && a.resp.StatusCode == http.StatusConflict {
 		peek := time.AfterFunc(maxPeekTime, func() { a.cancel(ErrAttemptTimeout) })
 		in.ProblemCode = peekProblemCode(a.resp)
+		a.body = a.resp.Body // the peeked bytes put back in front of it
 		if !peek.Stop() || a.expired() {
 			a.timeOut()
 		}
@@ -259,14 +260,14 @@ func (c *call) stop(a *attempt, d retry.Decision, step decide.Result,
 		decide.End(c.bud, time.Now(), a.resp.StatusCode, cost)
 		return c.done(a.resp, nil, outcome, step.Stop)
 	}
-	a.end()
+	a.close(time.Time{})
 	return c.done(nil, &retry.ExhaustedError{Attempts: a.n, Reason: step.Stop, Err: a.err, Key: c.key},
 		outcome, step.Stop)
 }
 
 // stopUnsent ends the loop with attempt a, whose preparation failed with err.
 func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
-	a.end()
+	a.close(time.Time{})
 	c.observe(a, retry.Decision{Class: retry.ClassNotRetryable}, OutcomeStopped,
 		decide.Result{Stop: retry.ReasonPrepare})
 	return c.done(nil, &retry.ExhaustedError{Attempts: a.n - 1, Reason: retry.ReasonPrepare, Err: err,
