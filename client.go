@@ -191,22 +191,34 @@ func (c *call) run() (*http.Response, error) {
 }
 
 // judge classifies attempt a's outcome and decides, at the time it
-// returns, what follows it.
+// returns, what follows it: the decision (decide.Decide), then, for a
+// retry, its commit step (commit).
 func (c *call) judge(a *attempt, prevWait time.Duration) (
 	retry.Decision, decide.Result, time.Time) {
 	d := c.classify(a)
 	cfg := &c.t.cfg
 	now := time.Now()
-	in := decide.Input{
+	step := decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
+		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
 		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
 		Marked: hop.Marked(a.resp), Body: c.notRetrying,
-		Now: now, Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
+		Now: now, Deadline: c.overall, PrevWait: prevWait,
+	})
+	return d, c.commit(a, step, now), now
+}
+
+// commit is the commit step of the retry of attempt a that step grants (any
+// other step is returned as it is): the request body is rewound, then the
+// budget asked, last (decide.Grant), so that a retry stopped for any other
+// reason costs nothing.
+func (c *call) commit(a *attempt, step decide.Result, now time.Time) decide.Result {
+	if step.Stop != "" {
+		return step
 	}
-	if c.getBody != nil && c.notRetrying == "" {
-		in.Rewind = func() error { return c.rewind(a) }
+	if c.getBody != nil && c.notRetrying == "" && c.rewind(a) != nil {
+		return decide.Result{Stop: retry.ReasonBodyNotRewindable, Wait: step.Wait, Throttle: step.Throttle}
 	}
-	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
-		MaxRetryAfter: cfg.maxRetryAfter}, in), now
+	return decide.Grant(c.bud, now, step)
 }
 
 // rewind readies the request body for the retry of attempt a, from
