@@ -155,12 +155,14 @@ func (c *call) run() (*http.Response, error) {
 	for n := 1; ; n++ {
 		if n > 1 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
 			// No time left for the retry (an observer took it): it is
-			// neither sent nor counted.
+			// neither sent nor counted, and its cost is given back.
+			decide.Refund(c.bud, time.Now(), cost)
 			return c.done(nil, &retry.ExhaustedError{Attempts: n - 1, Reason: retry.ReasonDeadline,
 				Err: lastErr, Key: c.key}, OutcomeStopped, retry.ReasonDeadline)
 		}
 		a, err := c.send(ctx, n, retrying)
 		if err != nil { // the preparation failed: nothing was sent
+			decide.Refund(c.bud, time.Now(), cost)
 			return c.stopUnsent(a, err)
 		}
 		c.sent = n
@@ -180,6 +182,7 @@ func (c *call) run() (*http.Response, error) {
 		wake := decided.Add(step.Wait)
 		a.close(wake)
 		if err := wait.Sleep(ctx, time.Until(wake)); err != nil {
+			decide.Refund(c.bud, time.Now(), step.Cost) // the retry is never sent
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}

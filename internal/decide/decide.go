@@ -4,7 +4,8 @@
 // attempt count, the overall deadline and Retry-After, whether to retry and
 // how long to wait first, or why to stop (Decide, which changes nothing);
 // the step that commits a retry Decide granted, taking its cost from the
-// retry budget (Grant); what the retry budget hears of a call
+// retry budget (Grant), and the one that gives that cost back when the
+// retry is then never sent (Refund); what the retry budget hears of a call
 // besides its retries (Begin, End); and, once the loop has stopped, whether
 // the call pushes back on the request it was made for, across a chain of
 // services (PushBack).
@@ -73,7 +74,7 @@ type Result struct {
 	// costs in the budget (Grant).
 	Throttle bool
 	// Cost is what the budget took for the retry (Grant), which a success
-	// refunds.
+	// refunds and a retry never sent gives back (Refund).
 	Cost int
 	// BudgetLeft is what the budget had left when it refused the retry
 	// (Stop retry.ReasonBudget).
@@ -124,7 +125,8 @@ func Decide(c Config, in Input) Result {
 // ""; any other r is returned as it is): it takes the retry's cost from b,
 // and returns r with that Cost, or, when b refuses, stopped with
 // retry.ReasonBudget and what b had left. Call it last, once nothing else
-// can stop the retry, so that a denial spends nothing in vain.
+// can stop the retry, so that a denial spends nothing in vain; a retry it
+// granted that is then never sent gives its cost back with Refund.
 func Grant(b budget.Budget, now time.Time, r Result) Result {
 	if r.Stop != "" {
 		return r
@@ -136,6 +138,16 @@ func Grant(b budget.Budget, now time.Time, r Result) Result {
 	}
 	r.Cost = cost
 	return r
+}
+
+// Refund gives back to b the cost that Grant took for a retry that was
+// then never sent: the caller canceled during the wait, the deadline passed
+// before it could start, or its preparation failed. A cost of 0 or less
+// gives nothing.
+func Refund(b budget.Budget, now time.Time, cost int) {
+	if cost > 0 {
+		b.Refund(now, cost)
+	}
 }
 
 // Begin records in b that a logical request starts, before its attempt 1.
