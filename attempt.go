@@ -105,7 +105,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 			if r.Body != nil {
 				a.unsent = r.Body // never sent: still ours to close
 			}
-			return a, err
+			return a, c.redact(err)
 		}
 	}
 
@@ -127,6 +127,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 			a.timeOut() // the headers came after the limit: the body is dead
 		}
 	}
+	a.err = c.redact(a.err)
 	return a, nil
 }
 

@@ -236,7 +236,7 @@ func (c *call) rewind(a *attempt) error {
 	if err != nil {
 		c.notRetrying = retry.ReasonBodyNotRewindable
 		if a.resp == nil {
-			a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
+			a.err = errors.Join(a.err, c.redact(fmt.Errorf("saferetry: rewinding request body: %w", err)))
 		}
 		return err
 	}

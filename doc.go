@@ -82,8 +82,10 @@
 // attempt is the anti-pattern: it makes every retry a new request. The
 // Transport never overwrites a caller's key; an invalid one fails before
 // any network I/O with an error matching keygen.ErrInvalidKey, which names
-// the key by its digest, never its bytes. The key sent is on
-// resp.Request.Header, and on retry.ExhaustedError.Key.
+// the key by its digest, never its bytes. No error text the Transport
+// returns, logs or gives its observers holds the key: where a server
+// echoed it into the base transport's error, it reads "[key <digest>]".
+// The key sent is on resp.Request.Header, and on retry.ExhaustedError.Key.
 //
 // Automatic keys make a POST retryable on every allow-listed outcome,
 // timeouts included: that is safe only against a server that de-duplicates

@@ -92,7 +92,10 @@ type AttemptDoneInfo struct {
 	Response *http.Response
 	// Err is the attempt's error, nil when Response is set. When the
 	// preparation failed (Stop retry.ReasonPrepare), the attempt was not
-	// sent and Err is the preparation's error.
+	// sent and Err is the preparation's error. Its text never holds the
+	// key: wherever the key shows up in it (a server that echoed it into a
+	// status line), it reads "[key <keygen.Digest>]"; the error it wraps
+	// is the base transport's, unchanged, for errors.Is and errors.As.
 	Err error
 	// Elapsed is the attempt's duration, until its outcome was classified;
 	// Total the time since the call's first attempt started.
@@ -121,7 +124,8 @@ type CallDoneInfo struct {
 	// Stop is why the loop ended (see AttemptDoneInfo.Stop).
 	Stop retry.Reason
 	// Response is the response RoundTrip returns (never read its body),
-	// Err the error; exactly one is non-nil.
+	// Err the error; exactly one is non-nil. Err's text never holds the
+	// key (see AttemptDoneInfo.Err).
 	Response *http.Response
 	Err      error
 	Total    time.Duration // from the first attempt's start to the return
