@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/internal/nilcheck"
@@ -418,7 +419,35 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	if hasDeadline && (c.overall.IsZero() || ctxDeadline.Before(c.overall)) {
 		c.overall = ctxDeadline
 	}
+	c.sendDeadline = c.sendDeadline && !c.overall.IsZero() // no deadline: no header to send
+
+	// The Transport's own headers replace the caller's under every
+	// spelling of their names (req.Header["request-attempt"] included):
+	// each would otherwise go as a field line of its own, and the server
+	// would read neither.
+	own := addKey || t.cfg.attemptHeader // c.header is the Transport's map
+	if t.cfg.attemptHeader {
+		c.header, own = withoutSpellings(c.header, own, hop.AttemptHeader)
+	}
+	if c.sendDeadline {
+		c.header, _ = withoutSpellings(c.header, own, deadline.Header)
+	}
 	return c, nil
+}
+
+// withoutSpellings returns h without the fields whose names are spellings
+// of name (canonical) other than name itself, copied first unless own says
+// that h is the Transport's map already, and whether the result is.
+func withoutSpellings(h http.Header, own bool, name string) (http.Header, bool) {
+	for k := range h {
+		if len(k) == len(name) && k != name && strings.EqualFold(k, name) {
+			if !own {
+				h, own = cloneHeader(h), true
+			}
+			delete(h, k)
+		}
+	}
+	return h, own
 }
 
 // idempotentMethod reports whether method is retried as idempotent by

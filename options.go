@@ -175,7 +175,8 @@ func WithKeyHeader(name string) Option {
 // deadline, as gRPC sends grpc-timeout; WithMaxElapsed alone bounds the
 // loop but is not advertised. true sends it on every request that has an
 // overall deadline (from WithMaxElapsed when the context has none); false
-// never sends it.
+// never sends it. When sent, it replaces any value the caller set, under
+// any spelling of the name; when not, the caller's goes as it is.
 func WithDeadlineHeader(on bool) Option {
 	return func(c *config) {
 		c.deadlineHeader = deadlineNever
@@ -187,7 +188,8 @@ func WithDeadlineHeader(on bool) Option {
 
 // WithAttemptHeader sets whether each attempt tells the server its number
 // (default on): "Request-Attempt: 1" on the first attempt, 2 on the first
-// retry, and so on, replacing any value the caller set. deadline.Middleware
+// retry, and so on, replacing any value the caller set, under any spelling
+// of the name (req.Header["request-attempt"] too). deadline.Middleware
 // reads it (deadline.Attempt), so that a server can tell first tries from
 // retries in its load; docs/CONTRACT.md gives the syntax. false sends no
 // attempt header and leaves the caller's, if any, as it is.
