@@ -45,6 +45,7 @@ type Transport struct {
 	base    http.RoundTripper
 	cfg     config
 	keyName string // the key header's canonical name
+	keyErr  error  // why the key header's name is refused, nil when it is not
 	obs     observers
 }
 
@@ -78,6 +79,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 		t.cfg.budget = defaultBudget()
 	}
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
+	t.keyErr = checkKeyHeader(t.cfg.keyHeader)
 	obs := t.cfg.observers
 	if !t.cfg.noLog {
 		logs := logObserver{logger: t.cfg.logger, maxBody: t.cfg.maxBufferedBody}
@@ -107,6 +109,12 @@ func NewClient(opts ...Option) *http.Client {
 
 // RoundTrip sends req, retrying as described on Transport.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.keyErr != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, t.keyErr
+	}
 	c, err := t.newCall(req)
 	if err != nil {
 		if req.Body != nil {

@@ -1,12 +1,17 @@
 package saferetry
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/internal/decide"
+	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/jitter"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -156,7 +161,12 @@ func WithAutoKeys(on bool) Option {
 }
 
 // WithKeyHeader sets the name of the idempotency key header (default
-// "Idempotency-Key"). "" means the default name.
+// "Idempotency-Key"). "" means the default name. A name that is not an
+// HTTP field name (a token: letters, digits and !#$%&'*+-.^_`|~), or that
+// is, in any case, one of the headers the Transport sets itself
+// (Request-Attempt, Request-Deadline-Ms), which would overwrite the key on
+// every attempt, is refused: every RoundTrip of the Transport then fails
+// before any I/O with an error that matches ErrInvalidKeyHeader.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		c.keyHeader = name
@@ -254,4 +264,36 @@ func WithObserver(o Observer) Option {
 			c.observers = append(c.observers, o)
 		}
 	}
+}
+
+// ErrInvalidKeyHeader is matched by the error of every RoundTrip of a
+// Transport whose WithKeyHeader name is refused: not an HTTP field name, or
+// the name of one of the Transport's own headers.
+var ErrInvalidKeyHeader = errors.New("saferetry: invalid key header name")
+
+// checkKeyHeader returns why name cannot be the key header, nil when it can.
+func checkKeyHeader(name string) error {
+	for _, own := range []string{hop.AttemptHeader, deadline.Header} {
+		if strings.EqualFold(name, own) {
+			return fmt.Errorf("%w: WithKeyHeader(%q): the Transport sets %s itself", ErrInvalidKeyHeader,
+				name, own)
+		}
+	}
+	for i := 0; i < len(name); i++ {
+		if !tokenChar(name[i]) {
+			return fmt.Errorf("%w: WithKeyHeader(%q): byte %d is not a token character", ErrInvalidKeyHeader,
+				name, i)
+		}
+	}
+	return nil
+}
+
+// tokenChar reports whether c may appear in an HTTP field name (RFC 9110
+// section 5.6.2, tchar).
+func tokenChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
