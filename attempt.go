@@ -27,14 +27,23 @@ import (
 // handed over goes through exactly once.
 type attempt struct {
 	n      int
+	hedge  bool // sent beside attempts still in flight, not after one
 	start  time.Time
 	octx   context.Context // what the AttemptStart observers returned
 	ctx    context.Context // the attempt's own, a child of octx
 	cancel context.CancelCauseFunc
 	until  time.Time   // the end of its time limit; zero for none
 	timer  *time.Timer // cancels ctx at until; nil when the caller's deadline is as early
-	resp   *http.Response
-	err    error
+	req    *http.Request
+	cost   int // what the budget took for it: a retry's or a hedge's cost, 0 for attempt 1
+
+	// The outcome: the response or the error, its class, when the
+	// response headers came and when it was classified.
+	resp       *http.Response
+	err        error
+	d          retry.Decision
+	answered   time.Time
+	classified time.Time
 
 	// body is the response body the attempt owns until it is handed over
 	// (that of a response dropped for a timeout included); unsent is the
@@ -45,12 +54,17 @@ type attempt struct {
 	closed bool // close has run
 }
 
-// send prepares and sends attempt n, which retries an outcome of class
-// retrying ("" for the first). The error is that of the preparation, when
-// it failed and nothing was sent; the attempt's own error is a.err.
-func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt, error) {
+// begin prepares the call's next attempt, which retries an outcome of class
+// retrying ("" for the first and for a hedge), on the goroutine of the
+// loop: its number, its time limit, the AttemptStart observers, its own
+// copy of the request with its headers and body, the preparation. The
+// error is the preparation's: the attempt is not sent, and the loop closes
+// it. Otherwise the attempt counts as sent, and roundTrip sends it.
+func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool) (*attempt, error) {
 	t := c.t
-	a := &attempt{n: n, start: time.Now(), octx: ctx}
+	c.started++
+	n := c.started
+	a := &attempt{n: n, hedge: hedge, start: time.Now(), octx: ctx}
 	if n == 1 {
 		a.start = c.start
 	}
@@ -60,7 +74,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 	}
 	if t.obs.attemptStart {
 		a.octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key,
-			Retrying: retrying, NotRetrying: c.notRetrying})
+			Retrying: retrying, NotRetrying: c.notRetrying, Hedge: hedge})
 	}
 	a.ctx, a.cancel = context.WithCancelCause(a.octx)
 	// The limit is a timer, not a deadline of the context, so that it can
@@ -90,15 +104,15 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 		// earlier attempt's request.
 		r.Header = cloneHeader(c.header)
 	}
-	if c.sendDeadline && !c.overall.IsZero() {
+	if c.sendDeadline {
 		ms := max(0, c.overall.Sub(a.start)/time.Millisecond) // whole ms, rounded down
 		r.Header[deadline.Header] = []string{strconv.FormatInt(int64(ms), 10)}
 	}
 	if n > 1 && t.cfg.attemptHeader {
 		r.Header[hop.AttemptHeader] = hop.AttemptValue(n) // attempt 1's is in c.header
 	}
-	// Attempt 1 sends the caller's body; a retry sends the one judge
-	// rewound before the previous outcome was discarded. Each is sent once.
+	// Attempt 1 sends the caller's body; a retry or a hedge the one its
+	// commit step rewound. Each is sent once.
 	r.Body, c.body = c.body, nil
 	if prep {
 		if err := prepare(t.cfg.prepare, r, n, c.header, t.cfg.keyHeader); err != nil {
@@ -108,8 +122,17 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 			return a, c.redact(err)
 		}
 	}
+	a.req = r
+	c.sent++
+	return a, nil
+}
 
-	a.resp, a.err = t.base.RoundTrip(r)
+// roundTrip sends attempt a through the base transport and classifies its
+// outcome. It touches nothing of the call but what is read-only, so that
+// attempts in flight at once each run it on a goroutine of their own.
+func (c *call) roundTrip(a *attempt) {
+	a.resp, a.err = c.t.base.RoundTrip(a.req)
+	a.answered = time.Now()
 	switch {
 	case a.err != nil:
 		if a.resp != nil {
@@ -128,7 +151,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 		}
 	}
 	a.err = c.redact(a.err)
-	return a, nil
+	a.d = c.classify(a)
 }
 
 // limit returns a timer that cancels an attempt's context, with the cause

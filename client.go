@@ -47,6 +47,7 @@ type Transport struct {
 	keyName string // the key header's canonical name
 	keyErr  error  // why the key header's name is refused, nil when it is not
 	obs     observers
+	est     *estimates // the hosts' latencies, for an adaptive hedge delay; nil for none
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -80,6 +81,9 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	}
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
 	t.keyErr = checkKeyHeader(t.cfg.keyHeader)
+	if t.cfg.hedging && t.cfg.hedge.MaxHedges >= 0 && t.cfg.hedge.Delay <= 0 {
+		t.est = &estimates{}
+	}
 	obs := t.cfg.observers
 	if !t.cfg.noLog {
 		logs := logObserver{logger: t.cfg.logger, maxBody: t.cfg.maxBufferedBody}
@@ -142,11 +146,21 @@ type call struct {
 	getBody     func() (io.ReadCloser, error)
 	notRetrying retry.Reason // why the body cannot be sent again, "" if it can
 
-	sent int // attempts made
+	started int // attempts begun: the number of the last one
+	sent    int // attempts sent
+
+	// Hedging (hedge.go): whether the call may hedge at all, whether it
+	// may no more (pushback, a Retry-After, the budget), the host's latency
+	// estimate (nil unless the delay is adaptive), and the attempts in
+	// flight at once.
+	mayHedge bool
+	noHedge  bool
+	est      *estimate
+	fl       *flight
 }
 
-// run is the retry loop: attempt, classify, decide, then wait and go on or
-// return.
+// run is the retry loop: attempt (with its hedges, hedge.go), classify,
+// decide, then wait and go on or return.
 func (c *call) run() (*http.Response, error) {
 	ctx := c.req.Context()
 	decide.Begin(c.bud, c.start)
@@ -158,31 +172,38 @@ func (c *call) run() (*http.Response, error) {
 	var (
 		retrying retry.Class // the class of the outcome the next attempt retries
 		prevWait time.Duration
-		cost     int // the budget cost of the retry in flight, refunded by a success
+		cost     int // the budget cost of the next attempt, a retry
 		lastErr  error
 	)
-	for n := 1; ; n++ {
-		if n > 1 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
+	for {
+		if c.started > 0 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
 			// No time left for the retry (an observer took it): it is
 			// neither sent nor counted, and its cost is given back.
 			decide.Refund(c.bud, time.Now(), cost)
-			return c.done(nil, &retry.ExhaustedError{Attempts: n - 1, Reason: retry.ReasonDeadline,
+			return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonDeadline,
 				Err: lastErr, Key: c.key}, OutcomeStopped, retry.ReasonDeadline)
 		}
-		a, err := c.send(ctx, n, retrying)
+		a, err := c.begin(ctx, retrying, false)
 		if err != nil { // the preparation failed: nothing was sent
 			decide.Refund(c.bud, time.Now(), cost)
 			return c.stopUnsent(a, err)
 		}
-		c.sent = n
-		d, step, decided := c.judge(a, prevWait)
+		a.cost = cost
+		if delay, ok := c.hedgeDelay(); ok {
+			a = c.hedged(ctx, a, delay)
+		} else {
+			c.roundTrip(a)
+			c.heard(a)
+		}
+		step, decided := c.judge(a, prevWait)
 		for step.Stop != "" && a.resp != nil && !a.handOver() {
-			d, step, _ = c.judge(a, prevWait) // the limit fired first: the attempt timed out
+			a.d = c.classify(a) // the limit fired first: the attempt timed out
+			step, _ = c.judge(a, prevWait)
 		}
 		if step.Stop != "" {
-			return c.stop(a, d, step, cost)
+			return c.stop(a, step)
 		}
-		c.observe(a, d, OutcomeRetry, step)
+		c.observe(a, OutcomeRetry, step)
 		if a.err != nil {
 			lastErr = a.err
 		}
@@ -195,28 +216,26 @@ func (c *call) run() (*http.Response, error) {
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}
-			return c.done(nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: err,
+			return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonCanceled, Err: err,
 				Key: c.key}, OutcomeStopped, retry.ReasonCanceled)
 		}
-		retrying, prevWait, cost = d.Class, step.Wait, step.Cost
+		retrying, prevWait, cost = a.d.Class, step.Wait, step.Cost
 	}
 }
 
-// judge classifies attempt a's outcome and decides, at the time it
-// returns, what follows it: the decision (decide.Decide), then, for a
-// retry, its commit step (commit).
-func (c *call) judge(a *attempt, prevWait time.Duration) (
-	retry.Decision, decide.Result, time.Time) {
-	d := c.classify(a)
+// judge decides, at the time it returns, what follows attempt a's
+// classified outcome: the decision (decide.Decide), then, for a retry, its
+// commit step (commit).
+func (c *call) judge(a *attempt, prevWait time.Duration) (decide.Result, time.Time) {
 	cfg := &c.t.cfg
 	now := time.Now()
 	step := decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
 		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
-		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
+		Outcome: a.d, Attempt: c.sent, Canceled: c.req.Context().Err() != nil,
 		Marked: hop.Marked(a.resp), Body: c.notRetrying,
 		Now: now, Deadline: c.overall, PrevWait: prevWait,
 	})
-	return d, c.commit(a, step, now), now
+	return c.commit(a, step, now), now
 }
 
 // commit is the commit step of the retry of attempt a that step grants (any
@@ -268,33 +287,33 @@ func (c *call) classify(a *attempt) retry.Decision {
 	}
 	in.Response, in.Err = a.resp, a.err
 	in.AttemptTimedOut = errors.Is(a.err, ErrAttemptTimeout)
-	return retry.Classify(c.t.cfg.rules, in, time.Now())
+	a.classified = time.Now()
+	return retry.Classify(c.t.cfg.rules, in, a.classified)
 }
 
 // stop ends the loop with attempt a, whose response, if it has one, was
 // handed over: it is returned with a nil error, else a's error.
-func (c *call) stop(a *attempt, d retry.Decision, step decide.Result,
-	cost int) (*http.Response, error) {
+func (c *call) stop(a *attempt, step decide.Result) (*http.Response, error) {
 	outcome := OutcomeStopped
-	if !d.Retry {
+	if !a.d.Retry {
 		outcome = OutcomeFinal
 	}
-	c.observe(a, d, outcome, step)
+	c.observe(a, outcome, step)
 	if a.resp != nil {
-		decide.End(c.bud, time.Now(), a.resp.StatusCode, cost)
+		decide.End(c.bud, time.Now(), a.resp.StatusCode, a.cost)
 		return c.done(a.resp, nil, outcome, step.Stop)
 	}
 	a.close(time.Time{})
-	return c.done(nil, &retry.ExhaustedError{Attempts: a.n, Reason: step.Stop, Err: a.err, Key: c.key},
+	return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: step.Stop, Err: a.err, Key: c.key},
 		outcome, step.Stop)
 }
 
 // stopUnsent ends the loop with attempt a, whose preparation failed with err.
 func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 	a.close(time.Time{})
-	c.observe(a, retry.Decision{Class: retry.ClassNotRetryable}, OutcomeStopped,
-		decide.Result{Stop: retry.ReasonPrepare})
-	return c.done(nil, &retry.ExhaustedError{Attempts: a.n - 1, Reason: retry.ReasonPrepare, Err: err,
+	a.d, a.err = retry.Decision{Class: retry.ClassNotRetryable}, err
+	c.observe(a, OutcomeStopped, decide.Result{Stop: retry.ReasonPrepare})
+	return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonPrepare, Err: err,
 		Key: c.key}, OutcomeStopped, retry.ReasonPrepare)
 }
 
@@ -320,14 +339,21 @@ func (c *call) done(resp *http.Response, err error, outcome Outcome,
 }
 
 // observe tells the AttemptDone observers attempt a's outcome and what the
-// loop does next.
-func (c *call) observe(a *attempt, d retry.Decision, outcome Outcome, step decide.Result) {
+// loop does next. For OutcomeLost it reads nothing of a's outcome: the
+// attempt may still be in flight.
+func (c *call) observe(a *attempt, outcome Outcome, step decide.Result) {
 	if !c.t.obs.attemptDone {
 		return
 	}
 	now := time.Now()
-	info := AttemptDoneInfo{Request: c.req, Attempt: a.n, Key: c.key, Decision: d, Response: a.resp,
-		Err: a.err, Elapsed: now.Sub(a.start), Total: now.Sub(c.start), Outcome: outcome, Stop: step.Stop}
+	info := AttemptDoneInfo{Request: c.req, Attempt: a.n, Key: c.key, Hedge: a.hedge,
+		Elapsed: now.Sub(a.start), Total: now.Sub(c.start), Outcome: outcome, Stop: step.Stop}
+	if outcome != OutcomeLost {
+		info.Decision, info.Response, info.Err = a.d, a.resp, a.err
+		if !a.classified.IsZero() {
+			info.Elapsed = a.classified.Sub(a.start)
+		}
+	}
 	switch {
 	case outcome == OutcomeRetry:
 		info.Wait = step.Wait
@@ -439,6 +465,12 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	}
 	if c.sendDeadline {
 		c.header, _ = withoutSpellings(c.header, own, deadline.Header)
+	}
+	if t.cfg.hedging {
+		c.mayHedge = c.hedgeable(method)
+		if t.est != nil {
+			c.est = t.est.forHost(req.URL.Host)
+		}
 	}
 	return c, nil
 }

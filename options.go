@@ -49,6 +49,8 @@ type config struct {
 	rules           []retry.Rule
 	prepare         []func(*http.Request, int) error
 	observers       []Observer
+	hedging         bool // WithHedging was given
+	hedge           Hedging
 }
 
 // deadlineMode says when a request carries deadline.Header.
@@ -264,6 +266,34 @@ func WithObserver(o Observer) Option {
 			c.observers = append(c.observers, o)
 		}
 	}
+}
+
+// WithHedging turns hedged requests on (default off): when the attempts in
+// flight have had no response headers for h.Delay (0: adaptive, the host's
+// recent p95), the Transport sends one more beside them, a hedge, up to
+// h.MaxHedges at once (0: 1; below 0: hedging off). The first final answer
+// (one the loop would not retry) wins and is returned; the attempts still
+// in flight lose and are canceled, never the winner, whose context lives
+// until its body is closed. A retryable answer (a 503, the in-progress 409
+// a hedged POST's loser gets) or an error while another attempt is in
+// flight is set aside, and the Transport waits for the others: the caller
+// gets an answer a hedge did not make worse.
+//
+// Only a request that may be sent again whatever its outcome is hedged (see
+// the package documentation): a POST or PATCH only with an idempotency key,
+// which every hedge carries, so that the server's idempotency middleware
+// answers all but one with the in-progress conflict or the replay, and no
+// effect is duplicated. Its body must be replayable. Hedges are attempts:
+// they count in WithMaxAttempts with the retries, each carries its own
+// Request-Attempt number, the observers and the logs see each (with
+// AttemptStartInfo.Hedge), and one overall deadline bounds them all. Each
+// hedge asks the host's retry budget, at the cost of a transient retry: a
+// denial stops the call's hedging and never ends an attempt in flight, and
+// a hedge that wins with a success gets its cost back, as a retried
+// success does. No hedge follows an answer marked "Retried-Below: true" or
+// one with a Retry-After, in the whole call.
+func WithHedging(h Hedging) Option {
+	return func(c *config) { c.hedging, c.hedge = true, h }
 }
 
 // ErrInvalidKeyHeader is matched by the error of every RoundTrip of a

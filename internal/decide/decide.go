@@ -8,7 +8,8 @@
 // retry is then never sent (Refund); what the retry budget hears of a call
 // besides its retries (Begin, End); and, once the loop has stopped, whether
 // the call pushes back on the request it was made for, across a chain of
-// services (PushBack).
+// services (PushBack). Hedge decides whether attempts in flight get a hedge
+// beside them, as purely as Decide decides a retry.
 //
 // The loop runs the two steps in order: Decide, then, for a retry, the
 // actions that may still stop it (the Transport rewinds the request body
@@ -148,6 +149,32 @@ func Refund(b budget.Budget, now time.Time, cost int) {
 	if cost > 0 {
 		b.Refund(now, cost)
 	}
+}
+
+// HedgeInput is what the loop knows when an attempt in flight has gone
+// without response headers for the hedge delay.
+type HedgeInput struct {
+	Sent     int  // attempts sent, hedges and retries included
+	InFlight int  // attempts in flight
+	Canceled bool // the caller's context has ended
+	// Stopped is true once the call may hedge no more: an answer carried
+	// the mark "retried below" or a Retry-After (never hedge after
+	// pushback), or the budget refused a hedge.
+	Stopped  bool
+	Now      time.Time
+	Deadline time.Time // the overall deadline; zero for none
+}
+
+// Hedge reports whether the attempts in flight described by in get one
+// more beside them, a hedge, with at most maxHedges hedges in flight
+// beside the attempt they hedge, and maxAttempts attempts in all (hedges
+// and retries together). Like Decide it changes nothing: a hedge it grants
+// is committed as a retry is (the body rewound, then Grant, last, with the
+// cost of a transient retry), and a denial there stops hedging, never an
+// attempt in flight.
+func Hedge(maxAttempts, maxHedges int, in HedgeInput) bool {
+	return !in.Stopped && !in.Canceled && in.InFlight > 0 && in.InFlight <= maxHedges &&
+		in.Sent < maxAttempts && (in.Deadline.IsZero() || in.Now.Before(in.Deadline))
 }
 
 // Begin records in b that a logical request starts, before its attempt 1.

@@ -207,3 +207,25 @@ func TestPushBack(t *testing.T) {
 		assert.Equal(t, tc.want, PushBack(tc.stop, tc.attempts, tc.status, tc.marked), "%+v", tc)
 	}
 }
+
+func TestHedge(t *testing.T) {
+	in := HedgeInput{Sent: 1, InFlight: 1, Now: t0, Deadline: t0.Add(time.Second)}
+	assert.True(t, Hedge(3, 1, in), "one attempt in flight, two left")
+	for name, change := range map[string]func(*HedgeInput){
+		"stopped (pushback, Retry-After, budget)": func(in *HedgeInput) { in.Stopped = true },
+		"canceled":                      func(in *HedgeInput) { in.Canceled = true },
+		"no attempt left":               func(in *HedgeInput) { in.Sent = 3 },
+		"the hedges in flight are many": func(in *HedgeInput) { in.Sent, in.InFlight = 2, 2 },
+		"nothing in flight":             func(in *HedgeInput) { in.InFlight = 0 },
+		"the deadline passed":           func(in *HedgeInput) { in.Now = in.Deadline },
+	} {
+		c := in
+		change(&c)
+		assert.False(t, Hedge(3, 1, c), name)
+	}
+	more := in
+	more.Sent, more.InFlight = 2, 2
+	assert.True(t, Hedge(3, 2, more), "two hedges in flight at once")
+	more.Deadline = time.Time{}
+	assert.True(t, Hedge(3, 2, more), "no deadline")
+}
