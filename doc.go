@@ -67,6 +67,9 @@
 //	                  (1 for the first)
 //	logs              one slog record per attempt,      WithLogger
 //	                  to slog.Default()
+//	hedging           off; with Hedging{} the delay     WithHedging
+//	                  is the host's recent p95
+//	                  (5 ms..10 s), one hedge
 //	rules, hooks      none                              WithRetryPolicy, WithPrepare,
 //	                                                    WithObserver
 //
@@ -118,6 +121,31 @@
 // The time left is told to the server in the Request-Deadline-Ms header
 // (package deadline) only when the caller's context has a deadline, as gRPC
 // sends grpc-timeout: WithMaxElapsed bounds the loop but is not advertised.
+//
+// # Hedging
+//
+// WithHedging cuts the tail latency a straggling server gives: when the
+// attempts in flight have had no response headers for the hedge delay, the
+// Transport sends one more, a hedge, beside them (up to Hedging.MaxHedges at
+// once). The first final answer, one the loop would not retry, wins; only
+// the losers are canceled, and the winner's context lives until its body
+// is closed. A retryable answer (a 503, the in-progress 409) or an error
+// from one attempt while another is in flight is set aside, and the
+// Transport waits for the others: a hedge never makes the answer worse, and
+// once an attempt has failed, what follows is a retry, after its backoff.
+//
+// A hedge is safe for a write: only a request that may be sent again
+// whatever its outcome is hedged, and a POST or PATCH only with an
+// idempotency key, which every hedge carries, so that the idempotency
+// middleware answers the losers with the in-progress 409 or the replay and
+// the effect happens once. Hedges are attempts: they count in
+// WithMaxAttempts with the retries and carry their own Request-Attempt
+// number; one overall deadline bounds them all; each spends the host's
+// retry budget as a transient retry does, and when the budget denies, no
+// hedge starts and no attempt in flight is killed; no hedge follows an
+// answer marked "Retried-Below: true" or one with a Retry-After. Observers
+// and logs see each hedge as an attempt (AttemptStartInfo.Hedge), an
+// attempt that lost as OutcomeLost, and one set aside as OutcomeDiscarded.
 //
 // # Across a chain of services
 //

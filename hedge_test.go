@@ -579,3 +579,72 @@ func TestAHedgeThatCannotBePreparedLeavesTheAttemptInFlight(t *testing.T) {
 		"attempt 1's success adds 1, up to the capacity")
 	assert.Equal(t, 1, ev.calls[0].Attempts, "the hedge was never sent")
 }
+
+// A hedged call keeps the http.RoundTripper contract: the caller's request
+// is never modified, every request body (the caller's, and each one GetBody
+// gave a hedge) is closed, and so is every response body but the winner's,
+// which the caller closes; the bytes of every attempt's body are the
+// caller's.
+func TestAHedgedCallKeepsTheRoundTripperContract(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &plan{answers: map[int]planned{
+			1: {after: time.Second, status: 201},
+			2: {after: 15 * time.Millisecond, status: 503},
+			3: {after: 10 * time.Millisecond, status: 201},
+		}}
+		var bodies sync.Map // what each attempt's body was
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			bodies.Store(r.Header.Get(attemptHeader), string(b))
+			p.ServeHTTP(w, r)
+		})
+		base, url := pipeServer(t, h)
+		tracker := &closeTracker{base: base}
+		tr := newBubbleTransport(tracker, WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: 2}))
+
+		var mu sync.Mutex
+		var given []*spyBody
+		body := &spyBody{Reader: strings.NewReader("amount=10")}
+		req, err := http.NewRequest(http.MethodPost, url+"/pay", body)
+		require.NoError(t, err)
+		req.GetBody = func() (io.ReadCloser, error) {
+			b := &spyBody{Reader: strings.NewReader("amount=10")}
+			mu.Lock()
+			given = append(given, b)
+			mu.Unlock()
+			return b, nil
+		}
+		req.Header.Set("X-Trace", "t1")
+		before, urlBefore, ctx := req.Header.Clone(), *req.URL, req.Context()
+
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		assert.Equal(t, 201, resp.StatusCode)
+		b, _ := io.ReadAll(resp.Body)
+		assert.Equal(t, "attempt 3: 201", string(b))
+		resp.Body.Close()
+		synctest.Wait() // the loser and the drain of the discarded 503 end
+
+		assert.Equal(t, before, req.Header, "no key, no attempt header added to the caller's")
+		assert.Equal(t, urlBefore, *req.URL)
+		assert.Equal(t, ctx, req.Context())
+		assert.Equal(t, io.ReadCloser(body), req.Body)
+		assert.True(t, body.closed.Load(), "the caller's body is closed")
+		mu.Lock()
+		require.Len(t, given, 2, "one body per hedge")
+		for i, g := range given {
+			assert.True(t, g.closed.Load(), "hedge %d's body is closed", i+2)
+		}
+		mu.Unlock()
+		for _, n := range []string{"1", "2", "3"} {
+			v, _ := bodies.Load(n)
+			assert.Equal(t, "amount=10", v, "attempt %s", n)
+		}
+		tracker.mu.Lock()
+		defer tracker.mu.Unlock()
+		require.Len(t, tracker.bodies, 2, "the 503 and the winner; the loser never answered")
+		for i, tb := range tracker.bodies {
+			assert.True(t, tb.closed.Load(), "response %d closed", i)
+		}
+	})
+}

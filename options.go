@@ -75,7 +75,8 @@ func defaultConfig() config {
 }
 
 // WithMaxAttempts sets the number of attempts in all, the first included
-// (default 3). 1, and any value below 1, means a single attempt: no retries.
+// (default 3), hedges (WithHedging) and retries together. 1, and any value
+// below 1, means a single attempt: no retries, no hedges.
 func WithMaxAttempts(n int) Option {
 	return func(c *config) { c.maxAttempts = max(1, n) }
 }
@@ -120,9 +121,11 @@ func WithMaxRetryAfter(d time.Duration) Option {
 
 // WithLogger sets the logger of the one record written per attempt
 // (default slog.Default(), looked up at each record); nil turns logging
-// off. Debug: a first-try answer below 500; Info: an attempt that will be
-// retried, or an answer after retries or a 5xx; Warn: an error, or the
-// loop stopped while the outcome could have been retried. The records
+// off. Debug: a first-try answer below 500, an attempt that lost to a
+// hedge; Info: an attempt that will be retried, one discarded while another
+// was in flight, or an answer after retries or a 5xx; Warn: an error, or
+// the loop stopped while the outcome could have been retried. A hedge's
+// record has hedge=true. The records
 // never carry the raw key, only its digest. They are written by an
 // Observer that runs before those of WithObserver.
 func WithLogger(l *slog.Logger) Option {
