@@ -52,6 +52,8 @@ type attempt struct {
 	unsent io.Closer
 	handed bool // the response is the caller's: close does nothing
 	closed bool // close has run
+
+	panicked any // what the base transport or a rule panicked with, on the attempt's goroutine
 }
 
 // begin prepares the call's next attempt, which retries an outcome of class

@@ -189,13 +189,30 @@ type flight struct {
 }
 
 // fly sends attempt a on its own goroutine and hands its outcome to the
-// loop, or, once the loop has returned, closes it.
+// loop, or, once the loop has returned, closes it. A panic of the base
+// transport or of a rule is handed over too, and raised again on the
+// goroutine of RoundTrip, as it would be without hedging.
 func (c *call) fly(a *attempt) {
+	defer func() {
+		if p := recover(); p != nil {
+			a.panicked = p
+			c.deliver(a)
+		}
+	}()
 	c.roundTrip(a)
+	c.deliver(a)
+}
+
+// deliver hands attempt a's outcome to the loop, or closes it once the
+// loop has returned.
+func (c *call) deliver(a *attempt) {
 	f := c.fl
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.over {
+		if a.panicked != nil {
+			panic(a.panicked) // nowhere else to raise it
+		}
 		a.close(time.Time{})
 		return
 	}
@@ -238,6 +255,11 @@ func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *att
 		select {
 		case b := <-f.results:
 			live = slices.DeleteFunc(live, func(x *attempt) bool { return x == b })
+			if b.panicked != nil {
+				c.settle(live, held)
+				b.close(time.Time{})
+				panic(b.panicked)
+			}
 			c.heard(b)
 			if b.resp != nil && (!b.d.Retry || hop.Marked(b.resp)) {
 				if b.handOver() {

@@ -648,3 +648,28 @@ func TestAHedgedCallKeepsTheRoundTripperContract(t *testing.T) {
 		}
 	})
 }
+
+// A panic of the base transport on a hedge's goroutine is raised again on
+// the goroutine of RoundTrip, as it would be without hedging, and the
+// attempt in flight is canceled first.
+func TestAPanicInAHedgeReachesTheCaller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
+		base, url := pipeServer(t, p)
+		panicky := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Header.Get(attemptHeader) == "2" {
+				panic("base transport bug")
+			}
+			return base.RoundTrip(r)
+		})
+		tr := newBubbleTransport(panicky, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+		var got any
+		func() {
+			defer func() { got = recover() }()
+			tr.RoundTrip(get(t, url))
+		}()
+		assert.Equal(t, "base transport bug", got)
+		synctest.Wait()
+		assert.True(t, p.Seen()[1].canceled, "the attempt in flight was canceled")
+	})
+}
