@@ -234,10 +234,9 @@ func (c *call) deliver(a *attempt) {
 // for the others: a hedge never makes the caller's answer worse. A hedge
 // answers slowness, not failure: once an attempt of the round has failed,
 // the round sends no more hedges, and what follows it is a retry, after
-// its backoff. Every
-// discarded answer is drained (bounded) and closed; every attempt of the
-// round but the one returned is told to the AttemptDone observers, as lost
-// or discarded.
+// its backoff. Every discarded answer is drained (bounded) and closed;
+// every attempt of the round but the one returned is told to the
+// AttemptDone observers, as lost or discarded.
 func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *attempt {
 	if c.fl == nil {
 		c.fl = &flight{results: make(chan *attempt, c.maxAttempts)}
