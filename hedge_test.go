@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -671,5 +672,44 @@ func TestAPanicInAHedgeReachesTheCaller(t *testing.T) {
 		assert.Equal(t, "base transport bug", got)
 		synctest.Wait()
 		assert.True(t, p.Seen()[1].canceled, "the attempt in flight was canceled")
+	})
+}
+
+// In a full outage whose answers come slowly (every request fails with a
+// 503 after 100 ms), every call is hedged at first, and hedges and retries
+// spend the same bucket: 35 of them in all (500 tokens, 14 each), then
+// every request goes once. The amplification stays that of retries alone.
+func TestHedgesCannotAmplifyAnOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const calls, workers = 400, 8
+		var hits atomic.Int64
+		perCall := make([]atomic.Int32, calls)
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits.Add(1)
+			i, _ := strconv.Atoi(r.URL.Query().Get("call"))
+			perCall[i].Add(1)
+			time.Sleep(100 * time.Millisecond)
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		base, url := pipeServer(t, h)
+		tr := newBubbleTransport(base, WithHedging(Hedging{Delay: 10 * time.Millisecond}),
+			WithBudget(budget.NewRegistry(nil)))
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for i := next.Add(1) - 1; i < calls; i = next.Add(1) - 1 {
+					resp, err := tr.RoundTrip(get(t, url+"/?call="+strconv.Itoa(int(i))))
+					require.NoError(t, err)
+					resp.Body.Close()
+					assert.Equal(t, 503, resp.StatusCode)
+				}
+			})
+		}
+		wg.Wait()
+		assert.Equal(t, int64(calls+500/14), hits.Load(), "35 hedges and retries in all, then none")
+		for i := calls / 2; i < calls; i++ {
+			assert.EqualValues(t, 1, perCall[i].Load(), "call %d: once the bucket is dry, one request", i)
+		}
 	})
 }
