@@ -136,7 +136,7 @@ func (e *hedgeEvents) outcomes() map[int]Outcome {
 // and body (or the error), how long the call took and what the observers
 // saw.
 func hedgeCall(t *testing.T, p *plan, req func(url string) *http.Request, opts ...Option) (
-	status int, body string, err error, took time.Duration, ev *hedgeEvents) {
+	status int, body string, took time.Duration, ev *hedgeEvents, err error) {
 	ev = &hedgeEvents{}
 	synctest.Test(t, func(t *testing.T) {
 		base, url := pipeServer(t, p)
@@ -153,7 +153,7 @@ func hedgeCall(t *testing.T, p *plan, req func(url string) *http.Request, opts .
 		}
 		synctest.Wait() // the losers have ended
 	})
-	return status, body, err, took, ev
+	return status, body, took, ev, err
 }
 
 func getReq(t *testing.T) func(string) *http.Request {
@@ -166,7 +166,7 @@ func getReq(t *testing.T) func(string) *http.Request {
 // with the hedge flag.
 func TestAHedgeGoesAfterTheDelayAndTheFirstAnswerWins(t *testing.T) {
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
-	status, body, err, took, ev := hedgeCall(t, p, getReq(t),
+	status, body, took, ev, err := hedgeCall(t, p, getReq(t),
 		WithHedging(Hedging{Delay: 10 * time.Millisecond}))
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
@@ -201,7 +201,7 @@ func TestNoHedgeUnlessAsked(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
-			status, _, err, took, _ := hedgeCall(t, p, getReq(t), opts...)
+			status, _, took, _, err := hedgeCall(t, p, getReq(t), opts...)
 			require.NoError(t, err)
 			assert.Equal(t, 200, status)
 			assert.Equal(t, time.Second, took)
@@ -210,7 +210,7 @@ func TestNoHedgeUnlessAsked(t *testing.T) {
 	}
 	// NoRetry turns hedges off too.
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
-	_, _, err, _, _ := hedgeCall(t, p, func(url string) *http.Request {
+	_, _, _, _, err := hedgeCall(t, p, func(url string) *http.Request {
 		return get(t, url).WithContext(NoRetry(context.Background()))
 	}, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
 	require.NoError(t, err)
@@ -225,7 +225,7 @@ func TestARetryableAnswerWhileAnotherIsInFlightIsDiscarded(t *testing.T) {
 		1: {after: time.Second, status: 200},
 		2: {status: 503},
 	}}
-	status, body, err, took, ev := hedgeCall(t, p, getReq(t),
+	status, body, took, ev, err := hedgeCall(t, p, getReq(t),
 		WithHedging(Hedging{Delay: 10 * time.Millisecond}), WithMaxAttempts(2))
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
@@ -244,7 +244,7 @@ func TestAnAnswerIsKeptOverALaterError(t *testing.T) {
 		1: {after: 200 * time.Millisecond, status: 200},
 		2: {status: 503},
 	}}
-	status, body, err, took, ev := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
+	status, body, took, ev, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
 		WithMaxAttempts(2), WithAttemptTimeout(100*time.Millisecond))
 	require.NoError(t, err)
 	assert.Equal(t, 503, status)
@@ -264,7 +264,7 @@ func TestARoundOfFailuresIsRetried(t *testing.T) {
 		1: {after: 100 * time.Millisecond, status: 503},
 		2: {status: 502},
 	}}
-	status, body, err, _, ev := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+	status, body, _, ev, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}))
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "attempt 3: 200", body)
@@ -281,7 +281,7 @@ func TestARoundOfFailuresIsRetried(t *testing.T) {
 func TestHedgesAndRetriesShareTheAttemptLimit(t *testing.T) {
 	slow := planned{after: time.Second, status: 200}
 	p := &plan{answers: map[int]planned{1: slow, 2: slow, 3: slow, 4: slow, 5: slow}}
-	_, _, err, took, ev := hedgeCall(t, p, getReq(t),
+	_, _, took, ev, err := hedgeCall(t, p, getReq(t),
 		WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: 10}), WithMaxAttempts(4))
 	require.NoError(t, err)
 	assert.Equal(t, time.Second, took)
@@ -294,7 +294,7 @@ func TestHedgesAndRetriesShareTheAttemptLimit(t *testing.T) {
 		ev.outcomes())
 
 	p = &plan{answers: map[int]planned{1: slow, 2: slow, 3: slow}}
-	_, _, err, _, _ = hedgeCall(t, p, getReq(t),
+	_, _, _, _, err = hedgeCall(t, p, getReq(t),
 		WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: 1}), WithMaxAttempts(5))
 	require.NoError(t, err)
 	assert.Len(t, p.Seen(), 2, "one hedge in flight at once, and neither answers before the other")
@@ -305,7 +305,7 @@ func TestHedgesAndRetriesShareTheAttemptLimit(t *testing.T) {
 func TestOneDeadlineBoundsTheHedges(t *testing.T) {
 	slow := planned{after: time.Minute, status: 200}
 	p := &plan{answers: map[int]planned{1: slow, 2: slow, 3: slow}}
-	_, _, err, took, ev := hedgeCall(t, p, getReq(t),
+	_, _, took, ev, err := hedgeCall(t, p, getReq(t),
 		WithHedging(Hedging{Delay: 40 * time.Millisecond, MaxHedges: 5}), WithMaxElapsed(100*time.Millisecond))
 	var ex *retry.ExhaustedError
 	require.ErrorAs(t, err, &ex)
@@ -361,7 +361,7 @@ func TestOnlyRequestsThatMayBeRepeatedAreHedged(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &plan{answers: slow}
-			_, _, err, _, _ := hedgeCall(t, p, func(url string) *http.Request { return tc.req(t, url) },
+			_, _, _, _, err := hedgeCall(t, p, func(url string) *http.Request { return tc.req(t, url) },
 				append([]Option{hedging}, tc.opts...)...)
 			require.NoError(t, err)
 			seen := p.Seen()
@@ -392,7 +392,7 @@ func TestHedgesSpendTheRetryBudget(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			bucket := budget.NewTokenBucket(budget.TokenBucketConfig{})
 			p := &plan{answers: tc.answers}
-			_, _, err, _, _ := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
+			_, _, _, _, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
 				WithBudget(bucket))
 			require.NoError(t, err)
 			assert.Len(t, p.Seen(), 2)
@@ -406,7 +406,7 @@ func TestHedgesSpendTheRetryBudget(t *testing.T) {
 func TestABudgetDenialStopsHedgingButKillsNothing(t *testing.T) {
 	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 13})
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
-	status, body, err, took, ev := hedgeCall(t, p, getReq(t),
+	status, body, took, ev, err := hedgeCall(t, p, getReq(t),
 		WithHedging(Hedging{Delay: 10 * time.Millisecond}), WithBudget(bucket))
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
@@ -428,7 +428,7 @@ func TestNoHedgeAfterPushbackOrRetryAfter(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := &plan{answers: map[int]planned{1: first, 2: {after: time.Second, status: 200}}}
-			_, _, err, _, ev := hedgeCall(t, p, func(url string) *http.Request {
+			_, _, _, ev, err := hedgeCall(t, p, func(url string) *http.Request {
 				return post(t, context.Background(), url, "x")
 			}, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
 			require.NoError(t, err)
@@ -442,7 +442,7 @@ func TestNoHedgeAfterPushbackOrRetryAfter(t *testing.T) {
 		1: {after: 20 * time.Millisecond, status: 503, header: http.Header{markHeader: {"true"}}},
 		2: {after: time.Second, status: 200},
 	}}
-	status, _, err, _, ev := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+	status, _, _, ev, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}))
 	require.NoError(t, err)
 	assert.Equal(t, 503, status)
 	assert.Equal(t, map[int]Outcome{1: OutcomeStopped, 2: OutcomeLost}, ev.outcomes())
@@ -453,7 +453,7 @@ func TestNoHedgeAfterPushbackOrRetryAfter(t *testing.T) {
 func TestLogsShowHedges(t *testing.T) {
 	h := &recordingHandler{}
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
-	_, _, err, _, _ := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
+	_, _, _, _, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
 		WithLogger(slog.New(h)))
 	require.NoError(t, err)
 	byAttempt := map[int64]slog.Record{}
@@ -567,7 +567,7 @@ func TestAHedgeThatCannotBePreparedLeavesTheAttemptInFlight(t *testing.T) {
 	})
 	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{})
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
-	status, body, err, _, ev := hedgeCall(t, p, getReq(t), prep, WithBudget(bucket),
+	status, body, _, ev, err := hedgeCall(t, p, getReq(t), prep, WithBudget(bucket),
 		WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: 3}))
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
