@@ -117,9 +117,10 @@ type AttemptDoneInfo struct {
 	Elapsed, Total time.Duration
 	// Outcome is what the loop does next.
 	Outcome Outcome
-	// Stop is why the loop ends with this attempt, "" when it retries it:
-	// retry.ReasonNotRetryable or retry.ReasonCanceled for OutcomeFinal,
-	// any Reason for OutcomeStopped.
+	// Stop is why the loop ends with this attempt, "" when it retries it
+	// (and for OutcomeLost and OutcomeDiscarded): retry.ReasonNotRetryable
+	// or retry.ReasonCanceled for OutcomeFinal, any Reason for
+	// OutcomeStopped.
 	Stop retry.Reason
 	// Wait is the sleep before the next attempt (OutcomeRetry only).
 	Wait time.Duration
