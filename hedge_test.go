@@ -713,3 +713,40 @@ func TestHedgesCannotAmplifyAnOutage(t *testing.T) {
 		}
 	})
 }
+
+// An answer set aside and then discarded is drained on a goroutine of its
+// own, bounded: a body that stalls is closed after maxPeekTime, and its
+// connection with it, while the caller has its winner at once.
+func TestADiscardedAnswerIsDrainedWithinABound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		closedAt := make(chan time.Time, 1)
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.Header.Get(attemptHeader) {
+			case "1":
+				time.Sleep(50 * time.Millisecond)
+				io.WriteString(w, "winner")
+			case "2":
+				w.Header().Set("Content-Length", "1000")
+				w.WriteHeader(503)
+				io.WriteString(w, "stal")
+				w.(http.Flusher).Flush()
+				<-r.Context().Done() // the client closed the body: its connection ended
+				closedAt <- time.Now()
+			}
+		})
+		base, url := pipeServer(t, h)
+		tr := newBubbleTransport(base, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+		resp, err := tr.RoundTrip(get(t, url))
+		require.NoError(t, err)
+		discarded := time.Now()
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, "winner", string(b))
+		select {
+		case closed := <-closedAt:
+			assert.Equal(t, maxPeekTime, closed.Sub(discarded))
+		case <-time.After(time.Minute):
+			t.Fatal("the stalled body was never closed")
+		}
+	})
+}
