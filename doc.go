@@ -41,22 +41,39 @@
 // retry budget refuses. The wait is the backoff, or the server's
 // Retry-After (429, 503, the in-progress 409) when longer.
 //
+// On a 429 or 503 without a valid Retry-After, the RateLimit field
+// (draft-ietf-httpapi-ratelimit-headers) stands for it: when an item's
+// remaining quota r is 0, the server asks for its effective window t
+// (RateLimit: "default";r=0;t=30 is 30 s), or without t for the window w of
+// the RateLimit-Policy item of the same name, the longest when several are
+// spent. That wait is bounded as Retry-After is (WithMaxRetryAfter, the
+// deadline), and a malformed field is ignored whole. A 503 asking for no
+// wait (Retry-After: 0) waits no longer than one asking nothing: it is a
+// transient failure, not throttling. X-RateLimit-Reset is never read: APIs
+// send it as an epoch time or as seconds left, so any reading of it is a
+// guess that either ignores the limit or asks for decades (which stops the
+// loop); an API that sends only it can be served by a base RoundTripper
+// that turns it into Retry-After, where its meaning is known.
+//
 // # Defaults
 //
 //	attempts          3 in all, the first included      WithMaxAttempts
 //	backoff           full jitter, base 50 ms           WithBackoff
-//	                  (1 s for 429, 503 with
-//	                  Retry-After, the in-progress
+//	                  (1 s for 429, a 503 asking
+//	                  for a wait, the in-progress
 //	                  409), cap 20 s
 //	overall deadline  the context's, at most 30 s       WithMaxElapsed
 //	per attempt       none                              WithAttemptTimeout
-//	Retry-After       honoured up to 30 s               WithMaxRetryAfter
+//	Retry-After       honoured up to 30 s, and a        WithMaxRetryAfter
+//	                  spent RateLimit quota's window
 //	budget            token bucket per host, shared     WithBudget
 //	                  process-wide: 500 tokens, a
 //	                  transient retry costs 14, a
 //	                  throttled one 5, a retried
 //	                  success refunds its cost, a
-//	                  first-try success adds 1
+//	                  first-try success adds 1, and
+//	                  time 500 a minute (package
+//	                  budget)
 //	keys              random UUIDv4 for POST and PATCH  WithAutoKeys, WithKeyHeader
 //	                  without a key, in Idempotency-Key
 //	request body      GetBody, or bodies up to 1 MiB    WithMaxBufferedBody

@@ -156,6 +156,9 @@ func hedgeCall(t *testing.T, p *plan, req func(url string) *http.Request, opts .
 	return status, body, took, ev, err
 }
 
+// hedge10ms hedges after 10 ms, once.
+var hedge10ms = WithHedging(Hedging{Delay: 10 * time.Millisecond})
+
 func getReq(t *testing.T) func(string) *http.Request {
 	return func(url string) *http.Request { return get(t, url) }
 }
@@ -167,7 +170,7 @@ func getReq(t *testing.T) func(string) *http.Request {
 func TestAHedgeGoesAfterTheDelayAndTheFirstAnswerWins(t *testing.T) {
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
 	status, body, took, ev, err := hedgeCall(t, p, getReq(t),
-		WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+		hedge10ms)
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "attempt 2: 200", body, "the hedge answered first")
@@ -196,7 +199,7 @@ func TestNoHedgeUnlessAsked(t *testing.T) {
 	for name, opts := range map[string][]Option{
 		"no option":      nil,
 		"MaxHedges < 0":  {WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: -1})},
-		"one attempt":    {WithHedging(Hedging{Delay: 10 * time.Millisecond}), WithMaxAttempts(1)},
+		"one attempt":    {hedge10ms, WithMaxAttempts(1)},
 		"adaptive, cold": {WithHedging(Hedging{})},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -212,7 +215,7 @@ func TestNoHedgeUnlessAsked(t *testing.T) {
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
 	_, _, _, _, err := hedgeCall(t, p, func(url string) *http.Request {
 		return get(t, url).WithContext(NoRetry(context.Background()))
-	}, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+	}, hedge10ms)
 	require.NoError(t, err)
 	assert.Len(t, p.Seen(), 1)
 }
@@ -226,7 +229,7 @@ func TestARetryableAnswerWhileAnotherIsInFlightIsDiscarded(t *testing.T) {
 		2: {status: 503},
 	}}
 	status, body, took, ev, err := hedgeCall(t, p, getReq(t),
-		WithHedging(Hedging{Delay: 10 * time.Millisecond}), WithMaxAttempts(2))
+		hedge10ms, WithMaxAttempts(2))
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "attempt 1: 200", body)
@@ -244,7 +247,7 @@ func TestAnAnswerIsKeptOverALaterError(t *testing.T) {
 		1: {after: 200 * time.Millisecond, status: 200},
 		2: {status: 503},
 	}}
-	status, body, took, ev, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
+	status, body, took, ev, err := hedgeCall(t, p, getReq(t), hedge10ms,
 		WithMaxAttempts(2), WithAttemptTimeout(100*time.Millisecond))
 	require.NoError(t, err)
 	assert.Equal(t, 503, status)
@@ -264,11 +267,12 @@ func TestARoundOfFailuresIsRetried(t *testing.T) {
 		1: {after: 100 * time.Millisecond, status: 503},
 		2: {status: 502},
 	}}
-	status, body, _, ev, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+	status, body, _, ev, err := hedgeCall(t, p, getReq(t), hedge10ms)
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "attempt 3: 200", body)
-	assert.Equal(t, map[int]Outcome{1: OutcomeRetry, 2: OutcomeDiscarded, 3: OutcomeFinal}, ev.outcomes())
+	assert.Equal(t, map[int]Outcome{1: OutcomeRetry, 2: OutcomeDiscarded, 3: OutcomeFinal},
+		ev.outcomes())
 	assert.False(t, ev.start[3].Hedge)
 	assert.Equal(t, retry.Class("status_503"), ev.start[3].Retrying)
 	seen := p.Seen()
@@ -306,7 +310,8 @@ func TestOneDeadlineBoundsTheHedges(t *testing.T) {
 	slow := planned{after: time.Minute, status: 200}
 	p := &plan{answers: map[int]planned{1: slow, 2: slow, 3: slow}}
 	_, _, took, ev, err := hedgeCall(t, p, getReq(t),
-		WithHedging(Hedging{Delay: 40 * time.Millisecond, MaxHedges: 5}), WithMaxElapsed(100*time.Millisecond))
+		WithHedging(Hedging{Delay: 40 * time.Millisecond, MaxHedges: 5}),
+		WithMaxElapsed(100*time.Millisecond))
 	var ex *retry.ExhaustedError
 	require.ErrorAs(t, err, &ex)
 	assert.ErrorIs(t, err, ErrAttemptTimeout)
@@ -325,7 +330,7 @@ func TestOneDeadlineBoundsTheHedges(t *testing.T) {
 // key; a request that may not be repeated is never hedged.
 func TestOnlyRequestsThatMayBeRepeatedAreHedged(t *testing.T) {
 	slow := map[int]planned{1: {after: time.Second, status: 201}}
-	hedging := WithHedging(Hedging{Delay: 10 * time.Millisecond})
+	hedging := hedge10ms
 	for _, tc := range []struct {
 		name   string
 		req    func(t *testing.T, url string) *http.Request
@@ -348,8 +353,8 @@ func TestOnlyRequestsThatMayBeRepeatedAreHedged(t *testing.T) {
 			return post(t, Idempotent(context.Background(), true), url, "amount=10")
 		}, []Option{WithAutoKeys(false)}, false},
 		{"a PUT marked not idempotent", func(t *testing.T, url string) *http.Request {
-			r, err := http.NewRequestWithContext(Idempotent(context.Background(), false), http.MethodPut, url,
-				strings.NewReader("x"))
+			ctx := Idempotent(context.Background(), false)
+			r, err := http.NewRequestWithContext(ctx, http.MethodPut, url, strings.NewReader("x"))
 			require.NoError(t, err)
 			return r
 		}, nil, false},
@@ -378,7 +383,8 @@ func TestOnlyRequestsThatMayBeRepeatedAreHedged(t *testing.T) {
 
 // Each hedge spends the host's retry budget at a transient retry's cost;
 // a hedge that wins with a success gets it back, as a retried success
-// does, and one that loses does not.
+// does, and one that loses does not. (The buckets of these tests are the
+// AWS SDKs', RefillTime -1, so that time adds nothing to the count.)
 func TestHedgesSpendTheRetryBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -390,9 +396,9 @@ func TestHedgesSpendTheRetryBudget(t *testing.T) {
 			2: {after: time.Second, status: 200}}, 500 - 14 + 1}, // and attempt 1's success adds 1
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bucket := budget.NewTokenBucket(budget.TokenBucketConfig{})
+			bucket := budget.NewTokenBucket(budget.TokenBucketConfig{RefillTime: -1})
 			p := &plan{answers: tc.answers}
-			_, _, _, _, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
+			_, _, _, _, err := hedgeCall(t, p, getReq(t), hedge10ms,
 				WithBudget(bucket))
 			require.NoError(t, err)
 			assert.Len(t, p.Seen(), 2)
@@ -404,10 +410,10 @@ func TestHedgesSpendTheRetryBudget(t *testing.T) {
 // When the budget refuses, no hedge starts, and the attempt in flight is
 // never killed: it answers, late.
 func TestABudgetDenialStopsHedgingButKillsNothing(t *testing.T) {
-	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 13})
+	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 13, RefillTime: -1})
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
 	status, body, took, ev, err := hedgeCall(t, p, getReq(t),
-		WithHedging(Hedging{Delay: 10 * time.Millisecond}), WithBudget(bucket))
+		hedge10ms, WithBudget(bucket))
 	require.NoError(t, err)
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "attempt 1: 200", body)
@@ -424,13 +430,14 @@ func TestNoHedgeAfterPushbackOrRetryAfter(t *testing.T) {
 	for name, first := range map[string]planned{
 		"Retry-After": {status: 503, header: http.Header{"Retry-After": {"1"}}},
 		"Retry-After on the in-progress 409": {status: 409, header: http.Header{"Retry-After": {"1"},
-			"Content-Type": {"application/problem+json"}}, body: `{"code":"idempotency_request_in_progress"}`},
+			"Content-Type": {"application/problem+json"}},
+			body: `{"code":"idempotency_request_in_progress"}`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := &plan{answers: map[int]planned{1: first, 2: {after: time.Second, status: 200}}}
 			_, _, _, ev, err := hedgeCall(t, p, func(url string) *http.Request {
 				return post(t, context.Background(), url, "x")
-			}, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+			}, hedge10ms)
 			require.NoError(t, err)
 			assert.Len(t, p.Seen(), 2, "the retry goes alone")
 			assert.Equal(t, OutcomeFinal, ev.outcomes()[2])
@@ -442,7 +449,7 @@ func TestNoHedgeAfterPushbackOrRetryAfter(t *testing.T) {
 		1: {after: 20 * time.Millisecond, status: 503, header: http.Header{markHeader: {"true"}}},
 		2: {after: time.Second, status: 200},
 	}}
-	status, _, _, ev, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+	status, _, _, ev, err := hedgeCall(t, p, getReq(t), hedge10ms)
 	require.NoError(t, err)
 	assert.Equal(t, 503, status)
 	assert.Equal(t, map[int]Outcome{1: OutcomeStopped, 2: OutcomeLost}, ev.outcomes())
@@ -453,7 +460,7 @@ func TestNoHedgeAfterPushbackOrRetryAfter(t *testing.T) {
 func TestLogsShowHedges(t *testing.T) {
 	h := &recordingHandler{}
 	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
-	_, _, _, _, err := hedgeCall(t, p, getReq(t), WithHedging(Hedging{Delay: 10 * time.Millisecond}),
+	_, _, _, _, err := hedgeCall(t, p, getReq(t), hedge10ms,
 		WithLogger(slog.New(h)))
 	require.NoError(t, err)
 	byAttempt := map[int64]slog.Record{}
@@ -513,7 +520,7 @@ func TestTheWinnersBodyOutlivesTheLosersCancellationOverHTTP2(t *testing.T) {
 			io.WriteString(w, "second half")
 		})
 		base, url := pipeServerH2(t, h)
-		tr := newBubbleTransport(base, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+		tr := newBubbleTransport(base, hedge10ms)
 		resp, err := tr.RoundTrip(get(t, url))
 		require.NoError(t, err)
 		assert.Equal(t, 2, resp.ProtoMajor)
@@ -535,7 +542,7 @@ func TestTheCallersCancellationEndsAHedgedCall(t *testing.T) {
 		slow := planned{after: time.Minute, status: 200}
 		p := &plan{answers: map[int]planned{1: slow, 2: slow, 3: slow}}
 		base, url := pipeServer(t, p)
-		tr := newBubbleTransport(base, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+		tr := newBubbleTransport(base, hedge10ms)
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Millisecond)
 		defer cancel()
 		start := time.Now()
@@ -601,7 +608,8 @@ func TestAHedgedCallKeepsTheRoundTripperContract(t *testing.T) {
 		})
 		base, url := pipeServer(t, h)
 		tracker := &closeTracker{base: base}
-		tr := newBubbleTransport(tracker, WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: 2}))
+		tr := newBubbleTransport(tracker,
+			WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: 2}))
 
 		var mu sync.Mutex
 		var given []*spyBody
@@ -663,7 +671,7 @@ func TestAPanicInAHedgeReachesTheCaller(t *testing.T) {
 			}
 			return base.RoundTrip(r)
 		})
-		tr := newBubbleTransport(panicky, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+		tr := newBubbleTransport(panicky, hedge10ms)
 		var got any
 		func() {
 			defer func() { got = recover() }()
@@ -679,6 +687,9 @@ func TestAPanicInAHedgeReachesTheCaller(t *testing.T) {
 // 503 after 100 ms), every call is hedged at first, and hedges and retries
 // spend the same bucket: 35 of them in all (500 tokens, 14 each), then
 // every request goes once. The amplification stays that of retries alone.
+// The bucket is the AWS SDKs' (RefillTime -1), so that the count is exact;
+// the default one adds its refill with time (budget.TokenBucketConfig) to
+// hedges and retries alike.
 func TestHedgesCannotAmplifyAnOutage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const calls, workers = 400, 8
@@ -692,8 +703,10 @@ func TestHedgesCannotAmplifyAnOutage(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		})
 		base, url := pipeServer(t, h)
-		tr := newBubbleTransport(base, WithHedging(Hedging{Delay: 10 * time.Millisecond}),
-			WithBudget(budget.NewRegistry(nil)))
+		tr := newBubbleTransport(base, hedge10ms,
+			WithBudget(budget.NewRegistry(func() budget.Budget {
+				return budget.NewTokenBucket(budget.TokenBucketConfig{RefillTime: -1})
+			})))
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		for range workers {
@@ -735,7 +748,7 @@ func TestADiscardedAnswerIsDrainedWithinABound(t *testing.T) {
 			}
 		})
 		base, url := pipeServer(t, h)
-		tr := newBubbleTransport(base, WithHedging(Hedging{Delay: 10 * time.Millisecond}))
+		tr := newBubbleTransport(base, hedge10ms)
 		resp, err := tr.RoundTrip(get(t, url))
 		require.NoError(t, err)
 		discarded := time.Now()

@@ -57,7 +57,9 @@ func TestARetryNeverSentGivesItsTokensBack(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &script{statuses: []int{503, 200}}
 				base, url := pipeServer(t, srv)
-				bucket := budget.NewTokenBucket(budget.TokenBucketConfig{})
+				// The AWS SDKs' bucket: time refills nothing, so that
+				// only the refund can fill it again.
+				bucket := budget.NewTokenBucket(budget.TokenBucketConfig{RefillTime: -1})
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
 				opts := append([]Option{WithBackoff(jitter.Config{Func: jitter.None, Base: time.Second}),

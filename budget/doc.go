@@ -12,16 +12,35 @@
 // # Token bucket (the default)
 //
 // [TokenBucket] implements the retry quota of the AWS SDKs' retry behaviour
-// 2.1: a bucket of 500 tokens, starting full; a retry after a transient
-// failure costs 14 tokens, a retry after throttling (429, or 503 with
-// Retry-After) costs 5; a retry that succeeds refunds its cost; a first-try
-// success adds 1, never above 500; a retry whose cost exceeds what is left
-// is denied and takes nothing. There is no refill with time, only with
-// successes: during a full outage the bucket drains after 35 transient
-// retries and the client then sends each request once, so amplification
-// tends to 1; with the defaults the quota keeps draining once roughly 22% or
-// more of first attempts fail for a sustained period (each failure's retry
-// costs 14, funded by first-try successes at 1 each).
+// 2.1, refilled with time as well: a bucket of 500 tokens, starting full; a
+// retry after a transient failure costs 14 tokens, a retry after throttling
+// (429, or 503 asking for a wait) costs 5; a retry that succeeds refunds its
+// cost; a first-try success adds 1; time adds 500 tokens a minute; never
+// above 500; a retry whose cost exceeds what is left is denied and takes
+// nothing. During a full outage the bucket drains after 35 transient
+// retries, and then time alone pays for one transient retry every 1.68 s
+// per host and process, so amplification tends to 1 for a client with
+// traffic (1.047 in examples/fleetsim's fleet of 20 processes at 50
+// requests a second, against 1.035 without the refill). For a client with
+// much traffic, the quota keeps draining once roughly 22% or more of first
+// attempts fail for a sustained period (each failure's retry costs 14,
+// funded by first-try successes at 1 each; time's 8 tokens a second add
+// little there).
+//
+// With no traffic at all, a drained bucket is full again within a minute
+// (RefillTime), and a transient retry is affordable again within 1.7 s.
+// Without the refill (RefillTime negative: the AWS SDKs' bucket), only
+// successes refill it: about 490 first-try successes, 8 minutes at one
+// request a second, before the bucket is full again. The minute is the
+// trade between the two failures a budget stands between: a shorter
+// RefillTime brings retries back sooner but pays for more of them in a
+// long outage (10 s gives that fleet 1.108), a longer one makes a quiet
+// client wait longer for its first retry (5 minutes: 8.4 s). The refill's
+// rate does not grow with traffic, so it matters most to a process that
+// sends a host few requests: in a full outage, at q requests a second, it
+// adds at most about 0.6/q retries per request (0.6 at one a second); a
+// fleet of many such processes that must stay near 1 sets RefillTime
+// negative or longer.
 //
 // # Ratio
 //

@@ -70,3 +70,21 @@ func ExampleRegistry() {
 	fmt.Println(reg.For("flaky.example").Available(now), reg.For("healthy.example").Available(now))
 	// Output: 10 500
 }
+
+// Time refills a drained bucket: 500 tokens a minute by default, so a
+// transient retry is affordable again within 1.7 s, and with no traffic
+// the bucket is full again within a minute. RefillTime -1 is the AWS SDKs'
+// bucket, which only successes refill.
+func ExampleTokenBucket_recovery() {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []budget.TokenBucketConfig{{}, {RefillTime: -1}} {
+		b := budget.NewTokenBucket(c)
+		for range 100 { // an outage drains it
+			b.AcquireRetry(now, false)
+		}
+		fmt.Println(b.Available(now), b.Available(now.Add(1700*time.Millisecond)), b.Available(now.Add(time.Minute)))
+	}
+	// Output:
+	// 10 24 500
+	// 10 10 10
+}

@@ -1,8 +1,10 @@
 package budget
 
 import (
+	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,4 +245,149 @@ func TestTokenBucketRefundGivesBackAnUnsentRetry(t *testing.T) {
 	b.Refund(t0, 0)
 	b.Refund(t0, -5)
 	require.Equal(t, 500, b.Available(t0), "a cost of 0 or less gives nothing and takes nothing")
+}
+
+// With no traffic at all, time refills a drained bucket to its capacity in
+// RefillTime (60 s by default), at Capacity/RefillTime tokens a second.
+func TestTokenBucketRefillsWithTime(t *testing.T) {
+	b := NewTokenBucket(TokenBucketConfig{})
+	for range 35 {
+		_, ok := b.AcquireRetry(t0, false)
+		require.True(t, ok)
+	}
+	_, ok := b.AcquireRetry(t0, false)
+	require.False(t, ok, "drained: 10 tokens left")
+	require.Equal(t, 10, b.Available(t0))
+	// 500 tokens a minute: 8 whole tokens in the first second.
+	require.Equal(t, 18, b.Available(t0.Add(time.Second)))
+	_, ok = b.AcquireRetry(t0.Add(time.Second), false)
+	require.True(t, ok, "a transient retry is affordable again within 14/500 of a minute")
+	require.Equal(t, 4, b.Available(t0.Add(time.Second)))
+	require.Equal(t, 4+250-8, b.Available(t0.Add(30*time.Second)))
+	require.Equal(t, 496, b.Available(t0.Add(time.Minute)))
+	require.Equal(t, 500, b.Available(t0.Add(time.Second+time.Minute)), "full again within RefillTime")
+	require.Equal(t, 500, b.Available(t0.Add(time.Hour)), "never above capacity")
+}
+
+// A drained bucket with the AWS SDKs' behaviour (RefillTime negative) stays
+// drained however long nothing happens: only successes refill it.
+func TestTokenBucketWithoutRefillStaysDrained(t *testing.T) {
+	b := NewTokenBucket(TokenBucketConfig{RefillTime: -1})
+	for range 35 {
+		b.AcquireRetry(t0, false)
+	}
+	require.Equal(t, 10, b.Available(t0))
+	require.Equal(t, 10, b.Available(t0.Add(24*time.Hour)))
+	_, ok := b.AcquireRetry(t0.Add(24*time.Hour), false)
+	require.False(t, ok)
+	b.OnSuccess(t0.Add(24*time.Hour), 0)
+	require.Equal(t, 11, b.Available(t0.Add(24*time.Hour)), "successes still refill it")
+	require.NoError(t, TokenBucketConfig{RefillTime: -1}.Validate(), "a negative RefillTime has a meaning of its own")
+}
+
+// Time refills in whole tokens without losing the fractions: many small
+// steps earn exactly what one long one does.
+func TestTokenBucketRefillKeepsFractions(t *testing.T) {
+	for _, step := range []time.Duration{time.Millisecond, 7 * time.Millisecond, 333 * time.Microsecond, time.Second} {
+		b := NewTokenBucket(TokenBucketConfig{Capacity: 600, TransientCost: 600}) // 10 tokens a second
+		_, ok := b.AcquireRetry(t0, false)
+		require.True(t, ok)
+		require.Zero(t, b.Available(t0))
+		var at time.Duration
+		for at = step; at <= 30*time.Second; at += step {
+			n := b.Available(t0.Add(at))
+			require.Equal(t, int(at/(100*time.Millisecond)), n, "step %v, at %v", step, at)
+		}
+	}
+}
+
+// Time earns nothing while the bucket is full: an hour of health does not
+// bank tokens beyond Capacity, and the refill counts from the drain.
+func TestTokenBucketFullEarnsNothing(t *testing.T) {
+	b := NewTokenBucket(TokenBucketConfig{Capacity: 60, TransientCost: 60}) // 1 token a second
+	require.Equal(t, 60, b.Available(t0))
+	later := t0.Add(time.Hour)
+	_, ok := b.AcquireRetry(later, false)
+	require.True(t, ok)
+	require.Zero(t, b.Available(later))
+	require.Equal(t, 5, b.Available(later.Add(5*time.Second)))
+}
+
+// A time before the latest one seen adds nothing and takes nothing.
+func TestTokenBucketTimeGoingBackwards(t *testing.T) {
+	b := NewTokenBucket(TokenBucketConfig{Capacity: 60, TransientCost: 60})
+	b.AcquireRetry(t0, false)
+	require.Equal(t, 10, b.Available(t0.Add(10*time.Second)))
+	require.Equal(t, 10, b.Available(t0.Add(5*time.Second)), "earlier: nothing more")
+	require.Equal(t, 10, b.Available(time.Time{}))
+	require.Equal(t, 11, b.Available(t0.Add(11*time.Second)), "and the refill goes on from the latest")
+}
+
+// Any Capacity, cost, reward, refund or RefillTime keeps the level in
+// [0, Capacity]: the arithmetic saturates instead of overflowing.
+func TestTokenBucketHugeValuesSaturate(t *testing.T) {
+	b := NewTokenBucket(TokenBucketConfig{Capacity: math.MaxInt, SuccessReward: math.MaxInt})
+	_, ok := b.AcquireRetry(t0, false)
+	require.True(t, ok)
+	b.OnSuccess(t0, 0)
+	require.Equal(t, math.MaxInt, b.Available(t0), "a huge reward fills the bucket, no more")
+	b.AcquireRetry(t0, false)
+	b.OnSuccess(t0, math.MaxInt)
+	require.Equal(t, math.MaxInt, b.Available(t0), "a huge refund of a retried success")
+	b.AcquireRetry(t0, false)
+	b.Refund(t0, math.MaxInt)
+	require.Equal(t, math.MaxInt, b.Available(t0), "a huge refund of an unsent retry")
+
+	// Time: the shortest RefillTime with the largest bucket, over the
+	// longest time a time.Duration holds, and the longest RefillTime.
+	for _, refill := range []time.Duration{time.Nanosecond, math.MaxInt64} {
+		b := NewTokenBucket(TokenBucketConfig{Capacity: math.MaxInt, TransientCost: math.MaxInt, RefillTime: refill})
+		_, ok := b.AcquireRetry(t0, false)
+		require.True(t, ok)
+		require.Zero(t, b.Available(t0))
+		for _, at := range []time.Time{t0.Add(time.Nanosecond), t0.Add(time.Hour), t0.AddDate(300, 0, 0)} {
+			n := b.Available(at)
+			require.GreaterOrEqual(t, n, 0, "refill %v at %v", refill, at)
+		}
+		require.Equal(t, math.MaxInt, b.Available(t0.AddDate(600, 0, 0)), "refill %v", refill)
+	}
+	slow := NewTokenBucket(TokenBucketConfig{Capacity: math.MaxInt, TransientCost: math.MaxInt,
+		RefillTime: math.MaxInt64})
+	slow.AcquireRetry(t0, false)
+	require.Equal(t, 1, slow.Available(t0.Add(time.Nanosecond)), "MaxInt tokens in MaxInt64 ns: 1 a ns")
+}
+
+// Goroutines racing with a clock that moves forward: the level never
+// leaves [0, capacity], and once the racing stops time fills the bucket.
+func TestTokenBucketConcurrentRefill(t *testing.T) {
+	b := NewTokenBucket(TokenBucketConfig{Capacity: 100, RefillTime: time.Second})
+	var (
+		clock atomic.Int64 // nanoseconds after t0
+		wg    sync.WaitGroup
+	)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for range 2000 {
+				now := t0.Add(time.Duration(clock.Add(int64(rng.IntN(int(time.Millisecond))))))
+				switch rng.IntN(3) {
+				case 0:
+					if cost, ok := b.AcquireRetry(now, rng.IntN(2) == 1); ok && rng.IntN(2) == 0 {
+						b.Refund(now, cost)
+					}
+				case 1:
+					b.OnSuccess(now, rng.IntN(20))
+				}
+				if n := b.Available(now); n < 0 || n > 100 {
+					t.Errorf("level %d out of [0, 100]", n)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	end := t0.Add(time.Duration(clock.Load()) + time.Second)
+	require.Equal(t, 100, b.Available(end))
 }

@@ -10,7 +10,7 @@ import (
 // Defaults applied by [Config.Backoff] to zero fields.
 const (
 	defaultBase         = 50 * time.Millisecond // transient failures: 5xx, resets, timeouts
-	defaultThrottleBase = 1 * time.Second       // throttling: 429, or 503 with Retry-After
+	defaultThrottleBase = 1 * time.Second       // throttling: 429, or 503 asking for a wait
 	defaultCap          = 20 * time.Second      // the largest wait
 )
 
@@ -26,8 +26,8 @@ type Config struct {
 	// 0 means 50 ms; a negative value means 0: no wait.
 	Base time.Duration
 	// ThrottleBase is the base when the server throttles (429, or 503
-	// with Retry-After). 0 means 1 s; a negative value means 0: no wait
-	// beyond the server's Retry-After.
+	// asking for a wait above 0 in Retry-After or RateLimit). 0 means 1 s;
+	// a negative value means 0: no wait beyond the server's.
 	ThrottleBase time.Duration
 	// Cap is the largest wait. 0 means 20 s; a negative value means no
 	// cap (the largest time.Duration): the overall deadline still bounds
@@ -62,9 +62,10 @@ func durationOr(d, def, neg time.Duration) time.Duration {
 // Backoff returns the wait before retry number attempt (0 for the first
 // retry) after applying the defaults and meanings documented on [Config]. prev is the wait
 // returned for the previous retry (used by [Decorrelated]); throttle selects
-// ThrottleBase instead of Base (the caller sets it for 429, or 503 with
-// Retry-After); r is a uniform random value in [0, 1), clamped into that range
-// when outside it. The result is never negative and never exceeds the cap.
+// ThrottleBase instead of Base (the caller sets it as retry.Decision.Throttle
+// says: for 429, or 503 asking for a wait); r is a uniform random value in
+// [0, 1), clamped into that range when outside it. The result is never
+// negative and never exceeds the cap.
 // Backoff is pure, never panics and is safe for concurrent use.
 func (c Config) Backoff(attempt int, prev time.Duration, throttle bool, r float64) time.Duration {
 	c = c.withDefaults()

@@ -94,20 +94,17 @@ func newClient(c config) *client {
 	return cl
 }
 
-// ClientObserver returns a saferetry.Observer that records the client
-// metrics and one span per attempt. It does not inject the span into the
-// request headers: ClientOptions adds that. It is safe for concurrent use.
-func ClientObserver(opts ...Option) saferetry.Observer {
-	return newClient(newConfig(opts)).observer()
-}
-
 // ClientOptions returns the saferetry options that instrument a Transport:
-// the observer of ClientObserver, and a preparation (saferetry.WithPrepare) that injects
-// each attempt's span context into its headers with the configured
-// propagators (traceparent with the default W3C propagator), so that the
-// server's span is the attempt's child. Give them to saferetry.NewTransport
-// with the other options: the preparation runs before any WithPrepare given
-// after it (a signature must come last, over the trace headers).
+// an observer (saferetry.WithObserver) that records the client metrics and
+// one span per attempt, and a preparation (saferetry.WithPrepare) that
+// injects each attempt's span context into its headers with the configured
+// propagators (traceparent with the W3C propagator), so that the server's
+// span is the attempt's child; with propagators that inject nothing
+// (WithPropagators(propagation.NewCompositeTextMapPropagator())), the
+// headers are left alone. Give them to saferetry.NewTransport with the other
+// options: the preparation runs before any WithPrepare given after it (a
+// signature must come last, over the trace headers). They are safe for
+// concurrent use.
 func ClientOptions(opts ...Option) []saferetry.Option {
 	c := newConfig(opts)
 	cl := newClient(c)

@@ -120,7 +120,7 @@ func TestClientMetrics(t *testing.T) {
 	srv := &scriptServer{statuses: []int{503, 502, 200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	tr := saferetry.NewTransport(nil, append(quick(), saferetry.WithObserver(ClientObserver(tel.options()...)))...)
+	tr := saferetry.NewTransport(nil, append(quick(), ClientOptions(tel.options()...)...)...)
 	resp, err := tr.RoundTrip(mustGet(t, ts.URL))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -128,7 +128,7 @@ func TestClientMetrics(t *testing.T) {
 	// A call that gives up: the only 14 tokens buy one retry, then the
 	// budget says no.
 	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 14})
-	tr = saferetry.NewTransport(nil, append(quick(saferetry.WithBudget(bucket)), saferetry.WithObserver(ClientObserver(tel.options()...)))...)
+	tr = saferetry.NewTransport(nil, append(quick(saferetry.WithBudget(bucket)), ClientOptions(tel.options()...)...)...)
 	_, err = tr.RoundTrip(mustGet(t, "http://"+closedAddr(t)+"/"))
 	require.ErrorIs(t, err, retry.ErrExhausted)
 
@@ -164,13 +164,15 @@ func TestClientMetrics(t *testing.T) {
 	assert.Equal(t, uint64(3), n)
 }
 
-func TestObserverAloneInjectsNothing(t *testing.T) {
+// Propagators that inject nothing leave the headers alone: the spans and
+// metrics are still recorded.
+func TestNoPropagatorInjectsNothing(t *testing.T) {
 	tel := newTelemetry(t)
 	srv := &scriptServer{statuses: []int{200}}
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
-	opts := append(tel.options(), WithPropagators(propagation.TraceContext{}))
-	tr := saferetry.NewTransport(nil, append(quick(), saferetry.WithObserver(ClientObserver(opts...)))...)
+	opts := append(tel.options(), WithPropagators(propagation.NewCompositeTextMapPropagator()))
+	tr := saferetry.NewTransport(nil, append(quick(), ClientOptions(opts...)...)...)
 	resp, err := tr.RoundTrip(mustGet(t, ts.URL))
 	require.NoError(t, err)
 	resp.Body.Close()

@@ -42,11 +42,11 @@ func newConfig(opts []Option) config {
 }
 
 func (c config) meter() metric.Meter {
-	return c.meterProvider.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
+	return c.meterProvider.Meter(ScopeName, metric.WithInstrumentationVersion(version))
 }
 
 func (c config) tracer() trace.Tracer {
-	return c.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version()))
+	return c.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(version))
 }
 
 // WithMeterProvider sets the meter provider (default the global one,

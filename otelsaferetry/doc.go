@@ -15,7 +15,7 @@
 //
 // The meter and tracer come from the global providers unless
 // WithMeterProvider or WithTracerProvider says otherwise; the instrumentation
-// scope is this package's import path, at Version().
+// scope is ScopeName, this package's import path.
 //
 // Spans follow the OpenTelemetry semantic conventions for HTTP clients: one
 // span of kind client per attempt (a resend is a new span), child of the

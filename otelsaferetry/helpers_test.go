@@ -43,7 +43,7 @@ func (tel *telemetry) collect(t *testing.T) map[string]metricdata.Metrics {
 	out := map[string]metricdata.Metrics{}
 	for _, sm := range rm.ScopeMetrics {
 		require.Equal(t, ScopeName, sm.Scope.Name)
-		require.Equal(t, Version(), sm.Scope.Version)
+		require.Equal(t, version, sm.Scope.Version)
 		for _, m := range sm.Metrics {
 			out[m.Name] = m
 		}

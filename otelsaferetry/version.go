@@ -4,8 +4,5 @@ package otelsaferetry
 // package creates: its import path.
 const ScopeName = "github.com/saferetry/saferetry/otelsaferetry"
 
-// Version returns the version of this instrumentation, reported as the
-// instrumentation scope's version.
-func Version() string {
-	return "0.1.0"
-}
+// version is this instrumentation's version, reported as its scope's.
+const version = "0.1.0"

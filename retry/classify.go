@@ -8,7 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
@@ -83,15 +83,20 @@ type Decision struct {
 	Retry bool
 	// Class labels the outcome.
 	Class Class
-	// Throttle is true for 429, for 503 carrying a valid Retry-After, and
-	// for the in-progress 409: the caller uses the throttling backoff base
-	// and budget cost.
+	// Throttle is true for 429, for a 503 that asks for a wait longer than
+	// 0 (RetryAfter), and for the in-progress 409: the caller uses the
+	// throttling backoff base and budget cost. A 503 asking for no wait
+	// ("Retry-After: 0") is a transient failure, as one asking nothing is.
 	Throttle bool
-	// RetryAfter is the server's Retry-After hint (429, 503 and the
-	// in-progress 409 only), valid when HasRetryAfter is true; it may be
-	// huge, the caller caps it.
+	// RetryAfter is how long the server asks the client to wait (429, 503
+	// and the in-progress 409 only), valid when HasRetryAfter is true: its
+	// Retry-After; or, on a 429 or 503 without a valid Retry-After, the
+	// effective window of a quota its RateLimit fields say is spent (r=0;
+	// see the package documentation of saferetry). It may be huge, the
+	// caller caps it.
 	RetryAfter time.Duration
-	// HasRetryAfter reports whether a valid Retry-After was present.
+	// HasRetryAfter reports whether the server asked for a wait: a valid
+	// Retry-After, or RateLimit fields with a spent quota and its window.
 	HasRetryAfter bool
 	// NeverSent is true when the request provably never reached the server
 	// (a dial error, an HTTP/2 refused stream); only then is a request that
@@ -138,12 +143,20 @@ func classifyStatus(in Input, now time.Time) Decision {
 		(code == http.StatusConflict && in.ProblemCode == problemInProgress) {
 		d.RetryAfter, d.HasRetryAfter = parseRetryAfter(in.Response.Header.Get("Retry-After"), now)
 	}
+	throttling := code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
+	if !d.HasRetryAfter && throttling {
+		// Retry-After takes precedence; the RateLimit fields speak only
+		// without a valid one.
+		d.RetryAfter, d.HasRetryAfter = rateLimitWait(in.Response.Header)
+	}
 	switch code {
 	case http.StatusTooManyRequests:
 		d.Throttle = true
 		d.Retry = true
 	case http.StatusServiceUnavailable:
-		d.Throttle = d.HasRetryAfter
+		// A wait of 0 is no throttling: it must never cost more than no
+		// header at all (the throttling backoff's base is the longer one).
+		d.Throttle = d.HasRetryAfter && d.RetryAfter > 0
 		d.Retry = true
 	case http.StatusBadGateway, http.StatusGatewayTimeout:
 		d.Retry = true
@@ -196,12 +209,10 @@ func classifyErr(in Input) Decision {
 	case isContextDeadline(err):
 		return Decision{Class: ClassCallerDeadline}
 	}
-	// Text matches on net/http's bundled HTTP/2 errors, which are unexported.
-	// GOAWAY is checked first: its message carries server-chosen debug data,
-	// and the conservative class must win.
-	text := errText(err)
 	switch {
-	case strings.Contains(text, "GOAWAY"):
+	case inTree(err, isGoAway):
+		// Checked before the refused stream: a GOAWAY's message carries
+		// server-chosen debug data, and the conservative class must win.
 		return Decision{Class: ClassH2GoAway, Retry: in.Idempotent}
 	case inTree(err, isRefusedStream):
 		return Decision{Class: ClassH2RefusedStream, NeverSent: true, Retry: true}
@@ -213,6 +224,31 @@ func classifyErr(in Input) Decision {
 		return Decision{Class: ClassTimeout, Retry: in.Idempotent}
 	}
 	return Decision{Class: ClassNotRetryable}
+}
+
+// isGoAway reports whether e is the error an HTTP/2 transport returns when
+// the server sent GOAWAY and closed the connection before answering a
+// stream it had accepted (its ID at most the GOAWAY's last stream ID, so
+// the request may have been processed): net/http's bundled
+// http2GoAwayError or golang.org/x/net/http2's GoAwayError. They are
+// recognised by their type, never by their text, which carries the
+// server's debug data and which any server can put in an error (an HTTP/1
+// status line reading "GOAWAY"). A stream above the last stream ID was not
+// processed: net/http retries it on a new connection itself. The error it
+// returns for the first stream of a new connection whose GOAWAY carries an
+// error code, a plain error, is not retried, as net/http does not retry it.
+func isGoAway(e error) bool {
+	t := reflect.TypeOf(e)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.PkgPath() {
+	case "net/http":
+		return t.Name() == "http2GoAwayError"
+	case "golang.org/x/net/http2":
+		return t.Name() == "GoAwayError"
+	}
+	return false
 }
 
 // isRefusedStream reports whether e is an HTTP/2 stream error with code
@@ -297,14 +333,4 @@ func isTransportTimeout(err error) bool {
 // errors.Is(err, context.DeadlineExceeded).
 func isContextDeadline(err error) bool {
 	return inTree(err, func(e error) bool { return e == context.DeadlineExceeded })
-}
-
-// errText returns the message of err without a *url.Error prefix, whose URL
-// could otherwise smuggle "GOAWAY" or "REFUSED_STREAM" into the text.
-func errText(err error) string {
-	var ue *url.Error
-	if errors.As(err, &ue) && ue.Err != nil {
-		return ue.Err.Error()
-	}
-	return err.Error()
 }

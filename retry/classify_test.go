@@ -81,8 +81,8 @@ func TestClassifyStatuses(t *testing.T) {
 	}
 }
 
-// fakeH2 mimics net/http's unexported HTTP/2 error types, which are only
-// recognisable by their text.
+// fakeH2 has the text of net/http's unexported HTTP/2 errors, not their
+// type.
 type fakeH2 string
 
 func (e fakeH2) Error() string { return string(e) }
@@ -135,9 +135,11 @@ func TestClassifyErrors(t *testing.T) {
 			Decision{Retry: true, Class: ClassH2RefusedStream, NeverSent: true}, Decision{Retry: true, Class: ClassH2RefusedStream, NeverSent: true}},
 		{"h2 cannot retry refused stream", fmt.Errorf("http2: Transport: cannot retry err [%w] after Request.Body was written; define Request.GetBody to avoid this error", refusedStream), false,
 			Decision{Retry: true, Class: ClassH2RefusedStream, NeverSent: true}, Decision{Retry: true, Class: ClassH2RefusedStream, NeverSent: true}},
-		{"h2 goaway", urlErr(goAway), false, Decision{Retry: true, Class: ClassH2GoAway}, Decision{Class: ClassH2GoAway}},
-		{"goaway debug data cannot fake a refused stream", fakeH2(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=NO_ERROR, debug="REFUSED_STREAM"`), false,
-			Decision{Retry: true, Class: ClassH2GoAway}, Decision{Class: ClassH2GoAway}},
+		// A GOAWAY is recognised by its type (TestClassifyRealGoAway), never
+		// by its text, which an HTTP/1 status line can spell too.
+		{"GOAWAY's text is no GOAWAY", urlErr(goAway), false, Decision{Class: ClassNotRetryable}, Decision{Class: ClassNotRetryable}},
+		{"nor is an HTTP/1 status line reading GOAWAY", fmt.Errorf("net/http: HTTP/1.x transport connection broken: %w", errors.New(`malformed HTTP status code "GOAWAY"`)), false,
+			Decision{Class: ClassNotRetryable}, Decision{Class: ClassNotRetryable}},
 		{"an HTTP/1 status line cannot fake a refused stream", fmt.Errorf("net/http: HTTP/1.x transport connection broken: %w", errors.New(`malformed HTTP status code "REFUSED_STREAM"`)), false,
 			Decision{Class: ClassNotRetryable}, Decision{Class: ClassNotRetryable}},
 		{"nor one that spells the whole stream error", errors.New(`malformed HTTP status code "stream error: stream ID 1; REFUSED_STREAM"`), false,

@@ -27,8 +27,9 @@ const (
 	// overall deadline (WithMaxElapsed, or the context's), or the deadline
 	// passed before the next attempt could start.
 	ReasonDeadline Reason = "deadline"
-	// ReasonRetryAfterTooLong: the server's Retry-After is longer than the
-	// longest the Transport honours (WithMaxRetryAfter).
+	// ReasonRetryAfterTooLong: the wait the server asks for (Retry-After,
+	// or a spent RateLimit quota's window: Decision.RetryAfter) is longer
+	// than the longest the Transport honours (WithMaxRetryAfter).
 	ReasonRetryAfterTooLong Reason = "retry_after_too_long"
 	// ReasonBudget: the retry budget refused the retry.
 	ReasonBudget Reason = "budget_denied"

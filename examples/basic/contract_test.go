@@ -92,6 +92,17 @@ func (s *contractServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "marked": // a failure already retried further down a chain of services
 		w.Header().Set("Retried-Below", "true")
 		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+	case "TRUE", "true, true": // no mark: another spelling, a list
+		w.Header().Set("Retried-Below", fault)
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+	case "marked twice": // no mark: two field lines
+		w.Header()["Retried-Below"] = []string{"true", "true"}
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+	case "marked busy": // no mark: the in-progress 409 is no failure
+		w.Header().Set("Retried-Below", "true")
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusConflict)
+		fmt.Fprintf(w, `{"status":409,"code":%q}`, idempotency.CodeInProgress)
 	case "lost":
 		s.h.ServeHTTP(httptest.NewRecorder(), r) // it runs and commits...
 		http.Error(w, "bad gateway", http.StatusBadGateway)
@@ -195,4 +206,20 @@ func TestContractScriptStopsOnAMarkedAnswer(t *testing.T) {
 	require.Contains(t, errOut, "SAME key (order-charge-42)")
 	require.Equal(t, []string{"1", "2"}, srv.attempts, "no third attempt after the mark")
 	require.Zero(t, srv.executions.Load())
+}
+
+// The mark is exactly "true" on one field line of a 5xx or 429 (CONTRACT.md
+// section 8): any other spelling, a list, two field lines or the mark on an
+// in-progress 409 is no mark, and the loop retries as it would without it.
+func TestContractScriptReadsTheMarkExactly(t *testing.T) {
+	script := contractScript(t)
+	srv := newContractServer("TRUE", "true, true", "marked twice", "marked busy")
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+
+	code, out, errOut := runScript(t, script, ts.URL+"/payments")
+	require.Equal(t, 0, code, "stderr: %s", errOut)
+	require.Contains(t, out, `{"payment":1}`)
+	require.Equal(t, []string{"1", "2", "3", "4", "5"}, srv.attempts, "retried past every false mark")
+	require.Equal(t, int64(1), srv.executions.Load())
 }

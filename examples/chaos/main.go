@@ -8,6 +8,7 @@
 //	go run ./examples/chaos
 //	go run ./examples/chaos -duration 10s -clients 32 -faults 'calm=1,reset=2,5xx-after-commit=2'
 //	go run ./examples/chaos -metrics metrics.json
+//	go run ./examples/chaos -unsafe-no-idempotency # the contrast: duplicates, exit status 1
 //	go run ./examples/chaos -store postgres -dsn postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 //
 // Everything runs in one process on loopback.
@@ -28,9 +29,6 @@ func main() {
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// hiddenFlags are left out of -help: they exist for tests.
-var hiddenFlags = map[string]bool{"unsafe-no-idempotency": true}
-
 // parseFlags reads the command line into a config. flag.ErrHelp is
 // returned for -help.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -49,20 +47,28 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.Think, "think", cfg.Think, "mean pause between two logical requests of a client")
 	fs.StringVar(&cfg.Metrics, "metrics", "", "write the run's OpenTelemetry metrics (client and server, otelsaferetry) to this file as JSON (stdout exporter)")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temporary SQLite file (or the PostgreSQL schema) after the run, to inspect it")
-	fs.BoolVar(&cfg.Unsafe, "unsafe-no-idempotency", false, "run without the idempotency middleware (the run must then fail)")
+	fs.BoolVar(&cfg.Unsafe, "unsafe-no-idempotency", false, "the contrast: run without the "+
+		"idempotency middleware, so that retries repeat payments (duplicates, exit 1)")
 	fs.Usage = func() {
 		out := fs.Output()
-		fmt.Fprintf(out, "Usage: go run ./examples/chaos [flags]\n\n")
-		fmt.Fprintf(out, "Runs a payments API behind the idempotency middleware and a fault-injecting proxy, sends\n")
-		fmt.Fprintf(out, "payments from a fleet of saferetry clients, re-sends what failed, and checks that every\n")
-		fmt.Fprintf(out, "payment had its effect effectively once within its key's scope (at-least-once delivery\n")
-		fmt.Fprintf(out, "plus de-duplication). Exit status: 0 pass, 1 duplicates or lost payments, 2 error.\n\nFlags:\n")
+		fmt.Fprint(out, `Usage: go run ./examples/chaos [flags]
+
+Runs a payments API behind the idempotency middleware and a fault-injecting
+proxy, sends payments from a fleet of saferetry clients, re-sends what failed,
+and checks that every payment had its effect effectively once within its key's
+scope (at-least-once delivery plus de-duplication). Exit status: 0 pass,
+1 duplicates or lost payments, 2 error. With -unsafe-no-idempotency, the same
+run without the middleware shows what the guarantee prevents: payments whose
+answer was lost are paid again, and it exits 1.
+
+Flags:
+`)
 		fs.VisitAll(func(f *flag.Flag) {
-			if hiddenFlags[f.Name] {
-				return
-			}
 			name, usage := flag.UnquoteUsage(f)
-			fmt.Fprintf(out, "  -%s %s\n    \t%s", f.Name, name, usage)
+			if name != "" {
+				name = " " + name // a boolean flag takes no value
+			}
+			fmt.Fprintf(out, "  -%s%s\n    \t%s", f.Name, name, usage)
 			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
 				fmt.Fprintf(out, " (default %s)", f.DefValue)
 			}

@@ -16,11 +16,12 @@ import (
 )
 
 // metrics is the run's OpenTelemetry instrumentation (-metrics): the
-// fleet's client observer and the middleware's server observer, recording
+// fleet's client options and the middleware's server observer, recording
 // into one meter provider whose reader exports once, when the run ends, to
-// a file. Without -metrics both observers are empty and cost nothing.
+// a file. Without -metrics there are no client options and the server
+// observer is empty: they cost nothing.
 type metrics struct {
-	client saferetry.Observer
+	client []saferetry.Option
 	server idempotency.Observer
 	mp     *sdkmetric.MeterProvider
 	file   *os.File
@@ -45,7 +46,7 @@ func newMetrics(path string) (*metrics, error) {
 		sdkmetric.NewPeriodicReader(exp, sdkmetric.WithInterval(24*time.Hour))))
 	opt := otelsaferetry.WithMeterProvider(mp)
 	return &metrics{
-		client: otelsaferetry.ClientObserver(opt),
+		client: otelsaferetry.ClientOptions(opt),
 		server: otelsaferetry.ServerObserver(opt),
 		mp:     mp,
 		file:   f,

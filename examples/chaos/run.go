@@ -168,14 +168,13 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 		url:     "http://" + proxy.Listen + "/payments",
 		clients: cfg.Clients,
 		think:   cfg.Think,
-		opts: []saferetry.Option{
+		opts: append([]saferetry.Option{
 			saferetry.WithMaxAttempts(cfg.MaxAttempts),
 			saferetry.WithAttemptTimeout(cfg.AttemptTimeout),
 			saferetry.WithMaxElapsed(5 * time.Second),
 			saferetry.WithBudget(budget.NewRegistry(nil)),
 			saferetry.WithLogger(slog.New(counter)),
-			saferetry.WithObserver(met.client),
-		},
+		}, met.client...),
 	}
 	defer fl.closeIdle()
 

@@ -142,7 +142,7 @@ func TestBinaryExitStatus(t *testing.T) {
 	code, out := status("-help")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "-faults")
-	require.NotContains(t, out, "unsafe-no-idempotency", "test-only flag stays hidden")
+	require.Contains(t, out, "-unsafe-no-idempotency\n", "the contrast mode is listed")
 
 	code, _ = status("-faults", "bogus=1")
 	require.Equal(t, 2, code)
@@ -175,7 +175,11 @@ func TestParseFlags(t *testing.T) {
 	_, err = parseFlags([]string{"-help"}, &help)
 	require.ErrorIs(t, err, flag.ErrHelp)
 	require.Contains(t, help.String(), "reset-req")
-	require.NotContains(t, help.String(), "unsafe")
+	require.Contains(t, help.String(), "  -unsafe-no-idempotency\n")
+	for i, line := range strings.Split(help.String(), "\n") {
+		require.Equal(t, strings.TrimRight(line, " \t"), line, "line %d of -help", i+1)
+	}
+	require.Contains(t, help.String(), "  -keep\n", "a boolean flag's line has its name alone")
 
 	for _, args := range [][]string{
 		{"-store", "mysql"}, {"-duration", "0s"}, {"-clients", "0"}, {"-attempt-timeout", "-1s"},

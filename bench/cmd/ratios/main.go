@@ -1,8 +1,8 @@
 // Command ratios reads `go test -bench` output (several rounds of the same
-// benchmarks, in any order) and prints markdown: per benchmark group the
-// median of every unit for every contender, its ratio to the bare column of
-// the same run, and the issue's targets with the measured value and whether
-// it is met.
+// benchmarks, in any order) and prints markdown: saferetry's guardrails and
+// targets, each with the measured median and whether it is met, then per
+// benchmark group the median of every unit for every contender and its ratio
+// to the bare column of the same run.
 //
 //	go run ./cmd/ratios results/raw.txt > medians.md
 //
@@ -194,7 +194,12 @@ func mark(c check) string {
 	}
 }
 
-// targets evaluates the issue's targets on the medians.
+// targets evaluates the guardrails and targets on the medians: the cost when
+// nothing fails (loopback and in-memory, against bare-timeout), no copy of a
+// body with GetBody, no extra connections after a 503, the amplification of
+// a full outage once the budget drains, and the memory-store middleware's
+// allocations. A target whose benchmark is absent is left out, or reported
+// as not measured.
 func (d *data) targets() []check {
 	var out []check
 	has := func(g, c, u string) bool { return len(d.samples[key{g, c, u}]) > 0 }
