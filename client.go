@@ -216,8 +216,8 @@ func (c *call) run() (*http.Response, error) {
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}
-			return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonCanceled, Err: err,
-				Key: c.key}, OutcomeStopped, retry.ReasonCanceled)
+			return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonCanceled,
+				Err: err, Key: c.key}, OutcomeStopped, retry.ReasonCanceled)
 		}
 		retrying, prevWait, cost = a.d.Class, step.Wait, step.Cost
 	}
@@ -247,7 +247,8 @@ func (c *call) commit(a *attempt, step decide.Result, now time.Time) decide.Resu
 		return step
 	}
 	if c.getBody != nil && c.notRetrying == "" && c.rewind(a) != nil {
-		return decide.Result{Stop: retry.ReasonBodyNotRewindable, Wait: step.Wait, Throttle: step.Throttle}
+		return decide.Result{Stop: retry.ReasonBodyNotRewindable, Wait: step.Wait,
+			Throttle: step.Throttle}
 	}
 	return decide.Grant(c.bud, now, step)
 }
@@ -304,8 +305,8 @@ func (c *call) stop(a *attempt, step decide.Result) (*http.Response, error) {
 		return c.done(a.resp, nil, outcome, step.Stop)
 	}
 	a.close(time.Time{})
-	return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: step.Stop, Err: a.err, Key: c.key},
-		outcome, step.Stop)
+	return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: step.Stop, Err: a.err,
+		Key: c.key}, outcome, step.Stop)
 }
 
 // stopUnsent ends the loop with attempt a, whose preparation failed with err.

@@ -46,7 +46,8 @@ const (
 // buckets is the histogram's size: bucket 0 holds latencies below
 // minHedgeDelay, bucket i > 0 those below minHedgeDelay * 2^(i/perDoubling),
 // the last one everything longer.
-var buckets = 2 + int(math.Ceil(perDoubling*math.Log2(float64(maxHedgeDelay)/float64(minHedgeDelay))))
+var buckets = 2 + int(math.Ceil(perDoubling*
+	math.Log2(float64(maxHedgeDelay)/float64(minHedgeDelay))))
 
 // estimate is a host's recent latencies: a histogram on a log scale whose
 // counts halve every halfLife answers. Safe for concurrent use.
@@ -142,7 +143,9 @@ func (s *estimates) forHost(host string) *estimate {
 // Its body must be replayable, and it must be allowed more than one
 // attempt.
 func (c *call) hedgeable(method string) bool {
-	if !c.t.cfg.hedging || c.t.cfg.hedge.MaxHedges < 0 || !c.idempotent || c.maxAttempts < 2 || c.notRetrying != "" {
+	cfg := &c.t.cfg
+	if !cfg.hedging || cfg.hedge.MaxHedges < 0 || !c.idempotent || c.maxAttempts < 2 ||
+		c.notRetrying != "" {
 		return false
 	}
 	if (method == http.MethodPost || method == http.MethodPatch) && c.key == "" {

@@ -117,7 +117,8 @@ func (s slowReturn) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 }
 
-func pay(t *testing.T, tr http.RoundTripper, url, key string) (status int, body string, replayed bool) {
+func pay(t *testing.T, tr http.RoundTripper, url, key string) (
+	status int, body string, replayed bool) {
 	req, err := http.NewRequest(http.MethodPost, url+"/payments", strings.NewReader(`{"amount":100}`))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")

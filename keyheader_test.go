@@ -39,7 +39,8 @@ func TestACollidingKeyHeaderIsRefused(t *testing.T) {
 		})
 	}
 	// Other names are the key header's.
-	for _, name := range []string{"X-Request-Key", "Idempotency_Key", "Request-Attempts", "Request-Id"} {
+	for _, name := range []string{"X-Request-Key", "Idempotency_Key", "Request-Attempts",
+		"Request-Id"} {
 		synctest.Test(t, func(t *testing.T) {
 			srv := &script{statuses: []int{200}}
 			base, url := pipeServer(t, srv)

@@ -40,7 +40,8 @@ func serveEcho(l net.Listener) {
 				}
 				io.Copy(io.Discard, req.Body)
 				v := req.Header.Get("Idempotency-Key")
-				if _, err := io.WriteString(conn, "HTTP/1.1 "+v+" OK\r\nContent-Length: 0\r\n\r\n"); err != nil {
+				answer := "HTTP/1.1 " + v + " OK\r\nContent-Length: 0\r\n\r\n"
+				if _, err := io.WriteString(conn, answer); err != nil {
 					return
 				}
 			}

@@ -70,7 +70,8 @@ var HedgeContenders = []Contender{
 	}},
 	{Name: "saferetry-hedge-nobudget", Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper {
 		return saferetry.NewTransport(base, saferetry.WithLogger(DiscardLogger),
-			saferetry.WithHedging(saferetry.Hedging{Delay: hedgeDelay}), saferetry.WithBudget(budget.Unlimited()))
+			saferetry.WithHedging(saferetry.Hedging{Delay: hedgeDelay}),
+			saferetry.WithBudget(budget.Unlimited()))
 	}},
 }
 

@@ -74,8 +74,10 @@ func parseFlags(args []string, w io.Writer) (config, error) {
 	fs := flag.NewFlagSet("hedge", flag.ContinueOnError)
 	fs.SetOutput(w)
 	fs.IntVar(&c.n, "n", 200, "charges per run")
-	fs.DurationVar(&c.delay, "delay", 20*time.Millisecond, "the hedge delay (0: adaptive, the host's p95)")
-	fs.DurationVar(&c.straggle, "straggle", 500*time.Millisecond, "how long a straggling charge is stuck")
+	fs.DurationVar(&c.delay, "delay", 20*time.Millisecond,
+		"the hedge delay (0: adaptive, the host's p95)")
+	fs.DurationVar(&c.straggle, "straggle", 500*time.Millisecond,
+		"how long a straggling charge is stuck")
 	fs.Usage = func() {
 		fmt.Fprint(w, usage)
 		fs.PrintDefaults()
@@ -184,8 +186,10 @@ type result struct {
 
 // run makes the two runs and prints their figures.
 func run(ctx context.Context, w io.Writer, cfg config) ([]result, error) {
-	fmt.Fprintf(w, "%d charges (POST /charges, 10 at a time) through the idempotency middleware;\n", cfg.n)
-	fmt.Fprintf(w, "every 50th is stuck %v on its way in, one handler takes %v.\n\n", cfg.straggle, cfg.straggle)
+	fmt.Fprintf(w, "%d charges (POST /charges, 10 at a time) through the idempotency middleware;\n",
+		cfg.n)
+	fmt.Fprintf(w, "every 50th is stuck %v on its way in, one handler takes %v.\n\n",
+		cfg.straggle, cfg.straggle)
 	hedged := fmt.Sprintf("hedged after %v", cfg.delay)
 	if cfg.delay == 0 {
 		hedged = "hedged, adaptive" // the host's p95, once it has 20 answers
@@ -205,21 +209,31 @@ func run(ctx context.Context, w io.Writer, cfg config) ([]result, error) {
 		}
 		results = append(results, res)
 	}
-	fmt.Fprintf(w, "%-20s %9s %9s %9s %17s %15s\n", "", "p50", "p99", "max", "requests/charge", "effects/charge")
+	fmt.Fprintf(w, "%-20s %9s %9s %9s %17s %15s\n", "", "p50", "p99", "max", "requests/charge",
+		"effects/charge")
 	for _, r := range results {
-		fmt.Fprintf(w, "%-20s %9v %9v %9v %17.3f %15s\n", r.name, quantile(r.latencies, 0.5).Round(10*time.Microsecond),
-			quantile(r.latencies, 0.99).Round(10*time.Microsecond), r.latencies[len(r.latencies)-1].Round(time.Millisecond),
+		p50 := quantile(r.latencies, 0.5).Round(10 * time.Microsecond)
+		p99 := quantile(r.latencies, 0.99).Round(10 * time.Microsecond)
+		top := r.latencies[len(r.latencies)-1].Round(time.Millisecond)
+		fmt.Fprintf(w, "%-20s %9v %9v %9v %17.3f %15s\n", r.name, p50, p99, top,
 			float64(r.requests)/float64(cfg.n), perKey(r))
 	}
 	h := results[1]
-	fmt.Fprintf(w, "\nWith hedging, the middleware ran %d charges and answered the losers: %d with the\n", h.ran,
-		h.busy)
-	fmt.Fprintf(w, "in-progress 409 (the first attempt still running), %d with the replay (the first attempt\n",
-		h.replayed)
-	fmt.Fprintf(w, "done, or stuck and arriving after its hedge won): %d duplicate effects. The stuck charges\n",
-		h.effects-int64(h.keys))
-	fmt.Fprintln(w, "come back in about the hedge delay; the one whose handler was slow does not: its hedge")
-	fmt.Fprintln(w, "found it in progress, and the Transport waited for its answer.")
+	for _, line := range []string{
+		fmt.Sprintf("\nWith hedging, the middleware ran %d charges and answered the losers: %d with the",
+			h.ran, h.busy),
+		fmt.Sprintf("in-progress 409 (the first attempt still running), %d with the replay (the first",
+			h.replayed),
+		fmt.Sprintf("attempt done, or stuck and arriving after its hedge won): %d duplicate effects.",
+			h.effects-int64(h.keys)),
+		"The stuck charges come back in about the hedge delay.",
+	} {
+		fmt.Fprintln(w, line)
+	}
+	if cfg.n > 123 {
+		fmt.Fprintln(w, "The one whose handler was slow does not: its hedge found it in progress, and the")
+		fmt.Fprintln(w, "Transport waited for its answer.")
+	}
 	return results, nil
 }
 
@@ -266,8 +280,9 @@ func charge(ctx context.Context, cfg config, round int, name string,
 	}
 	svc.inFlight.Wait() // the stuck first attempts reach the middleware, late
 
-	res := result{name: name, latencies: latencies, requests: svc.requests.Load(), effects: svc.total.Load(),
-		ran: svc.ran.Load(), replayed: svc.replayed.Load(), busy: svc.inProgress.Load(), other: svc.other.Load()}
+	res := result{name: name, latencies: latencies, requests: svc.requests.Load(),
+		effects: svc.total.Load(), ran: svc.ran.Load(), replayed: svc.replayed.Load(),
+		busy: svc.inProgress.Load(), other: svc.other.Load()}
 	svc.effects.Range(func(_, v any) bool {
 		res.keys++
 		res.maxPerKey = max(res.maxPerKey, v.(*atomic.Int64).Load())
