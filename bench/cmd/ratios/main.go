@@ -197,9 +197,9 @@ func mark(c check) string {
 // targets evaluates the guardrails and targets on the medians: the cost when
 // nothing fails (loopback and in-memory, against bare-timeout), no copy of a
 // body with GetBody, no extra connections after a 503, the amplification of
-// a full outage once the budget drains, and the memory-store middleware's
-// allocations. A target whose benchmark is absent is left out, or reported
-// as not measured.
+// a full outage once the budget drains, the memory-store middleware's
+// allocations, and the hedges' cut of a straggler's tail. A target whose
+// benchmark is absent is left out, or reported as not measured.
 func (d *data) targets() []check {
 	var out []check
 	has := func(g, c, u string) bool { return len(d.samples[key{g, c, u}]) > 0 }
@@ -248,8 +248,8 @@ func (d *data) targets() []check {
 		for _, p := range peers {
 			ps = append(ps, fmt.Sprintf("%s %s", colName(p), num(d.med(g, p, "hits/op"))))
 		}
-		out = append(out, check{"full outage: amplification 1.00 after the bucket drains",
-			fmt.Sprintf("%s tail-hits/op (%s hits/op overall); peers %s", num(v), num(d.med(g, sr, "hits/op")), strings.Join(ps, ", ")), v <= 1.00, false})
+		out = append(out, check{"full outage: amplification 1.00 (to two decimals) after the bucket drains",
+			fmt.Sprintf("%s tail-hits/op (%s hits/op overall); peers %s", num(v), num(d.med(g, sr, "hits/op")), strings.Join(ps, ", ")), v < 1.005, false})
 	}
 	// Hedging against stragglers (1% of the hits held 1 s): the tail cut
 	// against no hedging (bare), for at most 2% extra requests.
