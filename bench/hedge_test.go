@@ -46,7 +46,8 @@ const (
 //   - saferetry-hedge-nobudget: saferetry-hedge with
 //     WithBudget(budget.Unlimited()): what the retry budget's limit on
 //     hedges costs and saves (each hedge takes a transient retry's 14
-//     tokens, a winning one gets them back, a first-try success adds 1).
+//     tokens, a winning one gets them back, a first-try success adds 1,
+//     and time refills the bucket).
 var HedgeContenders = []Contender{
 	{Name: "bare", Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper { return base }},
 	{Name: "saferetry", Wrap: func(base http.RoundTripper, _ Waits) http.RoundTripper {
