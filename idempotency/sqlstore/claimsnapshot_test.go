@@ -47,7 +47,7 @@ func TestPostgresClaimBehindATakeoverAnswersTheSuccessor(t *testing.T) {
 func claimBehind(t *testing.T, s *sqlstore.Store, db *sql.DB, c idempotency.Claim, commit func() error) (idempotency.Record, bool) {
 	t.Helper()
 	one := openPGAgain(t, db, 1)
-	late, err := sqlstore.Open(one, sqlstore.Postgres, sqlstore.WithTable(s.Table()))
+	late, err := sqlstore.Open(one, sqlstore.Postgres, sqlstore.WithTable(sqlstore.DefaultTable))
 	require.NoError(t, err)
 	pid := backendPID(t, one)
 	done := make(chan struct{})

@@ -16,15 +16,12 @@ import (
 
 // Errors returned by Open and by the Store's methods.
 var (
-	// ErrNilDB is returned by Open when db is nil.
-	ErrNilDB = errors.New("sqlstore: nil *sql.DB")
-	// ErrUnknownDialect is returned by Open for a Dialect other than
-	// Postgres or SQLite.
-	ErrUnknownDialect = errors.New("sqlstore: unknown dialect")
-	// ErrInvalidTable is returned by Open when the WithTable name is not a
-	// plain identifier of 1 to 48 ASCII letters, digits or underscores that
-	// does not start with a digit.
-	ErrInvalidTable = errors.New("sqlstore: invalid table name")
+	// ErrInvalidConfig is matched (errors.Is) by the error Open returns for
+	// arguments it cannot use, whose message names the argument: a nil
+	// *sql.DB, a Dialect other than Postgres or SQLite, or a WithTable name
+	// that is not a plain identifier of 1 to 48 ASCII letters, digits or
+	// underscores that does not start with a digit.
+	ErrInvalidConfig = errors.New("sqlstore: invalid config")
 	// ErrSerialization is matched (errors.Is) by an *OpError whose cause is
 	// a PostgreSQL serialization failure (SQLSTATE 40001) or deadlock
 	// (40P01): a retryable store error, not a lost lease, since nothing of
@@ -136,8 +133,8 @@ type config struct {
 
 // WithTable sets the table name (default DefaultTable, "idempotency_records").
 // The name must be a plain unquoted identifier: 1 to 48 ASCII letters,
-// digits or underscores, not starting with a digit; Open returns
-// ErrInvalidTable otherwise. Two Stores with different tables in one database
+// digits or underscores, not starting with a digit; Open returns an error
+// matching ErrInvalidConfig otherwise. Two Stores with different tables in one database
 // are independent.
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
@@ -171,16 +168,16 @@ var (
 // run through the *sql.DB reaches one connection only: set it in the DSN),
 // transactions that begin deferred with ErrSQLiteDeferredTx; SQLiteDSN sets
 // both right. On SQLite the Store prepares its statements on db once: keep
-// one Store per table. Errors: ErrNilDB, ErrUnknownDialect,
-// ErrInvalidTable, *DialectError, ErrSQLiteBusyTimeout, ErrSQLiteDeferredTx,
-// or an *OpError with Op "open" when a check cannot run (each is bounded by
-// 10 seconds).
+// one Store per table. Errors: one matching ErrInvalidConfig (a nil db, an
+// unknown dialect, a bad table name), *DialectError, ErrSQLiteBusyTimeout,
+// ErrSQLiteDeferredTx, or an *OpError with Op "open" when a check cannot run
+// (each is bounded by 10 seconds).
 func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, ErrNilDB
+		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidConfig)
 	}
 	if !d.valid() {
-		return nil, fmt.Errorf("%w: %v", ErrUnknownDialect, d)
+		return nil, fmt.Errorf("%w: unknown dialect %v", ErrInvalidConfig, d)
 	}
 	c := config{table: DefaultTable}
 	for _, o := range opts {
@@ -189,7 +186,8 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		}
 	}
 	if !validTable(c.table) {
-		return nil, fmt.Errorf("%w: %q", ErrInvalidTable, c.table)
+		return nil, fmt.Errorf("%w: table name %q is not a plain identifier of 1 to %d characters",
+			ErrInvalidConfig, c.table, maxTableLen)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
@@ -210,12 +208,6 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 // INDEX IF NOT EXISTS (for the completer's and the reaper's scans). Times
 // are integer Unix nanoseconds (UTC) in both dialects.
 func (s *Store) Schema() string { return schema(s.dialect, s.table) }
-
-// Table returns the table name the Store uses.
-func (s *Store) Table() string { return s.table }
-
-// Dialect returns the Store's dialect.
-func (s *Store) Dialect() Dialect { return s.dialect }
 
 // splitStatements splits the DDL on its semicolons (the schema has none
 // inside a statement).

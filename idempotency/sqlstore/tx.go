@@ -46,13 +46,6 @@ func Tx(ctx context.Context) (*sql.Tx, bool) {
 	return tx, ok && tx != nil
 }
 
-// WithTx returns a copy of ctx that carries tx for Tx. Begin does this
-// itself; WithTx exists for code that drives its own transactions (tests,
-// a completer reusing a handler).
-func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
-	return context.WithValue(ctx, txKey{}, tx)
-}
-
 // Begin implements idempotency.Transactor: it starts a database transaction
 // (bound to ctx as database/sql does: cancelling ctx rolls it back) and
 // returns a Unit whose record writes are conditional on l, plus a context
@@ -72,7 +65,7 @@ func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Uni
 	if err != nil {
 		return nil, ctx, opErr("begin", err)
 	}
-	return &unit{s: s, tx: tx, lease: l}, WithTx(ctx, tx), nil
+	return &unit{s: s, tx: tx, lease: l}, context.WithValue(ctx, txKey{}, tx), nil
 }
 
 // txOptions are the options of a unit's transaction. PostgreSQL units run

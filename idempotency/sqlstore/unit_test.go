@@ -67,8 +67,6 @@ func TestTxIsAbsentFromAPlainContext(t *testing.T) {
 	tx, ok := sqlstore.Tx(context.Background())
 	require.False(t, ok)
 	require.Nil(t, tx)
-	_, ok = sqlstore.Tx(sqlstore.WithTx(context.Background(), nil))
-	require.False(t, ok)
 }
 
 func TestUnitCommitsBusinessRowsWithTheResponse(t *testing.T) {
