@@ -231,69 +231,83 @@ var existingRow = fmt.Sprintf(`CASE WHEN principal = $2 AND method = $3 AND rout
 	state, fingerprint, fingerprint_version, owner, lease_until, completed_at,
 	response_status, response_header, response_body`, rowExisting, rowOtherScope)
 
-// claimSQL returns the claim statement. Its core is one INSERT ... ON
-// CONFLICT DO UPDATE whose WHERE lets the claim win an existing row only if
-// the row holds the claim's own scope parts (a digest collision never
+// winSet is the SET list of a claim that wins an existing row (column
+// names are the row's values before the claim): a restart of a completed
+// record clears it and takes the new request; a takeover keeps the recovery
+// point, its data, the request and created_at. Parameters as in claimSQL.
+const winSet = `state = 1, owner = $8, generation = generation + 1, lease_until = $9,
+	updated_at = $11, fingerprint = $6, fingerprint_version = $7,
+	recovery_point = CASE WHEN state = 2 THEN '' ELSE recovery_point END,
+	recovery_data = CASE WHEN state = 2 THEN NULL ELSE recovery_data END,
+	request = CASE WHEN state = 2 THEN $10 ELSE request END,
+	created_at = CASE WHEN state = 2 THEN $11 ELSE created_at END,
+	response_status = NULL, response_header = NULL, response_body = NULL, completed_at = 0`
+
+// winWhere is the condition under which a claim wins an existing row: the
+// row holds the claim's own scope parts (a digest collision never
 // overwrites another scope's record) and either it completed before the
 // replay window's cutoff ($12) or its lease ended before now ($11) with the
-// same fingerprint and version. A restart of a completed record clears it
-// and takes the new request; a takeover keeps the recovery point, its data,
-// the request and created_at. RETURNING gives wonRow when it wrote.
+// same fingerprint and version.
+const winWhere = `principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
+	AND ((state = 2 AND completed_at < $12)
+	  OR (state = 1 AND lease_until < $11 AND fingerprint = $6 AND fingerprint_version = $7))`
+
+// claimSQL returns the claim statement. Its parameters: $1 the digest, $2
+// to $5 the scope parts, $6 and $7 the fingerprint and its version, $8 the
+// owner, $9 the lease end, $10 the request, $11 now, $12 the replay
+// window's cutoff.
 //
-// On PostgreSQL the core runs in a CTE and the statement returns, when the
-// core wrote nothing, the existing row, read FOR SHARE: under READ COMMITTED
-// a locking read returns the row's latest committed version (a claim that
-// waited for another transaction answers what that one left), and it never
-// waits, since ON CONFLICT holds the row's lock already. The one case where
-// it returns no row is a conflicting row inserted by a transaction that
-// committed after the statement began (ON CONFLICT sees it, the snapshot
-// does not).
+// On PostgreSQL it is one statement that reads before it writes: a CTE
+// reads the row under the digest from the statement's snapshot (a plain
+// read: no lock, no transaction ID); an UPDATE wins that row only under
+// winWhere; an INSERT ... ON CONFLICT DO NOTHING creates the record only
+// when the snapshot holds no row. The statement returns the row it wrote
+// (wonRow), or else the row it read (existingRow). A replay or an
+// in-progress conflict therefore writes nothing and waits for no one: its
+// UPDATE matches no row of the snapshot and its INSERT has no input, so no
+// tuple is locked and no WAL is written. Only a claim that would win waits
+// for a row another transaction holds, and then re-checks winWhere on the
+// row's latest version (READ COMMITTED). It returns no row when its INSERT
+// met a row committed after its snapshot, and the row of its snapshot when
+// its UPDATE found the row changed or gone: Claim then reads the record
+// again (see Claim).
 //
 // SQLite has no data-modifying CTE, and RETURNING gives only the rows a
-// statement wrote, so the statement is the core alone: a claim that loses
-// writes nothing and returns no row, and Claim reads the existing row with a
-// second statement (queries.existing).
+// statement wrote, so the statement is an INSERT ... ON CONFLICT DO UPDATE
+// SET winSet WHERE winWhere: a claim that loses writes nothing and returns
+// no row, and Claim reads the existing row with a second statement
+// (queries.existing).
 func claimSQL(d Dialect, table string) string {
-	core := fmt.Sprintf(`INSERT INTO %[1]s AS t (scope_hash, principal, method, route, idem_key, state, fingerprint,
+	const cols = `scope_hash, principal, method, route, idem_key, state, fingerprint,
 	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
-	response_status, response_header, response_body, created_at, updated_at, completed_at)
-VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10, NULL, NULL, NULL, $11, $11, 0)
-ON CONFLICT (scope_hash) DO UPDATE SET
-	state = 1,
-	owner = excluded.owner,
-	generation = t.generation + 1,
-	lease_until = excluded.lease_until,
-	updated_at = excluded.updated_at,
-	fingerprint = excluded.fingerprint,
-	fingerprint_version = excluded.fingerprint_version,
-	recovery_point = CASE WHEN t.state = 2 THEN excluded.recovery_point ELSE t.recovery_point END,
-	recovery_data = CASE WHEN t.state = 2 THEN NULL ELSE t.recovery_data END,
-	request = CASE WHEN t.state = 2 THEN excluded.request ELSE t.request END,
-	created_at = CASE WHEN t.state = 2 THEN excluded.created_at ELSE t.created_at END,
-	response_status = NULL,
-	response_header = NULL,
-	response_body = NULL,
-	completed_at = 0
-WHERE t.principal = excluded.principal AND t.method = excluded.method
-	AND t.route = excluded.route AND t.idem_key = excluded.idem_key
-	AND ((t.state = 2 AND t.completed_at < $12)
-	  OR (t.state = 1 AND t.lease_until < $11 AND t.fingerprint = excluded.fingerprint
-	      AND t.fingerprint_version = excluded.fingerprint_version))
-RETURNING `, table)
+	response_status, response_header, response_body, created_at, updated_at, completed_at`
+	const vals = `$1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10, NULL, NULL, NULL, $11, $11, 0`
+	const won = `generation, recovery_point, recovery_data, request, created_at`
 	if d == SQLite {
-		return core + wonRow("$11")
+		return fmt.Sprintf(`INSERT INTO %[1]s (%[2]s)
+VALUES (%[3]s)
+ON CONFLICT (scope_hash) DO UPDATE SET %[4]s
+WHERE %[5]s
+RETURNING %[6]s`, table, cols, vals, winSet, winWhere, wonRow("$11"))
 	}
-	return fmt.Sprintf(`WITH claimed AS (
-%[2]sgeneration, recovery_point, recovery_data, request, created_at
+	return fmt.Sprintf(`WITH cur AS (
+	SELECT principal, method, route, idem_key, generation, state, fingerprint, fingerprint_version,
+		owner, lease_until, completed_at, response_status, response_header, response_body
+	FROM %[1]s WHERE scope_hash = $1
+), won AS (
+	UPDATE %[1]s SET %[4]s
+	WHERE scope_hash = $1 AND %[5]s
+	RETURNING %[6]s
+), created AS (
+	INSERT INTO %[1]s (%[2]s)
+	SELECT %[3]s WHERE NOT EXISTS (SELECT 1 FROM cur)
+	ON CONFLICT (scope_hash) DO NOTHING
+	RETURNING %[6]s
 )
-SELECT %[3]s
-FROM claimed
+SELECT %[7]s FROM (SELECT * FROM won UNION ALL SELECT * FROM created) w
 UNION ALL
-SELECT %[4]s
-FROM (SELECT principal, method, route, idem_key, generation, state, fingerprint, fingerprint_version,
-	owner, lease_until, completed_at, response_status, response_header, response_body
-	FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed) FOR SHARE) cur`,
-		table, core, wonRow("$11"), existingRow)
+SELECT %[8]s FROM cur WHERE NOT EXISTS (SELECT 1 FROM won)`,
+		table, cols, vals, winSet, winWhere, won, wonRow("$11"), existingRow)
 }
 
 func buildQueries(d Dialect, table string) queries {

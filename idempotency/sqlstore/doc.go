@@ -66,21 +66,33 @@
 //
 // # Claims and fences
 //
-// A claim is one statement, INSERT ... ON CONFLICT DO UPDATE ... WHERE, that
-// wins an existing row only if the row holds the claim's own scope parts
-// (a digest collision never overwrites another scope's record) and either
-// completed before the replay window or holds an expired lease with the
-// same fingerprint. Every later write (heartbeat, recovery point,
-// completion, release) is conditional on owner, generation and the
-// in-progress state, and returns idempotency.ErrLeaseLost when it changed
-// nothing.
+// A claim is one statement that wins an existing row only if the row holds
+// the claim's own scope parts (a digest collision never overwrites another
+// scope's record) and either completed before the replay window or holds
+// an expired lease with the same fingerprint. Every later write (heartbeat,
+// recovery point, completion, release) is conditional on owner, generation
+// and the in-progress state, and returns idempotency.ErrLeaseLost when it
+// changed nothing.
+//
+// On PostgreSQL the claim reads before it writes, in the same statement: a
+// replay or an in-progress conflict is a plain read of the statement's
+// snapshot, which locks nothing, takes no transaction ID, writes no WAL and
+// never waits for another transaction (it answers the record as last
+// committed). Only a claim that would win waits for a row another
+// transaction holds, and re-checks the row's latest version. On SQLite the
+// claim is an upsert whose condition keeps the row unless the claim wins: a
+// replay or a conflict changes no page (the WAL does not grow), but takes
+// the database's write lock for the statement, as every SQLite write does,
+// so it waits for a writer that holds it.
 //
 // Statements per guarded request, beyond the handler's own: a fresh key is
 // two, the claim and the completion (in the handler's transaction when it
 // asked for one, with its BEGIN and COMMIT). A replay or an in-progress
-// conflict writes nothing: on PostgreSQL it is one statement, which returns
-// the existing record; on SQLite two, since SQLite's RETURNING reports only
-// rows a statement wrote: the claim, which changes nothing, and a read.
+// conflict is one statement on PostgreSQL, which returns the existing
+// record; on SQLite two, since SQLite's RETURNING reports only rows a
+// statement wrote: the claim, which changes nothing, and a read. A claim
+// that loses a race with a row committed after its statement began reads
+// the record once more (at most three rounds).
 //
 // # Transactions
 //
