@@ -116,7 +116,7 @@ func (d Dialect) blobType() string {
 // has no row locks (and no FOR UPDATE).
 func (d Dialect) skipLocked() string {
 	if d == Postgres {
-		return "\n\tFOR UPDATE SKIP LOCKED"
+		return " FOR UPDATE SKIP LOCKED"
 	}
 	return ""
 }
@@ -133,7 +133,7 @@ func (d Dialect) rebind(q string) string {
 // DefaultTable is the table name used when WithTable is not given.
 const DefaultTable = "idempotency_records"
 
-// maxTableLen keeps the derived index names ("<table>_lease_idx") within
+// maxTableLen keeps the derived index names ("<table>_pending_idx") within
 // PostgreSQL's 63-byte identifier limit.
 const maxTableLen = 48
 
@@ -161,8 +161,23 @@ const columns = `principal, method, route, idem_key, state, fingerprint, fingerp
 // is the recovery point. Times are INTEGER/BIGINT nanoseconds since the Unix
 // epoch, UTC, so that comparisons are exact in both dialects; 0 means "not
 // set" (completed_at of an in-progress record).
+//
+// Two partial indexes serve the background jobs and nothing else: the
+// records in progress by lease end (the Completer's and the Reaper's
+// Abandoned), and the completed records by completion time (the Reaper's
+// DeleteBefore). A record is in one of them at a time, so a claim adds two
+// index entries (the primary key's and the first index's) and a completion
+// two (the primary key's and the second's). No other column is indexed: a
+// recovery point (and, with it, updated_at) changes no index, and on
+// PostgreSQL it is a HOT update, kept on its page by a fillfactor of 80. A
+// completion cannot be HOT, since the state it changes is the partial
+// indexes' predicate (a HOT update changes no indexed column, predicates
+// included), and a heartbeat or a takeover changes lease_until.
 func schema(d Dialect, table string) string {
-	blob := d.blobType()
+	blob, with := d.blobType(), ""
+	if d == Postgres {
+		with = " WITH (fillfactor = " + fillFactor + ")"
+	}
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
 	scope_hash          %[2]s    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
 	principal           %[2]s    NOT NULL,
@@ -184,10 +199,21 @@ func schema(d Dialect, table string) string {
 	created_at          BIGINT   NOT NULL,
 	updated_at          BIGINT   NOT NULL,
 	completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
-);
-CREATE INDEX IF NOT EXISTS %[1]s_lease_idx ON %[1]s (state, lease_until);
-CREATE INDEX IF NOT EXISTS %[1]s_updated_idx ON %[1]s (updated_at);
-`, table, blob)
+)%[3]s;
+CREATE INDEX IF NOT EXISTS %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
+CREATE INDEX IF NOT EXISTS %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2;
+`, table, blob, with)
+}
+
+// fillFactor is the PostgreSQL table's fillfactor: inserts leave a fifth of
+// each page free, for the row versions its updates write.
+const fillFactor = "80"
+
+// oldIndexes are the names of the indexes of earlier layouts that Migrate
+// drops: (state, lease_until) and (updated_at), which every update but a
+// heartbeat changed.
+func oldIndexes(table string) []string {
+	return []string{table + "_lease_idx", table + "_updated_idx"}
 }
 
 // queries holds the statements of one Store, built once at Open.
@@ -348,23 +374,31 @@ WHERE state = 1 AND lease_until < $1
 ORDER BY lease_until, created_at, scope_hash
 LIMIT $2`, table, columns),
 
-		// Bounded: at most $2 rows per statement, chosen by primary key. The
-		// conditions are repeated on the DELETE itself: on PostgreSQL under
-		// READ COMMITTED, a row that a concurrent claim, heartbeat or
-		// completion changed after the subquery saw it is re-checked against
-		// the DELETE's own WHERE only, so without them the reaper would
-		// delete a record that was just taken over or completed. On
-		// PostgreSQL the subquery also locks its rows and skips the ones a
-		// running write holds (FOR UPDATE SKIP LOCKED): the reaper never
-		// waits for a claim, and a claim waiting for a row the reaper locked
-		// inserts afresh once it is gone. SQLite serialises writers, so no
-		// row changes under the statement there; the outer conditions are
-		// kept for the same meaning.
+		// Bounded: at most $2 rows per statement, chosen by primary key
+		// from the two partial indexes: completed records first, oldest
+		// completion first (for a completed record updated_at is
+		// completed_at), then records in progress whose lease and last
+		// update are both past the horizon. The conditions are repeated on
+		// the DELETE itself: on PostgreSQL under READ COMMITTED, a row that
+		// a concurrent claim, heartbeat or completion changed after the
+		// subquery saw it is re-checked against the DELETE's own WHERE
+		// only, so without them the reaper would delete a record that was
+		// just taken over or completed. On PostgreSQL the subqueries also
+		// lock their rows and skip the ones a running write holds (FOR
+		// UPDATE SKIP LOCKED): the reaper never waits for a claim, and a
+		// claim waiting for a row the reaper locked inserts afresh once it
+		// is gone. SQLite serialises writers, so no row changes under the
+		// statement there; the outer conditions are kept for the same
+		// meaning.
 		deleteBefore: fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
-	SELECT scope_hash FROM %[1]s
-	WHERE updated_at < $1 AND (state = 2 OR lease_until < $1)
-	ORDER BY updated_at
-	LIMIT $2%[2]s)
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 2 AND completed_at < $1 AND updated_at < $1
+		ORDER BY completed_at LIMIT $2%[2]s) done
+	UNION ALL
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 1 AND lease_until < $1 AND updated_at < $1
+		ORDER BY lease_until LIMIT $2%[2]s) unfinished
+	LIMIT $2)
   AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table, d.skipLocked()),
 	}
 	q.claim = d.rebind(q.claim)

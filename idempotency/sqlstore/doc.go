@@ -37,13 +37,21 @@
 //		created_at          BIGINT   NOT NULL,
 //		updated_at          BIGINT   NOT NULL,
 //		completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
-//	);
-//	CREATE INDEX IF NOT EXISTS idempotency_records_lease_idx
-//		ON idempotency_records (state, lease_until);
-//	CREATE INDEX IF NOT EXISTS idempotency_records_updated_idx
-//		ON idempotency_records (updated_at);
+//	) WITH (fillfactor = 80);
+//	CREATE INDEX IF NOT EXISTS idempotency_records_pending_idx
+//		ON idempotency_records (lease_until) WHERE state = 1;
+//	CREATE INDEX IF NOT EXISTS idempotency_records_done_idx
+//		ON idempotency_records (completed_at) WHERE state = 2;
 //
-// SQLite's is the same with BLOB for BYTEA. Times are the callers' times as
+// SQLite's is the same with BLOB for BYTEA and without the fillfactor. The
+// two partial indexes are the only ones beside the primary key, one for
+// each background job: records in progress by lease end (the Completer and
+// the Reaper's list of unfinished records) and completed records by
+// completion time (the Reaper's deletes). A claim adds two index entries, a
+// completion two; a recovery point changes no indexed column (on
+// PostgreSQL a HOT update, kept on its page by the fillfactor). A
+// completion is not a HOT update: the state it changes is the indexes'
+// predicate. Times are the callers' times as
 // integer nanoseconds, never a database clock. Principal, method, route, key
 // and recovery point are bytes of any length, and a replay returns the
 // stored status, headers and body byte for byte. The primary key is, in
@@ -58,7 +66,11 @@
 // table keyed on the TEXT scope parts is renamed to <table>_v1 (drop it once
 // you no longer need it) and its records are copied into a new table; on
 // PostgreSQL a TEXT recovery_point becomes BYTEA in place (the table is
-// locked and rewritten). Run it from one process before this release's
+// locked and rewritten); the indexes on (state, lease_until) and
+// (updated_at) are replaced in place by the two partial indexes (writes to
+// the table wait while they are built; on a large table, build them first
+// with CREATE INDEX CONCURRENTLY under Schema's names), and on PostgreSQL
+// the table gets its fillfactor, for the pages written from then on. Run it from one process before this release's
 // servers serve. A connection that prepared a statement before the change
 // fails it once. Servers of the previous release keep working on the
 // upgraded table (a recovery point containing a backslash is refused to

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/saferetry/saferetry/idempotency"
 )
@@ -28,21 +29,21 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return opErr("migrate", err)
 	}
+	var stmts []string
 	if v1 {
-		for _, stmt := range []string{
-			"ALTER TABLE " + s.table + " RENAME TO " + old,
-			"DROP INDEX IF EXISTS " + s.table + "_lease_idx",
-			"DROP INDEX IF EXISTS " + s.table + "_updated_idx",
-		} {
-			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				return opErr("migrate", err)
-			}
-		}
+		stmts = append(stmts, "ALTER TABLE "+s.table+" RENAME TO "+old)
 	}
-	for _, stmt := range splitStatements(s.Schema()) {
+	for _, idx := range oldIndexes(s.table) {
+		stmts = append(stmts, "DROP INDEX IF EXISTS "+idx)
+	}
+	stmts = append(stmts, splitStatements(s.Schema())...)
+	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return opErr("migrate", err)
 		}
+	}
+	if err := s.setFillFactor(ctx, tx); err != nil {
+		return opErr("migrate", err)
 	}
 	if v1 {
 		if err := s.copyV1(ctx, tx, old); err != nil {
@@ -53,6 +54,22 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return opErr("migrate", err)
 	}
 	return opErr("migrate", tx.Commit())
+}
+
+// setFillFactor gives a PostgreSQL table of an earlier layout the
+// fillfactor of Schema's (it applies to the pages written from then on).
+func (s *Store) setFillFactor(ctx context.Context, tx *sql.Tx) error {
+	if s.dialect != Postgres {
+		return nil
+	}
+	var opts string
+	err := tx.QueryRowContext(ctx, `SELECT coalesce(array_to_string(reloptions, ','), '')
+FROM pg_class WHERE oid = to_regclass($1)`, s.table).Scan(&opts)
+	if err != nil || strings.Contains(","+opts+",", ",fillfactor="+fillFactor+",") {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, "ALTER TABLE "+s.table+" SET (fillfactor = "+fillFactor+")")
+	return err
 }
 
 // recoveryPointAsBytes turns a PostgreSQL table's TEXT recovery_point into

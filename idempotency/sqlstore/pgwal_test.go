@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,9 +20,9 @@ import (
 )
 
 // openPGDatabase creates a database of the test's own (dropped at cleanup)
-// and returns a pool on it: pg_walinspect, an extension of the database,
-// is created there and nowhere else.
-func openPGDatabase(t *testing.T) *sql.DB {
+// with pg_walinspect, an extension of the database (created there and
+// nowhere else), and returns a pool on it and its DSN.
+func openPGDatabase(t *testing.T) (*sql.DB, string) {
 	t.Helper()
 	dsn := pgDSN(t)
 	admin, err := sql.Open("pgx", dsn)
@@ -39,7 +40,9 @@ func openPGDatabase(t *testing.T) *sql.DB {
 	db.SetMaxOpenConns(8)
 	t.Cleanup(func() { _ = db.Close() })
 	require.NoError(t, db.Ping())
-	return db
+	_, err = db.Exec(`CREATE EXTENSION pg_walinspect`)
+	require.NoError(t, err)
+	return db, u.String()
 }
 
 // walWatch reads the WAL records that touch one table: its heap, its TOAST
@@ -121,9 +124,7 @@ FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)`, w.from, to)
 // does write.
 func TestPostgresReplayAndConflictWriteNothing(t *testing.T) {
 	ctx := t.Context()
-	db := openPGDatabase(t)
-	_, err := db.Exec(`CREATE EXTENSION pg_walinspect`)
-	require.NoError(t, err)
+	db, _ := openPGDatabase(t)
 	s, err := sqlstore.Open(db, sqlstore.Postgres)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(ctx))
@@ -219,4 +220,68 @@ func TestSQLiteReplayAndConflictWriteNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, won)
 	require.NotZero(t, walSize(), fmt.Sprintf("the control: a fresh claim appends to the WAL (%s)", path))
+}
+
+// walKinds counts WAL records by resource manager and type, without the
+// record's flags ("INSERT+INIT" is an INSERT) and transaction ID.
+func walKinds(recs []string) map[string]int {
+	out := map[string]int{}
+	for _, r := range recs {
+		kind, _, _ := strings.Cut(r, " xid ")
+		kind, _, _ = strings.Cut(kind, "+")
+		out[kind]++
+	}
+	return out
+}
+
+// The work a request with a fresh key asks of PostgreSQL, read from the WAL
+// records on the store's relations and from the table's statistics: the
+// claim inserts a row and two index entries (the primary key, and the
+// index of records in progress that the Completer reads); a recovery point
+// is a HOT update (it changes no indexed column: no index entry); the
+// completion writes a new row version with two index entries (the primary
+// key, and the index of completed records that the Reaper reads). A
+// completion cannot be HOT while an index finds the records in progress:
+// its state is that index's predicate.
+func TestPostgresIndexWritesPerRequest(t *testing.T) {
+	ctx := t.Context()
+	db, dsn := openPGDatabase(t)
+	s, err := sqlstore.Open(db, sqlstore.Postgres)
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(ctx))
+
+	const n = 20
+	request := func(i int) {
+		rec, won, err := claimed(s.Claim(ctx, claimAt(scope(fmt.Sprint("k", i)), "A", "fp", t0)))
+		require.NoError(t, err)
+		require.True(t, won)
+		require.NoError(t, s.SetRecoveryPoint(ctx, rec.Lease(), "order", []byte("o"), t0.Add(time.Millisecond)))
+		require.NoError(t, s.Complete(ctx, rec.Lease(),
+			idempotency.Response{Status: 201, Body: []byte("ok")}, t0.Add(2*time.Millisecond)))
+	}
+	request(-1) // every index has its root page
+	w := watchWAL(t, db, sqlstore.DefaultTable)
+	for i := range n {
+		request(i)
+	}
+	kinds := walKinds(w.records())
+	for _, k := range []string{"Heap/INSERT", "Heap/HOT_UPDATE", "Heap/UPDATE"} {
+		require.Equal(t, n, kinds[k], "%s in %v", k, kinds)
+	}
+	require.Equal(t, 4*n, kinds["Btree/INSERT_LEAF"], "index entries in %v", kinds)
+
+	// The statistics agree once the backends that ran the statements have
+	// reported them (a backend reports at its exit at the latest).
+	require.NoError(t, db.Close())
+	stats, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = stats.Close() })
+	var upd, hot int64
+	require.Eventually(t, func() bool {
+		require.NoError(t, stats.QueryRow(`SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+WHERE relid = $1::regclass`, sqlstore.DefaultTable).Scan(&upd, &hot))
+		return upd >= 2*n+2
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, int64(2*n+2), upd)
+	require.Equal(t, int64(n+1), hot, "recovery points are HOT, completions are not")
 }
