@@ -31,10 +31,12 @@ const recordOverhead = 600
 
 // measure returns the size of r as the store counts it: recordOverhead plus
 // the length of every string and byte slice it holds (16 bytes more per
-// header string, for the string itself).
+// header string, for the string itself), and the capacity of the response
+// body, which the store keeps as it was given.
 func (r *memRecord) measure() int64 {
 	n := recordOverhead + len(r.Scope.Principal) + len(r.Scope.Method) + len(r.Scope.Route) + len(r.Scope.Key) +
-		len(r.Fingerprint) + len(r.Owner) + len(r.RecoveryPoint) + len(r.RecoveryData) + len(r.Request) + len(r.resp.body)
+		len(r.Fingerprint) + len(r.Owner) + len(r.RecoveryPoint) + len(r.RecoveryData) + len(r.Request) +
+		cap(r.resp.body)
 	for _, v := range r.resp.pairs {
 		n += 16 + len(v)
 	}
@@ -83,10 +85,11 @@ type memResponse struct {
 	body   []byte
 }
 
-// keep sets the response to a copy of resp: a copy of its body, and of its
-// header only the strings, never a slice or map of the caller's.
+// keep sets the response to resp: its body as it is (a Store keeps the
+// bytes it is given, which no one changes: see idempotency.Store), and of
+// its header only the strings, never a slice or map of the caller's.
 func (r *memResponse) keep(resp *idempotency.Response) {
-	*r = memResponse{set: true, status: resp.Status, body: bytes.Clone(resp.Body)}
+	*r = memResponse{set: true, status: resp.Status, body: resp.Body}
 	if resp.Header == nil {
 		return
 	}
@@ -106,13 +109,18 @@ func (r *memResponse) keep(resp *idempotency.Response) {
 	}
 }
 
-// response returns a copy of the response (as Header.Clone and
-// bytes.Clone copy), or nil when there is none.
+// response returns the response, or nil when there is none: a header of
+// its own (as Header.Clone copies), and the stored body itself, whose
+// capacity ends at its length, so that an append copies it.
 func (r *memResponse) response() *idempotency.Response {
 	if !r.set {
 		return nil
 	}
-	out := &idempotency.Response{Status: r.status, Body: bytes.Clone(r.body), Header: r.odd.Clone()}
+	body := r.body
+	if body != nil {
+		body = body[:len(body):len(body)]
+	}
+	out := &idempotency.Response{Status: r.status, Body: body, Header: r.odd.Clone()}
 	if r.pairs != nil {
 		sv := make([]string, len(r.pairs)/2) // one backing array for every value
 		out.Header = make(http.Header, len(sv))

@@ -30,7 +30,9 @@ const (
 // not survive a restart and are not shared between processes. Make one
 // with New; every method takes one mutex, so it is safe for concurrent use
 // and its claims are atomic. It copies what it is given and what it
-// returns.
+// returns, except a response body: it keeps the one Complete is given and
+// returns those very bytes from every Claim and Get, which no one may
+// modify (see idempotency.Store).
 type Store struct {
 	mu         sync.Mutex
 	records    map[idempotency.Scope]*memRecord
@@ -201,7 +203,7 @@ func (m *Store) resize(rec *memRecord) {
 	rec.size = size
 }
 
-// settle completes rec with resp (the store's own copy) at now: its request
+// settle completes rec with resp (the store's own form of it) at now: its request
 // is dropped (only a resume reads it), and it joins the expiry queue when
 // it has a replay window. m.mu must be held.
 func (m *Store) settle(rec *memRecord, resp memResponse, now time.Time) {
