@@ -1,0 +1,74 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
+)
+
+// A response body is copied once, from the handler into the buffer that the
+// store keeps: with a declared Content-Length the buffer is that size from
+// the first write (no growth: the request allocates less than 1.25 times
+// the body in all), the memory store keeps it, and a replay answers from
+// those very bytes.
+func TestResponseBodyIsCopiedOnce(t *testing.T) {
+	body := bytes.Repeat([]byte("0123456789"), 25_000) // 250,000 bytes, not a power of two
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		for p := body; len(p) > 0; p = p[min(len(p), 4096):] {
+			_, _ = w.Write(p[:min(len(p), 4096)])
+		}
+	})
+	s := memstore.New()
+	mw := idempotency.New(s, idempotency.WithAnonymousKeys(true), idempotency.WithLogger(quiet)).Wrap(h)
+	serve := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/files", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		mw.ServeHTTP(w, r)
+		return w
+	}
+	var before, after runtime.MemStats
+	r := httptest.NewRequest(http.MethodPost, "/files", strings.NewReader(`{}`))
+	r.Header.Set("Idempotency-Key", "k")
+	w := &sink{header: http.Header{}}
+	runtime.ReadMemStats(&before)
+	mw.ServeHTTP(w, r)
+	runtime.ReadMemStats(&after)
+	require.Less(t, float64(after.TotalAlloc-before.TotalAlloc), 1.25*float64(len(body)),
+		"bytes allocated by a request with a fresh key")
+	require.Equal(t, http.StatusOK, w.status)
+	require.Equal(t, len(body), w.n)
+	rec, err := s.Get(t.Context(), idempotency.Scope{Method: "POST", Route: "/files", Key: "k"})
+	require.NoError(t, err)
+	require.Equal(t, body, rec.Response.Body)
+	again, err := s.Get(t.Context(), rec.Scope)
+	require.NoError(t, err)
+	require.Same(t, &rec.Response.Body[0], &again.Response.Body[0], "replays share the stored bytes")
+	replay := serve()
+	require.Equal(t, "true", replay.Header().Get(idempotency.ReplayedHeader))
+	require.Equal(t, body, replay.Body.Bytes())
+}
+
+// sink is a ResponseWriter that keeps nothing of the body but its length.
+type sink struct {
+	header http.Header
+	status int
+	n      int
+}
+
+func (s *sink) Header() http.Header  { return s.header }
+func (s *sink) WriteHeader(code int) { s.status = code }
+func (s *sink) Write(p []byte) (int, error) {
+	s.n += len(p)
+	return len(p), nil
+}
