@@ -209,3 +209,161 @@ FROM generate_series(1, $2::bigint) g`, old, records); err != nil {
 	b.ReportMetric(float64(deleted[paced])/busy[paced].Seconds(), "reaped-rows/s")
 	b.ReportMetric(float64(deleted[unpaced])/busy[unpaced].Seconds(), "unpaced-rows/s")
 }
+
+// BenchmarkFleetInsert compares, on PostgreSQL, a handler that makes one
+// business INSERT in autocommit (bare) with the same handler behind the
+// middleware, which makes the INSERT through sqlstore.Tx, in the
+// transaction that stores the response (claim, BEGIN, INSERT, UPDATE,
+// COMMIT), at 16 and 64 concurrent clients, with a fresh key per request
+// and ServeHTTP called directly (no network). The four variants run
+// interleaved in rounds (their order rotating), so that a shared machine's
+// drift falls on all alike. It reports each variant's requests per second,
+// ratio-c16 and ratio-c64 (middleware over bare: the goal is 0.5 or more at
+// 64), the gain of each from 16 to 64 clients (scale-*), and, sampled from
+// pg_stat_activity while the middleware runs at 64 clients, how many of the
+// pool's backends are idle in a transaction on average (idle-in-tx) and
+// how many of those sit after the library's own UPDATE, before its COMMIT
+// (idle-after-update). The pool has BENCH_PG_CONNS connections (default
+// 64): PostgreSQL's max_connections must leave room for them.
+//
+//	cd bench && SAFERETRY_PG_DSN=... go test -run '^$' -bench 'BenchmarkFleetInsert$' -benchtime 6x -timeout 30m .
+func BenchmarkFleetInsert(b *testing.B) {
+	conns := envInt("BENCH_PG_CONNS", 64)
+	app := fmt.Sprintf("fleet_%d", time.Now().UnixNano()%1e9)
+	_, dsn := openPGSchema(b, 1)
+	db, err := sql.Open("pgx", dsn+"&application_name="+app)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	b.Cleanup(func() { _ = db.Close() })
+	s := pgStore(b, db)
+	if _, err := db.Exec(`CREATE TABLE orders (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	const insert = `INSERT INTO orders (id, amount) VALUES ($1, $2)`
+	bare := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := db.ExecContext(r.Context(), insert, r.Header.Get("Idempotency-Key"), 4200); err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	guarded := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct", nil }),
+		idempotency.WithLogger(DiscardLogger)).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, ok := sqlstore.Tx(r.Context())
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		if _, err := tx.ExecContext(r.Context(), insert, r.Header.Get("Idempotency-Key"), 4200); err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	var seq atomic.Int64
+	run := func(h http.Handler) {
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"amount":4200}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprint("ord-", seq.Add(1)))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusCreated {
+			b.Errorf("status %d", rec.Code)
+		}
+	}
+	type variant struct {
+		name string
+		h    http.Handler
+		conc int
+	}
+	variants := []variant{{"bare-c16", bare, 16}, {"middleware-c16", guarded, 16},
+		{"bare-c64", bare, 64}, {"middleware-c64", guarded, 64}}
+	admin, err := sql.Open("pgx", os.Getenv("SAFERETRY_PG_DSN"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = admin.Close() })
+	var samples, idle, afterUpdate int
+	sample := func(stop <-chan struct{}, done chan<- struct{}) {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			rows, err := admin.Query(`SELECT query FROM pg_stat_activity
+WHERE application_name = $1 AND state = 'idle in transaction'`, app)
+			if err != nil {
+				continue
+			}
+			samples++
+			for rows.Next() {
+				var q string
+				if rows.Scan(&q) == nil {
+					idle++
+					if strings.HasPrefix(strings.TrimSpace(q), "UPDATE") {
+						afterUpdate++
+					}
+				}
+			}
+			_ = rows.Close()
+		}
+	}
+	const batch = 512
+	for _, v := range variants { // warm-up: connections, statements
+		parallelRun(64, v.conc, func() { run(v.h) })
+	}
+	spent := make([]time.Duration, len(variants))
+	b.ResetTimer()
+	for round := range b.N {
+		for i := range variants {
+			j := (i + round) % len(variants)
+			v := variants[j]
+			var stop, done chan struct{}
+			if v.name == "middleware-c64" {
+				stop, done = make(chan struct{}), make(chan struct{})
+				go sample(stop, done)
+			}
+			start := time.Now()
+			parallelRun(batch, v.conc, func() { run(v.h) })
+			spent[j] += time.Since(start)
+			if stop != nil {
+				close(stop)
+				<-done
+			}
+		}
+	}
+	b.StopTimer()
+	rps := make([]float64, len(variants))
+	for i, v := range variants {
+		rps[i] = float64(b.N*batch) / spent[i].Seconds()
+		b.ReportMetric(rps[i], v.name+"-req/s")
+	}
+	b.ReportMetric(rps[1]/rps[0], "ratio-c16")
+	b.ReportMetric(rps[3]/rps[2], "ratio-c64")
+	b.ReportMetric(rps[2]/rps[0], "scale-bare")
+	b.ReportMetric(rps[3]/rps[1], "scale-middleware")
+	if samples > 0 {
+		b.ReportMetric(float64(idle)/float64(samples), "idle-in-tx")
+		b.ReportMetric(float64(afterUpdate)/float64(samples), "idle-after-update")
+	}
+}
+
+// parallelRun runs op n times in total from conc goroutines.
+func parallelRun(n, conc int, op func()) {
+	var left atomic.Int64
+	left.Store(int64(n))
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				op()
+			}
+		})
+	}
+	wg.Wait()
+}
