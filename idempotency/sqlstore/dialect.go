@@ -49,9 +49,11 @@ type DialectError struct {
 // Error names both dialects.
 func (e *DialectError) Error() string {
 	if e.Found.valid() {
-		return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is %s (%s)", e.Declared, e.Found, e.Server)
+		return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is %s (%s)",
+			e.Declared, e.Found, e.Server)
 	}
-	return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is not %s (it reports %q)", e.Declared, e.Declared, e.Server)
+	return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is not %s (it reports %q)",
+		e.Declared, e.Declared, e.Server)
 }
 
 // openTimeout bounds the queries Open runs to check the database.
@@ -218,7 +220,8 @@ func oldIndexes(table string) []string {
 
 // queries holds the statements of one Store, built once at Open.
 type queries struct {
-	claim, takeover, existing, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
+	claim, takeover, existing, get, heartbeat, complete, release string
+	setPoint, abandoned, deleteBefore                            string
 }
 
 // Every claim statement returns at most one row of fifteen columns: an
@@ -240,7 +243,8 @@ const (
 // record whose created_at is the claim's time was created by it (a takeover
 // keeps an earlier one: the lease it took over ended before now).
 func wonRow(now string) string {
-	return fmt.Sprintf(`CASE WHEN created_at = %[1]s THEN %[2]d ELSE %[3]d END, generation, recovery_point, recovery_data,
+	return fmt.Sprintf(`CASE WHEN created_at = %[1]s THEN %[2]d ELSE %[3]d END, generation,
+	recovery_point, recovery_data,
 	CASE WHEN created_at = %[1]s THEN NULL ELSE request END, created_at,
 	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`, now, rowCreated, rowTakenOver)
 }
@@ -252,8 +256,9 @@ var takenOverRow = fmt.Sprintf(`%d, generation, recovery_point, recovery_data, r
 // existingRow is the row of a claim that changed nothing, read from a
 // record selected by $1 (the digest); $2 to $5 are the scope parts it is
 // compared with.
-var existingRow = fmt.Sprintf(`CASE WHEN principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
-	THEN %d ELSE %d END, generation, NULL, NULL, NULL, NULL,
+var existingRow = fmt.Sprintf(`CASE
+	WHEN principal = $2 AND method = $3 AND route = $4 AND idem_key = $5 THEN %d ELSE %d END,
+	generation, NULL, NULL, NULL, NULL,
 	state, fingerprint, fingerprint_version, owner, lease_until, completed_at,
 	response_status, response_header, response_body`, rowExisting, rowOtherScope)
 
@@ -307,7 +312,8 @@ func claimSQL(d Dialect, table string) string {
 	const cols = `scope_hash, principal, method, route, idem_key, state, fingerprint,
 	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
 	response_status, response_header, response_body, created_at, updated_at, completed_at`
-	const vals = `$1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10, NULL, NULL, NULL, $11, $11, 0`
+	const vals = `$1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10,
+	NULL, NULL, NULL, $11, $11, 0`
 	const won = `generation, recovery_point, recovery_data, request, created_at`
 	if d == SQLite {
 		return fmt.Sprintf(`INSERT INTO %[1]s (%[2]s)
@@ -345,7 +351,8 @@ func buildQueries(d Dialect, table string) queries {
 		// condition (same scope parts, in progress, lease ended before now
 		// ($10), same fingerprint and version). It never inserts and never
 		// restarts a completed record.
-		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10
+		takeover: fmt.Sprintf(`UPDATE %[1]s
+SET owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10
 WHERE scope_hash = $1 AND principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
 	AND state = 1 AND lease_until < $10 AND fingerprint = $6 AND fingerprint_version = $7
 RETURNING %[2]s`, table, takenOverRow),
@@ -359,14 +366,16 @@ RETURNING %[2]s`, table, takenOverRow),
 		heartbeat: fmt.Sprintf(`UPDATE %[1]s SET lease_until = $2
 WHERE scope_hash = $1 AND owner = $3 AND generation = $4 AND state = 1`, table),
 
-		complete: fmt.Sprintf(`UPDATE %[1]s SET state = 2, response_status = $2, response_header = $3,
-	response_body = $4, completed_at = $5, updated_at = $5
+		complete: fmt.Sprintf(`UPDATE %[1]s
+SET state = 2, response_status = $2, response_header = $3, response_body = $4,
+	completed_at = $5, updated_at = $5
 WHERE scope_hash = $1 AND owner = $6 AND generation = $7 AND state = 1`, table),
 
 		release: fmt.Sprintf(`DELETE FROM %[1]s
 WHERE scope_hash = $1 AND owner = $2 AND generation = $3 AND state = 1`, table),
 
-		setPoint: fmt.Sprintf(`UPDATE %[1]s SET recovery_point = $2, recovery_data = $3, updated_at = $4
+		setPoint: fmt.Sprintf(`UPDATE %[1]s
+SET recovery_point = $2, recovery_data = $3, updated_at = $4
 WHERE scope_hash = $1 AND owner = $5 AND generation = $6 AND state = 1`, table),
 
 		abandoned: fmt.Sprintf(`SELECT %[2]s FROM %[1]s

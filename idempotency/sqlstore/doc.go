@@ -17,7 +17,7 @@
 // migration tool). For PostgreSQL and the default table:
 //
 //	CREATE TABLE IF NOT EXISTS idempotency_records (
-//		scope_hash          BYTEA    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
+//		scope_hash          BYTEA    NOT NULL PRIMARY KEY, -- SHA-256 of the scope parts
 //		principal           BYTEA    NOT NULL,
 //		method              BYTEA    NOT NULL,
 //		route               BYTEA    NOT NULL,
@@ -62,19 +62,19 @@
 //	       int8send(octet_length(route)) || route ||
 //	       int8send(octet_length(idem_key)) || idem_key)
 //
-// Migrate upgrades the layouts of earlier releases in one transaction: a
-// table keyed on the TEXT scope parts is renamed to <table>_v1 (drop it once
-// you no longer need it) and its records are copied into a new table; on
-// PostgreSQL a TEXT recovery_point becomes BYTEA in place (the table is
-// locked and rewritten); the indexes on (state, lease_until) and
-// (updated_at) are replaced in place by the two partial indexes (writes to
-// the table wait while they are built; on a large table, build them first
-// with CREATE INDEX CONCURRENTLY under Schema's names), and on PostgreSQL
-// the table gets its fillfactor, for the pages written from then on. Run it from one process before this release's
-// servers serve. A connection that prepared a statement before the change
-// fails it once. Servers of the previous release keep working on the
-// upgraded table (a recovery point containing a backslash is refused to
-// them); servers of the TEXT-keyed release fail closed (503).
+// Migrate upgrades the layouts of earlier releases in one transaction: a table
+// keyed on the TEXT scope parts is renamed to <table>_v1 (drop it once you no
+// longer need it) and its records are copied into a new table; on PostgreSQL a
+// TEXT recovery_point becomes BYTEA in place (the table is locked and
+// rewritten); the indexes on (state, lease_until) and (updated_at) are
+// replaced in place by the two partial indexes (writes to the table wait while
+// they are built; on a large table, build them first with CREATE INDEX
+// CONCURRENTLY under Schema's names), and on PostgreSQL the table gets its
+// fillfactor, for the pages written from then on. Run it from one process
+// before this release's servers serve. A connection that prepared a statement
+// before the change fails it once. Servers of the previous release keep
+// working on the upgraded table (a recovery point containing a backslash is
+// refused to them); servers of the TEXT-keyed release fail closed (503).
 //
 // # Claims and fences
 //

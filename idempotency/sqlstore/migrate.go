@@ -81,7 +81,8 @@ func (s *Store) recoveryPointAsBytes(ctx context.Context, tx *sql.Tx) error {
 	}
 	var typ string
 	err := tx.QueryRowContext(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-WHERE attrelid = to_regclass($1) AND attname = 'recovery_point' AND NOT attisdropped`, s.table).Scan(&typ)
+WHERE attrelid = to_regclass($1) AND attname = 'recovery_point' AND NOT attisdropped`,
+		s.table).Scan(&typ)
 	if err != nil || typ == "bytea" {
 		return err
 	}
@@ -122,7 +123,8 @@ const v1Page = 500
 // copyV1 copies every record of the v1-layout table old into the Store's
 // table, page by page in primary-key order.
 func (s *Store) copyV1(ctx context.Context, tx *sql.Tx, old string) error {
-	first := fmt.Sprintf(`SELECT %[2]s FROM %[1]s ORDER BY principal, method, route, idem_key LIMIT %[3]d`, old, columns, v1Page)
+	first := fmt.Sprintf(`SELECT %[2]s FROM %[1]s
+ORDER BY principal, method, route, idem_key LIMIT %[3]d`, old, columns, v1Page)
 	next := s.dialect.rebind(fmt.Sprintf(`SELECT %[2]s FROM %[1]s
 WHERE (principal, method, route, idem_key) > ($1, $2, $3, $4)
 ORDER BY principal, method, route, idem_key LIMIT %[3]d`, old, columns, v1Page))
@@ -168,7 +170,8 @@ ON CONFLICT (scope_hash) DO NOTHING`, s.table, columns))
 		}
 		// The keyset: the last row's TEXT parts, as the old table holds them.
 		p := page[len(page)-1]
-		last = []any{string(p[1].([]byte)), string(p[2].([]byte)), string(p[3].([]byte)), string(p[4].([]byte))}
+		last = []any{string(p[1].([]byte)), string(p[2].([]byte)), string(p[3].([]byte)),
+			string(p[4].([]byte))}
 	}
 }
 
@@ -184,8 +187,9 @@ func scanV1(rows *sql.Rows) ([]any, error) {
 		header                                   sql.NullString
 		created, updated, completed              int64
 	)
-	if err := rows.Scan(&principal, &method, &route, &key, &state, &fingerprint, &fpVersion, &owner, &generation,
-		&leaseUntil, &point, &recoveryData, &request, &status, &header, &body, &created, &updated, &completed); err != nil {
+	if err := rows.Scan(&principal, &method, &route, &key, &state, &fingerprint, &fpVersion,
+		&owner, &generation, &leaseUntil, &point, &recoveryData, &request, &status, &header,
+		&body, &created, &updated, &completed); err != nil {
 		return nil, err
 	}
 	var h http.Header
@@ -200,7 +204,8 @@ func scanV1(rows *sql.Rows) ([]any, error) {
 		st = status.Int64
 	}
 	sc := idempotency.Scope{Principal: principal, Method: method, Route: route, Key: key}
-	return []any{scopeHash(sc), []byte(principal), []byte(method), []byte(route), []byte(key), state, fingerprint,
-		fpVersion, owner, generation, leaseUntil, []byte(point), nullBytes(recoveryData), nullBytes(request), st,
-		nullBytes(encodeHeader(h)), nullBytes(body), created, updated, completed}, nil
+	return []any{scopeHash(sc), []byte(principal), []byte(method), []byte(route), []byte(key),
+		state, fingerprint, fpVersion, owner, generation, leaseUntil, []byte(point),
+		nullBytes(recoveryData), nullBytes(request), st, nullBytes(encodeHeader(h)),
+		nullBytes(body), created, updated, completed}, nil
 }

@@ -79,7 +79,8 @@ var errBeginTimeout = fmt.Errorf("no connection to begin a transaction on within
 // Rollback. Begin never fails; a BEGIN that fails, or finds no connection
 // within 10 seconds, is an *OpError with Op "begin", returned by the unit's
 // later writes and its Commit.
-func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
+func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (
+	idempotency.Unit, context.Context, error) {
 	u := &unit{s: s, ctx: ctx, lease: l}
 	return u, context.WithValue(ctx, unitKey{}, u), nil
 }
@@ -209,8 +210,11 @@ func (u *unit) end(commit bool) error {
 	return u.tx.Rollback()
 }
 
-func (u *unit) SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error {
-	return u.write(func(ex execer) error { return u.s.setPoint(ctx, ex, u.lease, point, data, now) })
+func (u *unit) SetRecoveryPoint(ctx context.Context, point string, data []byte,
+	now time.Time) error {
+	return u.write(func(ex execer) error {
+		return u.s.setPoint(ctx, ex, u.lease, point, data, now)
+	})
 }
 
 func (u *unit) Complete(ctx context.Context, resp idempotency.Response, now time.Time) error {
