@@ -69,7 +69,8 @@ func (c *capture) Flush() { c.flushed = true }
 
 // Hijack refuses.
 func (c *capture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	return nil, nil, fmt.Errorf("idempotency: the connection of a guarded request cannot be hijacked: %w",
+	return nil, nil, fmt.Errorf(
+		"idempotency: the connection of a guarded request cannot be hijacked: %w",
 		http.ErrNotSupported)
 }
 
@@ -89,10 +90,11 @@ func (c *capture) statusCode() int {
 // must not make a first execution look like a replay.
 func (c *capture) release() {
 	dst := c.w.Header()
+	const prefix = http.TrailerPrefix
 	for k, v := range c.header {
 		name := k
-		if len(k) > len(http.TrailerPrefix) && strings.EqualFold(k[:len(http.TrailerPrefix)], http.TrailerPrefix) {
-			name = k[len(http.TrailerPrefix):]
+		if len(k) > len(prefix) && strings.EqualFold(k[:len(prefix)], prefix) {
+			name = k[len(prefix):]
 		}
 		switch {
 		case strings.EqualFold(name, ReplayedHeader):

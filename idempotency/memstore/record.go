@@ -34,9 +34,9 @@ const recordOverhead = 600
 // header string, for the string itself), and the capacity of the response
 // body, which the store keeps as it was given.
 func (r *memRecord) measure() int64 {
-	n := recordOverhead + len(r.Scope.Principal) + len(r.Scope.Method) + len(r.Scope.Route) + len(r.Scope.Key) +
-		len(r.Fingerprint) + len(r.Owner) + len(r.RecoveryPoint) + len(r.RecoveryData) + len(r.Request) +
-		cap(r.resp.body)
+	n := recordOverhead + len(r.Scope.Principal) + len(r.Scope.Method) + len(r.Scope.Route) +
+		len(r.Scope.Key) + len(r.Fingerprint) + len(r.Owner) + len(r.RecoveryPoint) +
+		len(r.RecoveryData) + len(r.Request) + cap(r.resp.body)
 	for _, v := range r.resp.pairs {
 		n += 16 + len(v)
 	}
@@ -80,7 +80,7 @@ func (q *expiryQueue) Pop() any {
 type memResponse struct {
 	set    bool // the record has a response
 	status int
-	pairs  []string    // name, value, name, value...: a name's values in a row; nil for a nil Header
+	pairs  []string    // name, value, ...: a name's values in a row; nil for a nil Header
 	odd    http.Header // instead of pairs, a copy of a Header that has a name without values
 	body   []byte
 }
@@ -159,8 +159,14 @@ func existing(rec *memRecord) idempotency.Record {
 // part of the request line), which the record must not keep alive.
 func newMemRecord(c idempotency.Claim, gen int64) *memRecord {
 	var b strings.Builder
-	b.Grow(len(c.Scope.Principal) + len(c.Scope.Method) + len(c.Scope.Route) + len(c.Scope.Key) + len(c.Fingerprint) + len(c.Owner))
-	for _, v := range [...]string{c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key, c.Fingerprint, c.Owner} {
+	parts := [...]string{c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
+		c.Fingerprint, c.Owner}
+	n := 0
+	for _, v := range parts {
+		n += len(v)
+	}
+	b.Grow(n)
+	for _, v := range parts {
 		b.WriteString(v)
 	}
 	all := b.String()
