@@ -1,10 +1,10 @@
 // Package sqlstore keeps idempotency records in a relational database through
 // database/sql: PostgreSQL for a fleet of servers sharing one store, SQLite
 // for an embedded store in one process. Its Store implements
-// idempotency.Store and idempotency.Transactor. The package imports only
-// database/sql; bring your own driver (tested with
-// github.com/jackc/pgx/v5/stdlib, driver "pgx", and modernc.org/sqlite,
-// driver "sqlite"):
+// idempotency.Store and idempotency.Transactor. Beside the standard library
+// it imports package idempotency only, and no SQL driver: bring your own
+// (tested with github.com/jackc/pgx/v5/stdlib, driver "pgx", and
+// modernc.org/sqlite, driver "sqlite"):
 //
 //	db, err := sql.Open("pgx", dsn)      // or sql.Open("sqlite", sqlstore.SQLiteDSN(path))
 //	store, err := sqlstore.Open(db, sqlstore.Postgres) // or sqlstore.SQLite
@@ -108,10 +108,16 @@
 //
 // # Transactions
 //
-// Store.Begin starts a unit of work whose context carries the *sql.Tx; a
+// Store.Begin starts a unit of work whose context leads to its *sql.Tx; a
 // handler gets it with Tx(r.Context()) and writes its business rows in it,
 // so that they commit or roll back together with the stored response.
-// Inside an atomic phase, Tx returns the phase's own transaction.
+// Inside an atomic phase, Tx returns the phase's own transaction. The
+// transaction begins at the first Tx call: a unit that never needs one
+// (a phase that writes nothing through Tx) holds no connection while its
+// work runs, and writes its record with one stand-alone statement at
+// Commit. Between its own statements in a transaction the Store waits for
+// nothing (no lock, no other connection, no timer): a connection idle in a
+// transaction waits for the handler, or for its goroutine to run.
 //
 // The fences assume READ COMMITTED on PostgreSQL, so a unit's transaction
 // is begun READ COMMITTED whatever the server's default. Under a default of
@@ -139,14 +145,17 @@
 // Open SQLite with SQLiteDSN and keep more than one open connection; Open
 // refuses a database without a busy timeout or with deferred transactions.
 // One writer at a time holds SQLite's lock: a unit of work holds it from its
-// first statement to its commit, and other requests' writes (claims too)
-// wait for it up to the busy timeout, then fail with 503. Keep
+// first Tx call to its commit, and other requests' writes (claims, replays
+// and in-progress conflicts too, whose claim is an upsert) wait for it up to
+// the busy timeout, then fail with 503. Keep
 // transactional handlers short on SQLite, or use PostgreSQL, which locks
 // only the record's row. Several processes on one host may share the file.
 //
 // # Cleanup
 //
 // The claim path never deletes records: run the idempotency package's
-// Reaper over the store. Its DELETE is bounded, re-checks the horizon on
-// every row, and on PostgreSQL skips rows that a running write holds.
+// Reaper over the store. Its DELETE is bounded (the Reaper yields between
+// batches), finds its rows through the two partial indexes, re-checks the
+// horizon on every row, and on PostgreSQL skips rows that a running write
+// holds.
 package sqlstore
