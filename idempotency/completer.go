@@ -88,10 +88,12 @@ type CompleterReport struct {
 // RunOnce lists the abandoned records (up to 100 to take over, plus those it
 // remembers it cannot resume or is backing off from, so that they do not
 // starve the others), takes each over in turn, runs it to an outcome, and
-// returns what it did. A store error at the listing or at a claim stops the
-// run and is returned, wrapped, with the report so far; ctx's end stops it
-// between records (and cancels the running handler's context). Failures of
-// single records are reported to the observers and counted, not returned.
+// returns what it did. It yields to live traffic: after each record it
+// waits as long as that record took (at most a minute) before the next. A
+// store error at the listing or at a claim stops the run and is returned,
+// wrapped, with the report so far; ctx's end stops it between records (and
+// cancels the running handler's context). Failures of single records are
+// reported to the observers and counted, not returned.
 // Without a store (New(nil)) every run fails.
 func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 	rep, err := c.runOnce(ctx)
@@ -125,10 +127,12 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 			rep.Skipped++
 			continue
 		}
+		start := time.Now()
 		outcome, err := c.resume(ctx, rec)
 		if err != nil {
 			return rep, err
 		}
+		_ = yield(ctx, time.Since(start)) // ctx's end stops the loop at its top
 		c.record(rec.Scope, outcome)
 		switch outcome {
 		case "", OutcomeUnresumable:

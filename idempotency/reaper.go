@@ -58,9 +58,11 @@ type ReaperReport struct {
 // past the horizon, 100 at a time, and reports each before anything could
 // delete it; it deletes in batches of 500, only below the lease end of the
 // last unfinished record listed while more may be unlisted, for at most 100
-// batches. On a store error it stops and returns the report so far with the
-// error, wrapped; ctx's end stops it between calls. Without a store
-// (New(nil)) every run fails.
+// batches. It yields to live traffic: after a full batch it waits as long
+// as the batch took before the next one, so that it keeps at most half of
+// the store's time, less when the store is slow (no knob). On a store error
+// it stops and returns the report so far with the error, wrapped; ctx's end
+// stops it between calls. Without a store (New(nil)) every run fails.
 func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (ReaperReport, error) {
 	rep, err := r.reapOnce(ctx, now)
 	r.m.obs.reaperRun(ctx, rep, err)
@@ -120,6 +122,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 				return rep, err
 			}
 			sctx, cancel := storeCtx(ctx)
+			start := time.Now()
 			n, err := r.m.store.DeleteBefore(sctx, cut, reapBatch)
 			cancel()
 			if err != nil {
@@ -131,6 +134,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 			if !lastFull {
 				break
 			}
+			_ = yield(ctx, time.Since(start)) // ctx's end stops the loop at its top
 		}
 		if rep.Batches >= reapMaxBatches && lastFull {
 			rep.More = true

@@ -181,7 +181,11 @@ var (
 // Store keeps idempotency records. Implementations must be safe for
 // concurrent use by many goroutines and, for shared stores, many processes.
 // Every method takes the current time as an argument where it matters; stores
-// never read a clock of their own.
+// never read a clock of their own. A response body is immutable once given
+// to a store: a store may keep the Response.Body given to Complete (or
+// Unit.Complete) as it is, and return those very bytes from Claim and Get to
+// every caller, so neither the caller that gave them nor one that got them
+// may modify them (the middleware never does).
 type Store interface {
 	// Claim atomically decides who runs a request and says what it did.
 	// With no record (or a completed one out of the replay window:

@@ -49,9 +49,11 @@ type DialectError struct {
 // Error names both dialects.
 func (e *DialectError) Error() string {
 	if e.Found.valid() {
-		return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is %s (%s)", e.Declared, e.Found, e.Server)
+		return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is %s (%s)",
+			e.Declared, e.Found, e.Server)
 	}
-	return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is not %s (it reports %q)", e.Declared, e.Declared, e.Server)
+	return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is not %s (it reports %q)",
+		e.Declared, e.Declared, e.Server)
 }
 
 // openTimeout bounds the queries Open runs to check the database.
@@ -116,7 +118,7 @@ func (d Dialect) blobType() string {
 // has no row locks (and no FOR UPDATE).
 func (d Dialect) skipLocked() string {
 	if d == Postgres {
-		return "\n\tFOR UPDATE SKIP LOCKED"
+		return " FOR UPDATE SKIP LOCKED"
 	}
 	return ""
 }
@@ -133,7 +135,7 @@ func (d Dialect) rebind(q string) string {
 // DefaultTable is the table name used when WithTable is not given.
 const DefaultTable = "idempotency_records"
 
-// maxTableLen keeps the derived index names ("<table>_lease_idx") within
+// maxTableLen keeps the derived index names ("<table>_pending_idx") within
 // PostgreSQL's 63-byte identifier limit.
 const maxTableLen = 48
 
@@ -161,8 +163,23 @@ const columns = `principal, method, route, idem_key, state, fingerprint, fingerp
 // is the recovery point. Times are INTEGER/BIGINT nanoseconds since the Unix
 // epoch, UTC, so that comparisons are exact in both dialects; 0 means "not
 // set" (completed_at of an in-progress record).
+//
+// Two partial indexes serve the background jobs and nothing else: the
+// records in progress by lease end (the Completer's and the Reaper's
+// Abandoned), and the completed records by completion time (the Reaper's
+// DeleteBefore). A record is in one of them at a time, so a claim adds two
+// index entries (the primary key's and the first index's) and a completion
+// two (the primary key's and the second's). No other column is indexed: a
+// recovery point (and, with it, updated_at) changes no index, and on
+// PostgreSQL it is a HOT update, kept on its page by a fillfactor of 80. A
+// completion cannot be HOT, since the state it changes is the partial
+// indexes' predicate (a HOT update changes no indexed column, predicates
+// included), and a heartbeat or a takeover changes lease_until.
 func schema(d Dialect, table string) string {
-	blob := d.blobType()
+	blob, with := d.blobType(), ""
+	if d == Postgres {
+		with = " WITH (fillfactor = " + fillFactor + ")"
+	}
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
 	scope_hash          %[2]s    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
 	principal           %[2]s    NOT NULL,
@@ -184,15 +201,27 @@ func schema(d Dialect, table string) string {
 	created_at          BIGINT   NOT NULL,
 	updated_at          BIGINT   NOT NULL,
 	completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
-);
-CREATE INDEX IF NOT EXISTS %[1]s_lease_idx ON %[1]s (state, lease_until);
-CREATE INDEX IF NOT EXISTS %[1]s_updated_idx ON %[1]s (updated_at);
-`, table, blob)
+)%[3]s;
+CREATE INDEX IF NOT EXISTS %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
+CREATE INDEX IF NOT EXISTS %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2;
+`, table, blob, with)
+}
+
+// fillFactor is the PostgreSQL table's fillfactor: inserts leave a fifth of
+// each page free, for the row versions its updates write.
+const fillFactor = "80"
+
+// oldIndexes are the names of the indexes of earlier layouts that Migrate
+// drops: (state, lease_until) and (updated_at), which every update but a
+// heartbeat changed.
+func oldIndexes(table string) []string {
+	return []string{table + "_lease_idx", table + "_updated_idx"}
 }
 
 // queries holds the statements of one Store, built once at Open.
 type queries struct {
-	claim, takeover, existing, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
+	claim, takeover, existing, get, heartbeat, complete, release string
+	setPoint, abandoned, deleteBefore                            string
 }
 
 // Every claim statement returns at most one row of fifteen columns: an
@@ -214,7 +243,8 @@ const (
 // record whose created_at is the claim's time was created by it (a takeover
 // keeps an earlier one: the lease it took over ended before now).
 func wonRow(now string) string {
-	return fmt.Sprintf(`CASE WHEN created_at = %[1]s THEN %[2]d ELSE %[3]d END, generation, recovery_point, recovery_data,
+	return fmt.Sprintf(`CASE WHEN created_at = %[1]s THEN %[2]d ELSE %[3]d END, generation,
+	recovery_point, recovery_data,
 	CASE WHEN created_at = %[1]s THEN NULL ELSE request END, created_at,
 	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`, now, rowCreated, rowTakenOver)
 }
@@ -226,74 +256,90 @@ var takenOverRow = fmt.Sprintf(`%d, generation, recovery_point, recovery_data, r
 // existingRow is the row of a claim that changed nothing, read from a
 // record selected by $1 (the digest); $2 to $5 are the scope parts it is
 // compared with.
-var existingRow = fmt.Sprintf(`CASE WHEN principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
-	THEN %d ELSE %d END, generation, NULL, NULL, NULL, NULL,
+var existingRow = fmt.Sprintf(`CASE
+	WHEN principal = $2 AND method = $3 AND route = $4 AND idem_key = $5 THEN %d ELSE %d END,
+	generation, NULL, NULL, NULL, NULL,
 	state, fingerprint, fingerprint_version, owner, lease_until, completed_at,
 	response_status, response_header, response_body`, rowExisting, rowOtherScope)
 
-// claimSQL returns the claim statement. Its core is one INSERT ... ON
-// CONFLICT DO UPDATE whose WHERE lets the claim win an existing row only if
-// the row holds the claim's own scope parts (a digest collision never
+// winSet is the SET list of a claim that wins an existing row (column
+// names are the row's values before the claim): a restart of a completed
+// record clears it and takes the new request; a takeover keeps the recovery
+// point, its data, the request and created_at. Parameters as in claimSQL.
+const winSet = `state = 1, owner = $8, generation = generation + 1, lease_until = $9,
+	updated_at = $11, fingerprint = $6, fingerprint_version = $7,
+	recovery_point = CASE WHEN state = 2 THEN '' ELSE recovery_point END,
+	recovery_data = CASE WHEN state = 2 THEN NULL ELSE recovery_data END,
+	request = CASE WHEN state = 2 THEN $10 ELSE request END,
+	created_at = CASE WHEN state = 2 THEN $11 ELSE created_at END,
+	response_status = NULL, response_header = NULL, response_body = NULL, completed_at = 0`
+
+// winWhere is the condition under which a claim wins an existing row: the
+// row holds the claim's own scope parts (a digest collision never
 // overwrites another scope's record) and either it completed before the
 // replay window's cutoff ($12) or its lease ended before now ($11) with the
-// same fingerprint and version. A restart of a completed record clears it
-// and takes the new request; a takeover keeps the recovery point, its data,
-// the request and created_at. RETURNING gives wonRow when it wrote.
+// same fingerprint and version.
+const winWhere = `principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
+	AND ((state = 2 AND completed_at < $12)
+	  OR (state = 1 AND lease_until < $11 AND fingerprint = $6 AND fingerprint_version = $7))`
+
+// claimSQL returns the claim statement. Its parameters: $1 the digest, $2
+// to $5 the scope parts, $6 and $7 the fingerprint and its version, $8 the
+// owner, $9 the lease end, $10 the request, $11 now, $12 the replay
+// window's cutoff.
 //
-// On PostgreSQL the core runs in a CTE and the statement returns, when the
-// core wrote nothing, the existing row, read FOR SHARE: under READ COMMITTED
-// a locking read returns the row's latest committed version (a claim that
-// waited for another transaction answers what that one left), and it never
-// waits, since ON CONFLICT holds the row's lock already. The one case where
-// it returns no row is a conflicting row inserted by a transaction that
-// committed after the statement began (ON CONFLICT sees it, the snapshot
-// does not).
+// On PostgreSQL it is one statement that reads before it writes: a CTE
+// reads the row under the digest from the statement's snapshot (a plain
+// read: no lock, no transaction ID); an UPDATE wins that row only under
+// winWhere; an INSERT ... ON CONFLICT DO NOTHING creates the record only
+// when the snapshot holds no row. The statement returns the row it wrote
+// (wonRow), or else the row it read (existingRow). A replay or an
+// in-progress conflict therefore writes nothing and waits for no one: its
+// UPDATE matches no row of the snapshot and its INSERT has no input, so no
+// tuple is locked and no WAL is written. Only a claim that would win waits
+// for a row another transaction holds, and then re-checks winWhere on the
+// row's latest version (READ COMMITTED). It returns no row when its INSERT
+// met a row committed after its snapshot, and the row of its snapshot when
+// its UPDATE found the row changed or gone: Claim then reads the record
+// again (see Claim).
 //
 // SQLite has no data-modifying CTE, and RETURNING gives only the rows a
-// statement wrote, so the statement is the core alone: a claim that loses
-// writes nothing and returns no row, and Claim reads the existing row with a
-// second statement (queries.existing).
+// statement wrote, so the statement is an INSERT ... ON CONFLICT DO UPDATE
+// SET winSet WHERE winWhere: a claim that loses writes nothing and returns
+// no row, and Claim reads the existing row with a second statement
+// (queries.existing).
 func claimSQL(d Dialect, table string) string {
-	core := fmt.Sprintf(`INSERT INTO %[1]s AS t (scope_hash, principal, method, route, idem_key, state, fingerprint,
+	const cols = `scope_hash, principal, method, route, idem_key, state, fingerprint,
 	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
-	response_status, response_header, response_body, created_at, updated_at, completed_at)
-VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10, NULL, NULL, NULL, $11, $11, 0)
-ON CONFLICT (scope_hash) DO UPDATE SET
-	state = 1,
-	owner = excluded.owner,
-	generation = t.generation + 1,
-	lease_until = excluded.lease_until,
-	updated_at = excluded.updated_at,
-	fingerprint = excluded.fingerprint,
-	fingerprint_version = excluded.fingerprint_version,
-	recovery_point = CASE WHEN t.state = 2 THEN excluded.recovery_point ELSE t.recovery_point END,
-	recovery_data = CASE WHEN t.state = 2 THEN NULL ELSE t.recovery_data END,
-	request = CASE WHEN t.state = 2 THEN excluded.request ELSE t.request END,
-	created_at = CASE WHEN t.state = 2 THEN excluded.created_at ELSE t.created_at END,
-	response_status = NULL,
-	response_header = NULL,
-	response_body = NULL,
-	completed_at = 0
-WHERE t.principal = excluded.principal AND t.method = excluded.method
-	AND t.route = excluded.route AND t.idem_key = excluded.idem_key
-	AND ((t.state = 2 AND t.completed_at < $12)
-	  OR (t.state = 1 AND t.lease_until < $11 AND t.fingerprint = excluded.fingerprint
-	      AND t.fingerprint_version = excluded.fingerprint_version))
-RETURNING `, table)
+	response_status, response_header, response_body, created_at, updated_at, completed_at`
+	const vals = `$1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10,
+	NULL, NULL, NULL, $11, $11, 0`
+	const won = `generation, recovery_point, recovery_data, request, created_at`
 	if d == SQLite {
-		return core + wonRow("$11")
+		return fmt.Sprintf(`INSERT INTO %[1]s (%[2]s)
+VALUES (%[3]s)
+ON CONFLICT (scope_hash) DO UPDATE SET %[4]s
+WHERE %[5]s
+RETURNING %[6]s`, table, cols, vals, winSet, winWhere, wonRow("$11"))
 	}
-	return fmt.Sprintf(`WITH claimed AS (
-%[2]sgeneration, recovery_point, recovery_data, request, created_at
+	return fmt.Sprintf(`WITH cur AS (
+	SELECT principal, method, route, idem_key, generation, state, fingerprint, fingerprint_version,
+		owner, lease_until, completed_at, response_status, response_header, response_body
+	FROM %[1]s WHERE scope_hash = $1
+), won AS (
+	UPDATE %[1]s SET %[4]s
+	WHERE scope_hash = $1 AND %[5]s
+	RETURNING %[6]s
+), created AS (
+	INSERT INTO %[1]s (%[2]s)
+	SELECT %[3]s WHERE NOT EXISTS (SELECT 1 FROM cur)
+	ON CONFLICT (scope_hash) DO NOTHING
+	RETURNING %[6]s
 )
-SELECT %[3]s
-FROM claimed
+SELECT %[7]s FROM (SELECT * FROM won UNION ALL SELECT * FROM created) w
 UNION ALL
-SELECT %[4]s
-FROM (SELECT principal, method, route, idem_key, generation, state, fingerprint, fingerprint_version,
-	owner, lease_until, completed_at, response_status, response_header, response_body
-	FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed) FOR SHARE) cur`,
-		table, core, wonRow("$11"), existingRow)
+SELECT %[8]s FROM cur WHERE NOT EXISTS (SELECT 1 FROM won)`,
+		table, cols, vals, winSet, winWhere, won, wonRow("$11"), existingRow)
 }
 
 func buildQueries(d Dialect, table string) queries {
@@ -305,7 +351,8 @@ func buildQueries(d Dialect, table string) queries {
 		// condition (same scope parts, in progress, lease ended before now
 		// ($10), same fingerprint and version). It never inserts and never
 		// restarts a completed record.
-		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10
+		takeover: fmt.Sprintf(`UPDATE %[1]s
+SET owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10
 WHERE scope_hash = $1 AND principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
 	AND state = 1 AND lease_until < $10 AND fingerprint = $6 AND fingerprint_version = $7
 RETURNING %[2]s`, table, takenOverRow),
@@ -319,14 +366,16 @@ RETURNING %[2]s`, table, takenOverRow),
 		heartbeat: fmt.Sprintf(`UPDATE %[1]s SET lease_until = $2
 WHERE scope_hash = $1 AND owner = $3 AND generation = $4 AND state = 1`, table),
 
-		complete: fmt.Sprintf(`UPDATE %[1]s SET state = 2, response_status = $2, response_header = $3,
-	response_body = $4, completed_at = $5, updated_at = $5
+		complete: fmt.Sprintf(`UPDATE %[1]s
+SET state = 2, response_status = $2, response_header = $3, response_body = $4,
+	completed_at = $5, updated_at = $5
 WHERE scope_hash = $1 AND owner = $6 AND generation = $7 AND state = 1`, table),
 
 		release: fmt.Sprintf(`DELETE FROM %[1]s
 WHERE scope_hash = $1 AND owner = $2 AND generation = $3 AND state = 1`, table),
 
-		setPoint: fmt.Sprintf(`UPDATE %[1]s SET recovery_point = $2, recovery_data = $3, updated_at = $4
+		setPoint: fmt.Sprintf(`UPDATE %[1]s
+SET recovery_point = $2, recovery_data = $3, updated_at = $4
 WHERE scope_hash = $1 AND owner = $5 AND generation = $6 AND state = 1`, table),
 
 		abandoned: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
@@ -334,23 +383,31 @@ WHERE state = 1 AND lease_until < $1
 ORDER BY lease_until, created_at, scope_hash
 LIMIT $2`, table, columns),
 
-		// Bounded: at most $2 rows per statement, chosen by primary key. The
-		// conditions are repeated on the DELETE itself: on PostgreSQL under
-		// READ COMMITTED, a row that a concurrent claim, heartbeat or
-		// completion changed after the subquery saw it is re-checked against
-		// the DELETE's own WHERE only, so without them the reaper would
-		// delete a record that was just taken over or completed. On
-		// PostgreSQL the subquery also locks its rows and skips the ones a
-		// running write holds (FOR UPDATE SKIP LOCKED): the reaper never
-		// waits for a claim, and a claim waiting for a row the reaper locked
-		// inserts afresh once it is gone. SQLite serialises writers, so no
-		// row changes under the statement there; the outer conditions are
-		// kept for the same meaning.
+		// Bounded: at most $2 rows per statement, chosen by primary key
+		// from the two partial indexes: completed records first, oldest
+		// completion first (for a completed record updated_at is
+		// completed_at), then records in progress whose lease and last
+		// update are both past the horizon. The conditions are repeated on
+		// the DELETE itself: on PostgreSQL under READ COMMITTED, a row that
+		// a concurrent claim, heartbeat or completion changed after the
+		// subquery saw it is re-checked against the DELETE's own WHERE
+		// only, so without them the reaper would delete a record that was
+		// just taken over or completed. On PostgreSQL the subqueries also
+		// lock their rows and skip the ones a running write holds (FOR
+		// UPDATE SKIP LOCKED): the reaper never waits for a claim, and a
+		// claim waiting for a row the reaper locked inserts afresh once it
+		// is gone. SQLite serialises writers, so no row changes under the
+		// statement there; the outer conditions are kept for the same
+		// meaning.
 		deleteBefore: fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
-	SELECT scope_hash FROM %[1]s
-	WHERE updated_at < $1 AND (state = 2 OR lease_until < $1)
-	ORDER BY updated_at
-	LIMIT $2%[2]s)
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 2 AND completed_at < $1 AND updated_at < $1
+		ORDER BY completed_at LIMIT $2%[2]s) done
+	UNION ALL
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 1 AND lease_until < $1 AND updated_at < $1
+		ORDER BY lease_until LIMIT $2%[2]s) unfinished
+	LIMIT $2)
   AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table, d.skipLocked()),
 	}
 	q.claim = d.rebind(q.claim)

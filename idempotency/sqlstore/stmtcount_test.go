@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -233,8 +234,12 @@ func TestStatementsPerStoreCall(t *testing.T) {
 
 // TestStatementsPerRequest counts what the middleware sends to each SQL
 // store per guarded request: a fresh key whose handler writes nothing is
-// two statements (claim and completion); a replay and an in-progress 409
-// are one statement each on PostgreSQL, two on SQLite (see losingClaim).
+// two statements (claim and completion); one whose handler writes through
+// Tx adds BEGIN and COMMIT around its own statements and the completion; a
+// phase adds its recovery point, one statement when its function writes
+// nothing through Tx, in the phase's BEGIN and COMMIT when it does; a
+// replay and an in-progress 409 are one statement each on PostgreSQL, two
+// on SQLite (see losingClaim).
 func TestStatementsPerRequest(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		db, log := openCounted(t, b)
@@ -242,11 +247,38 @@ func TestStatementsPerRequest(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, s.Migrate(t.Context()))
 
+		_, err = db.Exec(`CREATE TABLE notes (id TEXT)`)
+		require.NoError(t, err)
+		note := func(ctx context.Context) error {
+			tx, ok := sqlstore.Tx(ctx)
+			if !ok {
+				return errors.New("no transaction")
+			}
+			_, err := tx.ExecContext(ctx, `INSERT INTO notes (id) VALUES ('n')`)
+			return err
+		}
 		entered, release := make(chan struct{}, 1), make(chan struct{})
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Query().Has("block") {
+			q := r.URL.Query()
+			if q.Has("block") {
 				entered <- struct{}{}
 				<-release
+			}
+			if q.Has("phase") {
+				run, _ := idempotency.FromContext(r.Context())
+				if _, err := run.Phase(r.Context(), "p", func(ctx context.Context) ([]byte, error) {
+					if q.Get("phase") == "tx" {
+						return nil, note(ctx)
+					}
+					return nil, nil
+				}); err != nil {
+					w.WriteHeader(http.StatusInternalServerError)
+					return
+				}
+			}
+			if q.Has("tx") && note(r.Context()) != nil {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
 			}
 			w.WriteHeader(http.StatusCreated)
 			_, _ = io.WriteString(w, `{"id":"pay_1"}`)
@@ -287,6 +319,25 @@ func TestStatementsPerRequest(t *testing.T) {
 		// fenced UPDATE in autocommit (no BEGIN, no COMMIT).
 		require.Len(t, fresh, 2, "fresh key, handler writes nothing: %q", brief(fresh))
 		require.True(t, strings.HasPrefix(fresh[1], "UPDATE "), "fresh key: %q", brief(fresh))
+
+		for _, tc := range []struct{ query, want string }{
+			{"?tx", "claim BEGIN INSERT UPDATE COMMIT"},
+			{"?phase", "claim UPDATE UPDATE"},
+			{"?phase=tx", "claim BEGIN INSERT UPDATE COMMIT UPDATE"},
+			{"?phase=tx&tx", "claim BEGIN INSERT UPDATE COMMIT BEGIN INSERT UPDATE COMMIT"},
+		} {
+			m = log.mark()
+			require.Equal(t, http.StatusCreated, send(tc.query, "k"+tc.query))
+			var got []string
+			for i, st := range log.since(m) {
+				if i == 0 {
+					got = append(got, "claim")
+					continue
+				}
+				got = append(got, strings.ToUpper(strings.Fields(st)[0]))
+			}
+			require.Equal(t, tc.want, strings.Join(got, " "), "%s: %q", tc.query, brief(log.since(m)))
+		}
 	})
 }
 

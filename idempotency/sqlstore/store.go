@@ -16,15 +16,12 @@ import (
 
 // Errors returned by Open and by the Store's methods.
 var (
-	// ErrNilDB is returned by Open when db is nil.
-	ErrNilDB = errors.New("sqlstore: nil *sql.DB")
-	// ErrUnknownDialect is returned by Open for a Dialect other than
-	// Postgres or SQLite.
-	ErrUnknownDialect = errors.New("sqlstore: unknown dialect")
-	// ErrInvalidTable is returned by Open when the WithTable name is not a
-	// plain identifier of 1 to 48 ASCII letters, digits or underscores that
-	// does not start with a digit.
-	ErrInvalidTable = errors.New("sqlstore: invalid table name")
+	// ErrInvalidConfig is matched (errors.Is) by the error Open returns for
+	// arguments it cannot use, whose message names the argument: a nil
+	// *sql.DB, a Dialect other than Postgres or SQLite, or a WithTable name
+	// that is not a plain identifier of 1 to 48 ASCII letters, digits or
+	// underscores that does not start with a digit.
+	ErrInvalidConfig = errors.New("sqlstore: invalid config")
 	// ErrSerialization is matched (errors.Is) by an *OpError whose cause is
 	// a PostgreSQL serialization failure (SQLSTATE 40001) or deadlock
 	// (40P01): a retryable store error, not a lost lease, since nothing of
@@ -37,12 +34,14 @@ var (
 	// lock (SQLite's default, and database/sql's with a bare file name, is
 	// 0: fail at once). Such a store answers 503 to a share of concurrent
 	// requests with SQLITE_BUSY as soon as two of them write at once.
-	ErrSQLiteBusyTimeout = errors.New(`sqlstore: SQLite database without a busy timeout; open it with sql.Open("sqlite", sqlstore.SQLiteDSN(path))`)
+	ErrSQLiteBusyTimeout = errors.New("sqlstore: SQLite database without a busy timeout; " +
+		`open it with sql.Open("sqlite", sqlstore.SQLiteDSN(path))`)
 	// ErrSQLiteDeferredTx is returned by Open for a SQLite database whose
 	// transactions begin deferred (without _txlock=immediate in the DSN):
 	// a unit that reads before it writes then fails with SQLITE_BUSY, not
 	// waiting for the busy timeout, as soon as another connection writes.
-	ErrSQLiteDeferredTx = errors.New(`sqlstore: SQLite transactions begin deferred; open the database with sql.Open("sqlite", sqlstore.SQLiteDSN(path)) (_txlock=immediate)`)
+	ErrSQLiteDeferredTx = errors.New("sqlstore: SQLite transactions begin deferred; " +
+		`open the database with sql.Open("sqlite", sqlstore.SQLiteDSN(path)) (_txlock=immediate)`)
 )
 
 // MinSQLiteBusyTimeoutMillis is the smallest busy_timeout Open accepts on a
@@ -136,8 +135,8 @@ type config struct {
 
 // WithTable sets the table name (default DefaultTable, "idempotency_records").
 // The name must be a plain unquoted identifier: 1 to 48 ASCII letters,
-// digits or underscores, not starting with a digit; Open returns
-// ErrInvalidTable otherwise. Two Stores with different tables in one database
+// digits or underscores, not starting with a digit; Open returns an error
+// matching ErrInvalidConfig otherwise. Two Stores with different tables in one database
 // are independent.
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
@@ -171,16 +170,16 @@ var (
 // run through the *sql.DB reaches one connection only: set it in the DSN),
 // transactions that begin deferred with ErrSQLiteDeferredTx; SQLiteDSN sets
 // both right. On SQLite the Store prepares its statements on db once: keep
-// one Store per table. Errors: ErrNilDB, ErrUnknownDialect,
-// ErrInvalidTable, *DialectError, ErrSQLiteBusyTimeout, ErrSQLiteDeferredTx,
-// or an *OpError with Op "open" when a check cannot run (each is bounded by
-// 10 seconds).
+// one Store per table. Errors: one matching ErrInvalidConfig (a nil db, an
+// unknown dialect, a bad table name), *DialectError, ErrSQLiteBusyTimeout,
+// ErrSQLiteDeferredTx, or an *OpError with Op "open" when a check cannot run
+// (each is bounded by 10 seconds).
 func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, ErrNilDB
+		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidConfig)
 	}
 	if !d.valid() {
-		return nil, fmt.Errorf("%w: %v", ErrUnknownDialect, d)
+		return nil, fmt.Errorf("%w: unknown dialect %v", ErrInvalidConfig, d)
 	}
 	c := config{table: DefaultTable}
 	for _, o := range opts {
@@ -189,7 +188,8 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		}
 	}
 	if !validTable(c.table) {
-		return nil, fmt.Errorf("%w: %q", ErrInvalidTable, c.table)
+		return nil, fmt.Errorf("%w: table name %q is not a plain identifier of 1 to %d characters",
+			ErrInvalidConfig, c.table, maxTableLen)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
@@ -201,7 +201,10 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	return &Store{db: db, stmts: &stmtCache{db: db, prepare: d == SQLite}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
+	return &Store{
+		db: db, stmts: &stmtCache{db: db, prepare: d == SQLite},
+		dialect: d, table: c.table, q: buildQueries(d, c.table),
+	}, nil
 }
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
@@ -210,12 +213,6 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 // INDEX IF NOT EXISTS (for the completer's and the reaper's scans). Times
 // are integer Unix nanoseconds (UTC) in both dialects.
 func (s *Store) Schema() string { return schema(s.dialect, s.table) }
-
-// Table returns the table name the Store uses.
-func (s *Store) Table() string { return s.table }
-
-// Dialect returns the Store's dialect.
-func (s *Store) Dialect() Dialect { return s.dialect }
 
 // splitStatements splits the DDL on its semicolons (the schema has none
 // inside a statement).
@@ -243,7 +240,9 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 	// The loop only repeats when the record that beat the claim vanished
 	// (released or reaped) before it could be read: then it claims again.
 	for range 3 {
-		res, err := retried(func() (idempotency.ClaimResult, error) { return s.claimOnce(ctx, s.stmts, c) })
+		res, err := retried(func() (idempotency.ClaimResult, error) {
+			return s.claimOnce(ctx, s.stmts, c)
+		})
 		if err == nil && (res.Acquired() || !wouldWin(res.Record, c)) {
 			return res, nil
 		}
@@ -267,7 +266,8 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 			return idempotency.ClaimResult{}, nil // nothing to take over
 		}
 	}
-	return idempotency.ClaimResult{}, opErr("claim", errors.New("record kept vanishing between claim and read"))
+	return idempotency.ClaimResult{}, opErr("claim",
+		errors.New("record kept vanishing between claim and read"))
 }
 
 // wouldWin reports whether c wins rec by the claim statement's condition. A
@@ -294,13 +294,15 @@ type rowQueryer interface {
 // scopeArgs are the arguments $1 to $5 of the claim statements: the digest
 // and the four parts.
 func scopeArgs(sc idempotency.Scope, more ...any) []any {
-	return append([]any{scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route), []byte(sc.Key)}, more...)
+	return append([]any{scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route),
+		[]byte(sc.Key)}, more...)
 }
 
 // claimOnce runs the claim statement once on q (the takeover-only UPDATE
 // when c.TakeoverOnly) and reads its row: sql.ErrNoRows when it returned
 // none.
-func (s *Store) claimOnce(ctx context.Context, q rowQueryer, c idempotency.Claim) (idempotency.ClaimResult, error) {
+func (s *Store) claimOnce(ctx context.Context, q rowQueryer, c idempotency.Claim) (
+	idempotency.ClaimResult, error) {
 	now := nanos(c.Now)
 	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
 	if c.TakeoverOnly {
@@ -312,7 +314,8 @@ func (s *Store) claimOnce(ctx context.Context, q rowQueryer, c idempotency.Claim
 		cutoff = subSat(now, c.ReplayWindow)
 	}
 	return scanClaim(q.QueryRowContext(ctx, s.q.claim, scopeArgs(c.Scope,
-		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now, cutoff)...), c)
+		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
+		cutoff)...), c)
 }
 
 // scanClaim reads the row of a claim statement (see rowExisting) into the
@@ -329,7 +332,8 @@ func scanClaim(row scanner, c idempotency.Claim) (idempotency.ClaimResult, error
 		fingerprint, owner                      sql.NullString
 	)
 	if err := row.Scan(&outcome, &generation, &point, &data, &request, &created,
-		&state, &fingerprint, &fpVersion, &owner, &lease, &compl, &status, &header, &body); err != nil {
+		&state, &fingerprint, &fpVersion, &owner, &lease, &compl, &status, &header,
+		&body); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	switch outcome {
@@ -395,7 +399,8 @@ func (s *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time
 
 // Complete implements idempotency.Store.Complete outside any transaction.
 // idempotency.ErrLeaseLost when l does not own an in-progress record.
-func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
+func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response,
+	now time.Time) error {
 	return retriedErr(func() error { return s.complete(ctx, s.stmts, l, resp, now) })
 }
 
@@ -411,21 +416,24 @@ func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint outside any
 // transaction. idempotency.ErrLeaseLost when l does not own an in-progress
 // record.
-func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string, data []byte, now time.Time) error {
+func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string,
+	data []byte, now time.Time) error {
 	return retriedErr(func() error { return s.setPoint(ctx, s.stmts, l, point, data, now) })
 }
 
 // Abandoned implements idempotency.Store.Abandoned: up to limit in-progress
 // records whose lease ended before now, the longest-expired first. A limit
 // of 0 or less returns nothing.
-func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
+func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) (
+	[]idempotency.Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	return retried(func() ([]idempotency.Record, error) { return s.abandoned(ctx, now, limit) })
 }
 
-func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
+func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) (
+	[]idempotency.Record, error) {
 	rows, err := s.db.QueryContext(ctx, s.q.abandoned, nanos(now), int64(limit))
 	if err != nil {
 		return nil, opErr("abandoned", err)
@@ -475,18 +483,23 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease, until time.Time) error {
-	res, err := ex.ExecContext(ctx, s.q.heartbeat, scopeHash(l.Scope), nanos(until), l.Owner, l.Generation)
+func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease,
+	until time.Time) error {
+	res, err := ex.ExecContext(ctx, s.q.heartbeat, scopeHash(l.Scope), nanos(until), l.Owner,
+		l.Generation)
 	return changed("heartbeat", res, err)
 }
 
-func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
+func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease,
+	resp idempotency.Response, now time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.complete, scopeHash(l.Scope),
-		int64(resp.Status), nullBytes(encodeHeader(resp.Header)), nullBytes(resp.Body), nanos(now), l.Owner, l.Generation)
+		int64(resp.Status), nullBytes(encodeHeader(resp.Header)), nullBytes(resp.Body), nanos(now),
+		l.Owner, l.Generation)
 	return changed("complete", res, err)
 }
 
-func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string, data []byte, now time.Time) error {
+func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string,
+	data []byte, now time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.setPoint, scopeHash(l.Scope),
 		[]byte(point), nullBytes(data), nanos(now), l.Owner, l.Generation)
 	return changed("set_recovery_point", res, err)
@@ -513,7 +526,8 @@ type scanner interface{ Scan(dest ...any) error }
 // errScopeMismatch is the cause of the *OpError a read returns when the row
 // found under a scope's digest holds other scope parts: a SHA-256 collision,
 // or a row written by something other than this package.
-var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
+var errScopeMismatch = errors.New(
+	"the stored record's scope differs from the one asked for (digest collision?)")
 
 // scanScope scans a record read by sc's digest and checks that it is sc's.
 func scanScope(sc idempotency.Scope, row scanner) (idempotency.Record, error) {
@@ -556,7 +570,8 @@ func scanRecord(sc scanner) (idempotency.Record, error) {
 	if err != nil {
 		return idempotency.Record{}, err
 	}
-	r.Scope = idempotency.Scope{Principal: string(principal), Method: string(method), Route: string(route), Key: string(key)}
+	r.Scope = idempotency.Scope{Principal: string(principal), Method: string(method),
+		Route: string(route), Key: string(key)}
 	r.State = idempotency.State(state)
 	r.FingerprintVersion = int(fpVersion)
 	r.LeaseUntil = fromNanos(leaseUntil)
