@@ -10,7 +10,7 @@ import (
 )
 
 // Dialect selects the SQL flavour the Store speaks. The zero value is not a
-// valid dialect: use Postgres or SQLite.
+// valid dialect: use Postgres, SQLite or MySQL.
 type Dialect int
 
 const (
@@ -22,28 +22,37 @@ const (
 	// store for one process. Tested with the pure-Go modernc.org/sqlite
 	// driver (driver name "sqlite"); open it with the DSN from SQLiteDSN.
 	SQLite
+	// MySQL is MySQL 8.0 or later or MariaDB 10.6 or later, with InnoDB
+	// tables, for a fleet of servers sharing one store. Tested with the
+	// github.com/go-sql-driver/mysql driver (driver name "mysql"); see the
+	// package documentation, "MySQL and MariaDB".
+	MySQL
 )
 
-// String returns "postgres", "sqlite" or "Dialect(n)" for an invalid value.
+// String returns "postgres", "sqlite", "mysql" or "Dialect(n)" for an
+// invalid value.
 func (d Dialect) String() string {
 	switch d {
 	case Postgres:
 		return "postgres"
 	case SQLite:
 		return "sqlite"
+	case MySQL:
+		return "mysql"
 	}
 	return fmt.Sprintf("Dialect(%d)", int(d))
 }
 
-func (d Dialect) valid() bool { return d == Postgres || d == SQLite }
+func (d Dialect) valid() bool { return d == Postgres || d == SQLite || d == MySQL }
 
 // DialectError is returned by Open when the database behind the *sql.DB is
 // not the one the Dialect names: a SQLite pool declared Postgres, a
-// PostgreSQL pool declared SQLite, or a database that is neither.
+// PostgreSQL or MySQL pool declared SQLite, and so on, or a database that is
+// none of them.
 type DialectError struct {
 	Declared Dialect // the Dialect given to Open
-	Found    Dialect // the database found: Postgres, SQLite, or 0 when neither
-	Server   string  // what the database reported, such as "PostgreSQL 15.2" or "SQLite 3.50.4"
+	Found    Dialect // the database found: Postgres, SQLite, MySQL, or 0 when none
+	Server   string  // what the database reported, such as "PostgreSQL 15.2", "SQLite 3.50.4" or "MariaDB 10.11.6"
 }
 
 // Error names both dialects.
@@ -59,20 +68,21 @@ const openTimeout = 10 * time.Second
 
 // checkDialect identifies the database behind db with the query of the
 // declared dialect d, and when that fails or names another database, with
-// the other dialect's, so that a *DialectError names what was found. When
-// neither query answers, it returns the declared query's error as an
-// *OpError with Op "open".
+// the other dialects', so that a *DialectError names what was found. When
+// no query answers, it returns the declared query's error as an *OpError
+// with Op "open".
 func checkDialect(ctx context.Context, db *sql.DB, d Dialect) error {
 	found, server, err := identify(ctx, db, d)
 	if err == nil && found == d {
 		return nil
 	}
-	other := Postgres
-	if d == Postgres {
-		other = SQLite
-	}
-	if f, s, oerr := identify(ctx, db, other); oerr == nil && f == other {
-		return &DialectError{Declared: d, Found: other, Server: s}
+	for _, other := range []Dialect{Postgres, SQLite, MySQL} {
+		if other == d {
+			continue
+		}
+		if f, s, oerr := identify(ctx, db, other); oerr == nil && f == other {
+			return &DialectError{Declared: d, Found: other, Server: s}
+		}
 	}
 	if err != nil {
 		return opErr("open", err)
@@ -82,9 +92,13 @@ func checkDialect(ctx context.Context, db *sql.DB, d Dialect) error {
 
 // identify asks db what it is with d's query: SQLite answers
 // sqlite_version(), PostgreSQL answers version() with "PostgreSQL <version>
-// ...". It returns the dialect found (0 when the answer names neither) and
-// the database's name and version.
+// ...", MySQL and MariaDB answer @@version (identifyMySQL). It returns the
+// dialect found (0 when the answer names none) and the database's name and
+// version.
 func identify(ctx context.Context, db *sql.DB, d Dialect) (Dialect, string, error) {
+	if d == MySQL {
+		return identifyMySQL(ctx, db)
+	}
 	var v string
 	if d == SQLite {
 		if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&v); err != nil {
@@ -162,6 +176,9 @@ const columns = `principal, method, route, idem_key, state, fingerprint, fingerp
 // epoch, UTC, so that comparisons are exact in both dialects; 0 means "not
 // set" (completed_at of an in-progress record).
 func schema(d Dialect, table string) string {
+	if d == MySQL {
+		return mysqlSchema(table)
+	}
 	blob := d.blobType()
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
 	scope_hash          %[2]s    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
@@ -193,6 +210,8 @@ CREATE INDEX IF NOT EXISTS %[1]s_updated_idx ON %[1]s (updated_at);
 // queries holds the statements of one Store, built once at Open.
 type queries struct {
 	claim, takeover, existing, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
+
+	mysql *mysqlQueries // MySQL's own statements; nil on the other dialects
 }
 
 // Every claim statement returns at most one row of fifteen columns: an
@@ -297,6 +316,9 @@ FROM (SELECT principal, method, route, idem_key, generation, state, fingerprint,
 }
 
 func buildQueries(d Dialect, table string) queries {
+	if d == MySQL {
+		return buildMySQLQueries(table)
+	}
 	q := queries{
 		claim: claimSQL(d, table),
 

@@ -65,6 +65,9 @@ func (pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData)
 func openCounted(t *testing.T, b backend) (*sql.DB, *stmtLog) {
 	t.Helper()
 	log := &stmtLog{}
+	if b.dialect == sqlstore.MySQL {
+		return openMySQLConfig(t, mysqlDatabaseConfig(t), log), log
+	}
 	var db *sql.DB
 	if b.dialect == sqlstore.Postgres {
 		cfg, err := pgx.ParseConfig(pgSchemaDSN(t))

@@ -27,8 +27,9 @@ var (
 	ErrInvalidTable = errors.New("sqlstore: invalid table name")
 	// ErrSerialization is matched (errors.Is) by an *OpError whose cause is
 	// a PostgreSQL serialization failure (SQLSTATE 40001) or deadlock
-	// (40P01): a retryable store error, not a lost lease, since nothing of
-	// the statement's transaction committed. The Store runs a stand-alone
+	// (40P01), or a MySQL deadlock (1213) or lock wait timeout (1205): a
+	// retryable store error, not a lost lease, since nothing of the
+	// statement committed. The Store runs a stand-alone
 	// statement up to three times before returning it; a Unit returns it at
 	// once (its transaction is gone).
 	ErrSerialization = errors.New("sqlstore: serialization failure or deadlock")
@@ -79,6 +80,9 @@ func (e *OpError) Is(target error) bool {
 func isSerialization(err error) bool {
 	if err == nil {
 		return false
+	}
+	if isMySQLRetryable(err) {
+		return true
 	}
 	var se interface{ SQLState() string }
 	if !errors.As(err, &se) {
@@ -201,7 +205,7 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	return &Store{db: db, stmts: &stmtCache{db: db, prepare: d == SQLite}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
+	return &Store{db: db, stmts: &stmtCache{db: db, prepare: d != Postgres}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
 }
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
@@ -240,6 +244,9 @@ func splitStatements(ddl string) []string {
 // collision) is never changed: the claim fails. Errors are *OpError with Op
 // "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
+	if s.dialect == MySQL {
+		return s.mysqlClaim(ctx, c)
+	}
 	// The loop only repeats when the record that beat the claim vanished
 	// (released or reaped) before it could be read: then it claims again.
 	for range 3 {
@@ -457,6 +464,9 @@ func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) 
 	if limit <= 0 {
 		return 0, nil
 	}
+	if s.dialect == MySQL {
+		return s.mysqlDeleteBefore(ctx, horizon, limit)
+	}
 	return retried(func() (int, error) {
 		res, err := s.db.ExecContext(ctx, s.q.deleteBefore, nanos(horizon), int64(limit))
 		if err != nil {
@@ -476,17 +486,26 @@ type execer interface {
 }
 
 func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease, until time.Time) error {
+	if s.dialect == MySQL {
+		return s.mysqlHeartbeat(ctx, ex, l, until)
+	}
 	res, err := ex.ExecContext(ctx, s.q.heartbeat, scopeHash(l.Scope), nanos(until), l.Owner, l.Generation)
 	return changed("heartbeat", res, err)
 }
 
 func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
+	if s.dialect == MySQL {
+		return s.mysqlComplete(ctx, ex, l, resp, now)
+	}
 	res, err := ex.ExecContext(ctx, s.q.complete, scopeHash(l.Scope),
 		int64(resp.Status), nullBytes(encodeHeader(resp.Header)), nullBytes(resp.Body), nanos(now), l.Owner, l.Generation)
 	return changed("complete", res, err)
 }
 
 func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string, data []byte, now time.Time) error {
+	if s.dialect == MySQL {
+		return s.mysqlSetPoint(ctx, ex, l, point, data, now)
+	}
 	res, err := ex.ExecContext(ctx, s.q.setPoint, scopeHash(l.Scope),
 		[]byte(point), nullBytes(data), nanos(now), l.Owner, l.Generation)
 	return changed("set_recovery_point", res, err)
