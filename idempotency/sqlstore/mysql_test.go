@@ -2,9 +2,15 @@ package sqlstore_test
 
 import (
 	"database/sql"
+	"errors"
+	"maps"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
 // createOrdersMySQL is createOrders on MySQL, which has no deferred
@@ -23,4 +29,165 @@ func createOrdersMySQL(t testing.TB, db *sql.DB) {
 		require.NoError(t, err, s)
 	}
 	checkAtCommit(t, db, `SELECT COUNT(*) FROM orders o LEFT JOIN customers c ON c.id = o.customer WHERE c.id IS NULL`)
+}
+
+// mysqlBackend is the MySQL entry of backends.
+func mysqlBackend(t testing.TB) backend {
+	t.Helper()
+	for _, b := range backends {
+		if b.dialect == sqlstore.MySQL {
+			return b
+		}
+	}
+	t.Fatal("no MySQL backend")
+	return backend{}
+}
+
+// waitLockWaits waits until n transactions of db's database wait for a
+// lock. It polls every 150 ms: InnoDB refreshes its INNODB_TRX cache only
+// when no one read it for 100 ms.
+func waitLockWaits(t *testing.T, db *sql.DB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM information_schema.INNODB_TRX t
+			JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+			WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()`).Scan(&waiting))
+		if waiting >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			rows, err := db.Query(`SELECT p.ID, p.DB, p.COMMAND, p.STATE, p.INFO, COALESCE(t.trx_state, '') FROM information_schema.PROCESSLIST p
+				LEFT JOIN information_schema.INNODB_TRX t ON p.ID = t.trx_mysql_thread_id WHERE p.DB = DATABASE()`)
+			require.NoError(t, err)
+			for rows.Next() {
+				var id int64
+				var db, cmd, state, info, trx sql.NullString
+				require.NoError(t, rows.Scan(&id, &db, &cmd, &state, &info, &trx))
+				t.Logf("session %d: %s %s %q %q trx %s", id, db.String, cmd.String, state.String, info.String, trx.String)
+			}
+			rows.Close()
+			t.Fatalf("%d of %d transactions wait for a lock", waiting, n)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+}
+
+// Two claims of one key that both wait behind the DELETE of its record (a
+// release, here held open in a transaction) meet InnoDB's classic
+// deadlock when it commits: both checked the key for duplicates under a
+// shared lock, both find it gone and both insert. InnoDB rolls one back
+// (1213); the Store runs that claim again, and it finds the other's fresh
+// record: one winner, one ClaimExisting naming it, no error.
+func TestMySQLClaimsBehindAReleaseDeadlockAndRetry(t *testing.T) {
+	s, db := newStore(t, mysqlBackend(t))
+	ctx := t.Context()
+	_, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
+	require.NoError(t, err)
+	require.True(t, won)
+	var hash []byte
+	require.NoError(t, db.QueryRow(`SELECT scope_hash FROM `+sqlstore.DefaultTable+` WHERE idem_key = $1`, []byte("k")).Scan(&hash))
+
+	release, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = release.Rollback() }()
+	_, err = release.Exec(`DELETE FROM `+sqlstore.DefaultTable+` WHERE scope_hash = $1`, hash)
+	require.NoError(t, err)
+
+	type result struct {
+		res idempotency.ClaimResult
+		err error
+	}
+	results := make(chan result, 2)
+	for _, owner := range []string{"B", "C"} {
+		go func() {
+			res, err := s.Claim(ctx, claimAt(scope("k"), owner, "fp", t0))
+			results <- result{res, err}
+		}()
+	}
+	waitLockWaits(t, db, 2)
+	require.NoError(t, release.Commit())
+
+	var created, existing []idempotency.Record
+	for range 2 {
+		r := <-results
+		require.NoError(t, r.err)
+		if r.res.Outcome == idempotency.ClaimCreated {
+			created = append(created, r.res.Record)
+		} else {
+			require.Equal(t, idempotency.ClaimExisting, r.res.Outcome)
+			existing = append(existing, r.res.Record)
+		}
+	}
+	require.Len(t, created, 1, "one winner")
+	require.Len(t, existing, 1)
+	require.Equal(t, created[0].Owner, existing[0].Owner, "the loser names the winner")
+	require.EqualValues(t, 1, created[0].Generation)
+	require.Positive(t, poolOf(t, db).deadlocks.Load(), "InnoDB reported the deadlock, and the claim was run again")
+}
+
+// openMySQLStore opens a migrated store on a fresh database whose pool sets
+// the session variables in params (a DSN's unknown parameters are sent as
+// SET name=value on each connection).
+func openMySQLStore(t *testing.T, params map[string]string) (*sqlstore.Store, *sql.DB) {
+	t.Helper()
+	cfg := mysqlDatabaseConfig(t)
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	maps.Copy(cfg.Params, params)
+	db := openMySQLConfig(t, cfg, nil)
+	s, err := sqlstore.Open(db, sqlstore.MySQL)
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(t.Context()))
+	return s, db
+}
+
+// A statement that waits for a row lock longer than
+// innodb_lock_wait_timeout (1 s here) fails with 1205, and the Store runs
+// it again within its bound: a claim behind a transaction that holds the
+// record succeeds once the lock is gone; a heartbeat behind one that keeps
+// it fails after the bound with an *OpError matching ErrSerialization (a
+// 503 through the middleware, never a lost lease).
+func TestMySQLLockWaitTimeoutIsRetriedWithinTheBound(t *testing.T) {
+	s, db := openMySQLStore(t, map[string]string{"innodb_lock_wait_timeout": "1"})
+	ctx := t.Context()
+	rec, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
+	require.NoError(t, err)
+	require.True(t, won)
+	pool := poolOf(t, db)
+	lock := func() *sql.Tx {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		_, err = tx.Exec(`SELECT generation FROM `+sqlstore.DefaultTable+` WHERE idem_key = $1 FOR UPDATE`, []byte("k"))
+		require.NoError(t, err)
+		return tx
+	}
+
+	holder := lock()
+	claim := make(chan error, 1)
+	go func() {
+		res, err := s.Claim(ctx, claimAt(scope("k"), "B", "fp", t0))
+		if err == nil && res.Outcome != idempotency.ClaimExisting {
+			err = errors.New("the claim won a live lease")
+		}
+		claim <- err
+	}()
+	for pool.lockTimeouts.Load() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, holder.Commit())
+	require.NoError(t, <-claim, "the claim ran again after the timeout and answered")
+
+	holder = lock()
+	defer func() { _ = holder.Rollback() }()
+	before := pool.lockTimeouts.Load()
+	err = s.Heartbeat(ctx, rec.Lease(), t0.Add(time.Minute))
+	var oe *sqlstore.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "heartbeat", oe.Op)
+	require.ErrorIs(t, err, sqlstore.ErrSerialization)
+	require.NotErrorIs(t, err, idempotency.ErrLeaseLost)
+	require.EqualValues(t, 3, pool.lockTimeouts.Load()-before, "three tries, each timed out")
 }

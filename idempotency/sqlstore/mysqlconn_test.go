@@ -4,11 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
@@ -72,42 +74,64 @@ func openMySQLConfig(t testing.TB, cfg *mysql.Config, log *stmtLog) *sql.DB {
 	t.Helper()
 	c, err := mysql.NewConnector(cfg)
 	require.NoError(t, err)
-	check := &mysqlCommitCheck{}
+	check := &mysqlPool{}
 	db := sql.OpenDB(mysqlTestConnector{Connector: c, log: log, check: check})
 	db.SetMaxOpenConns(16)
 	db.SetMaxIdleConns(16)
 	check.db = db
-	mysqlChecks.Store(db, check)
+	mysqlPools.Store(db, check)
 	t.Cleanup(func() {
-		mysqlChecks.Delete(db)
+		mysqlPools.Delete(db)
 		_ = db.Close()
 	})
 	require.NoError(t, db.Ping())
 	return db
 }
 
-// mysqlChecks maps the pools of openMySQLConfig to their commit checks.
-var mysqlChecks sync.Map // *sql.DB -> *mysqlCommitCheck
+// mysqlPools maps the pools of openMySQLConfig to their hooks.
+var mysqlPools sync.Map // *sql.DB -> *mysqlPool
 
-// mysqlCommitCheck stands in for the deferred constraints MySQL lacks: a
-// query run in each transaction just before its COMMIT (a count of
-// violating rows); when it counts any, the session is killed from another
-// connection of the pool before the COMMIT is sent, so that the COMMIT
-// fails for real, as a deferred constraint fails it on SQLite and
+// mysqlPool is what the test connections of one pool share: the count of
+// the InnoDB deadlocks (1213) and lock wait timeouts (1205) the server
+// answered them, and a check that stands in for the deferred constraints
+// MySQL lacks: a query run in each transaction just before its COMMIT (a
+// count of violating rows); when it counts any, the session is killed from
+// another connection of the pool before the COMMIT is sent, so that the
+// COMMIT fails for real, as a deferred constraint fails it on SQLite and
 // PostgreSQL.
-type mysqlCommitCheck struct {
-	db    *sql.DB
-	mu    sync.Mutex
-	query string
+type mysqlPool struct {
+	db                      *sql.DB
+	deadlocks, lockTimeouts atomic.Int64
+	mu                      sync.Mutex
+	query                   string
+}
+
+// poolOf returns the hooks of a pool of openMySQLConfig.
+func poolOf(t testing.TB, db *sql.DB) *mysqlPool {
+	t.Helper()
+	p, ok := mysqlPools.Load(db)
+	require.True(t, ok, "not a pool of openMySQLConfig")
+	return p.(*mysqlPool)
+}
+
+// saw counts err if it is a deadlock or a lock wait timeout.
+func (p *mysqlPool) saw(err error) {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case 1213:
+			p.deadlocks.Add(1)
+		case 1205:
+			p.lockTimeouts.Add(1)
+		}
+	}
 }
 
 // checkAtCommit makes every later COMMIT on db's connections run query
-// first (see mysqlCommitCheck).
+// first (see mysqlPool).
 func checkAtCommit(t testing.TB, db *sql.DB, query string) {
 	t.Helper()
-	c, ok := mysqlChecks.Load(db)
-	require.True(t, ok, "not a pool of openMySQL")
-	check := c.(*mysqlCommitCheck)
+	check := poolOf(t, db)
 	check.mu.Lock()
 	defer check.mu.Unlock()
 	check.query = query
@@ -115,7 +139,7 @@ func checkAtCommit(t testing.TB, db *sql.DB, query string) {
 
 // before runs the check in the transaction of conn, whose session is id,
 // and kills the session if it fails.
-func (c *mysqlCommitCheck) before(conn driver.Conn, id int64) error {
+func (c *mysqlPool) before(conn driver.Conn, id int64) error {
 	c.mu.Lock()
 	q := c.query
 	c.mu.Unlock()
@@ -182,7 +206,7 @@ func mysqlRebind(q string) string {
 type mysqlTestConnector struct {
 	driver.Connector
 	log   *stmtLog
-	check *mysqlCommitCheck
+	check *mysqlPool
 }
 
 func (c mysqlTestConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -213,11 +237,12 @@ func (c mysqlTestConnector) Connect(ctx context.Context) (driver.Conn, error) {
 type mysqlTestConn struct {
 	driver.Conn
 	log   *stmtLog
-	check *mysqlCommitCheck
+	check *mysqlPool
 	id    int64 // the server's CONNECTION_ID()
 }
 
 func (c *mysqlTestConn) add(q string, err error) {
+	c.check.saw(err)
 	if c.log != nil && err != driver.ErrSkip {
 		c.log.add(q)
 	}
@@ -230,10 +255,10 @@ func (c *mysqlTestConn) Prepare(q string) (driver.Stmt, error) {
 func (c *mysqlTestConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
 	q = mysqlRebind(q)
 	st, err := c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
-	if err != nil || c.log == nil {
+	if err != nil {
 		return st, err
 	}
-	return &mysqlTestStmt{Stmt: st, q: q, log: c.log}, nil
+	return &mysqlTestStmt{Stmt: st, q: q, c: c}, nil
 }
 
 func (c *mysqlTestConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
@@ -274,13 +299,15 @@ func (t *mysqlTestTx) Commit() error {
 			return err
 		}
 	}
-	t.c.add("COMMIT", nil)
-	return t.Tx.Commit()
+	err := t.Tx.Commit()
+	t.c.add("COMMIT", err)
+	return err
 }
 
 func (t *mysqlTestTx) Rollback() error {
-	t.c.add("ROLLBACK", nil)
-	return t.Tx.Rollback()
+	err := t.Tx.Rollback()
+	t.c.add("ROLLBACK", err)
+	return err
 }
 
 func (c *mysqlTestConn) Ping(ctx context.Context) error { return c.Conn.(driver.Pinger).Ping(ctx) }
@@ -297,18 +324,20 @@ func (c *mysqlTestConn) CheckNamedValue(nv *driver.NamedValue) error {
 
 type mysqlTestStmt struct {
 	driver.Stmt
-	q   string
-	log *stmtLog
+	q string
+	c *mysqlTestConn
 }
 
 func (s *mysqlTestStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	s.log.add(s.q)
-	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+	res, err := s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+	s.c.add(s.q, err)
+	return res, err
 }
 
 func (s *mysqlTestStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	s.log.add(s.q)
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	rows, err := s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	s.c.add(s.q, err)
+	return rows, err
 }
 
 func (s *mysqlTestStmt) CheckNamedValue(nv *driver.NamedValue) error {
