@@ -66,7 +66,9 @@ type mysqlQueries struct {
 	// changed no row (MySQL counts changed rows, not matched ones, so a
 	// heartbeat to the lease end the record already has changes none).
 	heartbeat, complete, setPoint, held string
-	deleteBefore                        string
+	// stale lists what DeleteBefore may delete; deleteBefore (with as many
+	// placeholders as stale found) deletes those rows.
+	stale, deleteBefore string
 }
 
 func buildMySQLQueries(table string) queries {
@@ -96,15 +98,21 @@ WHERE scope_hash = ? AND owner = ? AND generation = ? AND state = 1`, table),
 		held: fmt.Sprintf(`SELECT 1 FROM %s
 WHERE scope_hash = ? AND owner = ? AND generation = ? AND state = 1 FOR UPDATE`, table),
 		// MySQL refuses a LIMIT in an IN subquery and a subquery on the
-		// DELETE's own table, so the DELETE is bounded by its own ORDER BY
-		// and LIMIT. InnoDB's DELETE reads each row's latest version under
-		// its lock and checks the WHERE on it, so a record taken over,
-		// heartbeated or completed meanwhile survives; it waits for a row
-		// that a running write holds (MySQL's DELETE has no SKIP LOCKED).
-		deleteBefore: fmt.Sprintf(`DELETE FROM %s
+		// DELETE's own table, and a DELETE bounded by its own ORDER BY and
+		// LIMIT would lock the updated_at index before the rows: against
+		// a unit, which locks its row and then changes that index, it
+		// deadlocks (and under REPEATABLE READ it locks the index's gaps,
+		// where live records move to). So a plain read picks the rows and
+		// the DELETE names them by primary key, locking rows first as every
+		// other write does; it repeats the conditions, which InnoDB checks
+		// on each row's latest version under its lock, so a record taken
+		// over, heartbeated or completed meanwhile survives.
+		stale: fmt.Sprintf(`SELECT scope_hash FROM %s
 WHERE updated_at < ? AND (state = 2 OR lease_until < ?)
 ORDER BY updated_at
 LIMIT ?`, table),
+		deleteBefore: fmt.Sprintf(`DELETE FROM %s
+WHERE updated_at < ? AND (state = 2 OR lease_until < ?) AND scope_hash IN (`, table),
 	}
 	return queries{
 		get:     fmt.Sprintf(`SELECT %s FROM %s WHERE scope_hash = ?`, columns, table),
@@ -376,10 +384,35 @@ func (s *Store) mysqlSetPoint(ctx context.Context, ex execer, l idempotency.Leas
 	return s.mysqlFenced(ctx, ex, "set_recovery_point", l, res, err)
 }
 
+// mysqlDeleteBefore is DeleteBefore on MySQL: two statements, a plain read
+// of up to limit stale rows' keys, oldest first, and a DELETE of those rows
+// by primary key that checks the conditions again (see
+// mysqlQueries.deleteBefore).
 func (s *Store) mysqlDeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
+	h := nanos(horizon)
+	keys, err := retried(func() ([]any, error) {
+		rows, err := s.db.QueryContext(ctx, s.q.mysql.stale, h, h, int64(limit))
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = rows.Close() }()
+		var keys []any
+		for rows.Next() {
+			var k []byte
+			if err := rows.Scan(&k); err != nil {
+				return nil, err
+			}
+			keys = append(keys, k)
+		}
+		return keys, rows.Err()
+	})
+	if err != nil || len(keys) == 0 {
+		return 0, opErr("delete_before", err)
+	}
+	q := s.q.mysql.deleteBefore + strings.Repeat("?, ", len(keys)-1) + "?)"
+	args := append([]any{h, h}, keys...)
 	return retried(func() (int, error) {
-		h := nanos(horizon)
-		res, err := s.db.ExecContext(ctx, s.q.mysql.deleteBefore, h, h, int64(limit))
+		res, err := s.db.ExecContext(ctx, q, args...)
 		if err != nil {
 			return 0, opErr("delete_before", err)
 		}

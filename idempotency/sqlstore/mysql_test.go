@@ -3,7 +3,15 @@ package sqlstore_test
 import (
 	"database/sql"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"maps"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,4 +198,167 @@ func TestMySQLLockWaitTimeoutIsRetriedWithinTheBound(t *testing.T) {
 	require.ErrorIs(t, err, sqlstore.ErrSerialization)
 	require.NotErrorIs(t, err, idempotency.ErrLeaseLost)
 	require.EqualValues(t, 3, pool.lockTimeouts.Load()-before, "three tries, each timed out")
+}
+
+// isolationParam returns the name of the session variable that sets the
+// isolation level: transaction_isolation on MySQL 8 (and MariaDB 11.1+),
+// tx_isolation on MariaDB before 11.1.
+func isolationParam(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	var v string
+	if err := db.QueryRow(`SELECT @@transaction_isolation`).Scan(&v); err == nil {
+		return "transaction_isolation"
+	}
+	return "tx_isolation"
+}
+
+// TestMySQLChurnAtEveryIsolationLevel runs the middleware over MySQL at
+// each isolation level InnoDB offers, under churn: 24 callers send 384
+// requests over 8 keys; the handler writes a row in the request's
+// transaction and answers 503 on every third execution of a key (which
+// releases it, so the key runs again), while a reaper deletes completed
+// records as fast as it can (so keys are claimed afresh). The Store needs
+// no particular level: its fences are InnoDB's locking reads, which read
+// the latest version at every level. REPEATABLE READ (InnoDB's default)
+// and SERIALIZABLE add gap locks (the reaper's range DELETE, the duplicate
+// checks) and with them deadlocks and lock waits, which the Store runs
+// again. At every level: never two executions of one key at once, every
+// answer is a 201 (run or replayed), an in-progress 409 or the handler's
+// own 503, never a store failure or a 500, and the business rows are those
+// of the executions that answered 201.
+func TestMySQLChurnAtEveryIsolationLevel(t *testing.T) {
+	probe := openMySQL(t)
+	param := isolationParam(t, probe)
+	for _, level := range []string{"READ-COMMITTED", "REPEATABLE-READ", "SERIALIZABLE"} {
+		t.Run(level, func(t *testing.T) {
+			s, db := openMySQLStore(t, map[string]string{param: "'" + level + "'"})
+			var got string
+			require.NoError(t, db.QueryRow(`SELECT @@`+param).Scan(&got))
+			require.Equal(t, level, got)
+			_, err := db.Exec(`CREATE TABLE charges (id BIGINT AUTO_INCREMENT PRIMARY KEY, idem_key VARCHAR(64) NOT NULL)`)
+			require.NoError(t, err)
+
+			var (
+				mu           sync.Mutex
+				active, runs = map[string]int{}, map[string]int{}
+				overlap      int
+			)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				run, _ := idempotency.FromContext(r.Context())
+				key := run.Scope.Key
+				mu.Lock()
+				active[key]++
+				if active[key] > 1 {
+					overlap++
+				}
+				runs[key]++
+				n := runs[key]
+				mu.Unlock()
+				defer func() {
+					mu.Lock()
+					active[key]--
+					mu.Unlock()
+				}()
+				if n%3 == 0 {
+					http.Error(w, "handler: try again", http.StatusServiceUnavailable)
+					return
+				}
+				tx, ok := sqlstore.Tx(r.Context())
+				if !ok {
+					http.Error(w, "no transaction", http.StatusInternalServerError)
+					return
+				}
+				if _, err := tx.ExecContext(r.Context(), `INSERT INTO charges (idem_key) VALUES (?)`, key); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			})
+			mw := idempotency.New(s, idempotency.WithAnonymousKeys(true),
+				idempotency.WithLogger(slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+			srv := httptest.NewServer(mw.Wrap(h))
+			t.Cleanup(srv.Close)
+
+			stop := make(chan struct{})
+			reaped := make(chan error, 1)
+			go func() {
+				for {
+					select {
+					case <-stop:
+						reaped <- nil
+						return
+					default:
+					}
+					if _, err := s.DeleteBefore(t.Context(), time.Now(), 4); err != nil {
+						reaped <- err
+						return
+					}
+				}
+			}()
+
+			const callers, requests, keys = 24, 384, 8
+			var next atomic.Int64
+			answers := make(chan answer, requests)
+			var wg sync.WaitGroup
+			for range callers {
+				wg.Go(func() {
+					for i := next.Add(1); i <= requests; i = next.Add(1) {
+						answers <- postKey(srv, fmt.Sprintf("k%d", i%keys))
+					}
+				})
+			}
+			wg.Wait()
+			close(stop)
+			require.NoError(t, <-reaped, "the reaper's DELETE")
+			close(answers)
+			counts := map[string]int{}
+			for a := range answers {
+				switch {
+				case a.status == http.StatusCreated && a.replayed:
+					counts["201 replayed"]++
+				case a.status == http.StatusCreated:
+					counts["201"]++
+				case a.status == http.StatusConflict && strings.Contains(a.body, string(idempotency.CodeInProgress)):
+					counts["409"]++
+				case a.status == http.StatusServiceUnavailable && strings.HasPrefix(a.body, "handler:"):
+					counts["handler 503"]++
+				default:
+					t.Errorf("answer %d %q", a.status, a.body)
+				}
+			}
+			require.Zero(t, overlap, "two executions of one key at once")
+			require.Equal(t, counts["201"], count(t, db, `SELECT COUNT(*) FROM charges`),
+				"a row for each execution that answered 201, and only those")
+			pool := poolOf(t, db)
+			t.Logf("%s: answers %v; InnoDB deadlocks %d, lock wait timeouts %d, all run again",
+				level, counts, pool.deadlocks.Load(), pool.lockTimeouts.Load())
+		})
+	}
+}
+
+// postKey posts to srv with key, for goroutines other than the test's.
+func postKey(srv *httptest.Server, key string) answer {
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/charges", strings.NewReader(`{"amount":1}`))
+	if err != nil {
+		return answer{body: err.Error()}
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		return answer{body: err.Error()}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{body: err.Error()}
+	}
+	return answer{status: resp.StatusCode, body: string(b), replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
