@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -361,4 +362,142 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// Open identifies MySQL and MariaDB by @@version and refuses a MySQL pool
+// declared as another dialect, and another database declared MySQL, with
+// a *DialectError naming both.
+func TestMySQLOpenRefusesAMismatchedDialect(t *testing.T) {
+	server := regexp.MustCompile(`^(MySQL|MariaDB) [0-9]+\.[0-9]+`)
+	my := openMySQL(t)
+	for _, declared := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.SQLite} {
+		_, err := sqlstore.Open(my, declared)
+		var de *sqlstore.DialectError
+		require.ErrorAs(t, err, &de, "declared %v", declared)
+		require.Equal(t, declared, de.Declared)
+		require.Equal(t, sqlstore.MySQL, de.Found)
+		require.Regexp(t, server, de.Server)
+		require.Contains(t, err.Error(), "mysql")
+	}
+	_, err := sqlstore.Open(my, sqlstore.MySQL)
+	require.NoError(t, err)
+
+	for _, o := range []struct {
+		open  func(testing.TB) *sql.DB
+		found sqlstore.Dialect
+	}{{openSQLite, sqlstore.SQLite}, {openPG, sqlstore.Postgres}} {
+		t.Run(o.found.String(), func(t *testing.T) {
+			_, err := sqlstore.Open(o.open(t), sqlstore.MySQL)
+			var de *sqlstore.DialectError
+			require.ErrorAs(t, err, &de)
+			require.Equal(t, sqlstore.MySQL, de.Declared)
+			require.Equal(t, o.found, de.Found)
+			require.Contains(t, err.Error(), "mysql")
+		})
+	}
+}
+
+// Migrate creates the table with its two indexes in one CREATE TABLE IF
+// NOT EXISTS: a second run, and four at once, change nothing and keep the
+// records; Schema is that statement.
+func TestMySQLMigrateTwiceAndConcurrently(t *testing.T) {
+	s, db := newStore(t, mysqlBackend(t))
+	ctx := t.Context()
+	require.True(t, strings.HasPrefix(s.Schema(), "CREATE TABLE IF NOT EXISTS "+sqlstore.DefaultTable+" ("))
+	require.Contains(t, s.Schema(), "scope_hash          BINARY(32) NOT NULL PRIMARY KEY")
+	rec, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
+	require.NoError(t, err)
+	require.True(t, won)
+	require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201, Body: []byte("ok")}, t0))
+
+	require.NoError(t, s.Migrate(ctx), "a second Migrate")
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			other, err := sqlstore.Open(db, sqlstore.MySQL)
+			if err == nil {
+				err = other.Migrate(ctx)
+			}
+			errs <- err
+		}()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	got, err := s.Get(ctx, scope("k"))
+	require.NoError(t, err)
+	require.Equal(t, "ok", string(got.Response.Body))
+	require.Equal(t, 2, count(t, db, `SELECT COUNT(DISTINCT index_name) FROM information_schema.STATISTICS
+		WHERE table_schema = DATABASE() AND table_name = '`+sqlstore.DefaultTable+`' AND index_name LIKE '%\_idx'`))
+	var engine string
+	require.NoError(t, db.QueryRow(`SELECT engine FROM information_schema.TABLES
+		WHERE table_schema = DATABASE() AND table_name = '`+sqlstore.DefaultTable+`'`).Scan(&engine))
+	require.Equal(t, "InnoDB", engine)
+}
+
+// TestMySQLScopeHashMatchesDocumentedSQL checks the package
+// documentation's MySQL expression for the primary key against the rows
+// the Store wrote, for scopes of odd bytes and lengths.
+func TestMySQLScopeHashMatchesDocumentedSQL(t *testing.T) {
+	s, db := newStore(t, mysqlBackend(t))
+	for i, sc := range []idempotency.Scope{
+		{Principal: "acct", Method: "POST", Route: "/pay/\xff", Key: "k"},
+		{Principal: "", Method: "", Route: "", Key: ""},
+		{Principal: "a\x00", Method: "POST", Route: strings.Repeat("r", 5000), Key: "order 42"},
+	} {
+		_, won, err := claimed(s.Claim(t.Context(), claimAt(sc, "o", "fp", t0)))
+		require.NoError(t, err)
+		require.True(t, won, "scope %d", i)
+	}
+	require.Equal(t, 3, count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable+` WHERE scope_hash =
+	UNHEX(SHA2(CONCAT(UNHEX(LPAD(HEX(LENGTH(principal)), 16, '0')), principal,
+	                  UNHEX(LPAD(HEX(LENGTH(method)), 16, '0')), method,
+	                  UNHEX(LPAD(HEX(LENGTH(route)), 16, '0')), route,
+	                  UNHEX(LPAD(HEX(LENGTH(idem_key)), 16, '0')), idem_key), 256))`))
+}
+
+// MySQL reports the rows an UPDATE changed, not those it matched (unless
+// the DSN sets clientFoundRows=true): a heartbeat to the lease end the
+// record has, an EndLease at it, or a recovery point equal to the stored
+// one, alone or in a unit, changes no row. Each still succeeds while the
+// lease holds, and fails with ErrLeaseLost once a successor has it, with
+// either setting of clientFoundRows.
+func TestMySQLWriteThatChangesNothingKeepsTheLease(t *testing.T) {
+	for _, foundRows := range []bool{false, true} {
+		t.Run(fmt.Sprintf("clientFoundRows=%v", foundRows), func(t *testing.T) {
+			cfg := mysqlDatabaseConfig(t)
+			cfg.ClientFoundRows = foundRows
+			db := openMySQLConfig(t, cfg, nil)
+			s, err := sqlstore.Open(db, sqlstore.MySQL)
+			require.NoError(t, err)
+			require.NoError(t, s.Migrate(t.Context()))
+			ctx := t.Context()
+			rec, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
+			require.NoError(t, err)
+			require.True(t, won)
+			l := rec.Lease()
+			until := t0.Add(time.Minute)
+			for range 2 {
+				require.NoError(t, s.Heartbeat(ctx, l, until))
+				require.NoError(t, s.SetRecoveryPoint(ctx, l, "p", []byte("d"), t0))
+			}
+			u, _, err := s.Begin(ctx, l)
+			require.NoError(t, err)
+			require.NoError(t, u.SetRecoveryPoint(ctx, "p", []byte("d"), t0), "in a unit")
+			require.NoError(t, u.Commit())
+			for range 2 {
+				require.NoError(t, s.EndLease(ctx, l, t0.Add(time.Second)))
+			}
+
+			_, won, err = claimed(s.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(2*time.Second))))
+			require.NoError(t, err)
+			require.True(t, won, "the ended lease is taken over")
+			require.ErrorIs(t, s.Heartbeat(ctx, l, until), idempotency.ErrLeaseLost)
+			require.ErrorIs(t, s.SetRecoveryPoint(ctx, l, "p", []byte("d"), t0), idempotency.ErrLeaseLost)
+			u, _, err = s.Begin(ctx, l)
+			require.NoError(t, err)
+			require.ErrorIs(t, u.SetRecoveryPoint(ctx, "p", []byte("d"), t0), idempotency.ErrLeaseLost)
+			require.ErrorIs(t, u.Commit(), idempotency.ErrLeaseLost)
+		})
+	}
 }
