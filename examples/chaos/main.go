@@ -9,6 +9,7 @@
 //	go run ./examples/chaos -duration 10s -clients 32 -faults 'calm=1,reset=2,5xx-after-commit=2'
 //	go run ./examples/chaos -metrics metrics.json
 //	go run ./examples/chaos -store postgres -dsn postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+//	go run ./examples/chaos -store mysql -dsn 'root@tcp(127.0.0.1:3306)/test'
 //
 // Everything runs in one process on loopback.
 package main
@@ -40,15 +41,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	faults := fs.String("faults", defaultFaults, "fault mix (see below)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the chaos phase (the whole run takes a few seconds more)")
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, each with its own connection pool and Transport")
-	fs.StringVar(&cfg.Store, "store", cfg.Store, "idempotency store: memory, sqlite (a file in a temp dir) or postgres")
-	fs.StringVar(&cfg.DSN, "dsn", "", "postgres: connection string (default $SAFERETRY_PG_DSN); sqlite: a database file path (default: a new temp dir)")
+	fs.StringVar(&cfg.Store, "store", cfg.Store, "idempotency store: memory, sqlite (a file in a temp dir), postgres or mysql (MySQL or MariaDB)")
+	fs.StringVar(&cfg.DSN, "dsn", "", "postgres: connection string (default $SAFERETRY_PG_DSN); mysql: go-sql-driver DSN (default $SAFERETRY_MYSQL_DSN); sqlite: a database file path (default: a new temp dir)")
 	fs.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", cfg.AttemptTimeout, "the clients' per-attempt timeout (saferetry.WithAttemptTimeout)")
 	fs.IntVar(&cfg.MaxAttempts, "attempts", cfg.MaxAttempts, "attempts per logical request, first included (saferetry.WithMaxAttempts)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule (0: random)")
 	fs.BoolVar(&cfg.Verbose, "v", false, "print the server's warnings (store failures, lost leases) as they happen")
 	fs.DurationVar(&cfg.Think, "think", cfg.Think, "mean pause between two logical requests of a client")
 	fs.StringVar(&cfg.Metrics, "metrics", "", "write the run's OpenTelemetry metrics (client and server, otelsaferetry) to this file as JSON (stdout exporter)")
-	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temporary SQLite file (or the PostgreSQL schema) after the run, to inspect it")
+	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temporary SQLite file (or the PostgreSQL schema, or the MySQL database) after the run, to inspect it")
 	fs.BoolVar(&cfg.Unsafe, "unsafe-no-idempotency", false, "run without the idempotency middleware (the run must then fail)")
 	fs.Usage = func() {
 		out := fs.Output()
@@ -90,9 +91,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.Store == "postgres" && cfg.DSN == "" {
 		cfg.DSN = os.Getenv("SAFERETRY_PG_DSN")
 	}
+	if cfg.Store == "mysql" && cfg.DSN == "" {
+		cfg.DSN = os.Getenv("SAFERETRY_MYSQL_DSN")
+	}
 	switch {
-	case cfg.Store != "memory" && cfg.Store != "sqlite" && cfg.Store != "postgres":
-		return cfg, fmt.Errorf("-store %q: want memory, sqlite or postgres", cfg.Store)
+	case cfg.Store != "memory" && cfg.Store != "sqlite" && cfg.Store != "postgres" && cfg.Store != "mysql":
+		return cfg, fmt.Errorf("-store %q: want memory, sqlite, postgres or mysql", cfg.Store)
 	case cfg.Duration <= 0 || cfg.Duration > time.Hour:
 		return cfg, errors.New("-duration must be between 0 and 1h")
 	case cfg.Clients <= 0 || cfg.Clients > 1000:

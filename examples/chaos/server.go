@@ -77,8 +77,10 @@ func openBackend(ctx context.Context, kind, dsn string, keep bool) (*backend, er
 		return openSQLite(ctx, dsn, keep)
 	case "postgres":
 		return openPostgres(ctx, dsn, keep)
+	case "mysql":
+		return openMySQL(ctx, dsn, keep)
 	}
-	return nil, fmt.Errorf("unknown store %q (want memory, sqlite or postgres)", kind)
+	return nil, fmt.Errorf("unknown store %q (want memory, sqlite, postgres or mysql)", kind)
 }
 
 func openSQLite(ctx context.Context, path string, keep bool) (*backend, error) {
@@ -335,6 +337,10 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	key, _ := keygen.ParseHeader(r.Header.Values("Idempotency-Key"))
 	if a.b.ledger != nil {
 		a.createInMemory(w, r, key, p)
+		return
+	}
+	if a.b.dialect == sqlstore.MySQL {
+		a.createInMySQL(w, r, key, acct, p)
 		return
 	}
 	var row *sql.Row
