@@ -19,7 +19,7 @@ var (
 	// ErrNilDB is returned by Open when db is nil.
 	ErrNilDB = errors.New("sqlstore: nil *sql.DB")
 	// ErrUnknownDialect is returned by Open for a Dialect other than
-	// Postgres or SQLite.
+	// Postgres, SQLite or MySQL.
 	ErrUnknownDialect = errors.New("sqlstore: unknown dialect")
 	// ErrInvalidTable is returned by Open when the WithTable name is not a
 	// plain identifier of 1 to 48 ASCII letters, digits or underscores that
@@ -174,8 +174,8 @@ var (
 // MinSQLiteBusyTimeoutMillis is refused with ErrSQLiteBusyTimeout (a PRAGMA
 // run through the *sql.DB reaches one connection only: set it in the DSN),
 // transactions that begin deferred with ErrSQLiteDeferredTx; SQLiteDSN sets
-// both right. On SQLite the Store prepares its statements on db once: keep
-// one Store per table. Errors: ErrNilDB, ErrUnknownDialect,
+// both right. On SQLite and MySQL the Store prepares its statements on db
+// once: keep one Store per table. Errors: ErrNilDB, ErrUnknownDialect,
 // ErrInvalidTable, *DialectError, ErrSQLiteBusyTimeout, ErrSQLiteDeferredTx,
 // or an *OpError with Op "open" when a check cannot run (each is bounded by
 // 10 seconds).
@@ -211,8 +211,9 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 // Schema returns the DDL that Migrate runs for this Store's dialect and
 // table: one CREATE TABLE IF NOT EXISTS whose primary key is scope_hash (the
 // SHA-256 of the scope's parts, which are kept beside it) and two CREATE
-// INDEX IF NOT EXISTS (for the completer's and the reaper's scans). Times
-// are integer Unix nanoseconds (UTC) in both dialects.
+// INDEX IF NOT EXISTS (for the completer's and the reaper's scans; on
+// MySQL, two INDEX clauses of the CREATE TABLE). Times are integer Unix
+// nanoseconds (UTC) in every dialect.
 func (s *Store) Schema() string { return schema(s.dialect, s.table) }
 
 // Table returns the table name the Store uses.

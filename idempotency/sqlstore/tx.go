@@ -64,7 +64,9 @@ func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
 // is READ COMMITTED whatever the server's default (see the package
 // documentation); a serialization failure or deadlock in a unit's write or
 // commit is an *OpError matching ErrSerialization, after which only
-// Rollback is useful. On SQLite open the database with SQLiteDSN (BEGIN
+// Rollback is useful. On MySQL the transaction runs at the session's
+// isolation level, which the fences do not depend on (see the package
+// documentation, "MySQL and MariaDB"). On SQLite open the database with SQLiteDSN (BEGIN
 // IMMEDIATE): the unit then holds the database's single write lock until
 // Commit or Rollback. Errors are *OpError with Op "begin".
 func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
