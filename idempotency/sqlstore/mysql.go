@@ -140,11 +140,13 @@ func identifyMySQL(ctx context.Context, db *sql.DB) (Dialect, string, error) {
 	return MySQL, "MySQL " + num, nil
 }
 
-// MySQL server error numbers the Store acts on.
+// MySQL server error numbers the Store acts on. After a lock wait timeout
+// the statement rolled back (the transaction too with
+// innodb_rollback_on_timeout); after a deadlock the transaction did.
 const (
 	mysqlDuplicateKey    = 1062 // ER_DUP_ENTRY
-	mysqlLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT: the statement (or with innodb_rollback_on_timeout, the transaction) rolled back
-	mysqlDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction rolled back
+	mysqlLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
+	mysqlDeadlock        = 1213 // ER_LOCK_DEADLOCK
 )
 
 // mysqlErrorNumber returns the server error number of the first MySQL
