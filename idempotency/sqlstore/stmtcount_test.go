@@ -178,8 +178,9 @@ func (t countingTx) Rollback() error {
 }
 
 // losingClaim checks the statements of a claim that changed nothing: on
-// PostgreSQL one; on SQLite two, the claim (whose RETURNING gives only rows
-// it wrote) and the read of the record to answer from.
+// PostgreSQL one; on SQLite and MySQL two, the claim (SQLite's RETURNING
+// gives only rows it wrote, MySQL has none; MySQL's INSERT fails on the
+// duplicate key) and the read of the record to answer from.
 func losingClaim(t *testing.T, d sqlstore.Dialect, stmts []string, what string) {
 	t.Helper()
 	if d == sqlstore.Postgres {
@@ -237,7 +238,8 @@ func TestStatementsPerStoreCall(t *testing.T) {
 // TestStatementsPerRequest counts what the middleware sends to each SQL
 // store per guarded request: a fresh key whose handler writes nothing is
 // two statements (claim and completion); a replay and an in-progress 409
-// are one statement each on PostgreSQL, two on SQLite (see losingClaim).
+// are one statement each on PostgreSQL, two on SQLite and MySQL (see
+// losingClaim).
 func TestStatementsPerRequest(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		db, log := openCounted(t, b)
