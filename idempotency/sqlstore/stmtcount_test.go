@@ -66,6 +66,9 @@ func (pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData)
 func openCounted(t *testing.T, b backend) (*sql.DB, *stmtLog) {
 	t.Helper()
 	log := &stmtLog{}
+	if b.dialect == sqlstore.MySQL {
+		return openMySQLConfig(t, mysqlDatabaseConfig(t), log), log
+	}
 	var db *sql.DB
 	if b.dialect == sqlstore.Postgres {
 		cfg, err := pgx.ParseConfig(pgSchemaDSN(t))
@@ -176,8 +179,9 @@ func (t countingTx) Rollback() error {
 }
 
 // losingClaim checks the statements of a claim that changed nothing: on
-// PostgreSQL one; on SQLite two, the claim (whose RETURNING gives only rows
-// it wrote) and the read of the record to answer from.
+// PostgreSQL one; on SQLite and MySQL two, the claim (SQLite's RETURNING
+// gives only rows it wrote, MySQL has none; MySQL's INSERT fails on the
+// duplicate key) and the read of the record to answer from.
 func losingClaim(t *testing.T, d sqlstore.Dialect, stmts []string, what string) {
 	t.Helper()
 	if d == sqlstore.Postgres {
@@ -239,7 +243,7 @@ func TestStatementsPerStoreCall(t *testing.T) {
 // phase adds its recovery point, one statement when its function writes
 // nothing through Tx, in the phase's BEGIN and COMMIT when it does; a
 // replay and an in-progress 409 are one statement each on PostgreSQL, two
-// on SQLite (see losingClaim).
+// on SQLite and MySQL (see losingClaim).
 func TestStatementsPerRequest(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		db, log := openCounted(t, b)
