@@ -16,7 +16,7 @@ import (
 // phaseLimit bounds the calls of one phase in real time: its workers stop
 // at it even with calls left, so that each store's check, faults and
 // porcupine included, stays within 30 s.
-const phaseLimit = 6 * time.Second
+const phaseLimit = 5 * time.Second
 
 // maxUnknownPerKey: after this many calls of unknown outcome on a key, the
 // workers move on to a fresh one (see keyspace).

@@ -18,7 +18,7 @@ import (
 // raceRounds bounds each race; raceLimit bounds it in time.
 const (
 	raceRounds = 3000
-	raceLimit  = 4 * time.Second
+	raceLimit  = 3 * time.Second
 )
 
 // TestClaimRaces runs each race on every store.
