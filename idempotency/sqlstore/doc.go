@@ -105,8 +105,12 @@
 // conflict is one statement on PostgreSQL, which returns the existing
 // record; on SQLite and MySQL two, since SQLite's RETURNING reports only
 // rows a statement wrote and MySQL has none: the claim, which changes
-// nothing, and a read. A claim that loses a race with a row committed after
-// its statement began reads the record once more (at most three rounds).
+// nothing, and a read. A claim whose statement meets a row committed after
+// it began reads the record once more; when the record it reads is one it
+// wins (it changed since the statement), it wins it (on PostgreSQL and
+// SQLite with its statement again, on MySQL with the locking transaction
+// below), at most three rounds: every answer is the record as one
+// statement saw it, and never a record the claim would have won.
 //
 // # Transactions
 //

@@ -192,77 +192,23 @@ func isMySQLRetryable(err error) bool {
 	return n == mysqlDeadlock || n == mysqlLockWaitTimeout
 }
 
-// mysqlClaim is Claim on MySQL, which has no RETURNING (MariaDB's INSERT
-// has one, its UPDATE none) and no conditional upsert whose outcome a
-// statement reports: ON DUPLICATE KEY UPDATE has no WHERE, and its
-// per-column IF()s would depend on the order MySQL evaluates assignments in
-// (left to right, unless MariaDB's SIMULTANEOUS_ASSIGNMENT mode is set).
-// So a claim is:
-//
-//   - one INSERT, which creates the record or fails on the duplicate key:
-//     a fresh key costs this one statement;
-//   - when the key has a record, one plain read of it to answer from (a
-//     replay or an in-progress conflict: two statements, no row written);
-//   - only when that read shows a record the claim would win (an expired
-//     lease, or a completed record past the replay window), a transaction
-//     that reads it again FOR UPDATE, decides on what it locked and takes
-//     it over or restarts it with an UPDATE fenced on the generation.
-//
-// Each decision is one atomic step on the row (the INSERT's unique key, or
-// the row lock), so concurrent claims never both win. A deadlock or lock
-// wait timeout of a step is run again (retried). The loop repeats only when
-// the record that beat the INSERT vanished (released or reaped) before it
-// was read.
-func (s *Store) mysqlClaim(ctx context.Context, c idempotency.Claim) (
-	idempotency.ClaimResult, error) {
-	for range 3 {
-		if !c.TakeoverOnly {
-			res, err := retried(func() (idempotency.ClaimResult, error) {
-				return s.mysqlInsert(ctx, s.stmts, c)
-			})
-			if err == nil {
-				return res, nil
-			}
-			if !errors.Is(err, sql.ErrNoRows) {
-				return idempotency.ClaimResult{}, opErr("claim", err)
-			}
-		}
-		res, err := retried(func() (idempotency.ClaimResult, error) {
-			return scanClaim(s.stmts.QueryRowContext(ctx, s.q.existing,
-				existingArgs(c.Scope)...), c)
-		})
-		if err == nil && mysqlWins(res.Record, c) {
-			res, err = retried(func() (idempotency.ClaimResult, error) {
-				return s.mysqlWin(ctx, c)
-			})
-		}
-		if err == nil {
-			return res, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return idempotency.ClaimResult{}, opErr("claim", err)
-		}
-		if c.TakeoverOnly {
-			return idempotency.ClaimResult{}, nil // nothing to take over
-		}
-	}
-	return idempotency.ClaimResult{}, opErr("claim",
-		errors.New("record kept vanishing between claim and read"))
-}
-
-// mysqlWins reports whether c wins rec: wouldWin, except that a
-// takeover-only claim never restarts a completed record.
-func mysqlWins(rec idempotency.Record, c idempotency.Claim) bool {
-	if c.TakeoverOnly && rec.State != idempotency.InProgress {
-		return false
-	}
-	return wouldWin(rec, c)
-}
-
-// mysqlInsert runs the INSERT of a claim, which creates the record (the
-// claim's outcome) or fails on the duplicate key: sql.ErrNoRows.
+// mysqlInsert is the first statement of a claim on MySQL, which has no
+// RETURNING (MariaDB's INSERT has one, its UPDATE none) and no conditional
+// upsert whose outcome a statement reports: ON DUPLICATE KEY UPDATE has no
+// WHERE, and its per-column IF()s would depend on the order MySQL
+// evaluates assignments in (left to right, unless MariaDB's
+// SIMULTANEOUS_ASSIGNMENT mode is set). So the first statement is one
+// INSERT, which creates the record (a fresh key costs this one statement)
+// or fails on the duplicate key, returned as sql.ErrNoRows: Claim then
+// reads the record with a plain read (a replay or an in-progress conflict:
+// two statements, no row written), and only when it would win the record
+// (an expired lease, or a completed record past the replay window) runs
+// mysqlWin. A takeover-only claim never inserts: it starts at the read.
 func (s *Store) mysqlInsert(ctx context.Context, q execer, c idempotency.Claim) (
 	idempotency.ClaimResult, error) {
+	if c.TakeoverOnly {
+		return idempotency.ClaimResult{}, sql.ErrNoRows
+	}
 	now := nanos(c.Now)
 	_, err := q.ExecContext(ctx, s.q.mysql.insert, scopeArgs(c.Scope, []byte(c.Fingerprint),
 		int64(c.FingerprintVersion), []byte(c.Owner), nanos(c.Now.Add(c.LeaseFor)),
@@ -279,7 +225,7 @@ func (s *Store) mysqlInsert(ctx context.Context, q execer, c idempotency.Claim) 
 
 // mysqlWin takes over or restarts the record of c's scope in one
 // transaction: it locks the row, decides on the version it locked
-// (mysqlWins) and writes with an UPDATE fenced on the locked generation, so
+// (wouldWin) and writes with an UPDATE fenced on the locked generation, so
 // concurrent claims never both win, and the outcome is the locked row's
 // state. It answers ClaimExisting with the locked record when c no longer
 // wins it, and sql.ErrNoRows when the row is gone.
@@ -295,7 +241,7 @@ func (s *Store) mysqlWin(ctx context.Context, c idempotency.Claim) (
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	if !mysqlWins(rec, c) { // another claim won it, or its owner completed or heartbeated it
+	if !wouldWin(rec, c) { // another claim won it, or its owner completed or heartbeated it
 		return idempotency.ClaimResult{Record: rec}, tx.Commit()
 	}
 	now, lease := nanos(c.Now), nanos(c.Now.Add(c.LeaseFor))

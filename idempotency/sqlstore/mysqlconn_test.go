@@ -245,6 +245,7 @@ func (c *mysqlTestConn) add(q string, err error) {
 	c.check.saw(err)
 	if c.log != nil && err != driver.ErrSkip {
 		c.log.add(q)
+		c.log.ran()
 	}
 }
 

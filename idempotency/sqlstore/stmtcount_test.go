@@ -24,9 +24,33 @@ import (
 
 // stmtLog records every statement a database handle sends: each Exec and
 // Query, and BEGIN, COMMIT and ROLLBACK, which cost a round trip as well.
+// With a hook set (afterNext), it also runs code of the test's own right
+// after a statement has run.
 type stmtLog struct {
 	mu    sync.Mutex
 	stmts []string
+	after func() // run once after the next statement (a query's once its rows are closed)
+}
+
+// afterNext makes f run once, on the goroutine that sent it, right after
+// the next statement any connection of the handle runs: between two
+// statements of one Store call, where another client's write can land.
+// f's own statements do not trigger it again.
+func (l *stmtLog) afterNext(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.after = f
+}
+
+// ran is called by the connections after each statement.
+func (l *stmtLog) ran() {
+	l.mu.Lock()
+	f := l.after
+	l.after = nil
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 func (l *stmtLog) add(q string) {
@@ -49,7 +73,8 @@ func (l *stmtLog) since(m int) []string {
 }
 
 // pgTracer counts the statements of a pgx connection (pgx traces BEGIN and
-// COMMIT as the statements they are).
+// COMMIT as the statements they are). pgx ends a query's trace when its
+// rows are closed.
 type pgTracer struct{ log *stmtLog }
 
 func (p pgTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -57,7 +82,7 @@ func (p pgTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQ
 	return ctx
 }
 
-func (pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (p pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) { p.log.ran() }
 
 // openCounted opens a fresh database of b's dialect whose statements are
 // recorded: on PostgreSQL through a pgx QueryTracer (pgx.ParseConfig, the
@@ -124,12 +149,31 @@ type countingStmt struct {
 
 func (s countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	s.log.add(s.q)
+	defer s.log.ran()
 	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 }
 
 func (s countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	s.log.add(s.q)
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	rows, err := s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	if err != nil {
+		s.log.ran()
+		return nil, err
+	}
+	return countingRows{Rows: rows, log: s.log}, nil
+}
+
+// countingRows reports its statement as run when it is closed: SQLite
+// holds a writing statement's lock until then.
+type countingRows struct {
+	driver.Rows
+	log *stmtLog
+}
+
+func (r countingRows) Close() error {
+	err := r.Rows.Close()
+	r.log.ran()
+	return err
 }
 
 func (c countingConn) Close() error { return c.conn.Close() }
@@ -149,12 +193,18 @@ func (c countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (drive
 
 func (c countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	c.log.add(q)
+	defer c.log.ran()
 	return c.conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 }
 
 func (c countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
 	c.log.add(q)
-	return c.conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+	rows, err := c.conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+	if err != nil {
+		c.log.ran()
+		return nil, err
+	}
+	return countingRows{Rows: rows, log: c.log}, nil
 }
 
 func (c countingConn) ResetSession(ctx context.Context) error {
@@ -170,6 +220,7 @@ type countingTx struct {
 
 func (t countingTx) Commit() error {
 	t.log.add("COMMIT")
+	defer t.log.ran()
 	return t.tx.Commit()
 }
 

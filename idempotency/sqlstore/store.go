@@ -235,63 +235,90 @@ func splitStatements(ddl string) []string {
 	return out
 }
 
-// Claim implements idempotency.Store.Claim with one statement that decides
-// the claim (see the package documentation, "Claims and fences"): it
-// creates, restarts or takes over the record only if the row under the
-// scope's digest holds the same scope parts, and otherwise changes nothing.
-// When that statement returns no row (on SQLite, every claim that changes
-// nothing; on PostgreSQL, a record inserted by a transaction that committed
-// after the statement began) a second statement reads the record to answer
-// from. A row under the digest that holds another scope (a SHA-256
+// Claim implements idempotency.Store.Claim (see the package documentation,
+// "Claims and fences"). It creates, restarts or takes over the record only
+// if the row under the scope's digest holds the same scope parts, and
+// otherwise changes nothing; every answer is the record as one statement
+// saw it, at a moment between the call and its return. Its first statement
+// decides every claim on PostgreSQL and SQLite, and creates the record on
+// MySQL. When it returns no record to answer from (on SQLite and MySQL,
+// every claim that meets a record; on PostgreSQL, a record committed after
+// the statement began) a read fetches the record; when that record is one
+// the claim wins (it changed since the first statement, or MySQL's INSERT
+// cannot win it), the claim wins it: on MySQL with a short locking
+// transaction, elsewhere with its first statement again. A record that
+// changes under each of these again makes the claim start over, at most
+// three rounds. A row under the digest that holds another scope (a SHA-256
 // collision) is never changed: the claim fails. Errors are *OpError with Op
 // "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
-	if s.dialect == MySQL {
-		return s.mysqlClaim(ctx, c)
-	}
-	// The loop only repeats when the record that beat the claim vanished
-	// (released or reaped) before it could be read: then it claims again.
-	for range 3 {
-		res, err := retried(func() (idempotency.ClaimResult, error) {
-			return s.claimOnce(ctx, s.stmts, c)
-		})
-		if err == nil && (res.Acquired() || !wouldWin(res.Record, c)) {
-			return res, nil
-		}
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+	for range claimRounds {
+		res, decided, err := s.claimRound(ctx, c)
+		if err != nil {
 			return idempotency.ClaimResult{}, opErr("claim", err)
 		}
-		// The statement changed nothing and returned no row, or (on
-		// PostgreSQL) a version of the record it would have won, older than
-		// the one its conflict check saw. This read decides nothing: it
-		// only fetches what to answer.
-		res, err = retried(func() (idempotency.ClaimResult, error) {
-			return scanClaim(s.stmts.QueryRowContext(ctx, s.q.existing,
-				existingArgs(c.Scope)...), c)
-		})
-		if err == nil {
+		if decided {
 			return res, nil
 		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return idempotency.ClaimResult{}, opErr("claim", err)
-		}
-		if c.TakeoverOnly {
-			return idempotency.ClaimResult{}, nil // nothing to take over
-		}
 	}
-	return idempotency.ClaimResult{}, opErr("claim",
-		errors.New("record kept vanishing between claim and read"))
+	return idempotency.ClaimResult{}, opErr("claim", errKeptChanging)
 }
 
-// wouldWin reports whether c wins rec by the claim statement's condition. A
-// record that a claim returned without winning it, yet satisfies the
-// condition, is an older version than the one the statement's conflict
-// check saw: another claim won it meanwhile.
+// claimRounds bounds the rounds of a claim.
+const claimRounds = 3
+
+var errKeptChanging = errors.New("the record kept changing between the claim's statements")
+
+// claimRound runs one round of c: it reports the answer and true, or false
+// when the record changed between its statements in a way that leaves c
+// undecided (the claim then starts over).
+func (s *Store) claimRound(ctx context.Context, c idempotency.Claim) (
+	idempotency.ClaimResult, bool, error) {
+	res, err := retried(func() (idempotency.ClaimResult, error) {
+		return s.claimOnce(ctx, s.stmts, c)
+	})
+	switch {
+	case err == nil && (res.Acquired() || !wouldWin(res.Record, c)):
+		return res, true, nil
+	case err != nil && !errors.Is(err, sql.ErrNoRows):
+		return idempotency.ClaimResult{}, false, err
+	}
+	// The statement returned no row, or (on PostgreSQL) the version of the
+	// record its snapshot held, which it would have won but found changed.
+	res, err = retried(func() (idempotency.ClaimResult, error) {
+		return scanClaim(s.stmts.QueryRowContext(ctx, s.q.existing, existingArgs(c.Scope)...), c)
+	})
+	switch {
+	case errors.Is(err, sql.ErrNoRows): // released or reaped meanwhile
+		return idempotency.ClaimResult{}, c.TakeoverOnly, nil // nothing to take over
+	case err != nil:
+		return idempotency.ClaimResult{}, false, err
+	case !wouldWin(res.Record, c):
+		return res, true, nil
+	case s.dialect != MySQL:
+		return idempotency.ClaimResult{}, false, nil // the next round's statement wins it
+	}
+	res, err = retried(func() (idempotency.ClaimResult, error) { return s.mysqlWin(ctx, c) })
+	switch {
+	case errors.Is(err, sql.ErrNoRows): // it changed again
+		return idempotency.ClaimResult{}, false, nil
+	case err != nil:
+		return idempotency.ClaimResult{}, false, err
+	}
+	return res, true, nil
+}
+
+// wouldWin reports whether c wins rec by the claim's conditions: rec is in
+// progress with a lease that ended before c.Now and c's fingerprint and
+// version, or (unless c is takeover-only) completed before the replay
+// window's cutoff. A record that a claim read without winning it, yet
+// satisfies them, changed since the statement that decided not to win it.
 func wouldWin(rec idempotency.Record, c idempotency.Claim) bool {
 	now := nanos(c.Now)
 	switch rec.State {
 	case idempotency.Completed:
-		return c.ReplayWindow > 0 && nanos(rec.CompletedAt) < subSat(now, c.ReplayWindow)
+		return !c.TakeoverOnly && c.ReplayWindow > 0 &&
+			nanos(rec.CompletedAt) < subSat(now, c.ReplayWindow)
 	case idempotency.InProgress:
 		return nanos(rec.LeaseUntil) < now && rec.Fingerprint == c.Fingerprint &&
 			rec.FingerprintVersion == c.FingerprintVersion
@@ -325,11 +352,15 @@ func existingArgs(sc idempotency.Scope) []any {
 		scopeHash(sc)}
 }
 
-// claimOnce runs the claim statement once on q (the takeover-only UPDATE
-// when c.TakeoverOnly) and reads its row: sql.ErrNoRows when it returned
-// none.
-func (s *Store) claimOnce(ctx context.Context, q rowQueryer, c idempotency.Claim) (
+// claimOnce runs the first statement of a claim once on q and reads its
+// row: sql.ErrNoRows when it returned none. It is the takeover-only UPDATE
+// when c.TakeoverOnly; on MySQL, the INSERT (a duplicate key is
+// sql.ErrNoRows), and nothing for a takeover-only claim.
+func (s *Store) claimOnce(ctx context.Context, q execer, c idempotency.Claim) (
 	idempotency.ClaimResult, error) {
+	if s.dialect == MySQL {
+		return s.mysqlInsert(ctx, q, c)
+	}
 	now := nanos(c.Now)
 	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
 	if c.TakeoverOnly {
