@@ -249,22 +249,23 @@ func oldIndexes(table string) []string {
 
 // queries holds the statements of one Store, built once at Open. The
 // fenced writes, the reads and Abandoned are one text for every dialect;
-// claim, takeover and deleteBefore are PostgreSQL's and SQLite's,
+// claim, takeover, restart and deleteBefore are PostgreSQL's and SQLite's,
 // and mysql holds the statements MySQL runs in their place.
 type queries struct {
 	get, existing, heartbeat, complete, release, setPoint, abandoned string
-	claim, takeover, deleteBefore                                    string
+	claim, takeover, restart, deleteBefore                           string
 
 	mysql mysqlQueries
 }
 
-// Every claim statement returns at most one row of fifteen columns: an
-// outcome (rowExisting, rowCreated, rowTakenOver, rowOtherScope), the
-// generation, then the columns only a takeover needs (recovery point, its
-// data, the request, created_at) and those only an existing record needs
-// (state, fingerprint and version, owner, lease, completion time, response).
-// The columns an outcome does not need are NULL; a created record's other
-// fields are the claim's own. scanClaim reads the row.
+// Every statement that decides a claim, and the read of the record a claim
+// did not win, returns at most one row of fifteen columns: an outcome
+// (rowExisting, rowCreated, rowTakenOver, rowOtherScope), the generation,
+// then the columns only a takeover needs (recovery point, its data, the
+// request, created_at) and those only an existing record needs (state,
+// fingerprint and version, owner, lease, completion time, response). The
+// columns an outcome does not need are NULL (or, for a created record,
+// ignored: its other fields are the claim's own). scanClaim reads the row.
 const (
 	rowExisting   = 0
 	rowCreated    = 1
@@ -272,20 +273,12 @@ const (
 	rowOtherScope = 3 // the row under the scope's digest holds other scope parts
 )
 
-// wonRow is the row of a claim that created or took over the record, from
-// the columns of the row it wrote; now is the claim time's placeholder. A
-// record whose created_at is the claim's time was created by it (a takeover
-// keeps an earlier one: the lease it took over ended before now).
-func wonRow(now string) string {
-	return fmt.Sprintf(`CASE WHEN created_at = %[1]s THEN %[2]d ELSE %[3]d END, generation,
-	recovery_point, recovery_data,
-	CASE WHEN created_at = %[1]s THEN NULL ELSE request END, created_at,
-	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`, now, rowCreated, rowTakenOver)
-}
-
-// takenOverRow is wonRow for the takeover-only claim, which never creates.
-var takenOverRow = fmt.Sprintf(`%d, generation, recovery_point, recovery_data, request, created_at,
-	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`, rowTakenOver)
+// won is what the statement that wins a record returns after its outcome;
+// nineNulls completes the row.
+const (
+	won       = `generation, recovery_point, recovery_data, request, created_at`
+	nineNulls = `NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`
+)
 
 // existingRow is the row of a record a claim did not win, read from the
 // row under the scope's digest and compared with the scope parts p (four
@@ -299,93 +292,113 @@ func existingRow(p ...string) string {
 		rowExisting, rowOtherScope)
 }
 
-// winSet is the SET list of a claim that wins an existing row (column
-// names are the row's values before the claim): a restart of a completed
-// record clears it and takes the new request; a takeover keeps the recovery
-// point, its data, the request and created_at. Parameters as in claimSQL.
-const winSet = `state = 1, owner = $8, generation = generation + 1, lease_until = $9,
-	updated_at = $11, fingerprint = $6, fingerprint_version = $7,
-	recovery_point = CASE WHEN state = 2 THEN '' ELSE recovery_point END,
-	recovery_data = CASE WHEN state = 2 THEN NULL ELSE recovery_data END,
-	request = CASE WHEN state = 2 THEN $10 ELSE request END,
-	created_at = CASE WHEN state = 2 THEN $11 ELSE created_at END,
+// The parameters of the statements that decide a claim (claimArgs): $1 the
+// digest, $2 to $5 the scope parts, $6 and $7 the fingerprint and its
+// version, $8 the owner, $9 the lease end, $10 now, $11 the request, $12
+// the replay window's cutoff. The takeover uses $1 to $10 only.
+//
+// A claim wins an existing row only if the row holds the claim's own scope
+// parts (a digest collision never overwrites another scope's record), and
+// then in one of two ways, each its own statement or CTE, so that the
+// outcome is the statement's and never inferred from what the row holds
+// afterwards: it takes over a record in progress whose lease ended before
+// now with the same fingerprint and version (takeoverWhere), keeping its
+// recovery point, its data, its request and created_at (takeoverSet); or it
+// restarts a record that completed before the replay window's cutoff
+// (restartWhere), as a fresh record with the next generation (restartSet).
+const (
+	takeoverSet   = `owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10`
+	takeoverWhere = `principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
+	AND state = 1 AND lease_until < $10 AND fingerprint = $6 AND fingerprint_version = $7`
+	restartSet = `state = 1, owner = $8, generation = generation + 1, lease_until = $9,
+	updated_at = $10, fingerprint = $6, fingerprint_version = $7, recovery_point = '',
+	recovery_data = NULL, request = $11, created_at = $10,
 	response_status = NULL, response_header = NULL, response_body = NULL, completed_at = 0`
+	restartWhere = `principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
+	AND state = 2 AND completed_at < $12`
+)
 
-// winWhere is the condition under which a claim wins an existing row: the
-// row holds the claim's own scope parts (a digest collision never
-// overwrites another scope's record) and either it completed before the
-// replay window's cutoff ($12) or its lease ended before now ($11) with the
-// same fingerprint and version.
-const winWhere = `principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
-	AND ((state = 2 AND completed_at < $12)
-	  OR (state = 1 AND lease_until < $11 AND fingerprint = $6 AND fingerprint_version = $7))`
-
-// claimSQL returns the claim statement on PostgreSQL and SQLite. Its parameters: $1 the digest, $2
-// to $5 the scope parts, $6 and $7 the fingerprint and its version, $8 the
-// owner, $9 the lease end, $10 the request, $11 now, $12 the replay
-// window's cutoff.
-//
-// On PostgreSQL it is one statement that reads before it writes: a CTE
-// reads the row under the digest from the statement's snapshot (a plain
-// read: no lock, no transaction ID); an UPDATE wins that row only under
-// winWhere; an INSERT ... ON CONFLICT DO NOTHING creates the record only
-// when the snapshot holds no row. The statement returns the row it wrote
-// (wonRow), or else the row it read (existingRow). A replay or an
-// in-progress conflict therefore writes nothing and waits for no one: its
-// UPDATE matches no row of the snapshot and its INSERT has no input, so no
-// tuple is locked and no WAL is written. Only a claim that would win waits
-// for a row another transaction holds, and then re-checks winWhere on the
-// row's latest version (READ COMMITTED). It returns no row when its INSERT
-// met a row committed after its snapshot, and the row of its snapshot when
-// its UPDATE found the row changed or gone: Claim then reads the record
-// again (see Claim).
-//
-// SQLite has no data-modifying CTE, and RETURNING gives only the rows a
-// statement wrote, so the statement is an INSERT ... ON CONFLICT DO UPDATE
-// SET winSet WHERE winWhere: a claim that loses writes nothing and returns
-// no row, and Claim reads the existing row with a second statement
-// (queries.existing).
-func claimSQL(d Dialect, table string) string {
-	const cols = `scope_hash, principal, method, route, idem_key, state, fingerprint,
+// insertCols and insertVals are the columns and values of a new record.
+const (
+	insertCols = `scope_hash, principal, method, route, idem_key, state, fingerprint,
 	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
 	response_status, response_header, response_body, created_at, updated_at, completed_at`
-	const vals = `$1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10,
-	NULL, NULL, NULL, $11, $11, 0`
-	const won = `generation, recovery_point, recovery_data, request, created_at`
+	insertVals = `$1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $11,
+	NULL, NULL, NULL, $10, $10, 0`
+)
+
+// claimSQL returns the first statement of a claim on PostgreSQL or SQLite
+// (see claimArgs for its parameters).
+//
+// On PostgreSQL it is one statement that reads before it writes and
+// decides every claim: a CTE reads the row under the digest from the
+// statement's snapshot (a plain read: no lock, no transaction ID); one
+// UPDATE restarts that row and another takes it over, each only under its
+// condition (at most one of them matches a row); an INSERT ... ON CONFLICT
+// DO NOTHING creates the record only when the snapshot holds no row. The
+// statement returns the row it wrote, tagged by the CTE that wrote it, or
+// else the row it read (existingRow). A replay or an in-progress conflict
+// therefore writes nothing and waits for no one: its UPDATEs match no row
+// of the snapshot and its INSERT has no input, so no tuple is locked and no
+// WAL is written. Only a claim that would win waits for a row another
+// transaction holds, and then re-checks its condition on the row's latest
+// version (READ COMMITTED). It returns no row when its INSERT met a row
+// committed after its snapshot, and the row of its snapshot when its UPDATE
+// found the row changed or gone: Claim then reads the record again (see
+// Claim).
+//
+// SQLite has no data-modifying CTE, and its RETURNING gives only the rows a
+// statement wrote, as they are after it. The statement is an INSERT ... ON
+// CONFLICT DO UPDATE SET takeoverSet WHERE takeoverWhere: it creates the
+// record or takes it over, and the generation it returns tells which (an
+// INSERT writes generation 1, a takeover the next one after a generation of
+// at least 1). A claim that does neither writes nothing and returns no row;
+// Claim then reads the existing row, and restarts a completed record past
+// the window with a second statement (queries.restart). Its parameters are
+// $1 to $11.
+func claimSQL(d Dialect, table string) string {
 	if d == SQLite {
 		return fmt.Sprintf(`INSERT INTO %[1]s (%[2]s)
 VALUES (%[3]s)
 ON CONFLICT (scope_hash) DO UPDATE SET %[4]s
 WHERE %[5]s
-RETURNING %[6]s`, table, cols, vals, winSet, winWhere, wonRow("$11"))
+RETURNING CASE generation WHEN 1 THEN %[6]d ELSE %[7]d END, %[8]s, %[9]s`,
+			table, insertCols, insertVals, takeoverSet, takeoverWhere, rowCreated,
+			rowTakenOver, won, nineNulls)
 	}
 	return fmt.Sprintf(`WITH cur AS (
 	SELECT principal, method, route, idem_key, generation, state, fingerprint, fingerprint_version,
 		owner, lease_until, completed_at, response_status, response_header, response_body
 	FROM %[1]s WHERE scope_hash = $1
-), won AS (
+), restarted AS (
 	UPDATE %[1]s SET %[4]s
 	WHERE scope_hash = $1 AND %[5]s
-	RETURNING %[6]s
+	RETURNING %[8]d, %[10]s
+), taken AS (
+	UPDATE %[1]s SET %[6]s
+	WHERE scope_hash = $1 AND %[7]s
+	RETURNING %[9]d, %[10]s
 ), created AS (
 	INSERT INTO %[1]s (%[2]s)
 	SELECT %[3]s WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (scope_hash) DO NOTHING
-	RETURNING %[6]s
+	RETURNING %[8]d, %[10]s
 )
-SELECT %[7]s FROM (SELECT * FROM won UNION ALL SELECT * FROM created) w
+SELECT w.*, %[11]s
+FROM (SELECT * FROM restarted UNION ALL SELECT * FROM taken UNION ALL SELECT * FROM created) w
 UNION ALL
-SELECT %[8]s FROM cur WHERE NOT EXISTS (SELECT 1 FROM won)`,
-		table, cols, vals, winSet, winWhere, won, wonRow("$11"),
-		existingRow("$2", "$3", "$4", "$5"))
+SELECT %[12]s FROM cur
+WHERE NOT EXISTS (SELECT 1 FROM restarted) AND NOT EXISTS (SELECT 1 FROM taken)`,
+		table, insertCols, insertVals, restartSet, restartWhere, takeoverSet, takeoverWhere,
+		rowCreated, rowTakenOver, won, nineNulls, existingRow("$2", "$3", "$4", "$5"))
 }
 
 func buildQueries(d Dialect, table string) queries {
 	q := queries{
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, columns),
 
-		// The record a claim did not win, read when its statement returned
-		// no row.
+		// The record a claim did not win, read when its first statement
+		// returned no row or one it would have won.
 		existing: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $5`,
 			table, existingRow("$1", "$2", "$3", "$4")),
 
@@ -416,16 +429,19 @@ LIMIT $2`, table, columns),
 	} else {
 		q.claim = claimSQL(d, table)
 
-		// A takeover-only claim (idempotency.Claim.TakeoverOnly): one
-		// conditional UPDATE with the takeover branch of the claim's
-		// condition (same scope parts, in progress, lease ended before now
-		// ($10), same fingerprint and version). It never inserts and never
+		// A takeover-only claim (idempotency.Claim.TakeoverOnly), and the
+		// takeover of a record that a claim read after its first
+		// statement: one conditional UPDATE. It never inserts and never
 		// restarts a completed record.
-		q.takeover = fmt.Sprintf(`UPDATE %[1]s
-SET owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10
-WHERE scope_hash = $1 AND principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
-	AND state = 1 AND lease_until < $10 AND fingerprint = $6 AND fingerprint_version = $7
-RETURNING %[2]s`, table, takenOverRow)
+		q.takeover = fmt.Sprintf(`UPDATE %[1]s SET %[2]s
+WHERE scope_hash = $1 AND %[3]s
+RETURNING %[4]d, %[5]s, %[6]s`, table, takeoverSet, takeoverWhere, rowTakenOver, won, nineNulls)
+
+		// The restart of a completed record past the replay window that a
+		// claim read after its first statement.
+		q.restart = fmt.Sprintf(`UPDATE %[1]s SET %[2]s
+WHERE scope_hash = $1 AND %[3]s
+RETURNING %[4]d, %[5]s, %[6]s`, table, restartSet, restartWhere, rowCreated, won, nineNulls)
 
 		// Bounded: at most $2 rows per statement, chosen by primary key
 		// from the two partial indexes: completed records first, oldest
@@ -456,7 +472,7 @@ RETURNING %[2]s`, table, takenOverRow)
 	}
 	m := &q.mysql
 	for _, p := range []*string{&q.get, &q.existing, &q.heartbeat, &q.complete, &q.release,
-		&q.setPoint, &q.abandoned, &q.claim, &q.takeover, &q.deleteBefore,
+		&q.setPoint, &q.abandoned, &q.claim, &q.takeover, &q.restart, &q.deleteBefore,
 		&m.insert, &m.locked, &m.takeover, &m.restart, &m.held, &m.stale, &m.deleteBefore} {
 		*p = d.rebind(*p)
 	}

@@ -80,24 +80,28 @@
 //
 // # Claims and fences
 //
-// A claim is one statement that wins an existing row only if the row holds
-// the claim's own scope parts (a digest collision never overwrites another
-// scope's record) and either completed before the replay window or holds
-// an expired lease with the same fingerprint. Every later write (heartbeat,
+// A claim wins an existing row only if the row holds the claim's own scope
+// parts (a digest collision never overwrites another scope's record) and
+// either completed before the replay window (it restarts the record as a
+// fresh one, ClaimCreated) or holds an expired lease with the same
+// fingerprint (it takes the record over, ClaimTakenOver, keeping its
+// recovery point). Which of the two happened is the statement's, never
+// read off the row's times afterwards. Every later write (heartbeat,
 // recovery point, completion, release) is conditional on owner, generation
 // and the in-progress state, and returns idempotency.ErrLeaseLost when it
 // changed nothing.
 //
-// On PostgreSQL the claim reads before it writes, in the same statement: a
+// On PostgreSQL the claim is one statement that reads before it writes: a
 // replay or an in-progress conflict is a plain read of the statement's
 // snapshot, which locks nothing, takes no transaction ID, writes no WAL and
 // never waits for another transaction (it answers the record as last
 // committed). Only a claim that would win waits for a row another
 // transaction holds, and re-checks the row's latest version. On SQLite the
-// claim is an upsert whose condition keeps the row unless the claim wins: a
-// replay or a conflict changes no page (the WAL does not grow), but takes
-// the database's write lock for the statement, as every SQLite write does,
-// so it waits for a writer that holds it.
+// claim is an upsert that creates the record or takes it over, whose
+// condition keeps the row otherwise: a replay or a conflict changes no page
+// (the WAL does not grow), but takes the database's write lock for the
+// statement, as every SQLite write does, so it waits for a writer that
+// holds it. MySQL's claim is below ("MySQL and MariaDB").
 //
 // Statements per guarded request, beyond the handler's own: a fresh key is
 // two, the claim and the completion (in the handler's transaction when it
@@ -105,12 +109,16 @@
 // conflict is one statement on PostgreSQL, which returns the existing
 // record; on SQLite and MySQL two, since SQLite's RETURNING reports only
 // rows a statement wrote and MySQL has none: the claim, which changes
-// nothing, and a read. A claim whose statement meets a row committed after
-// it began reads the record once more; when the record it reads is one it
-// wins (it changed since the statement), it wins it (on PostgreSQL and
-// SQLite with its statement again, on MySQL with the locking transaction
-// below), at most three rounds: every answer is the record as one
-// statement saw it, and never a record the claim would have won.
+// nothing, and a read. A takeover is one statement on PostgreSQL and
+// SQLite; a restart past the window one on PostgreSQL, three on SQLite
+// (the upsert, the read, a conditional UPDATE). When the claim's statement
+// returns no record to answer from and the read then finds one the claim
+// wins (it changed since the statement: a row committed after a
+// PostgreSQL statement began, an EndLease or a Release and a new claim in
+// between), the claim wins it with a conditional UPDATE (on MySQL the
+// locking transaction below), and starts over if that finds the record
+// changed again, at most three rounds: every answer is the record as one
+// statement saw it, never a record the claim would have won.
 //
 // # Transactions
 //

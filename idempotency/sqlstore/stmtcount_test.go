@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -246,9 +247,10 @@ func losingClaim(t *testing.T, d sqlstore.Dialect, stmts []string, what string) 
 
 // TestStatementsPerStoreCall counts the statements of the Store's calls on
 // a request's path: a claim that wins is one statement, and so is one that
-// finds a completed record or one in progress on PostgreSQL (two on SQLite,
-// see losingClaim); a completion outside a unit is one conditional UPDATE
-// in autocommit (no BEGIN or COMMIT).
+// finds a completed record or one in progress on PostgreSQL (two on SQLite
+// and MySQL, see losingClaim); a completion outside a unit is one
+// conditional UPDATE in autocommit (no BEGIN or COMMIT); a takeover and a
+// restart past the window are counted per dialect.
 func TestStatementsPerStoreCall(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		db, log := openCounted(t, b)
@@ -284,6 +286,34 @@ func TestStatementsPerStoreCall(t *testing.T) {
 		require.Equal(t, idempotency.InProgress, got.State)
 		require.Equal(t, "A", got.Owner)
 		losingClaim(t, b.dialect, log.since(m), "claim of an in-progress record")
+
+		// A claim that wins an existing record: on MySQL the INSERT, the
+		// read, and the locking transaction; a takeover is one statement
+		// on PostgreSQL and SQLite, a restart one on PostgreSQL and three
+		// on SQLite (the upsert, the read, the UPDATE).
+		later := t0.Add(2 * time.Hour) // past the leases and the 1 h window
+		for _, tc := range []struct {
+			key            string
+			pg, sqlite, my string
+			outcome        idempotency.ClaimOutcome
+		}{
+			{"busy", "WITH", "INSERT", "INSERT SELECT BEGIN SELECT UPDATE COMMIT",
+				idempotency.ClaimTakenOver},
+			{"fresh", "WITH", "INSERT SELECT UPDATE", "INSERT SELECT BEGIN SELECT UPDATE COMMIT",
+				idempotency.ClaimCreated},
+		} {
+			m = log.mark()
+			res, err := s.Claim(ctx, claimAt(scope(tc.key), "C", "fp", later))
+			require.NoError(t, err)
+			require.Equal(t, tc.outcome, res.Outcome, tc.key)
+			want := map[sqlstore.Dialect]string{sqlstore.Postgres: tc.pg, sqlstore.SQLite: tc.sqlite,
+				sqlstore.MySQL: tc.my}[b.dialect]
+			var got []string
+			for _, st := range log.since(m) {
+				got = append(got, strings.Fields(st)[0])
+			}
+			require.Equal(t, want, strings.Join(got, " "), "%s: %q", tc.key, brief(log.since(m)))
+		}
 	})
 }
 

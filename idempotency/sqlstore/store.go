@@ -240,17 +240,17 @@ func splitStatements(ddl string) []string {
 // if the row under the scope's digest holds the same scope parts, and
 // otherwise changes nothing; every answer is the record as one statement
 // saw it, at a moment between the call and its return. Its first statement
-// decides every claim on PostgreSQL and SQLite, and creates the record on
-// MySQL. When it returns no record to answer from (on SQLite and MySQL,
-// every claim that meets a record; on PostgreSQL, a record committed after
-// the statement began) a read fetches the record; when that record is one
-// the claim wins (it changed since the first statement, or MySQL's INSERT
-// cannot win it), the claim wins it: on MySQL with a short locking
-// transaction, elsewhere with its first statement again. A record that
-// changes under each of these again makes the claim start over, at most
-// three rounds. A row under the digest that holds another scope (a SHA-256
-// collision) is never changed: the claim fails. Errors are *OpError with Op
-// "claim".
+// decides every claim that nothing races on PostgreSQL, and creates the
+// record on SQLite (or takes it over) and MySQL. When it returns no record
+// to answer from (on SQLite and MySQL, every claim that meets a record; on
+// PostgreSQL, a record committed after the statement began) a read fetches
+// the record; when that record is one the claim wins (it changed since the
+// first statement, or SQLite's and MySQL's first statement cannot win it),
+// one more step wins it: a conditional UPDATE, or on MySQL a short locking
+// transaction. A record that changes under each of these again makes the
+// claim start over, at most three rounds. A row under the digest that
+// holds another scope (a SHA-256 collision) is never changed: the claim
+// fails. Errors are *OpError with Op "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	for range claimRounds {
 		res, decided, err := s.claimRound(ctx, c)
@@ -295,10 +295,9 @@ func (s *Store) claimRound(ctx context.Context, c idempotency.Claim) (
 		return idempotency.ClaimResult{}, false, err
 	case !wouldWin(res.Record, c):
 		return res, true, nil
-	case s.dialect != MySQL:
-		return idempotency.ClaimResult{}, false, nil // the next round's statement wins it
 	}
-	res, err = retried(func() (idempotency.ClaimResult, error) { return s.mysqlWin(ctx, c) })
+	rec := res.Record
+	res, err = retried(func() (idempotency.ClaimResult, error) { return s.win(ctx, c, rec) })
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // it changed again
 		return idempotency.ClaimResult{}, false, nil
@@ -352,28 +351,49 @@ func existingArgs(sc idempotency.Scope) []any {
 		scopeHash(sc)}
 }
 
+// claimArgs are the twelve arguments of the statements that decide c on
+// PostgreSQL and SQLite (see claimSQL).
+func claimArgs(c idempotency.Claim) []any {
+	now := nanos(c.Now)
+	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
+	if c.ReplayWindow > 0 {
+		cutoff = subSat(now, c.ReplayWindow)
+	}
+	return scopeArgs(c.Scope, c.Fingerprint, int64(c.FingerprintVersion), c.Owner,
+		nanos(c.Now.Add(c.LeaseFor)), now, nullBytes(c.Request), cutoff)
+}
+
 // claimOnce runs the first statement of a claim once on q and reads its
 // row: sql.ErrNoRows when it returned none. It is the takeover-only UPDATE
 // when c.TakeoverOnly; on MySQL, the INSERT (a duplicate key is
 // sql.ErrNoRows), and nothing for a takeover-only claim.
 func (s *Store) claimOnce(ctx context.Context, q execer, c idempotency.Claim) (
 	idempotency.ClaimResult, error) {
-	if s.dialect == MySQL {
+	switch {
+	case s.dialect == MySQL:
 		return s.mysqlInsert(ctx, q, c)
+	case c.TakeoverOnly:
+		return scanClaim(q.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:10]...), c)
+	case s.dialect == SQLite:
+		return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)[:11]...), c)
 	}
-	now := nanos(c.Now)
-	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
-	if c.TakeoverOnly {
-		return scanClaim(q.QueryRowContext(ctx, s.q.takeover, scopeArgs(c.Scope,
-			c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, now)...), c)
+	return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)...), c)
+}
+
+// win takes over or restarts rec, the record c read and wins, if it is
+// still one c wins: one conditional UPDATE (queries.takeover or
+// queries.restart, chosen by rec's state and checked by its condition), or
+// on MySQL a transaction (mysqlWin). sql.ErrNoRows when the record changed
+// so that the UPDATE matched nothing.
+func (s *Store) win(ctx context.Context, c idempotency.Claim, rec idempotency.Record) (
+	idempotency.ClaimResult, error) {
+	switch {
+	case s.dialect == MySQL:
+		return s.mysqlWin(ctx, c)
+	case rec.State == idempotency.Completed:
+		return scanClaim(s.stmts.QueryRowContext(ctx, s.q.restart, claimArgs(c)...), c)
 	}
-	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
-	if c.ReplayWindow > 0 {
-		cutoff = subSat(now, c.ReplayWindow)
-	}
-	return scanClaim(q.QueryRowContext(ctx, s.q.claim, scopeArgs(c.Scope,
-		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now,
-		cutoff)...), c)
+	return scanClaim(s.stmts.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:10]...), c)
 }
 
 // scanClaim reads the row of a claim statement (see rowExisting) into the
