@@ -40,6 +40,7 @@ var stores = []storeCase{
 	{name: "memory", open: openMemory},
 	{name: "sqlite", open: openSQLite, reopen: reopenSQLite},
 	{name: "postgres", open: openPostgres, reopen: reopenPostgres},
+	{name: "mysql", open: openMySQL, reopen: reopenMySQL},
 }
 
 // backend is one fresh store and the faults it can take.
