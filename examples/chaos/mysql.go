@@ -23,7 +23,8 @@ import (
 // each other's rows.
 func openMySQL(ctx context.Context, dsn string, keep bool) (*backend, error) {
 	if dsn == "" {
-		return nil, errors.New("-store mysql needs -dsn (or SAFERETRY_MYSQL_DSN), e.g. root@tcp(127.0.0.1:3306)/test")
+		return nil, errors.New("-store mysql needs -dsn (or SAFERETRY_MYSQL_DSN), " +
+			"e.g. root@tcp(127.0.0.1:3306)/test")
 	}
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -82,20 +83,23 @@ func openMySQL(ctx context.Context, dsn string, keep bool) (*backend, error) {
 
 // mysqlInsert is the payment's INSERT on MySQL, which has no RETURNING: the
 // row's id is the result's LastInsertId.
-const mysqlInsert = "INSERT INTO payments (idem_key, account, order_id, amount_cents, created_at) VALUES (?, ?, ?, ?, ?)"
+const mysqlInsert = `INSERT INTO payments (idem_key, account, order_id, amount_cents, created_at)
+VALUES (?, ?, ?, ?, ?)`
 
 // createInMySQL is createPayment's write on MySQL: the payment row, in the
 // request's transaction (sqlstore.Tx), and its 201 answer.
-func (a *api) createInMySQL(w http.ResponseWriter, r *http.Request, key, acct string, p paymentRequest) {
+func (a *api) createInMySQL(w http.ResponseWriter, r *http.Request, key, acct string,
+	p paymentRequest) {
 	ctx := r.Context()
 	var (
 		res sql.Result
 		err error
 	)
+	args := []any{key, acct, p.Order, p.AmountCents, time.Now().UnixNano()}
 	if tx, ok := sqlstore.Tx(ctx); ok {
-		res, err = tx.ExecContext(ctx, mysqlInsert, key, acct, p.Order, p.AmountCents, time.Now().UnixNano())
+		res, err = tx.ExecContext(ctx, mysqlInsert, args...)
 	} else {
-		res, err = a.b.db.ExecContext(ctx, mysqlInsert, key, acct, p.Order, p.AmountCents, time.Now().UnixNano())
+		res, err = a.b.db.ExecContext(ctx, mysqlInsert, args...)
 	}
 	var id int64
 	if err == nil {
@@ -110,5 +114,6 @@ func (a *api) createInMySQL(w http.ResponseWriter, r *http.Request, key, acct st
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", "/payments/"+strconv.FormatInt(id, 10))
 	w.WriteHeader(http.StatusCreated)
-	_ = json.NewEncoder(w).Encode(paymentResponse{ID: id, Status: "captured", Order: p.Order, AmountCents: p.AmountCents})
+	_ = json.NewEncoder(w).Encode(paymentResponse{ID: id, Status: "captured", Order: p.Order,
+		AmountCents: p.AmountCents})
 }

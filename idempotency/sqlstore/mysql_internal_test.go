@@ -16,13 +16,15 @@ import (
 func TestMySQLErrorNumbers(t *testing.T) {
 	for n, want := range map[uint16]bool{1213: true, 1205: true, 1062: false, 1146: false} {
 		me := &mysql.MySQLError{Number: n, Message: "test"}
-		for _, err := range []error{me, fmt.Errorf("driver: %w", me), errors.Join(errors.New("other"), me), opErr("claim", me)} {
+		for _, err := range []error{me, fmt.Errorf("driver: %w", me),
+			errors.Join(errors.New("other"), me), opErr("claim", me)} {
 			require.Equal(t, n, mysqlErrorNumber(err), "%v", err)
 			require.Equal(t, want, isSerialization(err), "%v", err)
 			require.Equal(t, want, errors.Is(opErr("complete", err), ErrSerialization), "%v", err)
 		}
 	}
-	for _, err := range []error{nil, errors.New("Error 1213: not a MySQL error"), mysql.ErrInvalidConn} {
+	for _, err := range []error{nil, errors.New("Error 1213: not a MySQL error"),
+		mysql.ErrInvalidConn} {
 		require.Zero(t, mysqlErrorNumber(err), "%v", err)
 		require.False(t, isSerialization(err), "%v", err)
 	}

@@ -32,12 +32,14 @@ func createOrdersMySQL(t testing.TB, db *sql.DB) {
 	for _, s := range []string{
 		`CREATE TABLE customers (id VARCHAR(255) PRIMARY KEY)`,
 		`INSERT INTO customers (id) VALUES ('cus_1')`,
-		`CREATE TABLE orders (id VARCHAR(255) PRIMARY KEY, amount INTEGER NOT NULL, customer TEXT NOT NULL)`,
+		`CREATE TABLE orders (id VARCHAR(255) PRIMARY KEY, amount INTEGER NOT NULL,
+			customer TEXT NOT NULL)`,
 	} {
 		_, err := db.Exec(s)
 		require.NoError(t, err, s)
 	}
-	checkAtCommit(t, db, `SELECT COUNT(*) FROM orders o LEFT JOIN customers c ON c.id = o.customer WHERE c.id IS NULL`)
+	checkAtCommit(t, db, `SELECT COUNT(*) FROM orders o
+		LEFT JOIN customers c ON c.id = o.customer WHERE c.id IS NULL`)
 }
 
 // mysqlBackend is the MySQL entry of backends.
@@ -67,14 +69,18 @@ func waitLockWaits(t *testing.T, db *sql.DB, n int) {
 			return
 		}
 		if time.Now().After(deadline) {
-			rows, err := db.Query(`SELECT p.ID, p.DB, p.COMMAND, p.STATE, p.INFO, COALESCE(t.trx_state, '') FROM information_schema.PROCESSLIST p
-				LEFT JOIN information_schema.INNODB_TRX t ON p.ID = t.trx_mysql_thread_id WHERE p.DB = DATABASE()`)
+			rows, err := db.Query(`SELECT p.ID, p.DB, p.COMMAND, p.STATE, p.INFO,
+					COALESCE(t.trx_state, '')
+				FROM information_schema.PROCESSLIST p
+				LEFT JOIN information_schema.INNODB_TRX t ON p.ID = t.trx_mysql_thread_id
+				WHERE p.DB = DATABASE()`)
 			require.NoError(t, err)
 			for rows.Next() {
 				var id int64
 				var db, cmd, state, info, trx sql.NullString
 				require.NoError(t, rows.Scan(&id, &db, &cmd, &state, &info, &trx))
-				t.Logf("session %d: %s %s %q %q trx %s", id, db.String, cmd.String, state.String, info.String, trx.String)
+				t.Logf("session %d: %s %s %q %q trx %s", id, db.String, cmd.String, state.String,
+					info.String, trx.String)
 			}
 			rows.Close()
 			t.Fatalf("%d of %d transactions wait for a lock", waiting, n)
@@ -96,7 +102,8 @@ func TestMySQLClaimsBehindAReleaseDeadlockAndRetry(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, won)
 	var hash []byte
-	require.NoError(t, db.QueryRow(`SELECT scope_hash FROM `+sqlstore.DefaultTable+` WHERE idem_key = $1`, []byte("k")).Scan(&hash))
+	require.NoError(t, db.QueryRow(`SELECT scope_hash FROM `+sqlstore.DefaultTable+
+		` WHERE idem_key = $1`, []byte("k")).Scan(&hash))
 
 	release, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
@@ -133,7 +140,8 @@ func TestMySQLClaimsBehindAReleaseDeadlockAndRetry(t *testing.T) {
 	require.Len(t, existing, 1)
 	require.Equal(t, created[0].Owner, existing[0].Owner, "the loser names the winner")
 	require.EqualValues(t, 1, created[0].Generation)
-	require.Positive(t, poolOf(t, db).deadlocks.Load(), "InnoDB reported the deadlock, and the claim was run again")
+	require.Positive(t, poolOf(t, db).deadlocks.Load(),
+		"InnoDB reported the deadlock, and the claim was run again")
 }
 
 // openMySQLStore opens a migrated store on a fresh database whose pool sets
@@ -169,7 +177,8 @@ func TestMySQLLockWaitTimeoutIsRetriedWithinTheBound(t *testing.T) {
 	lock := func() *sql.Tx {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		_, err = tx.Exec(`SELECT generation FROM `+sqlstore.DefaultTable+` WHERE idem_key = $1 FOR UPDATE`, []byte("k"))
+		_, err = tx.Exec(`SELECT generation FROM `+sqlstore.DefaultTable+
+			` WHERE idem_key = $1 FOR UPDATE`, []byte("k"))
 		require.NoError(t, err)
 		return tx
 	}
@@ -236,7 +245,8 @@ func TestMySQLChurnAtEveryIsolationLevel(t *testing.T) {
 			var got string
 			require.NoError(t, db.QueryRow(`SELECT @@`+param).Scan(&got))
 			require.Equal(t, level, got)
-			_, err := db.Exec(`CREATE TABLE charges (id BIGINT AUTO_INCREMENT PRIMARY KEY, idem_key VARCHAR(64) NOT NULL)`)
+			_, err := db.Exec(`CREATE TABLE charges (id BIGINT AUTO_INCREMENT PRIMARY KEY,
+				idem_key VARCHAR(64) NOT NULL)`)
 			require.NoError(t, err)
 
 			var (
@@ -269,14 +279,16 @@ func TestMySQLChurnAtEveryIsolationLevel(t *testing.T) {
 					http.Error(w, "no transaction", http.StatusInternalServerError)
 					return
 				}
-				if _, err := tx.ExecContext(r.Context(), `INSERT INTO charges (idem_key) VALUES (?)`, key); err != nil {
+				const insert = `INSERT INTO charges (idem_key) VALUES (?)`
+				if _, err := tx.ExecContext(r.Context(), insert, key); err != nil {
 					http.Error(w, err.Error(), http.StatusInternalServerError)
 					return
 				}
 				w.WriteHeader(http.StatusCreated)
 			})
 			mw := idempotency.New(s, idempotency.WithAnonymousKeys(true),
-				idempotency.WithLogger(slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+				idempotency.WithLogger(slog.New(slog.NewTextHandler(testWriter{t},
+					&slog.HandlerOptions{Level: slog.LevelWarn}))))
 			srv := httptest.NewServer(mw.Wrap(h))
 			t.Cleanup(srv.Close)
 
@@ -319,9 +331,11 @@ func TestMySQLChurnAtEveryIsolationLevel(t *testing.T) {
 					counts["201 replayed"]++
 				case a.status == http.StatusCreated:
 					counts["201"]++
-				case a.status == http.StatusConflict && strings.Contains(a.body, string(idempotency.CodeInProgress)):
+				case a.status == http.StatusConflict &&
+					strings.Contains(a.body, string(idempotency.CodeInProgress)):
 					counts["409"]++
-				case a.status == http.StatusServiceUnavailable && strings.HasPrefix(a.body, "handler:"):
+				case a.status == http.StatusServiceUnavailable &&
+					strings.HasPrefix(a.body, "handler:"):
 					counts["handler 503"]++
 				default:
 					t.Errorf("answer %d %q", a.status, a.body)
@@ -339,7 +353,8 @@ func TestMySQLChurnAtEveryIsolationLevel(t *testing.T) {
 
 // postKey posts to srv with key, for goroutines other than the test's.
 func postKey(srv *httptest.Server, key string) answer {
-	req, err := http.NewRequest(http.MethodPost, srv.URL+"/charges", strings.NewReader(`{"amount":1}`))
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/charges",
+		strings.NewReader(`{"amount":1}`))
 	if err != nil {
 		return answer{body: err.Error()}
 	}
@@ -354,7 +369,8 @@ func postKey(srv *httptest.Server, key string) answer {
 	if err != nil {
 		return answer{body: err.Error()}
 	}
-	return answer{status: resp.StatusCode, body: string(b), replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}
+	return answer{status: resp.StatusCode, body: string(b),
+		replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}
 }
 
 type testWriter struct{ t *testing.T }
@@ -404,12 +420,14 @@ func TestMySQLOpenRefusesAMismatchedDialect(t *testing.T) {
 func TestMySQLMigrateTwiceAndConcurrently(t *testing.T) {
 	s, db := newStore(t, mysqlBackend(t))
 	ctx := t.Context()
-	require.True(t, strings.HasPrefix(s.Schema(), "CREATE TABLE IF NOT EXISTS "+sqlstore.DefaultTable+" ("))
+	require.True(t, strings.HasPrefix(s.Schema(),
+		"CREATE TABLE IF NOT EXISTS "+sqlstore.DefaultTable+" ("))
 	require.Contains(t, s.Schema(), "scope_hash          BINARY(32) NOT NULL PRIMARY KEY")
 	rec, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 	require.NoError(t, err)
 	require.True(t, won)
-	require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201, Body: []byte("ok")}, t0))
+	require.NoError(t, s.Complete(ctx, rec.Lease(),
+		idempotency.Response{Status: 201, Body: []byte("ok")}, t0))
 
 	require.NoError(t, s.Migrate(ctx), "a second Migrate")
 	errs := make(chan error, 4)
@@ -445,7 +463,7 @@ func TestMySQLMigrateTwiceAndConcurrently(t *testing.T) {
 		"the primary key and an index for each background job, nothing else")
 	var engine string
 	require.NoError(t, db.QueryRow(`SELECT engine FROM information_schema.TABLES
-		WHERE table_schema = DATABASE() AND table_name = '`+sqlstore.DefaultTable+`'`).Scan(&engine))
+		WHERE table_schema = DATABASE() AND table_name = $1`, sqlstore.DefaultTable).Scan(&engine))
 	require.Equal(t, "InnoDB", engine)
 }
 
@@ -463,7 +481,8 @@ func TestMySQLScopeHashMatchesDocumentedSQL(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, won, "scope %d", i)
 	}
-	require.Equal(t, 3, count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable+` WHERE scope_hash =
+	require.Equal(t, 3, count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable+`
+	WHERE scope_hash =
 	UNHEX(SHA2(CONCAT(UNHEX(LPAD(HEX(LENGTH(principal)), 16, '0')), principal,
 	                  UNHEX(LPAD(HEX(LENGTH(method)), 16, '0')), method,
 	                  UNHEX(LPAD(HEX(LENGTH(route)), 16, '0')), route,
@@ -512,16 +531,19 @@ func TestMySQLWriteThatChangesNothingKeepsTheLease(t *testing.T) {
 				require.NoError(t, s.EndLease(ctx, l, t0.Add(time.Second)))
 			}
 
-			_, won, err = claimed(s.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(2*time.Second))))
+			_, won, err = claimed(s.Claim(ctx,
+				claimAt(scope("k"), "B", "fp", t0.Add(2*time.Second))))
 			require.NoError(t, err)
 			require.True(t, won, "the ended lease is taken over")
 			require.ErrorIs(t, s.Heartbeat(ctx, l, until), idempotency.ErrLeaseLost)
-			require.ErrorIs(t, s.SetRecoveryPoint(ctx, l, "p", []byte("d"), t0), idempotency.ErrLeaseLost)
+			require.ErrorIs(t, s.SetRecoveryPoint(ctx, l, "p", []byte("d"), t0),
+				idempotency.ErrLeaseLost)
 			u, uctx, err = s.Begin(ctx, l)
 			require.NoError(t, err)
 			_, began = sqlstore.Tx(uctx)
 			require.True(t, began)
-			require.ErrorIs(t, u.SetRecoveryPoint(ctx, "p", []byte("d"), t0), idempotency.ErrLeaseLost)
+			require.ErrorIs(t, u.SetRecoveryPoint(ctx, "p", []byte("d"), t0),
+				idempotency.ErrLeaseLost)
 			require.ErrorIs(t, u.Commit(), idempotency.ErrLeaseLost)
 			u, _, err = s.Begin(ctx, l)
 			require.NoError(t, err)

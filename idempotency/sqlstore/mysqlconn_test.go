@@ -262,14 +262,16 @@ func (c *mysqlTestConn) PrepareContext(ctx context.Context, q string) (driver.St
 	return &mysqlTestStmt{Stmt: st, q: q, c: c}, nil
 }
 
-func (c *mysqlTestConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+func (c *mysqlTestConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (
+	driver.Result, error) {
 	q = mysqlRebind(q)
 	res, err := c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 	c.add(q, err)
 	return res, err
 }
 
-func (c *mysqlTestConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+func (c *mysqlTestConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (
+	driver.Rows, error) {
 	q = mysqlRebind(q)
 	rows, err := c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
 	c.add(q, err)
@@ -329,13 +331,15 @@ type mysqlTestStmt struct {
 	c *mysqlTestConn
 }
 
-func (s *mysqlTestStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+func (s *mysqlTestStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (
+	driver.Result, error) {
 	res, err := s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 	s.c.add(s.q, err)
 	return res, err
 }
 
-func (s *mysqlTestStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+func (s *mysqlTestStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (
+	driver.Rows, error) {
 	rows, err := s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
 	s.c.add(s.q, err)
 	return rows, err
