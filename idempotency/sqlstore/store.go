@@ -152,8 +152,8 @@ func WithTable(name string) Option {
 // Store is an idempotency.Store and idempotency.Transactor over database/sql.
 // It is safe for concurrent use by many goroutines and, with PostgreSQL or
 // MySQL (or SQLite on one host, through the file's locks), by many
-// processes sharing the same table. It never reads a clock: every time comes from its
-// arguments.
+// processes sharing the same table. It never reads a clock: every time
+// comes from its arguments.
 type Store struct {
 	db      *sql.DB
 	stmts   *stmtCache // runs the stand-alone statements on db
@@ -240,17 +240,19 @@ func splitStatements(ddl string) []string {
 // if the row under the scope's digest holds the same scope parts, and
 // otherwise changes nothing; every answer is the record as one statement
 // saw it, at a moment between the call and its return. Its first statement
-// decides every claim that nothing races on PostgreSQL, and creates the
-// record on SQLite (or takes it over) and MySQL. When it returns no record
-// to answer from (on SQLite and MySQL, every claim that meets a record; on
-// PostgreSQL, a record committed after the statement began) a read fetches
-// the record; when that record is one the claim wins (it changed since the
-// first statement, or SQLite's and MySQL's first statement cannot win it),
-// one more step wins it: a conditional UPDATE, or on MySQL a short locking
-// transaction. A record that changes under each of these again makes the
-// claim start over, at most three rounds. A row under the digest that
-// holds another scope (a SHA-256 collision) is never changed: the claim
-// fails. Errors are *OpError with Op "claim".
+// decides the claim on PostgreSQL unless a concurrent write changed the
+// record under it; on SQLite it creates the record or takes it over, and
+// on MySQL it creates it. When that statement returns no record to answer
+// from (on SQLite and MySQL, every claim that meets a record it does not
+// win; on PostgreSQL, a record committed after the statement began) a read
+// fetches the record; when the claim wins that record (it changed since
+// the first statement, or the first statement could not win it: a restart
+// on SQLite, any takeover or restart on MySQL), one more step wins it: a
+// conditional UPDATE, or on MySQL a short locking transaction. A record
+// that changes under each of these again makes the claim start over, at
+// most three rounds. A row under the digest that holds another scope (a
+// SHA-256 collision) is never changed: the claim fails. Errors are
+// *OpError with Op "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	for range claimRounds {
 		res, decided, err := s.claimRound(ctx, c)
@@ -352,7 +354,9 @@ func existingArgs(sc idempotency.Scope) []any {
 }
 
 // claimArgs are the twelve arguments of the statements that decide c on
-// PostgreSQL and SQLite (see claimSQL).
+// PostgreSQL and SQLite (see claimSQL): the restart and PostgreSQL's claim
+// take them all, SQLite's claim the first sqliteClaimArgs, the takeover the
+// first takeoverArgs.
 func claimArgs(c idempotency.Claim) []any {
 	now := nanos(c.Now)
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
@@ -362,6 +366,11 @@ func claimArgs(c idempotency.Claim) []any {
 	return scopeArgs(c.Scope, c.Fingerprint, int64(c.FingerprintVersion), c.Owner,
 		nanos(c.Now.Add(c.LeaseFor)), now, nullBytes(c.Request), cutoff)
 }
+
+const (
+	takeoverArgs    = 10
+	sqliteClaimArgs = 11
+)
 
 // claimOnce runs the first statement of a claim once on q and reads its
 // row: sql.ErrNoRows when it returned none. It is the takeover-only UPDATE
@@ -373,9 +382,9 @@ func (s *Store) claimOnce(ctx context.Context, q execer, c idempotency.Claim) (
 	case s.dialect == MySQL:
 		return s.mysqlInsert(ctx, q, c)
 	case c.TakeoverOnly:
-		return scanClaim(q.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:10]...), c)
+		return scanClaim(q.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:takeoverArgs]...), c)
 	case s.dialect == SQLite:
-		return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)[:11]...), c)
+		return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)[:sqliteClaimArgs]...), c)
 	}
 	return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)...), c)
 }
@@ -393,7 +402,7 @@ func (s *Store) win(ctx context.Context, c idempotency.Claim, rec idempotency.Re
 	case rec.State == idempotency.Completed:
 		return scanClaim(s.stmts.QueryRowContext(ctx, s.q.restart, claimArgs(c)...), c)
 	}
-	return scanClaim(s.stmts.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:10]...), c)
+	return scanClaim(s.stmts.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:takeoverArgs]...), c)
 }
 
 // scanClaim reads the row of a claim statement (see rowExisting) into the
