@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/saferetry/saferetry/internal/wait"
 )
 
 // Completer drives abandoned requests to completion in the background: the
@@ -107,9 +105,12 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 	c.mu.Lock()
 	extra := min(len(c.unresumable)+len(c.backoff), 10*completeBatch)
 	c.mu.Unlock()
-	sctx, cancel := storeCtx(ctx)
-	recs, err := c.m.store.Abandoned(sctx, time.Now(), completeBatch+extra)
-	cancel()
+	var recs []Record
+	err := c.m.call(ctx, OpAbandoned, Scope{}, func(ctx context.Context) error {
+		var err error
+		recs, err = c.m.store.Abandoned(ctx, time.Now(), completeBatch+extra)
+		return err
+	})
 	if err != nil {
 		return rep, fmt.Errorf("idempotency: completer: listing abandoned records: %w", err)
 	}
@@ -219,12 +220,10 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 	}
 	// A takeover only: a completed record is never restarted and one that
 	// vanished is not recreated.
-	sctx, cancel := storeCtx(ctx)
-	res, err := c.m.store.Claim(sctx, Claim{
+	res, err := c.m.claim(ctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
 		Owner: uuid.NewString(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
 	})
-	cancel()
 	if err != nil {
 		return "", fmt.Errorf("idempotency: completer: claim: %w", err)
 	}
@@ -299,7 +298,7 @@ type resumption struct {
 
 func (e *resumption) do(w http.ResponseWriter, r *http.Request) {
 	e.ran = true
-	e.outcome = e.h.run(w, r, context.WithoutCancel(r.Context()), r.Context(), e.req, e.res, true)
+	e.outcome = e.h.run(w, r, e.req, e.res, true)
 }
 
 // discardWriter is the response writer of a resumption: it has no client.
@@ -342,24 +341,4 @@ func (c *Completer) Start(ctx context.Context, interval time.Duration) (stop fun
 		_, _ = c.RunOnce(ctx)
 		return interval
 	})
-}
-
-// every runs f in a goroutine at once and then again after the pause f
-// returns, until ctx ends or stop is called; stop cancels f's context and
-// waits for the goroutine to return.
-func every(ctx context.Context, f func(ctx context.Context) (pause time.Duration)) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			if wait.Sleep(ctx, f(ctx)) != nil {
-				return
-			}
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
 }

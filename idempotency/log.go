@@ -141,12 +141,10 @@ func (o *logObserver) storeCall(ctx context.Context, e Event) {
 	if e.Err == nil {
 		return
 	}
+	// A lost lease is an answer: the execution's outcome reports it.
 	lost := errors.Is(e.Err, ErrLeaseLost)
 	switch {
-	case e.Op == OpHeartbeat && lost:
-		o.l.LogAttrs(ctx, slog.LevelWarn, "idempotency: the lease was lost while the handler ran; its context is canceled",
-			scopeAttrs(e.Scope)...)
-	case e.Op == OpHeartbeat:
+	case e.Op == OpHeartbeat && !lost:
 		o.l.LogAttrs(ctx, slog.LevelWarn, "idempotency: heartbeat failed",
 			scopeAttrs(e.Scope, slog.String("error", e.Err.Error()))...)
 	case (e.Op == OpRelease || e.Op == OpEndLease) && !lost:

@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,41 +22,6 @@ const ReplayedHeader = "Idempotent-Replayed"
 // stored-body cap: its replays answer CodeResponseNotReplayable. It never
 // reaches a client.
 const notReplayableHeader = "Saferetry-Not-Replayable"
-
-// storeTimeout bounds each store call the library makes on its own behalf
-// (storeCtx), and the wait for a unit of work to begin (begin).
-const storeTimeout = 10 * time.Second
-
-// storeCtx returns the context of a store call the library makes on its own
-// behalf: ctx, with at most storeTimeout left, so that a hung store (a lock,
-// a network partition, an exhausted pool) never stops a request or a job
-// for good. Callers that must outlive their client pass a context without
-// its cancellation.
-func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, storeTimeout)
-}
-
-// errBeginTimeout ends the wait of begin.
-var errBeginTimeout = fmt.Errorf("idempotency: the store did not begin a unit of work within %v: %w",
-	storeTimeout, context.DeadlineExceeded)
-
-// begin begins a unit of work for l on ctx without its cancellation,
-// waiting at most storeTimeout for the store to begin it. The unit lives
-// until its Commit or Rollback, however long the work in it takes, so its
-// context (which a SQL transaction keeps for its whole life) is not given
-// a deadline: a timer cancels it only while Begin has not returned.
-func (m *Middleware) begin(ctx context.Context, l Lease) (Unit, context.Context, error) {
-	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	timer := time.AfterFunc(storeTimeout, func() { cancel(errBeginTimeout) })
-	u, uctx, err := m.tx.Begin(bctx, l)
-	if !timer.Stop() { // the wait ran out: bctx is canceled, and the unit with it
-		if err == nil {
-			_ = u.Rollback()
-		}
-		return nil, ctx, errBeginTimeout
-	}
-	return u, uctx, err
-}
 
 // pollInterval is how often a request waiting on a record in progress reads
 // it (WithMaxInProgressWait).
@@ -250,9 +214,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			// The key is ours: the handler runs to its end even if the
 			// client goes away, so that its response is stored and the
 			// client's retry replays it instead of running the work again.
-			hctx, cancel := detach(ctx, bg)
-			defer cancel() // also when the handler panics
-			h.run(w, r, bg, hctx, req, res, false)
+			h.run(w, r, req, res, false)
 			return
 		}
 		rec := res.Record
@@ -275,14 +237,10 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			if wait.Sleep(ctx, min(left, pollInterval)) != nil {
 				return // the client went away while it waited: nobody to answer
 			}
-			start := time.Now()
-			gctx, cancel := storeCtx(ctx)
-			rec, err = m.store.Get(gctx, req.scope)
-			cancel()
+			rec, err = m.get(ctx, req.scope)
 			if ctx.Err() != nil {
 				return // the client went away: not a store outage
 			}
-			m.obs.storeCall(ctx, OpGet, req.scope, start, err)
 			if errors.Is(err, ErrNotFound) && claims < 3 {
 				break // released: claim again
 			}
@@ -301,16 +259,6 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			}
 		}
 	}
-}
-
-// claim claims c.Scope, bounded by storeTimeout.
-func (m *Middleware) claim(bg context.Context, c Claim) (ClaimResult, error) {
-	ctx, cancel := storeCtx(bg)
-	defer cancel()
-	start := time.Now()
-	res, err := m.store.Claim(ctx, c)
-	m.obs.storeCall(bg, OpClaim, c.Scope, start, err)
-	return res, err
 }
 
 // sameRequest reports whether rec was made by the request req: its

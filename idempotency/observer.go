@@ -30,9 +30,11 @@ type Observer struct {
 	// for CodeStoreUnavailable and CodeStoreFull the store's error (Err),
 	// for CodePrincipalUnavailable the principal function's.
 	Refused func(ctx context.Context, e Event)
-	// StoreCall: a store call of the request path ended: Op (an Op*
-	// constant), Duration its latency, Err its error. ErrNotFound, ErrLeaseLost,
-	// ErrStoreFull and ErrRecordTooLarge are answers, not failures.
+	// StoreCall: a store call that the middleware, its Completer or its
+	// Reaper made ended (every call each makes): Op (an Op* constant),
+	// Scope (zero for OpAbandoned and OpDeleteBefore), Duration its
+	// latency, Err its error. ErrNotFound, ErrLeaseLost, ErrStoreFull and
+	// ErrRecordTooLarge are answers, not failures.
 	StoreCall func(ctx context.Context, e Event)
 	// Unfinished: the Reaper is about to delete rec, an in-progress record
 	// whose lease ended before the cleanup horizon: its request started and
@@ -89,18 +91,25 @@ const (
 	OutcomeUnresumable Outcome = "unresumable"
 )
 
-// Op is a store call of the request path, in Event.Op of
-// Observer.StoreCall: a snake_case label for logs and metrics.
+// Op is a store call, in Event.Op of Observer.StoreCall: a snake_case
+// label for logs and metrics. Each Store, Transactor and Unit method the
+// library calls has its own; a Unit's Commit is part of the write it
+// commits.
 type Op string
 
-// The store calls of the request path.
+// The store calls.
 const (
-	OpClaim     Op = "claim"
-	OpGet       Op = "get" // waiting on a record in progress
-	OpHeartbeat Op = "heartbeat"
-	OpEndLease  Op = "end_lease"
-	OpComplete  Op = "complete" // with a unit: its completion and commit
-	OpRelease   Op = "release"
+	OpClaim            Op = "claim"
+	OpGet              Op = "get"
+	OpHeartbeat        Op = "heartbeat"
+	OpEndLease         Op = "end_lease"
+	OpComplete         Op = "complete" // with a unit: its completion and commit
+	OpRelease          Op = "release"
+	OpSetRecoveryPoint Op = "set_recovery_point" // with a unit: the phase's and its commit
+	OpBegin            Op = "begin"
+	OpRollback         Op = "rollback"
+	OpAbandoned        Op = "abandoned"
+	OpDeleteBefore     Op = "delete_before"
 )
 
 // observers calls every Observer in order.

@@ -174,16 +174,30 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	return rec, nil
 }
 
+// leave ends the running phase: its unit, if it has one that did not
+// commit (fn failed or panicked, or the commit failed), is rolled back.
 func (r *Run) leave() {
 	r.mu.Lock()
-	r.inPhase, r.phase = false, ""
+	u := r.phaseUnit
+	r.inPhase, r.phase, r.phaseUnit = false, "", nil
+	r.mu.Unlock()
+	if u != nil {
+		r.m.rollback(r.bg, r.Scope, u)
+	}
+}
+
+// openPhaseUnit records u as the running phase's unit, for leave.
+func (r *Run) openPhaseUnit(u Unit) {
+	r.mu.Lock()
+	r.phaseUnit = u
 	r.mu.Unlock()
 }
 
-// saved records a commit of the recovery data.
+// saved records a commit of the recovery data: the running phase's unit,
+// if any, committed with it.
 func (r *Run) saved(rec recovery, point string) {
 	r.mu.Lock()
-	r.rec, r.point = &rec, point
+	r.rec, r.point, r.phaseUnit = &rec, point, nil
 	r.mu.Unlock()
 }
 
@@ -206,10 +220,12 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 	if !force && now.Before(until) {
 		return nil
 	}
-	sctx, cancel := storeCtx(context.WithoutCancel(ctx)) // on when the client goes away, as commit's
-	defer cancel()
 	next := now.Add(r.m.cfg.lease)
-	if err := r.m.store.Heartbeat(sctx, r.Lease, next); err != nil {
+	// On when the client goes away, as commit's.
+	err := r.m.call(context.WithoutCancel(ctx), OpHeartbeat, r.Scope, func(ctx context.Context) error {
+		return r.m.store.Heartbeat(ctx, r.Lease, next)
+	})
+	if err != nil {
 		r.lost(err)
 		return err
 	}
@@ -259,7 +275,7 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 		if err != nil {
 			return nil, &PhaseError{Phase: name, Op: "begin", Err: err}
 		}
-		defer func() { _ = u.Rollback() }() // a no-op after Commit
+		r.openPhaseUnit(u) // leave rolls it back unless it committed
 		pc.unit, pc.ctx = u, uctx
 	}
 	fctx := context.WithValue(ctx, phaseKey{}, pc)
@@ -282,17 +298,16 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery) error {
 	// The record's writes go on when the client goes away: the work is
 	// done, and recording it is what makes a retry safe.
-	sctx, cancel := storeCtx(context.WithoutCancel(ctx))
-	defer cancel()
 	data, now := rec.encode(), time.Now()
-	var err error
-	if unit != nil {
-		if err = unit.SetRecoveryPoint(sctx, point, data, now); err == nil {
-			err = unit.Commit()
+	err := r.m.call(context.WithoutCancel(ctx), OpSetRecoveryPoint, r.Scope, func(ctx context.Context) error {
+		if unit == nil {
+			return r.m.store.SetRecoveryPoint(ctx, r.Lease, point, data, now)
 		}
-	} else {
-		err = r.m.store.SetRecoveryPoint(sctx, r.Lease, point, data, now)
-	}
+		if err := unit.SetRecoveryPoint(ctx, point, data, now); err != nil {
+			return err
+		}
+		return unit.Commit()
+	})
 	if err != nil {
 		r.lost(err)
 		return err

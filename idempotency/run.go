@@ -30,7 +30,7 @@ type Run struct {
 
 	m            *Middleware
 	recoveryData []byte                  // the record's at the claim
-	bg           context.Context         // not canceled with the client: the request's unit lives in it
+	bg           context.Context         // the request's without its cancellation: the execution's store calls
 	execID       string                  // storedRequest.ID: the base of downstream keys
 	created      time.Time               // the record's CreatedAt: the base without an ID
 	cancel       context.CancelCauseFunc // cancels the handler's context
@@ -46,6 +46,7 @@ type Run struct {
 	done       bool            // the handler returned
 	expired    bool            // the lease ran out while heartbeats failed: no new phase may start
 	inPhase    bool
+	phaseUnit  Unit      // the running phase's unit until it commits
 	phase      string    // the running phase's name, while inPhase
 	rec        *recovery // decoded lazily from recoveryData
 	point      string    // the current recovery point
@@ -143,7 +144,7 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	case r.done:
 		// The handler returned while the unit began (Unit was called by
 		// a goroutine of its own): the completion never sees this unit.
-		_ = u.Rollback()
+		r.m.rollback(r.bg, r.Scope, u)
 		return nil, ctx, errRunDone
 	}
 	r.unit, r.unitCtx = u, uctx
