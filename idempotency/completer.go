@@ -20,11 +20,16 @@ import (
 // at the claim (method, URL, host, content type and body: no credentials)
 // and runs its route's handler through the middleware's own execution:
 // phases resume after the last committed one, and the response is stored
-// for the client's retry to replay. Handlers it runs take the principal
-// from Run.Scope, not from the request.
+// for the client's retry to replay. Handlers take the principal from
+// Run.Scope (FromContext), live and on resume alike, never from the
+// request's headers. A 401 or 403 that a resumed handler answers (it, or
+// an auth layer in front of it, looked for credentials) is never stored:
+// the record is kept, its lease ended, for the client's retry to take over
+// with its credentials (OutcomeNeedsCredentials, logged at Warn).
 //
-// It backs off from a record it fails to finish (kept, panicked, lost its
-// lease, met a store failure): after n failures in a row it skips the
+// It backs off from a record it fails to finish (kept, refused for want of
+// credentials, panicked, lost its lease, met a store failure): after n
+// failures in a row it skips the
 // record for min(2^n minutes, 1 hour), counted in memory per Completer. A
 // record whose route has no handler, or whose request cannot be rebuilt,
 // is reported once ("unresumable") and left for the Reaper. Several
@@ -79,8 +84,11 @@ type CompleterReport struct {
 	Completed int // taken over and driven to a stored response
 	Released  int // ran to an answer that is not stored, with no phase committed: the key was released
 	Kept      int // ran to an answer that is not stored after a committed phase: kept for a resume
-	Skipped   int // not run: unresumable, backing off, over the batch, or taken by someone else first
-	Failed    int // the handler panicked, the lease was lost, or the store failed during the run
+	// NeedCredentials counts the records whose handler answered 401 or 403:
+	// not resumable without credentials, kept for the client's retry.
+	NeedCredentials int
+	Skipped         int // not run: unresumable, backing off, over the batch, or taken by someone else first
+	Failed          int // the handler panicked, the lease was lost, or the store failed during the run
 }
 
 // RunOnce lists the abandoned records (up to 100 to take over, plus those it
@@ -141,6 +149,8 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 			rep.Released++
 		case OutcomeKept, OutcomeIncomplete:
 			rep.Kept++
+		case OutcomeNeedsCredentials:
+			rep.NeedCredentials++
 		default:
 			rep.Failed++
 		}

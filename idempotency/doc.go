@@ -36,6 +36,18 @@
 // stored: 503 CodeRequestIncomplete. Every answer of the middleware's own
 // is RFC 9457 problem+json with a stable code.
 //
+// # The principal
+//
+// WithPrincipal's function names the authenticated caller of a request, the
+// first part of its scope. A handler takes it from the library, never from
+// the request: FromContext(ctx) returns the Run, and Run.Scope.Principal is
+// that value, live and when the Completer resumes the request alike. A
+// resumed request carries the method, URL, host, content type and body
+// saved at the claim and no other header: no credentials, no cookies, no
+// key. A 401 or 403 that a resumed handler (or an auth layer in front of
+// it) answers is therefore never stored: the record waits for the client's
+// retry, which has its credentials (see Completer).
+//
 // # Policy
 //
 // The replay window (24 h), the lease (30 s) and the cleanup horizon (72 h,

@@ -90,7 +90,7 @@ func (x *execution) end(returned bool) Outcome {
 	if returned {
 		outcome, err = x.finish()
 	} else {
-		err = x.settle(nil).err
+		err = x.settle(nil, false).err
 	}
 	cause := context.Cause(x.ctx)
 	x.cancel()
@@ -119,12 +119,15 @@ func (x *execution) finish() (Outcome, error) {
 	// (a 409, a 500) would make the client give up while the call may have
 	// gone through.
 	incomplete := strings.HasPrefix(x.run.currentPoint(), intentPrefix)
+	// A resumed request carries no credentials: a refusal is the resume's,
+	// not the client's. The client's retry, which has them, takes over.
+	refused := x.background && (status == http.StatusUnauthorized || status == http.StatusForbidden)
 	var resp *Response
-	if !incomplete && x.m.stores(status) {
+	if !incomplete && !refused && x.m.stores(status) {
 		r := x.response()
 		resp = &r
 	}
-	s := x.settle(resp)
+	s := x.settle(resp, refused)
 	switch {
 	case errors.Is(s.err, ErrLeaseLost):
 		x.answerLost()
@@ -145,6 +148,8 @@ func (x *execution) finish() (Outcome, error) {
 	switch {
 	case resp != nil:
 		return OutcomeCompleted, nil
+	case refused:
+		return OutcomeNeedsCredentials, nil
 	case s.kept:
 		return OutcomeKept, nil
 	}
@@ -171,8 +176,9 @@ type settled struct {
 //  4. otherwise the unit is rolled back, a beat still in flight is waited
 //     for (it would extend again the lease that 5 ends), and
 //  5. the key is given up: Release, or EndLease when the record holds a
-//     recovery point, so that a retry takes it over and resumes.
-func (x *execution) settle(resp *Response) settled {
+//     recovery point or keep is set, so that a retry takes it over and
+//     resumes.
+func (x *execution) settle(resp *Response, keep bool) settled {
 	x.hb.stop()
 	unit, err := x.run.close()
 	if err != nil {
@@ -193,7 +199,7 @@ func (x *execution) settle(resp *Response) settled {
 		return s // a successor owns the record: nothing to give up
 	}
 	x.hb.settle()
-	kept, err := x.giveUp()
+	kept, err := x.giveUp(keep)
 	s.kept = kept
 	if err != nil {
 		s.err = err
@@ -218,12 +224,14 @@ func (x *execution) complete(unit Unit, resp Response) error {
 }
 
 // giveUp gives the key up after an answer that is not stored: Release,
-// unless the record holds a recovery point, whose lease is then ended at
-// once so that a retry takes it over and resumes. It reports whether the
-// record was kept, and ErrLeaseLost when a successor owns the record.
-func (x *execution) giveUp() (kept bool, err error) {
+// unless the record holds a recovery point or keep is set; the record's
+// lease is then ended at once so that a retry takes it over and resumes.
+// It reports whether the record was kept, and ErrLeaseLost when a
+// successor owns the record.
+func (x *execution) giveUp(keep bool) (kept bool, err error) {
 	bg := x.run.bg
-	lease, keep := x.run.Lease, x.run.currentPoint() != ""
+	lease := x.run.Lease
+	keep = keep || x.run.currentPoint() != ""
 	if !keep {
 		// A phase may have committed with a write whose answer was lost:
 		// the store knows.

@@ -101,6 +101,9 @@ func (o *logObserver) executed(ctx context.Context, e Event) {
 		level, msg = slog.LevelWarn, "idempotency: the lease was lost before completion; the response is discarded"
 	case OutcomeFailed:
 		level, msg = slog.LevelError, "idempotency: the store failed at the end of the request"
+	case OutcomeNeedsCredentials:
+		level, msg = slog.LevelWarn, "idempotency completer: the resumed request was refused for want of "+
+			"credentials (401 or 403), which a resume never carries; it is kept for the client's retry"
 	case OutcomeUnresumable:
 		level, msg = slog.LevelWarn, "idempotency completer: an abandoned request cannot be resumed; it stays until the Reaper deletes it"
 	}
@@ -181,7 +184,8 @@ func (o *logObserver) completerRun(ctx context.Context, rep CompleterReport, err
 	}
 	o.l.LogAttrs(ctx, level, "idempotency completer: run finished",
 		slog.Int("found", rep.Found), slog.Int("completed", rep.Completed), slog.Int("released", rep.Released),
-		slog.Int("kept", rep.Kept), slog.Int("skipped", rep.Skipped), slog.Int("failed", rep.Failed))
+		slog.Int("kept", rep.Kept), slog.Int("need_credentials", rep.NeedCredentials),
+		slog.Int("skipped", rep.Skipped), slog.Int("failed", rep.Failed))
 }
 
 func (o *logObserver) reaperRun(ctx context.Context, rep ReaperReport, err error) {

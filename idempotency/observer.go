@@ -86,6 +86,12 @@ const (
 	// OutcomeFailed: a store call failed (Err); a unit's writes did not
 	// commit (503), or a response made outside one was sent unstored.
 	OutcomeFailed Outcome = "failed"
+	// OutcomeNeedsCredentials (Completer only): the resumed handler
+	// answered 401 or 403. A resumed request carries no credentials, so
+	// that answer is never stored: the record stays in progress, its lease
+	// ended, for the client's retry (which has them) to take over and
+	// resume; the Completer backs off from it.
+	OutcomeNeedsCredentials Outcome = "needs_credentials"
 	// OutcomeUnresumable (Completer only): no handler for the record's
 	// route, or its stored request cannot be rebuilt (Err); it was not run.
 	OutcomeUnresumable Outcome = "unresumable"

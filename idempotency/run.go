@@ -20,6 +20,10 @@ import (
 // fail with ErrMisuse.
 type Run struct {
 	// Scope is the record's scope (principal, method, route, key).
+	// Scope.Principal is what WithPrincipal's function returned for the
+	// client's request: the way a handler learns its caller, live and on a
+	// resume by the Completer alike (a resumed request carries no
+	// credentials).
 	Scope Scope
 	// Lease is the owner token and fencing generation of this execution.
 	Lease Lease
