@@ -209,13 +209,21 @@ func (x *execution) settle(resp *Response, keep bool) settled {
 
 // complete stores resp as the record's response, fenced on the lease: in
 // the request's unit when the handler began one (an error then means that
-// nothing of it committed), else with Store.Complete, one conditional write.
+// nothing of it committed), else with Store.Complete, one conditional write
+// tried again within its bound after a failure (fenced). When whether it
+// applied is unknown (a lost connection), the record says: completed by
+// this lease's owner and generation, it is this execution's completion.
 func (x *execution) complete(unit Unit, resp Response) error {
 	lease := x.run.Lease
-	return x.m.call(x.run.bg, OpComplete, lease.Scope, func(ctx context.Context) error {
-		if unit == nil {
+	done := func(rec Record, err error) bool {
+		return err == nil && rec.State == Completed && ownedBy(rec, lease)
+	}
+	if unit == nil {
+		return x.m.fenced(x.run.bg, OpComplete, lease, func(ctx context.Context) error {
 			return x.m.store.Complete(ctx, lease, resp, time.Now())
-		}
+		}, done)
+	}
+	return x.m.call(x.run.bg, OpComplete, lease.Scope, func(ctx context.Context) error {
 		if err := unit.Complete(ctx, resp, time.Now()); err != nil {
 			return err
 		}
@@ -248,13 +256,14 @@ func (x *execution) giveUp(keep bool) (kept bool, err error) {
 		}
 	}
 	if keep {
-		err = x.m.call(bg, OpEndLease, lease.Scope, func(ctx context.Context) error {
+		err = x.m.fenced(bg, OpEndLease, lease, func(ctx context.Context) error {
 			return x.m.store.EndLease(ctx, lease, time.Now())
-		})
+		}, nil)
 	} else {
-		err = x.m.call(bg, OpRelease, lease.Scope, func(ctx context.Context) error {
+		released := func(_ Record, err error) bool { return errors.Is(err, ErrNotFound) }
+		err = x.m.fenced(bg, OpRelease, lease, func(ctx context.Context) error {
 			return x.m.store.Release(ctx, lease)
-		})
+		}, released)
 	}
 	if errors.Is(err, ErrLeaseLost) {
 		return false, err

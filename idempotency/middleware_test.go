@@ -790,16 +790,21 @@ func (failingComplete) Complete(context.Context, idempotency.Lease, idempotency.
 }
 
 // A handler that never asked for its unit is completed with Store.Complete
-// (no transaction). If that fails, the work was done all the same: its
-// response is sent, and the record stays in progress until its lease
-// expires (a retry meanwhile gets 409 in progress, never a second run).
+// (no transaction), tried again for 10 s while it fails. If it fails all
+// that time, the work was done all the same: its response is sent, and the
+// record stays in progress until its lease expires (a retry meanwhile gets
+// 409 in progress, never a second run).
 func TestCompleteFailureWithoutAUnitSendsTheResponse(t *testing.T) {
-	store := failingComplete{memstore.New()}
-	h := &payments{}
-	srv := serve(t, store, h, idempotency.WithMaxInProgressWait(0))
-	a := post(t, srv, "k", `{}`)
-	require.Equal(t, http.StatusCreated, a.Status)
-	require.Contains(t, a.Body, `"payment":1`)
-	requireProblem(t, post(t, srv, "k", `{}`), http.StatusConflict, idempotency.CodeInProgress)
-	require.Equal(t, int64(1), h.n.Load(), "the handler ran once")
+	synctest.Test(t, func(t *testing.T) {
+		store := failingComplete{memstore.New()}
+		h := &payments{}
+		g := idempotency.New(store, idempotency.WithLogger(quiet), idempotency.WithAnonymousKeys(true)).Wrap(h)
+		start := time.Now()
+		a := send(t, g, "k", `{}`)
+		require.Equal(t, 10*time.Second, time.Since(start), "the completion was tried for its bound")
+		require.Equal(t, http.StatusCreated, a.Code)
+		require.Contains(t, a.Body.String(), `"payment":1`)
+		require.Equal(t, http.StatusConflict, send(t, g, "k", `{}`).Code)
+		require.Equal(t, int64(1), h.n.Load(), "the handler ran once")
+	})
 }

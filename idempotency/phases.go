@@ -298,16 +298,20 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery) error {
 	// The record's writes go on when the client goes away: the work is
 	// done, and recording it is what makes a retry safe.
-	data, now := rec.encode(), time.Now()
-	err := r.m.call(context.WithoutCancel(ctx), OpSetRecoveryPoint, r.Scope, func(ctx context.Context) error {
-		if unit == nil {
+	bg, data, now := context.WithoutCancel(ctx), rec.encode(), time.Now()
+	var err error
+	if unit == nil {
+		err = r.m.fenced(bg, OpSetRecoveryPoint, r.Lease, func(ctx context.Context) error {
 			return r.m.store.SetRecoveryPoint(ctx, r.Lease, point, data, now)
-		}
-		if err := unit.SetRecoveryPoint(ctx, point, data, now); err != nil {
-			return err
-		}
-		return unit.Commit()
-	})
+		}, nil)
+	} else {
+		err = r.m.call(bg, OpSetRecoveryPoint, r.Scope, func(ctx context.Context) error {
+			if err := unit.SetRecoveryPoint(ctx, point, data, now); err != nil {
+				return err
+			}
+			return unit.Commit()
+		})
+	}
 	if err != nil {
 		r.lost(err)
 		return err

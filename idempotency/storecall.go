@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,8 +10,16 @@ import (
 )
 
 // storeTimeout bounds each store call the library makes on its own behalf
-// (call), and the wait for a unit of work to begin (begin).
+// (call), the wait for a unit of work to begin (begin), and the tries of a
+// fenced write (fenced) and of the read that settles its outcome.
 const storeTimeout = 10 * time.Second
+
+// The pauses between the tries of a fenced write: 20 ms, doubled after
+// each try, at most a second.
+const (
+	firstRetryPause = 20 * time.Millisecond
+	maxRetryPause   = time.Second
+)
 
 // storeCtx returns the context of a store call the library makes on its own
 // behalf: ctx, with at most storeTimeout left, so that a hung store (a lock,
@@ -54,6 +63,73 @@ func (m *Middleware) claim(ctx context.Context, c Claim) (ClaimResult, error) {
 		return err
 	})
 	return res, err
+}
+
+// isAnswer reports whether err is one of the store's answers, not a failure
+// of the call: trying again would get it again.
+func isAnswer(err error) bool {
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) ||
+		errors.Is(err, ErrStoreFull) || errors.Is(err, ErrRecordTooLarge)
+}
+
+// retry runs try until it succeeds or returns one of the store's answers,
+// pausing between tries (20 ms, doubled, at most 1 s), for at most
+// storeTimeout: a store that dropped the connection a call ran on (a
+// restart, a failover, a terminated backend) answers the next try on a
+// fresh one. It returns the last error and whether a try failed with an
+// error that leaves the call's outcome unknown (not an answer).
+func retry(ctx context.Context, try func(ctx context.Context) error) (err error, unknown bool) {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	pause := firstRetryPause
+	for {
+		if err = try(ctx); err == nil || isAnswer(err) {
+			return err, unknown
+		}
+		unknown = true
+		if wait.Sleep(ctx, pause) != nil {
+			return err, unknown
+		}
+		pause = min(2*pause, maxRetryPause)
+	}
+}
+
+// fenced makes f, a write of l's record outside any unit (Complete,
+// SetRecoveryPoint, EndLease, Release), as op, and tries it again on a
+// failure that is not one of the store's answers (retry): the write is
+// conditional on the owner and generation of l, so a repeat of one that
+// applied changes nothing, or fails with ErrLeaseLost when the write ended
+// the record's progress. For such a write, applied, when set, reads the
+// record after an ErrLeaseLost that followed a failed try, and tells
+// whether that try applied (then fenced returns nil).
+func (m *Middleware) fenced(ctx context.Context, op Op, l Lease, f func(ctx context.Context) error,
+	applied func(rec Record, err error) bool) error {
+	err, unknown := retry(ctx, func(rctx context.Context) error { return m.call(rctx, op, l.Scope, f) })
+	if unknown && applied != nil && errors.Is(err, ErrLeaseLost) && m.applied(ctx, l.Scope, applied) {
+		return nil
+	}
+	return err
+}
+
+// applied reads s's record, trying again within storeTimeout while the
+// store fails, and returns what applied says of it (false when it cannot
+// be read).
+func (m *Middleware) applied(ctx context.Context, s Scope, applied func(rec Record, err error) bool) bool {
+	var rec Record
+	err, _ := retry(ctx, func(rctx context.Context) error {
+		var err error
+		rec, err = m.get(rctx, s)
+		return err
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return false
+	}
+	return applied(rec, err)
+}
+
+// ownedBy reports whether rec is held by l: its owner and generation.
+func ownedBy(rec Record, l Lease) bool {
+	return rec.Owner == l.Owner && rec.Generation == l.Generation
 }
 
 // errBeginTimeout ends the wait of begin.
