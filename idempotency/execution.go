@@ -211,8 +211,9 @@ func (x *execution) settle(resp *Response, keep bool) settled {
 // the request's unit when the handler began one (an error then means that
 // nothing of it committed), else with Store.Complete, one conditional write
 // tried again within its bound after a failure (fenced). When whether it
-// applied is unknown (a lost connection), the record says: completed by
-// this lease's owner and generation, it is this execution's completion.
+// applied is unknown (a lost connection, a commit whose answer was lost),
+// the record says: completed by this lease's owner and generation, it is
+// this execution's completion.
 func (x *execution) complete(unit Unit, resp Response) error {
 	lease := x.run.Lease
 	done := func(rec Record, err error) bool {
@@ -223,12 +224,9 @@ func (x *execution) complete(unit Unit, resp Response) error {
 			return x.m.store.Complete(ctx, lease, resp, time.Now())
 		}, done)
 	}
-	return x.m.call(x.run.bg, OpComplete, lease.Scope, func(ctx context.Context) error {
-		if err := unit.Complete(ctx, resp, time.Now()); err != nil {
-			return err
-		}
-		return unit.Commit()
-	})
+	return x.m.commit(x.run.bg, OpComplete, lease, unit, func(ctx context.Context) error {
+		return unit.Complete(ctx, resp, time.Now())
+	}, done)
 }
 
 // giveUp gives the key up after an answer that is not stored: Release,

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -298,6 +299,8 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery) error {
 	// The record's writes go on when the client goes away: the work is
 	// done, and recording it is what makes a retry safe.
+	// A write that may have applied is settled by the record: this lease's,
+	// at this point with this data, the write is this one.
 	bg, data, now := context.WithoutCancel(ctx), rec.encode(), time.Now()
 	var err error
 	if unit == nil {
@@ -305,11 +308,11 @@ func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery)
 			return r.m.store.SetRecoveryPoint(ctx, r.Lease, point, data, now)
 		}, nil)
 	} else {
-		err = r.m.call(bg, OpSetRecoveryPoint, r.Scope, func(ctx context.Context) error {
-			if err := unit.SetRecoveryPoint(ctx, point, data, now); err != nil {
-				return err
-			}
-			return unit.Commit()
+		err = r.m.commit(bg, OpSetRecoveryPoint, r.Lease, unit, func(ctx context.Context) error {
+			return unit.SetRecoveryPoint(ctx, point, data, now)
+		}, func(got Record, err error) bool {
+			return err == nil && got.State == InProgress && ownedBy(got, r.Lease) &&
+				got.RecoveryPoint == point && bytes.Equal(got.RecoveryData, data)
 		})
 	}
 	if err != nil {

@@ -111,6 +111,27 @@ func (m *Middleware) fenced(ctx context.Context, op Op, l Lease, f func(ctx cont
 	return err
 }
 
+// commit makes the writes of u (write, then Commit) as op. When Commit
+// fails with an error that is not ErrLeaseLost, whether it applied is the
+// database's to say (the connection dropped after the COMMIT went out,
+// say): applied reads the record, whose owner and generation tell whose
+// commit it holds, and commit returns nil when it is u's.
+func (m *Middleware) commit(ctx context.Context, op Op, l Lease, u Unit, write func(ctx context.Context) error,
+	applied func(rec Record, err error) bool) error {
+	committing := false
+	err := m.call(ctx, op, l.Scope, func(ctx context.Context) error {
+		if err := write(ctx); err != nil {
+			return err
+		}
+		committing = true
+		return u.Commit()
+	})
+	if err != nil && committing && !errors.Is(err, ErrLeaseLost) && m.applied(ctx, l.Scope, applied) {
+		return nil
+	}
+	return err
+}
+
 // applied reads s's record, trying again within storeTimeout while the
 // store fails, and returns what applied says of it (false when it cannot
 // be read).

@@ -353,6 +353,10 @@ func testCompleteAndReplay(t *testing.T, s idempotency.Store) {
 	if got.State != idempotency.Completed {
 		t.Fatalf("state after Complete = %v", got.State)
 	}
+	if got.Owner != "a" || got.Generation != 1 {
+		t.Fatalf("a completed record keeps the owner and generation that completed it: owner %q gen %d",
+			got.Owner, got.Generation)
+	}
 	wantTime(t, "CompletedAt", got.CompletedAt, at(2))
 	wantResponse(t, got, resp)
 	// Within the window, even after the lease's end, a claim gets the record.
@@ -693,6 +697,10 @@ func testUnitCommit(t *testing.T, s idempotency.Store) {
 	got := mustGet(t, s, sc)
 	if got.State != idempotency.Completed || got.RecoveryPoint != "phase-1" || string(got.RecoveryData) != "d1" {
 		t.Fatalf("after Commit: state %v rp %q data %q", got.State, got.RecoveryPoint, got.RecoveryData)
+	}
+	if got.Owner != "a" || got.Generation != a.Generation {
+		t.Fatalf("a record completed in a unit keeps its owner and generation: owner %q gen %d",
+			got.Owner, got.Generation)
 	}
 	wantResponse(t, got, response("u"))
 	_ = u.Rollback() // safe after Commit; must not undo it

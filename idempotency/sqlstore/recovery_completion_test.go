@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -165,4 +166,90 @@ func TestCompletionWhoseAnswerIsLost(t *testing.T) {
 	first := post(t, srv, "", "k-lost-answer", "pay")
 	require.EqualValues(t, 1, cutter.cuts.Load(), "the completion's connection was cut")
 	requireCompletedOnce(t, srv, db, ex, "k-lost-answer", first, &runs)
+}
+
+// ambiguousCommit is a database whose next COMMIT, once armed, is applied
+// while the driver reports an error.
+type ambiguousCommit struct {
+	name    string
+	dialect sqlstore.Dialect
+	open    func(t *testing.T) (db *sql.DB, arm func(), hits func() int32)
+}
+
+var ambiguousCommits = []ambiguousCommit{
+	{name: "sqlite", dialect: sqlstore.SQLite, open: func(t *testing.T) (*sql.DB, func(), func() int32) {
+		db, c := openSQLiteCommitFaults(t, sqlstore.SQLiteDSN(filepath.Join(t.TempDir(), "idem.db")))
+		return db, func() { c.armed.Store(true) }, c.hits.Load
+	}},
+	{name: "postgres", dialect: sqlstore.Postgres, open: func(t *testing.T) (*sql.DB, func(), func() int32) {
+		cutter, viaProxy := newPGCutter(t, pgSchemaDSN(t), func(typ byte, body []byte) bool {
+			return typ == 'Q' && bytes.EqualFold(bytes.TrimRight(body, "\x00"), []byte("commit"))
+		})
+		return pgPool(t, viaProxy, 8), func() { cutter.armed.Store(true) }, cutter.cuts.Load
+	}},
+}
+
+// A unit's COMMIT reaches the database, which applies it, but the driver
+// reports an error (on PostgreSQL the connection is cut right after the
+// COMMIT went out; on SQLite the driver is wrapped: see commitFaults).
+// Whose commit it was is read from the record, by its owner and
+// generation: the request's own. The request's unit (which commits the
+// business row with the response) is then completed, and the client gets
+// its first answer, no replay; a phase's unit committed, and Phase returns
+// its output.
+func TestAmbiguousCommitIsResolved(t *testing.T) {
+	for _, a := range ambiguousCommits {
+		t.Run(a.name, func(t *testing.T) {
+			t.Run("request", func(t *testing.T) {
+				db, arm, hits := a.open(t)
+				s := openStore(t, db, a.dialect)
+				ex := &executions{}
+				var runs atomic.Int32
+				srv := serveGuarded(t, s, ex, func(w http.ResponseWriter, r *http.Request) {
+					n := runs.Add(1)
+					tx, ok := sqlstore.Tx(r.Context())
+					require.True(t, ok)
+					_, err := tx.ExecContext(r.Context(), `INSERT INTO payments (id) VALUES ($1)`, fmt.Sprint("pay_", n))
+					require.NoError(t, err)
+					arm()
+					w.WriteHeader(http.StatusCreated)
+					fmt.Fprintf(w, `{"payment":%d}`, n)
+				})
+				first := post(t, srv, "", "k-commit", "pay")
+				require.EqualValues(t, 1, hits(), "the COMMIT's answer was lost")
+				requireCompletedOnce(t, srv, db, ex, "k-commit", first, &runs)
+				require.Equal(t, 1, countPayments(t, db))
+			})
+			t.Run("phase", func(t *testing.T) {
+				db, arm, hits := a.open(t)
+				s := openStore(t, db, a.dialect)
+				ex := &executions{}
+				var runs atomic.Int32
+				var phaseErr error
+				srv := serveGuarded(t, s, ex, func(w http.ResponseWriter, r *http.Request) {
+					n := runs.Add(1)
+					run, _ := idempotency.FromContext(r.Context())
+					var out []byte
+					out, phaseErr = run.Phase(r.Context(), "charge", func(ctx context.Context) ([]byte, error) {
+						tx, _ := sqlstore.Tx(ctx)
+						_, err := tx.ExecContext(ctx, `INSERT INTO payments (id) VALUES ($1)`, fmt.Sprint("pay_", n))
+						arm()
+						return fmt.Appendf(nil, "pay_%d", n), err
+					})
+					if phaseErr != nil {
+						http.Error(w, phaseErr.Error(), http.StatusServiceUnavailable)
+						return
+					}
+					w.WriteHeader(http.StatusCreated)
+					fmt.Fprintf(w, `{"payment":%q}`, out)
+				})
+				first := post(t, srv, "", "k-phase", "pay")
+				require.EqualValues(t, 1, hits(), "the COMMIT's answer was lost")
+				require.NoError(t, phaseErr, "the phase committed")
+				requireCompletedOnce(t, srv, db, ex, "k-phase", first, &runs)
+				require.Equal(t, 1, countPayments(t, db))
+				require.Equal(t, "charge", readRecord(t, db, "k-phase").point)
+			})
+		})
+	}
 }
