@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // recoveryVersion is the version of the recovery data format that Phase
@@ -15,6 +16,15 @@ const recoveryVersion = 1
 
 // maxPhaseName is the longest phase name, in bytes.
 const maxPhaseName = 128
+
+// validPhaseName reports whether name can be a phase's (and an External
+// call's) name: 1 to maxPhaseName bytes of valid UTF-8. The recovery data
+// is JSON, in which every such string round-trips byte for byte and any
+// other would not (invalid UTF-8 becomes U+FFFD), so that a committed
+// phase would be run again, or a pending call never found.
+func validPhaseName(name string) bool {
+	return name != "" && len(name) <= maxPhaseName && utf8.ValidString(name)
+}
 
 // recovery is the decoded Record.RecoveryData that Phase and External keep:
 // the committed phases in order and, at most one at a time, an External
@@ -147,8 +157,8 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 		return recovery{}, &PhaseError{Phase: name, Op: "use", Err: errRunDone}
 	case r.expired:
 		return recovery{}, &PhaseError{Phase: name, Op: "lease", Err: errLeaseExpired}
-	case name == "" || len(name) > maxPhaseName:
-		return misuse("a phase name has 1 to %d bytes", maxPhaseName)
+	case !validPhaseName(name):
+		return misuse("a phase name is 1 to %d bytes of valid UTF-8, got %q", maxPhaseName, name)
 	case r.inPhase:
 		return misuse("another phase is running")
 	case r.unit != nil || r.unitErr != nil || r.beginning:
@@ -247,9 +257,11 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 //
 // fn must be deterministic in what it commits and must not call services
 // that cannot be rolled back (External is for those). Phases come in the
-// same order in every execution, with names of 1 to 128 bytes unique
-// within it, one at a time and before the request's unit is begun; outputs
-// are kept in the record, so keep them small.
+// same order in every execution, with names of 1 to 128 bytes of valid
+// UTF-8 unique within it (any other name is refused, ErrMisuse, before
+// anything runs), one at a time and before the request's unit is begun;
+// names and outputs round-trip byte for byte through the record, so keep
+// outputs small.
 //
 // Errors are *PhaseError; Op "run" wraps fn's own error. After an error
 // answer with a status that is not stored (5xx): the record stays in
@@ -340,8 +352,8 @@ func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery)
 // definitive answer (a declined card) is a result. While an intent has no
 // outcome, no other new phase may start, and the request's answer is never
 // stored: the middleware answers 503 CodeRequestIncomplete and keeps the
-// record for a resume. Errors are *PhaseError (Op "intent", "lookup",
-// "call", "commit", or one of Phase's).
+// record for a resume. name follows Phase's rules. Errors are *PhaseError
+// (Op "intent", "lookup", "call", "commit", or one of Phase's).
 func (r *Run) External(ctx context.Context, name string,
 	call func(ctx context.Context, downstreamKey string) ([]byte, error),
 	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error)) ([]byte, error) {
