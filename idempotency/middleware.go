@@ -55,7 +55,7 @@ func New(store Store, opts ...Option) *Middleware {
 			o(&cfg)
 		}
 	}
-	m := &Middleware{cfg: cfg, store: store, horizon: max(cfg.horizon, cfg.replayWindow+cfg.lease)}
+	m := &Middleware{cfg: cfg, store: store, horizon: max(cfg.horizon, addSat(cfg.replayWindow, cfg.lease))}
 	m.tx, _ = store.(Transactor)
 	if cfg.logger != nil {
 		m.obs = append(m.obs, newLogObserver(cfg.logger))

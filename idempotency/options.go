@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -18,6 +19,20 @@ const (
 	defaultLease          = 30 * time.Second
 	defaultCleanupHorizon = 72 * time.Hour
 )
+
+// addSat returns a + b, saturating at the bounds of time.Duration: every
+// sum of configured durations goes through it, so that "forever"
+// (math.MaxInt64) plus a lease is still forever, not a negative duration.
+func addSat(a, b time.Duration) time.Duration {
+	s := a + b
+	switch {
+	case b > 0 && s < a:
+		return math.MaxInt64
+	case b < 0 && s > a:
+		return math.MinInt64
+	}
+	return s
+}
 
 // minLease is the shortest lease (WithLease): its heartbeat, every third
 // of it, is then 1 ms apart.
@@ -205,8 +220,9 @@ func WithLease(d time.Duration) Option {
 
 // WithReplayWindow sets how long a completed response is replayed (default
 // 24 h); after it a reused key is a new request. Set it above the longest
-// retry chain (dead-letter replays, scheduled re-runs). Values <= 0 keep the
-// default.
+// retry chain (dead-letter replays, scheduled re-runs); math.MaxInt64 means
+// forever (the Reaper then deletes no completed record). Values <= 0 keep
+// the default.
 func WithReplayWindow(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {
@@ -218,7 +234,8 @@ func WithReplayWindow(d time.Duration) Option {
 // WithCleanupHorizon sets how long after its last update the Reaper keeps a
 // record (default 72 h). The Reaper never uses less than the replay window
 // plus the lease, so that it never deletes a record that can still be
-// replayed: a shorter horizon (or <= 0) means that sum.
+// replayed: a shorter horizon (or <= 0) means that sum, which saturates at
+// math.MaxInt64 (forever).
 func WithCleanupHorizon(d time.Duration) Option {
 	return func(c *config) { c.horizon = d }
 }
