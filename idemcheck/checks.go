@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +46,16 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 	}
 	c.fresh = append(c.fresh, c.first)
 	c.samples = append(c.samples, c.first)
+	// A second request under a fresh key, with the same body and principal:
+	// two answers of requests that each ran show, before any check is
+	// judged on it, whether the answers identify their effect.
+	probe := c.send(ctx, newKey("identity"), c.cfg.Body, c.header)
+	if probe.err != nil || !success(probe.status) {
+		return rep, fmt.Errorf("idemcheck: %s could not be checked: a second request under a fresh key got %s, "+
+			"not a success (2xx); the request must succeed under every fresh key", c.target, showAnswer(probe))
+	}
+	c.fresh = append(c.fresh, probe)
+	c.samples = append(c.samples, probe)
 	checks := []struct {
 		name string
 		f    func(context.Context) (Result, string, []string)
@@ -56,16 +68,25 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		{"invalid_key", c.invalidKey},
 		{"marker", c.marker},
 	}
-	var byEffect []bool // per check: its result rests on telling effects apart
-	defer func() { c.unverified(rep.Checks, byEffect) }()
 	for _, ch := range checks {
 		c.byEffect = false
+		c.transients.Store(0)
 		res, detail, ev := ch.f(ctx)
 		if ev == nil {
 			ev = []string{} // JSON: a list, never null
 		}
-		rep.Checks = append(rep.Checks, Check{Name: ch.name, Result: res, Detail: detail, Evidence: ev})
-		byEffect = append(byEffect, c.byEffect)
+		check := Check{Name: ch.name, Result: res, Detail: detail, Evidence: ev}
+		if c.byEffect {
+			c.unverified(&check)
+		}
+		if n := c.transients.Load(); n > 0 {
+			check.Detail += fmt.Sprintf("; %d transient answers (502, 503, 504) were sent again once, "+
+				"as a retrying client would (see the evidence)", n)
+		}
+		rep.Checks = append(rep.Checks, check)
+		if c.cfg.OnCheck != nil {
+			c.cfg.OnCheck(check)
+		}
 		if ctx.Err() != nil {
 			return rep, fmt.Errorf("idemcheck: the run was cut short during the %s check: %w",
 				ch.name, context.Cause(ctx))
@@ -75,16 +96,22 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 }
 
 // identifies reports whether the target's success answers tell effects
-// apart, as the run saw them: no two requests under fresh keys with the
-// same body (the first request, the concurrent check's key, the marker
-// check's keys) got the same answer, or the same IDField, and at least two
-// did. Otherwise it says why not.
+// apart, as the run has seen them so far: no two requests under fresh keys
+// with the same body and principal (the first request, the second one, the
+// concurrent check's key, ...) got the same answer, or the same IDField,
+// once the key each was sent under is set aside (echoFree), and at least
+// two did. Otherwise it says why not.
 func (c *checker) identifies() (bool, string) {
 	for i, a := range c.samples {
 		for _, b := range c.samples[:i] {
-			if bytes.Equal(a.body, b.body) || c.effect(a) == c.effect(b) {
+			switch {
+			case bytes.Equal(a.body, b.body) || c.effect(a) == c.effect(b):
 				return false, fmt.Sprintf("two requests under fresh keys, %s and %s, got the same %s",
 					showKey(b.key), showKey(a.key), c.showEffect(a))
+			case c.echoFree(a) == c.echoFree(b):
+				return false, fmt.Sprintf("the answers to two requests under fresh keys, %s and %s, differ only "+
+					"by the key they echo (%s): an answer that repeats what its request sent is no evidence of "+
+					"one effect", showKey(b.key), showKey(a.key), c.showEffect(a))
 			}
 		}
 	}
@@ -95,30 +122,54 @@ func (c *checker) identifies() (bool, string) {
 	return true, ""
 }
 
-// unverified turns the results that rest on telling effects apart into
-// Skip (an Info says it is unverified) when the answers do not identify
-// their effect: a replay and a second effect would then look alike.
-func (c *checker) unverified(checks []Check, byEffect []bool) {
+// uuidRE matches the random part of the checker's keys (keygen.Random).
+var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// echoFree returns what a success answer says of its effect (effect), with
+// every form of the key it was sent under set aside: the key as sent, its
+// bare form (an sf-string's content), its random part, and their escapes in
+// a URL. An answer that only repeats what its request sent (the key, the
+// account, the body) gives the same value under every key.
+func (c *checker) echoFree(a answer) string {
+	forms := []string{a.key}
+	if bare, err := strconv.Unquote(a.key); err == nil {
+		forms = append(forms, bare)
+	}
+	forms = append(forms, uuidRE.FindAllString(a.key, -1)...)
+	for _, f := range slices.Clone(forms) {
+		forms = append(forms, url.QueryEscape(f), url.PathEscape(f))
+	}
+	slices.SortFunc(forms, func(x, y string) int { return len(y) - len(x) }) // the longest first
+	e := c.effect(a)
+	for _, f := range forms {
+		if f != "" {
+			e = strings.ReplaceAll(e, f, "\x00key\x00")
+		}
+	}
+	return e
+}
+
+// unverified turns the result of a check that rests on telling effects
+// apart into Skip (an Info says it is unverified) when the answers do not
+// identify their effect: a replay and a second effect would then look
+// alike.
+func (c *checker) unverified(ch *Check) {
 	ok, why := c.identifies()
 	if ok {
 		return
 	}
 	what := "set IDField (-id-field) to the JSON member that names the effect"
 	if c.cfg.IDField != "" {
-		what = "IDField (-id-field) " + strconv.Quote(c.cfg.IDField) + " does not name the effect; set it to one that does"
+		what = "IDField (-id-field) " + strconv.Quote(c.cfg.IDField) +
+			" does not name the effect; set it to one that does"
 	}
-	for i := range checks {
-		ch := &checks[i]
-		switch {
-		case !byEffect[i]:
-		case ch.Result == Info:
-			ch.Detail += "; unverified: the answers do not identify their effect (" + why + ")"
-		default:
-			ch.Result = Skip
-			ch.Detail = fmt.Sprintf("the answers do not identify their effect, so a replay and a second effect "+
-				"look alike: %s; %s (seen: %s)", why, what, ch.Detail)
-		}
+	if ch.Result == Info {
+		ch.Detail += "; unverified: the answers do not identify their effect (" + why + ")"
+		return
 	}
+	ch.Result = Skip
+	ch.Detail = fmt.Sprintf("the answers do not identify their effect, so a replay and a second effect "+
+		"look alike: %s; %s (seen: %s)", why, what, ch.Detail)
 }
 
 // noAnswer is the detail of a check whose request got no answer.
@@ -340,16 +391,40 @@ func (c *checker) mismatch(ctx context.Context) (Result, string, []string) {
 		return Fail, fmt.Sprintf("a client that reuses a key for another request gets %d, retries in vain "+
 			"and never learns that the key is the problem (a 4xx is expected)", a.status), ev
 	}
+	seen := fmt.Sprintf("%d %s", a.status, cmp.Or(problemCode(a.body), "without a problem code"))
+	// The 4xx is about the body only if the unchanged body, under the same
+	// key, still gets the first answer.
+	same := c.send(ctx, c.first.key, c.cfg.Body, c.header)
+	ev = append(ev, evidence("first key, unchanged body", same))
+	switch {
+	case same.err != nil:
+		return Fail, c.noAnswer(same), ev
+	case success(same.status) && (bytes.Equal(same.body, c.first.body) || c.effect(same) == c.effect(c.first)):
+		c.byEffect = true
+	case success(same.status):
+		c.byEffect = true
+		return Fail, fmt.Sprintf("a client's retry that comes after another request reused its key runs its "+
+			"request again: after the altered body got %s, the unchanged body under the same key made %s "+
+			"after %s", seen, c.showEffect(same), c.showEffect(c.first)), ev
+	case clientError(same.status):
+		return Skip, fmt.Sprintf("unverified: the target refuses every reuse of the key, whatever the body "+
+			"(the unchanged body under the same key got %d %s too), so its %s to the altered body does not "+
+			"show that it compares bodies; a client's retry of a completed request gets that refusal too",
+			same.status, cmp.Or(problemCode(same.body), "without a problem code"), seen), ev
+	default:
+		return Fail, fmt.Sprintf("a client's retry that comes after another request reused its key gets %d "+
+			"instead of the first answer", same.status), ev
+	}
 	control := c.send(ctx, newKey("mismatch"), alt, c.header)
 	ev = append(ev, evidence("altered body, fresh key "+showKey(control.key), control))
-	seen := fmt.Sprintf("%d %s", a.status, cmp.Or(problemCode(a.body), "without a problem code"))
 	if control.err != nil || !success(control.status) {
 		return Skip, fmt.Sprintf("the target refuses the altered body under a fresh key too, so its %s "+
 			"may be validation, not key reuse", seen), ev
 	}
 	c.fresh = append(c.fresh, control)
-	return Pass, fmt.Sprintf("the first key with an altered body got %s, not the first answer; "+
-		"under a fresh key the altered body succeeded (%d)", seen, control.status), ev
+	return Pass, fmt.Sprintf("the first key with an altered body got %s, not the first answer, and the "+
+		"unchanged body under it the replay; under a fresh key the altered body succeeded (%d)", seen,
+		control.status), ev
 }
 
 // leak starts the detail of a failed scope check.
@@ -500,6 +575,7 @@ func (c *checker) marker(ctx context.Context) (Result, string, []string) {
 	for _, a := range c.fresh {
 		if a.header.Get(replayedHeader) == "true" {
 			ev = append(ev, evidence("first execution, key "+showKey(a.key), a))
+			c.byEffect = false // the header tells, whatever the answers identify
 			return Fail, "a client that trusts " + replayedHeader + " takes a new effect for the replay of " +
 				"an earlier one (and may skip its own follow-up work): the first answer to a fresh key " +
 				"carried " + replayedHeader + ": true", ev
@@ -531,6 +607,7 @@ func (c *checker) keyForm(ctx context.Context, what, sent, retry string, ev *[]s
 	case r.err != nil:
 		return fmt.Sprintf("%s: accepted (%d), %s got no answer", what, a.status, again)
 	case r.status == a.status && bytes.Equal(r.body, a.body):
+		c.byEffect = true // "the replay": told by the answers
 		return fmt.Sprintf("%s: accepted (%d), %s got the replay", what, a.status, again)
 	case success(r.status) && c.effect(r) != c.effect(a):
 		return fmt.Sprintf("%s: accepted (%d), but %s made another effect", what, a.status, again)
