@@ -27,6 +27,9 @@
 //   - another fingerprint: 422 CodeKeyReused;
 //   - no key: pass through (400 CodeKeyMissing with WithKeyRequired); a bad
 //     key: 400 CodeKeyInvalid; no principal: 401 CodePrincipalMissing;
+//     credentials refused (ErrPrincipalRefused): 401 CodePrincipalRefused;
+//     the principal function failed otherwise: 503
+//     CodePrincipalUnavailable;
 //   - the store down: 503 CodeStoreUnavailable; full: 503 CodeStoreFull.
 //
 // 2xx, 3xx and 4xx answers but 408, 409, 425 and 429 are stored; the others,

@@ -21,7 +21,7 @@ type logObserver struct {
 	// One record a second at most for each kind of refusal that a fill or
 	// an outage repeats for every request, with the count of those left
 	// out.
-	unavailable, full refusals
+	unavailable, full, noPrincipal refusals
 }
 
 type refusals struct {
@@ -46,6 +46,7 @@ func newLogObserver(l *slog.Logger) Observer {
 	o := &logObserver{l: l}
 	o.unavailable.every.Interval = time.Second
 	o.full.every.Interval = time.Second
+	o.noPrincipal.every.Interval = time.Second
 	return Observer{
 		Claimed: o.claimed, Executed: o.executed, Refused: o.refused, StoreCall: o.storeCall,
 		Unfinished: o.unfinishedRecord, CompleterRun: o.completerRun, ReaperRun: o.reaperRun,
@@ -128,6 +129,9 @@ func (o *logObserver) refused(ctx context.Context, e Event) {
 	case CodeStoreUnavailable:
 	case CodeStoreFull:
 		level, msg, r = slog.LevelWarn, "idempotency: store full; new keys are refused until records expire", &o.full
+	case CodePrincipalUnavailable:
+		level, msg, r = slog.LevelError, "idempotency: the principal function failed; guarded requests are "+
+			"refused with 503", &o.noPrincipal
 	default:
 		return // an answer about the request, not about the server
 	}

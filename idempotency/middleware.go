@@ -106,8 +106,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	principal, err := m.cfg.principal(r)
-	if err != nil {
-		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusUnauthorized, CodePrincipalUnavailable, "", err)
+	switch {
+	case errors.Is(err, ErrPrincipalRefused):
+		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusUnauthorized, CodePrincipalRefused, "", err)
+		return
+	case err != nil:
+		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusServiceUnavailable, CodePrincipalUnavailable,
+			"the server could not identify the caller; retry later with the same key", err)
 		return
 	}
 	if principal == "" && !m.cfg.anonymous {

@@ -230,13 +230,48 @@ func TestWithAnonymousKeysSharesOneScope(t *testing.T) {
 	require.EqualValues(t, 2, h.n.Load())
 }
 
-func TestPrincipalError(t *testing.T) {
-	h := &payments{}
-	srv := serve(t, memstore.New(), h, idempotency.WithPrincipal(func(*http.Request) (string, error) {
-		return "", errStore
-	}))
-	requireProblem(t, post(t, srv, "k", `{}`), http.StatusUnauthorized, idempotency.CodePrincipalUnavailable)
-	require.Zero(t, h.n.Load())
+// The principal function tells a refusal from an outage: an error wrapping
+// ErrPrincipalRefused (bad credentials) is 401 CodePrincipalRefused, which
+// a client does not retry; any other error (the authentication backend is
+// down) is a server failure, 503 CodePrincipalUnavailable with
+// Retry-After: 1, which a client retries with the same key, logged at
+// Error. Nothing runs either way, and the observers get the error.
+func TestPrincipalRefusalAndOutage(t *testing.T) {
+	refused := fmt.Errorf("token expired: %w", idempotency.ErrPrincipalRefused)
+	for _, tc := range []struct {
+		err    error
+		status int
+		code   idempotency.Code
+		log    string
+	}{
+		{refused, http.StatusUnauthorized, idempotency.CodePrincipalRefused, ""},
+		{errStore, http.StatusServiceUnavailable, idempotency.CodePrincipalUnavailable,
+			`level=ERROR msg="idempotency: the principal function failed; guarded requests are refused with 503"`},
+	} {
+		t.Run(string(tc.code), func(t *testing.T) {
+			h := &payments{}
+			s := &seen{}
+			log, buf := bufLogger()
+			srv := serve(t, memstore.New(), h, idempotency.WithPrincipal(func(*http.Request) (string, error) {
+				return "", tc.err
+			}), idempotency.WithObserver(s.observer()), idempotency.WithLogger(log))
+			a := post(t, srv, "k", `{}`)
+			requireProblem(t, a, tc.status, tc.code)
+			if tc.status == http.StatusServiceUnavailable {
+				require.Equal(t, "1", a.Header.Get("Retry-After"))
+			} else {
+				require.Empty(t, a.Header.Get("Retry-After"))
+			}
+			require.Zero(t, h.n.Load())
+			_, by := s.take()
+			require.ErrorIs(t, by["refused"][0].Err, tc.err)
+			if tc.log != "" {
+				require.Contains(t, buf.String(), tc.log)
+			} else {
+				require.NotContains(t, buf.String(), "level=ERROR")
+			}
+		})
+	}
 }
 
 // Key formats.

@@ -28,7 +28,8 @@ type Observer struct {
 	// Refused: the middleware answered a guarded request with a problem of
 	// its own before any handler ran: Status, Code (a Code* constant), and
 	// for CodeStoreUnavailable and CodeStoreFull the store's error (Err),
-	// for CodePrincipalUnavailable the principal function's.
+	// for CodePrincipalUnavailable and CodePrincipalRefused the principal
+	// function's.
 	Refused func(ctx context.Context, e Event)
 	// StoreCall: a store call that the middleware, its Completer or its
 	// Reaper made ended (every call each makes): Op (an Op* constant),

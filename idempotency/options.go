@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"maps"
 	"math"
@@ -56,6 +57,12 @@ var neverReplayed = map[string]bool{
 	"Keep-Alive": true, "Trailer": true, "Upgrade": true, "Proxy-Connection": true,
 	ReplayedHeader: true, notReplayableHeader: true,
 }
+
+// ErrPrincipalRefused is what a principal function (WithPrincipal) returns,
+// wrapped or bare, to refuse a request's credentials: the middleware
+// answers 401 CodePrincipalRefused. Any other error of the function means
+// the caller could not be identified for now (503).
+var ErrPrincipalRefused = errors.New("idempotency: credentials refused")
 
 // Option configures New. Options are applied in order; a later one wins.
 type Option func(*config)
@@ -139,10 +146,15 @@ func headerSet(names []string) map[string]bool {
 // WithPrincipal sets the function that returns the authenticated identity of
 // a request, the first part of every key's scope: one principal never sees
 // another's stored response. Return what the server's authentication
-// verified (an account ID), never a value the client sets freely. An error
-// is answered 401 CodePrincipalUnavailable; "" means no principal (see
-// WithAnonymousKeys). f must be safe for concurrent use; nil keeps the
-// default.
+// verified (an account ID), never a value the client sets freely; handlers
+// read it back from Run.Scope.Principal (FromContext), live and on a
+// resume. An error wrapping ErrPrincipalRefused (credentials that are
+// wrong, expired or revoked) is answered 401 CodePrincipalRefused, which a
+// client does not retry; any other error (the authentication backend is
+// unreachable) is a server failure, answered 503 CodePrincipalUnavailable
+// with Retry-After: 1, which a client retries with the same key; nothing
+// runs either way. "" means no principal (see WithAnonymousKeys). f must
+// be safe for concurrent use; nil keeps the default.
 //
 // Default: the SHA-256 of the Authorization header, which is no
 // authentication (anyone holding the same header shares the scope, and a
