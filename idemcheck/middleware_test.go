@@ -29,7 +29,7 @@ func principal(r *http.Request) (string, error) {
 	if a, ok := accounts[r.Header.Get("Authorization")]; ok {
 		return a, nil
 	}
-	return "", fmt.Errorf("unknown credentials")
+	return "", fmt.Errorf("unknown credentials: %w", idempotency.ErrPrincipalRefused)
 }
 
 // holdConcurrent makes the conflicts of the concurrent check certain: the

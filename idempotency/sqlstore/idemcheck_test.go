@@ -35,7 +35,7 @@ func TestIdemcheckPassesOnSQLStores(t *testing.T) {
 				if a, ok := accounts[r.Header.Get("Authorization")]; ok {
 					return a, nil
 				}
-				return "", fmt.Errorf("unknown credentials")
+				return "", fmt.Errorf("unknown credentials: %w", idempotency.ErrPrincipalRefused)
 			}),
 			idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 		var next atomic.Int64
