@@ -24,6 +24,7 @@ type execution struct {
 	hb         heartbeat
 	ctx        context.Context // the handler's
 	cancel     func()          // ends ctx and releases what it holds
+	code       Code            // CodeResponseNotReplayable: the stored response has no body
 }
 
 // run executes the handler as the owner of res.Record, answers through w,
@@ -106,7 +107,7 @@ func (x *execution) report(outcome Outcome, cause, err error) {
 		err = cause
 	}
 	x.m.obs.executed(x.run.bg, Event{Scope: x.req.scope, Outcome: outcome, Status: x.cw.statusCode(),
-		Generation: x.run.Lease.Generation, RecoveryPoint: x.run.currentPoint(),
+		Code: x.code, Generation: x.run.Lease.Generation, RecoveryPoint: x.run.currentPoint(),
 		Duration: time.Since(x.start), Err: err, Background: x.background})
 }
 
@@ -147,6 +148,9 @@ func (x *execution) finish() (Outcome, error) {
 	x.cw.release()
 	switch {
 	case resp != nil:
+		if resp.Header.Get(notReplayableHeader) != "" {
+			x.code = CodeResponseNotReplayable
+		}
 		return OutcomeCompleted, nil
 	case refused:
 		return OutcomeNeedsCredentials, nil

@@ -48,8 +48,9 @@ func newLogObserver(l *slog.Logger) Observer {
 	o.full.every.Interval = time.Second
 	o.noPrincipal.every.Interval = time.Second
 	return Observer{
-		Claimed: o.claimed, Executed: o.executed, Refused: o.refused, StoreCall: o.storeCall,
-		Unfinished: o.unfinishedRecord, CompleterRun: o.completerRun, ReaperRun: o.reaperRun,
+		Claimed: o.claimed, Executed: o.executed, Replayed: o.replayed, Refused: o.refused,
+		StoreCall: o.storeCall, Unfinished: o.unfinishedRecord, CompleterRun: o.completerRun,
+		ReaperRun: o.reaperRun,
 	}
 }
 
@@ -82,6 +83,11 @@ func (o *logObserver) executed(ctx context.Context, e Event) {
 	case OutcomeCompleted:
 		if e.Background {
 			level, msg = slog.LevelInfo, "idempotency completer: completed an abandoned request"
+		}
+		if e.Code == CodeResponseNotReplayable {
+			level, msg = slog.LevelWarn, "idempotency: the response is too large to be stored for replay "+
+				"(WithMaxStoredBody); the request completed, and its retries get 409 "+
+				string(CodeResponseNotReplayable)
 		}
 	case OutcomeReleased:
 		msg = "idempotency: the answer is not stored; the key was given up"
@@ -123,6 +129,19 @@ func (o *logObserver) executed(ctx context.Context, e Event) {
 	o.l.LogAttrs(ctx, level, msg, attrs...)
 }
 
+// replayed logs a replay at Debug: the contract working as it should.
+func (o *logObserver) replayed(ctx context.Context, e Event) {
+	if o.l.Enabled(ctx, slog.LevelDebug) {
+		o.l.LogAttrs(ctx, slog.LevelDebug, "idempotency: replayed the stored response",
+			withAttempt(ctx, scopeAttrs(e.Scope, slog.Int("status", e.Status)))...)
+	}
+}
+
+// refused logs the middleware's own answers: at Error or Warn, at most once
+// a second, those of a server that cannot serve (the store down or full,
+// the principal function failing); at Warn a key reused for another
+// request (a client bug); at Debug the others (in progress, a replay that
+// is not replayable, a request's own error).
 func (o *logObserver) refused(ctx context.Context, e Event) {
 	level, msg, r := slog.LevelError, "idempotency: store unavailable; guarded requests are refused", &o.unavailable
 	switch e.Code {
@@ -132,8 +151,17 @@ func (o *logObserver) refused(ctx context.Context, e Event) {
 	case CodePrincipalUnavailable:
 		level, msg, r = slog.LevelError, "idempotency: the principal function failed; guarded requests are "+
 			"refused with 503", &o.noPrincipal
+	case CodeKeyReused:
+		o.l.LogAttrs(ctx, slog.LevelWarn, "idempotency: a key was reused for a different request (a client "+
+			"bug: a new request needs a new key); refused", withAttempt(ctx, scopeAttrs(e.Scope,
+			slog.Int("status", e.Status), slog.String("code", string(e.Code))))...)
+		return
 	default:
-		return // an answer about the request, not about the server
+		if o.l.Enabled(ctx, slog.LevelDebug) {
+			o.l.LogAttrs(ctx, slog.LevelDebug, "idempotency: refused", withAttempt(ctx, scopeAttrs(e.Scope,
+				slog.Int("status", e.Status), slog.String("code", string(e.Code))))...)
+		}
+		return
 	}
 	r.do(func(skipped int64) {
 		attrs := withAttempt(ctx, scopeAttrs(e.Scope, slog.Int64("refused_since_last_record", skipped)))

@@ -21,7 +21,9 @@ type Observer struct {
 	// Status is the handler's, Duration from its start to the settled
 	// record; Err is also set, to the cause, when the middleware canceled
 	// the handler's context (a lost lease, or heartbeats that failed until
-	// the lease was about to run out).
+	// the lease was about to run out). Code is CodeResponseNotReplayable
+	// when the response completed the record without its body, which was
+	// over WithMaxStoredBody: its replays answer that code.
 	Executed func(ctx context.Context, e Event)
 	// Replayed: a stored response was replayed with Status.
 	Replayed func(ctx context.Context, e Event)

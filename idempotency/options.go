@@ -327,8 +327,12 @@ func WithShutdown(ctx context.Context) Option {
 // Reaper (default slog.Default()); nil means no logging. The records are
 // written by a logging Observer that runs before those of WithObserver;
 // they name a request by method, route and key digest, never the raw key.
-// Refusals for a store that is unavailable or full are logged at most once
-// a second for each.
+// What an operator must see is at Warn or above: a store unavailable or
+// full, and a principal function that fails (each at most once a second),
+// a key reused for a different request (a client bug), a response too
+// large to be stored for replay, a handler that panicked, a lost lease, a
+// store that failed at the end of a request; replays, in-progress
+// conflicts and a request's own errors are at Debug.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }
