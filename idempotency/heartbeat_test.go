@@ -120,7 +120,7 @@ func TestHeartbeatFailuresStopTheHandlerBeforeTheLeaseEnds(t *testing.T) {
 		require.ErrorIs(t, phaseErr, idempotency.ErrLeaseExpired, "no phase may start after the cancellation")
 		var pe *idempotency.PhaseError
 		require.ErrorAs(t, phaseErr, &pe)
-		require.Equal(t, "lease", pe.Op)
+		require.Equal(t, "lease", pe.Step)
 		// No successor took the record over: the fenced completion stores
 		// the work that was done, so a retry replays it instead of charging
 		// again (releasing the key here would invite a duplicate).

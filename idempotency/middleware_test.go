@@ -511,7 +511,7 @@ func TestBeginFailure(t *testing.T) {
 			require.ErrorIs(t, unitErr.Load().(error), errStore)
 			var pe *idempotency.PhaseError
 			require.ErrorAs(t, phaseErr.Load().(error), &pe)
-			require.Equal(t, "begin", pe.Op)
+			require.Equal(t, "begin", pe.Step)
 			require.ErrorIs(t, pe, errStore)
 		})
 	}

@@ -71,7 +71,7 @@ func namesScenario(t *testing.T, g func(h http.Handler) http.Handler) {
 		var pe *idempotency.PhaseError
 		require.ErrorAs(t, err, &pe)
 		require.ErrorIs(t, err, idempotency.ErrMisuse)
-		require.Equal(t, "use", pe.Op)
+		require.Equal(t, "use", pe.Step)
 	}
 	require.Equal(t, len(keptNames), phaseRuns, "the refused phase never ran")
 	require.Equal(t, len(keptNames), calls, "the refused call was never made")

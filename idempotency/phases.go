@@ -109,7 +109,7 @@ func (rec recovery) with(p committedPhase) recovery {
 // intentPrefix starts the recovery point of a recorded intent.
 const intentPrefix = "intent:"
 
-// PhaseError reports a phase that did not commit. Op is where it stopped:
+// PhaseError reports a phase that did not commit. Step is where it stopped:
 // "use" (misuse: wraps ErrMisuse), "decode" (the record's recovery data is
 // not Phase's), "lease" (the lease was lost or ran out before the phase:
 // wraps ErrLeaseLost), "begin" (the store's Begin), "run" (fn returned
@@ -119,13 +119,13 @@ const intentPrefix = "intent:"
 // ErrLeaseLost: nothing of the phase committed.
 type PhaseError struct {
 	Phase string
-	Op    string
+	Step  string
 	Err   error
 }
 
-// Error returns "idempotency: phase <name>: <op>: <cause>".
+// Error returns "idempotency: phase <name>: <step>: <cause>".
 func (e *PhaseError) Error() string {
-	return fmt.Sprintf("idempotency: phase %q: %s: %v", e.Phase, e.Op, e.Err)
+	return fmt.Sprintf("idempotency: phase %q: %s: %v", e.Phase, e.Step, e.Err)
 }
 
 // Unwrap returns the cause.
@@ -145,7 +145,7 @@ type phaseCtx struct {
 // caller must call leave.
 func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, error) {
 	misuse := func(format string, a ...any) (recovery, error) {
-		return recovery{}, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: "+format, append([]any{ErrMisuse}, a...)...)}
+		return recovery{}, &PhaseError{Phase: name, Step: "use", Err: fmt.Errorf("%w: "+format, append([]any{ErrMisuse}, a...)...)}
 	}
 	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r {
 		return misuse("called inside another phase")
@@ -154,9 +154,9 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	defer r.mu.Unlock()
 	switch {
 	case r.done:
-		return recovery{}, &PhaseError{Phase: name, Op: "use", Err: errRunDone}
+		return recovery{}, &PhaseError{Phase: name, Step: "use", Err: errRunDone}
 	case r.expired:
-		return recovery{}, &PhaseError{Phase: name, Op: "lease", Err: errLeaseExpired}
+		return recovery{}, &PhaseError{Phase: name, Step: "lease", Err: errLeaseExpired}
 	case !validPhaseName(name):
 		return misuse("a phase name is 1 to %d bytes of valid UTF-8, got %q", maxPhaseName, name)
 	case r.inPhase:
@@ -169,7 +169,7 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	if r.rec == nil {
 		rec, err := decodeRecovery(r.recoveryData)
 		if err != nil {
-			return recovery{}, &PhaseError{Phase: name, Op: "decode", Err: err}
+			return recovery{}, &PhaseError{Phase: name, Step: "decode", Err: err}
 		}
 		r.rec = &rec
 	}
@@ -263,7 +263,7 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 // names and outputs round-trip byte for byte through the record, so keep
 // outputs small.
 //
-// Errors are *PhaseError; Op "run" wraps fn's own error. After an error
+// Errors are *PhaseError; Step "run" wraps fn's own error. After an error
 // answer with a status that is not stored (5xx): the record stays in
 // progress at its recovery point, its lease ended at once, so that a retry
 // or the Completer resumes.
@@ -277,16 +277,16 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 		return out, nil
 	}
 	if fn == nil {
-		return nil, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: nil function", ErrMisuse)}
+		return nil, &PhaseError{Phase: name, Step: "use", Err: fmt.Errorf("%w: nil function", ErrMisuse)}
 	}
 	if err := r.checkLease(ctx, false); err != nil {
-		return nil, &PhaseError{Phase: name, Op: "lease", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "lease", Err: err}
 	}
 	pc := &phaseCtx{run: r}
 	if r.m.tx != nil {
 		u, uctx, err := r.m.begin(ctx, r.Lease)
 		if err != nil {
-			return nil, &PhaseError{Phase: name, Op: "begin", Err: err}
+			return nil, &PhaseError{Phase: name, Step: "begin", Err: err}
 		}
 		r.openPhaseUnit(u) // leave rolls it back unless it committed
 		pc.unit, pc.ctx = u, uctx
@@ -297,11 +297,11 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 	}
 	out, err := fn(fctx)
 	if err != nil {
-		return nil, &PhaseError{Phase: name, Op: "run", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "run", Err: err}
 	}
 	next := rec.with(committedPhase{Name: name, Output: out})
 	if err := r.commit(ctx, pc.unit, name, next); err != nil {
-		return nil, &PhaseError{Phase: name, Op: "commit", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "commit", Err: err}
 	}
 	return out, nil
 }
@@ -353,7 +353,7 @@ func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery)
 // outcome, no other new phase may start, and the request's answer is never
 // stored: the middleware answers 503 CodeRequestIncomplete and keeps the
 // record for a resume. name follows Phase's rules. Errors are *PhaseError
-// (Op "intent", "lookup", "call", "commit", or one of Phase's).
+// (Step "intent", "lookup", "call", "commit", or one of Phase's).
 func (r *Run) External(ctx context.Context, name string,
 	call func(ctx context.Context, downstreamKey string) ([]byte, error),
 	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error)) ([]byte, error) {
@@ -366,7 +366,7 @@ func (r *Run) External(ctx context.Context, name string,
 		return out, nil
 	}
 	if call == nil {
-		return nil, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: nil call", ErrMisuse)}
+		return nil, &PhaseError{Phase: name, Step: "use", Err: fmt.Errorf("%w: nil call", ErrMisuse)}
 	}
 	key := r.DownstreamKey(name)
 	resumed := rec.Pending != nil // enter checked it is this phase's
@@ -374,12 +374,12 @@ func (r *Run) External(ctx context.Context, name string,
 		key = rec.Pending.DownstreamKey // as recorded: the key the first call used
 		// Prove ownership (and renew the lease) before anything irreversible.
 		if err := r.checkLease(ctx, true); err != nil {
-			return nil, &PhaseError{Phase: name, Op: "lease", Err: err}
+			return nil, &PhaseError{Phase: name, Step: "lease", Err: err}
 		}
 		if lookup != nil {
 			out, found, err := lookup(ctx, key)
 			if err != nil {
-				return nil, &PhaseError{Phase: name, Op: "lookup", Err: err}
+				return nil, &PhaseError{Phase: name, Step: "lookup", Err: err}
 			}
 			if found {
 				return r.settle(ctx, name, key, rec, out)
@@ -388,13 +388,13 @@ func (r *Run) External(ctx context.Context, name string,
 	} else {
 		intent := recovery{Phases: rec.Phases, Pending: &pendingCall{Phase: name, DownstreamKey: key}}
 		if err := r.commit(ctx, nil, intentPrefix+name, intent); err != nil {
-			return nil, &PhaseError{Phase: name, Op: "intent", Err: err}
+			return nil, &PhaseError{Phase: name, Step: "intent", Err: err}
 		}
 		rec = intent
 	}
 	out, err := call(ctx, key)
 	if err != nil {
-		return nil, &PhaseError{Phase: name, Op: "call", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "call", Err: err}
 	}
 	return r.settle(ctx, name, key, rec, out)
 }
@@ -403,7 +403,7 @@ func (r *Run) External(ctx context.Context, name string,
 func (r *Run) settle(ctx context.Context, name, key string, rec recovery, out []byte) ([]byte, error) {
 	next := rec.with(committedPhase{Name: name, Output: out, DownstreamKey: key})
 	if err := r.commit(ctx, nil, name, next); err != nil {
-		return nil, &PhaseError{Phase: name, Op: "commit", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "commit", Err: err}
 	}
 	return out, nil
 }

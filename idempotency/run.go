@@ -101,7 +101,7 @@ var errLeaseExpired = fmt.Errorf("%w: it ran out while heartbeats failed", ErrLe
 //
 // The handler must not Commit or Roll back either unit. Errors: one
 // wrapping errors.ErrUnsupported when the store is not a Transactor;
-// ErrMisuse after the handler returned, and a *PhaseError (Op "use") when
+// ErrMisuse after the handler returned, and a *PhaseError (Step "use") when
 // asked for the request's unit with another context while a phase runs;
 // the store's Begin error, after which the request answers 503
 // CodeStoreUnavailable whatever the handler writes.
@@ -125,7 +125,7 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 		// ctx is not the phase's: the request's unit would take the
 		// phase's writes out of the phase.
 		r.mu.Unlock()
-		return nil, ctx, &PhaseError{Phase: r.phase, Op: "use", Err: fmt.Errorf(
+		return nil, ctx, &PhaseError{Phase: r.phase, Step: "use", Err: fmt.Errorf(
 			"%w: the request's unit asked for while phase %q runs; use the context the phase gave its function", ErrMisuse, r.phase)}
 	case r.unitErr != nil:
 		r.mu.Unlock()

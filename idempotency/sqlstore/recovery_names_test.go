@@ -71,7 +71,7 @@ func TestRecoveryNamesAreBytesSQL(t *testing.T) {
 			var pe *idempotency.PhaseError
 			require.ErrorAs(t, err, &pe)
 			require.ErrorIs(t, err, idempotency.ErrMisuse)
-			require.Equal(t, "use", pe.Op)
+			require.Equal(t, "use", pe.Step)
 		}
 		require.Equal(t, len(names), phaseRuns, "the refused phase never ran")
 		require.Equal(t, len(names), calls, "the refused call was never made")
