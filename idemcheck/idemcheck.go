@@ -199,7 +199,8 @@ func newChecker(cfg Config) (*checker, error) {
 		return nil, fmt.Errorf("idemcheck: bad URL: %w", err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("idemcheck: bad URL %q: want http:// or https:// and a host", cfg.URL)
+		return nil, fmt.Errorf("idemcheck: bad URL %q: want http:// or https:// and a host",
+			cfg.URL)
 	}
 	c := &checker{
 		cfg:           cfg,
@@ -237,7 +238,8 @@ func newChecker(cfg Config) (*checker, error) {
 		}
 	}
 	if c.header.Get(c.keyHeader) != "" || (cfg.Other != nil && cfg.Other.Get(c.keyHeader) != "") {
-		return nil, errors.New("idemcheck: the headers set " + c.keyHeader + ": the checker sets the key itself")
+		return nil, errors.New("idemcheck: the headers set " + c.keyHeader +
+			": the checker sets the key itself")
 	}
 	if cfg.Other != nil {
 		c.other = c.header.Clone()
@@ -253,8 +255,10 @@ func newChecker(cfg Config) (*checker, error) {
 		transport = t
 	}
 	c.client = &http.Client{
-		Transport:     transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Transport: transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
 	}
 	c.target = u.String()
 	c.route = c.method + " " + cmp.Or(u.EscapedPath(), "/")
@@ -287,7 +291,8 @@ func validHeader(h http.Header) error {
 			return fmt.Errorf("idemcheck: bad header name %q", name)
 		}
 		for _, v := range vals {
-			if strings.ContainsFunc(v, func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
+			bad := func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }
+			if strings.ContainsFunc(v, bad) {
 				return fmt.Errorf("idemcheck: header %s has a control character", name)
 			}
 		}

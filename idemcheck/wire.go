@@ -40,7 +40,7 @@ type checker struct {
 
 	first, second answer       // the replay check's two answers
 	fresh         []answer     // first answers under fresh keys, for the marker
-	samples       []answer     // first answers under fresh keys with the request's body and principal
+	samples       []answer     // first answers under fresh keys, the request's body and principal
 	byEffect      bool         // the running check's result rests on telling effects apart
 	transients    atomic.Int32 // transient answers retried during the running check
 	concKey       string       // the concurrent check's key
@@ -80,7 +80,8 @@ const firstTransientPause = 100 * time.Millisecond
 // after the answer's Retry-After (or 100 ms), at most c.maxRetryAfter, as
 // a retrying client would: the second answer is the one the check judges,
 // and it records the first (answer.transient).
-func (c *checker) send(ctx context.Context, keyValue string, body []byte, header http.Header) answer {
+func (c *checker) send(ctx context.Context, keyValue string, body []byte,
+	header http.Header) answer {
 	a := c.sendOnce(ctx, keyValue, body, header)
 	if a.err != nil || !transient(a.status) {
 		return a
@@ -100,7 +101,8 @@ func (c *checker) send(ctx context.Context, keyValue string, body []byte, header
 
 // sendOnce makes one request with the key header set to keyValue, bounded
 // by c.timeout, and reads at most maxAnswer bytes of the answer.
-func (c *checker) sendOnce(ctx context.Context, keyValue string, body []byte, header http.Header) answer {
+func (c *checker) sendOnce(ctx context.Context, keyValue string, body []byte,
+	header http.Header) answer {
 	a := answer{key: keyValue}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -138,7 +140,8 @@ func success(status int) bool { return status >= 200 && status <= 299 }
 // conflict reports whether status asks the client to come back later with
 // the same key: 409 (in progress), 425 (too early), 429.
 func conflict(status int) bool {
-	return status == http.StatusConflict || status == http.StatusTooEarly || status == http.StatusTooManyRequests
+	return status == http.StatusConflict || status == http.StatusTooEarly ||
+		status == http.StatusTooManyRequests
 }
 
 func clientError(status int) bool { return status >= 400 && status <= 499 }
@@ -371,7 +374,8 @@ func showBytes(b []byte) string {
 		}
 	}
 	out := string(s)
-	if !utf8.Valid(s) || strings.ContainsFunc(out, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+	control := func(r rune) bool { return r < 0x20 || r == 0x7f }
+	if !utf8.Valid(s) || strings.ContainsFunc(out, control) {
 		out = strconv.Quote(out)
 	}
 	if cut {

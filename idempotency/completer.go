@@ -80,15 +80,26 @@ func (m *Middleware) Completer(routes map[string]http.Handler) *Completer {
 // CompleterReport is what one Completer run did. Every record it listed is
 // counted once, in exactly one of the fields after Found.
 type CompleterReport struct {
-	Found     int // abandoned records listed (lease expired, still in progress)
-	Completed int // taken over and driven to a stored response
-	Released  int // ran to an answer that is not stored, with no phase committed: the key was released
-	Kept      int // ran to an answer that is not stored after a committed phase: kept for a resume
-	// NeedCredentials counts the records whose handler answered 401 or 403:
-	// not resumable without credentials, kept for the client's retry.
+	// Found counts the abandoned records listed (lease expired, still in
+	// progress).
+	Found int
+	// Completed: taken over and driven to a stored response.
+	Completed int
+	// Released: ran to an answer that is not stored, with no phase
+	// committed; the key was released.
+	Released int
+	// Kept: ran to an answer that is not stored after a committed phase;
+	// kept for a resume.
+	Kept int
+	// NeedCredentials: the handler answered 401 or 403; not resumable
+	// without credentials, kept for the client's retry.
 	NeedCredentials int
-	Skipped         int // not run: unresumable, backing off, over the batch, or taken by someone else first
-	Failed          int // the handler panicked, the lease was lost, or the store failed during the run
+	// Skipped: not run (unresumable, backing off, over the batch, or taken
+	// by someone else first).
+	Skipped int
+	// Failed: the handler panicked, the lease was lost, or the store failed
+	// during the run.
+	Failed int
 }
 
 // RunOnce lists the abandoned records (up to 100 to take over, plus those it
@@ -224,8 +235,9 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 		c.mu.Lock()
 		c.unresumable[rec.Scope] = rec.Generation
 		c.mu.Unlock()
-		c.m.obs.executed(ctx, Event{Scope: rec.Scope, Outcome: OutcomeUnresumable, Generation: rec.Generation,
-			RecoveryPoint: rec.RecoveryPoint, Err: err, Background: true})
+		c.m.obs.executed(ctx, Event{Scope: rec.Scope, Outcome: OutcomeUnresumable,
+			Generation: rec.Generation, RecoveryPoint: rec.RecoveryPoint, Err: err,
+			Background: true})
 		return OutcomeUnresumable, nil
 	}
 	// A takeover only: a completed record is never restarted and one that
@@ -241,10 +253,12 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 		return "", nil // resumed, completed or taken by someone else meanwhile
 	}
 	req := request{scope: rec.Scope, fp: rec.Fingerprint, input: fingerprintInput{
-		method: rec.Scope.Method, route: rec.Scope.Route, path: r.URL.EscapedPath(), rawQuery: r.URL.RawQuery,
+		method: rec.Scope.Method, route: rec.Scope.Route, path: r.URL.EscapedPath(),
+		rawQuery:    r.URL.RawQuery,
 		contentType: r.Header.Get("Content-Type"), body: r.body,
 	}}
-	return c.execute(&resumption{h: &handler{m: c.m, next: c.routes[rec.Scope.Route]}, req: req, res: res}, r.Request), nil
+	e := &resumption{h: &handler{m: c.m, next: c.routes[rec.Scope.Route]}, req: req, res: res}
+	return c.execute(e, r.Request), nil
 }
 
 // rebuiltRequest is a request rebuilt from a record, with its body.
@@ -328,7 +342,8 @@ func (c *Completer) execute(e *resumption, r *http.Request) (outcome Outcome) {
 		}
 	}()
 	if mux := c.muxes[e.req.scope.Route]; mux != nil {
-		mux.ServeHTTP(&discardWriter{header: make(http.Header)}, r.WithContext(context.WithValue(r.Context(), resumptionKey{}, e)))
+		rctx := context.WithValue(r.Context(), resumptionKey{}, e)
+		mux.ServeHTTP(&discardWriter{header: make(http.Header)}, r.WithContext(rctx))
 	}
 	if !e.ran {
 		// Not a pattern, or the stored request does not match it (the mux

@@ -48,8 +48,9 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, res C
 			x.end(false)
 		}
 	}()
-	h.m.obs.claimed(x.run.bg, Event{Scope: req.scope, Claim: res.Outcome, Generation: res.Record.Generation,
-		RecoveryPoint: res.Record.RecoveryPoint, Background: background})
+	h.m.obs.claimed(x.run.bg, Event{Scope: req.scope, Claim: res.Outcome,
+		Generation: res.Record.Generation, RecoveryPoint: res.Record.RecoveryPoint,
+		Background: background})
 	h.next.ServeHTTP(&x.cw, r2)
 	returned = true
 	return x.end(true)
@@ -57,8 +58,8 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, res C
 
 // newExecution returns the execution of a request whose context is ctx,
 // with its handler's context made and its heartbeat started.
-func (m *Middleware) newExecution(w http.ResponseWriter, ctx context.Context, req request, res ClaimResult,
-	background bool) *execution {
+func (m *Middleware) newExecution(w http.ResponseWriter, ctx context.Context, req request,
+	res ClaimResult, background bool) *execution {
 	bg := context.WithoutCancel(ctx)
 	parent, release := ctx, func() {} // the Completer's: stopping it cancels the handler
 	if !background {
@@ -106,9 +107,10 @@ func (x *execution) report(outcome Outcome, cause, err error) {
 	if err == nil && errors.Is(cause, ErrLeaseLost) {
 		err = cause
 	}
-	x.m.obs.executed(x.run.bg, Event{Scope: x.req.scope, Outcome: outcome, Status: x.cw.statusCode(),
-		Code: x.code, Generation: x.run.Lease.Generation, RecoveryPoint: x.run.currentPoint(),
-		Duration: time.Since(x.start), Err: err, Background: x.background})
+	x.m.obs.executed(x.run.bg, Event{Scope: x.req.scope, Outcome: outcome,
+		Status: x.cw.statusCode(), Code: x.code, Generation: x.run.Lease.Generation,
+		RecoveryPoint: x.run.currentPoint(), Duration: time.Since(x.start), Err: err,
+		Background: x.background})
 }
 
 // finish settles the record of a handler that returned, answers its client
@@ -251,7 +253,7 @@ func (x *execution) giveUp(keep bool) (kept bool, err error) {
 			return false, nil
 		case err != nil:
 			keep = true // cannot tell: ending the lease is safe either way
-		case rec.State != InProgress || rec.Owner != lease.Owner || rec.Generation != lease.Generation:
+		case rec.State != InProgress || !ownedBy(rec, lease):
 			return false, ErrLeaseLost // no longer ours
 		default:
 			keep = rec.RecoveryPoint != ""

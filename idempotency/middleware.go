@@ -55,7 +55,8 @@ func New(store Store, opts ...Option) *Middleware {
 			o(&cfg)
 		}
 	}
-	m := &Middleware{cfg: cfg, store: store, horizon: max(cfg.horizon, addSat(cfg.replayWindow, cfg.lease))}
+	horizon := max(cfg.horizon, addSat(cfg.replayWindow, cfg.lease))
+	m := &Middleware{cfg: cfg, store: store, horizon: horizon}
 	m.tx, _ = store.(Transactor)
 	if cfg.logger != nil {
 		m.obs = append(m.obs, newLogObserver(cfg.logger))
@@ -90,10 +91,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
+	ctx, unscoped := r.Context(), Scope{Method: method} // the refusals before a scope
 	vals := r.Header.Values(m.cfg.header)
 	if len(vals) == 0 {
 		if m.cfg.required {
-			m.refuse(r.Context(), w, Scope{Method: method}, http.StatusBadRequest, CodeKeyMissing,
+			m.refuse(ctx, w, unscoped, http.StatusBadRequest, CodeKeyMissing,
 				"this endpoint requires the "+m.cfg.header+" header", nil)
 			return
 		}
@@ -102,22 +104,23 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key, err := keygen.ParseHeader(vals)
 	if err != nil {
-		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusBadRequest, CodeKeyInvalid, m.cfg.header+": "+err.Error(), nil)
+		m.refuse(ctx, w, unscoped, http.StatusBadRequest, CodeKeyInvalid,
+			m.cfg.header+": "+err.Error(), nil)
 		return
 	}
 	principal, err := m.cfg.principal(r)
 	switch {
 	case errors.Is(err, ErrPrincipalRefused):
-		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusUnauthorized, CodePrincipalRefused, "", err)
+		m.refuse(ctx, w, unscoped, http.StatusUnauthorized, CodePrincipalRefused, "", err)
 		return
 	case err != nil:
-		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusServiceUnavailable, CodePrincipalUnavailable,
+		m.refuse(ctx, w, unscoped, http.StatusServiceUnavailable, CodePrincipalUnavailable,
 			"the server could not identify the caller; retry later with the same key", err)
 		return
 	}
 	if principal == "" && !m.cfg.anonymous {
 		// Fail closed: anonymous callers would share one namespace of keys.
-		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusUnauthorized, CodePrincipalMissing,
+		m.refuse(ctx, w, unscoped, http.StatusUnauthorized, CodePrincipalMissing,
 			"a request with an idempotency key must identify its caller", nil)
 		return
 	}
@@ -161,7 +164,8 @@ func (h *handler) route(r *http.Request) string {
 
 // refuse answers with a problem of the middleware's own, before any handler
 // ran, and reports it.
-func (m *Middleware) refuse(ctx context.Context, w http.ResponseWriter, s Scope, status int, code Code, detail string, err error) {
+func (m *Middleware) refuse(ctx context.Context, w http.ResponseWriter, s Scope, status int,
+	code Code, detail string, err error) {
 	m.obs.refused(ctx, Event{Scope: s, Status: status, Code: code, Err: err})
 	writeProblem(w, status, code, detail, 0)
 }
@@ -176,7 +180,8 @@ func (m *Middleware) refuseStore(ctx context.Context, w http.ResponseWriter, s S
 			"this request is too large for the server's idempotency store", err)
 	case errors.Is(err, ErrStoreFull):
 		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodeStoreFull,
-			"the server holds as many idempotency records as it can; retry later with the same key", err)
+			"the server holds as many idempotency records as it can; "+
+				"retry later with the same key", err)
 	default:
 		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodeStoreUnavailable, "", err)
 	}
@@ -236,7 +241,8 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			left := waitUntil.Sub(now)
 			if left <= 0 {
 				m.refuse(ctx, w, req.scope, http.StatusConflict, CodeInProgress,
-					"a request with this idempotency key is being processed; retry later with the same key", nil)
+					"a request with this idempotency key is being processed; "+
+						"retry later with the same key", nil)
 				return
 			}
 			if wait.Sleep(ctx, min(left, pollInterval)) != nil {
@@ -278,11 +284,13 @@ func sameRequest(req request, rec Record) bool {
 
 // answer answers from a record the request does not own when it is
 // completed or belongs to a different request, and reports whether it did.
-func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, req request, rec Record) bool {
+func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, req request,
+	rec Record) bool {
 	switch {
 	case rec.State != Absent && !sameRequest(req, rec):
 		m.refuse(ctx, w, req.scope, m.cfg.mismatchStatus, CodeKeyReused,
-			"this idempotency key was already used for a different request; use a new key for a new request", nil)
+			"this idempotency key was already used for a different request; "+
+				"use a new key for a new request", nil)
 		return true
 	case rec.State == Completed:
 		m.replay(ctx, w, req.scope, rec)
@@ -295,14 +303,16 @@ func (m *Middleware) replay(ctx context.Context, w http.ResponseWriter, s Scope,
 	resp := rec.Response
 	switch {
 	case resp == nil:
-		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodeStoreUnavailable, "the stored record has no response",
+		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodeStoreUnavailable,
+			"the stored record has no response",
 			errors.New("idempotency: a completed record without a response"))
 		return
 	case resp.Header.Get(notReplayableHeader) != "":
-		m.obs.refused(ctx, Event{Scope: s, Status: http.StatusConflict, Code: CodeResponseNotReplayable})
+		m.obs.refused(ctx, Event{Scope: s, Status: http.StatusConflict,
+			Code: CodeResponseNotReplayable})
 		writeProblem(w, http.StatusConflict, CodeResponseNotReplayable,
-			"the request with this idempotency key completed, but its response was too large to store; it is not executed again",
-			resp.Status)
+			"the request with this idempotency key completed, but its response was too large "+
+				"to store; it is not executed again", resp.Status)
 		return
 	}
 	dst := w.Header()

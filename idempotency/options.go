@@ -121,9 +121,9 @@ func authorizationPrincipal(r *http.Request) (string, error) {
 // is one of them alone carries no credential.
 var authSchemes = map[string]bool{
 	"basic": true, "bearer": true, "concealed": true, "digest": true, "dpop": true, "gnap": true,
-	"hoba": true, "mutual": true, "negotiate": true, "ntlm": true, "oauth": true, "privatetoken": true,
-	"scram-sha-1": true, "scram-sha-256": true, "vapid": true, "token": true, "apikey": true,
-	"aws4-hmac-sha256": true,
+	"hoba": true, "mutual": true, "negotiate": true, "ntlm": true, "oauth": true,
+	"privatetoken": true, "scram-sha-1": true, "scram-sha-256": true, "vapid": true, "token": true,
+	"apikey": true, "aws4-hmac-sha256": true,
 }
 
 // hasCredential reports whether an Authorization value carries a

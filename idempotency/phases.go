@@ -58,7 +58,8 @@ type recoveryWire struct {
 var errBadRecoveryData = errors.New("idempotency: malformed recovery data")
 
 func (rec recovery) encode() []byte {
-	b, _ := json.Marshal(recoveryWire{Version: recoveryVersion, recovery: rec}) // strings and bytes only
+	// Strings and bytes only: it cannot fail.
+	b, _ := json.Marshal(recoveryWire{Version: recoveryVersion, recovery: rec})
 	return b
 }
 
@@ -74,17 +75,20 @@ func decodeRecovery(data []byte) (recovery, error) {
 		return recovery{}, errors.Join(errBadRecoveryData, err)
 	}
 	if w.Version != recoveryVersion {
-		return recovery{}, fmt.Errorf("%w: version %d, want %d", errBadRecoveryData, w.Version, recoveryVersion)
+		return recovery{}, fmt.Errorf("%w: version %d, want %d", errBadRecoveryData, w.Version,
+			recoveryVersion)
 	}
 	seen := make(map[string]bool, len(w.Phases))
 	for _, p := range w.Phases {
 		if p.Name == "" || seen[p.Name] {
-			return recovery{}, fmt.Errorf("%w: empty or repeated phase name %q", errBadRecoveryData, p.Name)
+			return recovery{}, fmt.Errorf("%w: empty or repeated phase name %q", errBadRecoveryData,
+				p.Name)
 		}
 		seen[p.Name] = true
 	}
 	if w.Pending != nil && (w.Pending.Phase == "" || seen[w.Pending.Phase]) {
-		return recovery{}, fmt.Errorf("%w: pending call for phase %q", errBadRecoveryData, w.Pending.Phase)
+		return recovery{}, fmt.Errorf("%w: pending call for phase %q", errBadRecoveryData,
+			w.Pending.Phase)
 	}
 	return w.recovery, nil
 }
@@ -145,7 +149,8 @@ type phaseCtx struct {
 // caller must call leave.
 func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, error) {
 	misuse := func(format string, a ...any) (recovery, error) {
-		return recovery{}, &PhaseError{Phase: name, Step: "use", Err: fmt.Errorf("%w: "+format, append([]any{ErrMisuse}, a...)...)}
+		err := fmt.Errorf("%w: "+format, append([]any{ErrMisuse}, a...)...)
+		return recovery{}, &PhaseError{Phase: name, Step: "use", Err: err}
 	}
 	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r {
 		return misuse("called inside another phase")
@@ -174,8 +179,10 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 		r.rec = &rec
 	}
 	rec := *r.rec
-	if _, done := rec.committed(name); !done && rec.Pending != nil && (rec.Pending.Phase != name || !external) {
-		return misuse("the outcome of external phase %q is unknown; call External(%q) first", rec.Pending.Phase, rec.Pending.Phase)
+	_, done := rec.committed(name)
+	if p := rec.Pending; !done && p != nil && (p.Phase != name || !external) {
+		return misuse("the outcome of external phase %q is unknown; call External(%q) first",
+			p.Phase, p.Phase)
 	}
 	if r.seen == nil {
 		r.seen = make(map[string]bool)
@@ -233,7 +240,8 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 	}
 	next := now.Add(r.m.cfg.lease)
 	// On when the client goes away, as commit's.
-	err := r.m.call(context.WithoutCancel(ctx), OpHeartbeat, r.Scope, func(ctx context.Context) error {
+	bg := context.WithoutCancel(ctx)
+	err := r.m.call(bg, OpHeartbeat, r.Scope, func(ctx context.Context) error {
 		return r.m.store.Heartbeat(ctx, r.Lease, next)
 	})
 	if err != nil {
@@ -267,7 +275,8 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 // answer with a status that is not stored (5xx): the record stays in
 // progress at its recovery point, its lease ended at once, so that a retry
 // or the Completer resumes.
-func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+func (r *Run) Phase(ctx context.Context, name string,
+	fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	rec, err := r.enter(ctx, name, false)
 	if err != nil {
 		return nil, err
@@ -277,7 +286,8 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 		return out, nil
 	}
 	if fn == nil {
-		return nil, &PhaseError{Phase: name, Step: "use", Err: fmt.Errorf("%w: nil function", ErrMisuse)}
+		return nil, &PhaseError{Phase: name, Step: "use",
+			Err: fmt.Errorf("%w: nil function", ErrMisuse)}
 	}
 	if err := r.checkLease(ctx, false); err != nil {
 		return nil, &PhaseError{Phase: name, Step: "lease", Err: err}
@@ -356,7 +366,8 @@ func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery)
 // (Step "intent", "lookup", "call", "commit", or one of Phase's).
 func (r *Run) External(ctx context.Context, name string,
 	call func(ctx context.Context, downstreamKey string) ([]byte, error),
-	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error)) ([]byte, error) {
+	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error),
+) ([]byte, error) {
 	rec, err := r.enter(ctx, name, true)
 	if err != nil {
 		return nil, err
@@ -366,7 +377,8 @@ func (r *Run) External(ctx context.Context, name string,
 		return out, nil
 	}
 	if call == nil {
-		return nil, &PhaseError{Phase: name, Step: "use", Err: fmt.Errorf("%w: nil call", ErrMisuse)}
+		return nil, &PhaseError{Phase: name, Step: "use",
+			Err: fmt.Errorf("%w: nil call", ErrMisuse)}
 	}
 	key := r.DownstreamKey(name)
 	resumed := rec.Pending != nil // enter checked it is this phase's
@@ -386,7 +398,8 @@ func (r *Run) External(ctx context.Context, name string,
 			}
 		}
 	} else {
-		intent := recovery{Phases: rec.Phases, Pending: &pendingCall{Phase: name, DownstreamKey: key}}
+		pending := &pendingCall{Phase: name, DownstreamKey: key}
+		intent := recovery{Phases: rec.Phases, Pending: pending}
 		if err := r.commit(ctx, nil, intentPrefix+name, intent); err != nil {
 			return nil, &PhaseError{Phase: name, Step: "intent", Err: err}
 		}
@@ -400,7 +413,8 @@ func (r *Run) External(ctx context.Context, name string,
 }
 
 // settle commits the outcome of an External phase.
-func (r *Run) settle(ctx context.Context, name, key string, rec recovery, out []byte) ([]byte, error) {
+func (r *Run) settle(ctx context.Context, name, key string, rec recovery,
+	out []byte) ([]byte, error) {
 	next := rec.with(committedPhase{Name: name, Output: out, DownstreamKey: key})
 	if err := r.commit(ctx, nil, name, next); err != nil {
 		return nil, &PhaseError{Phase: name, Step: "commit", Err: err}

@@ -33,11 +33,13 @@ type Run struct {
 	RecoveryPoint string
 
 	m            *Middleware
-	recoveryData []byte                  // the record's at the claim
-	bg           context.Context         // the request's without its cancellation: the execution's store calls
-	execID       string                  // storedRequest.ID: the base of downstream keys
-	created      time.Time               // the record's CreatedAt: the base without an ID
-	cancel       context.CancelCauseFunc // cancels the handler's context
+	recoveryData []byte // the record's at the claim
+	// bg is the request's context without its cancellation, the one holder
+	// of it: the execution's store calls, and the request's unit, use it.
+	bg      context.Context
+	execID  string                  // storedRequest.ID: the base of downstream keys
+	created time.Time               // the record's CreatedAt: the base without an ID
+	cancel  context.CancelCauseFunc // cancels the handler's context
 
 	beginMu sync.Mutex // held by Unit while it begins the request's unit
 
@@ -63,7 +65,8 @@ type Run struct {
 func (m *Middleware) newRun(bg context.Context, req request, res ClaimResult) *Run {
 	rec := res.Record
 	run := &Run{
-		Scope: req.scope, Lease: Lease{Scope: req.scope, Owner: rec.Owner, Generation: rec.Generation},
+		Scope: req.scope, Lease: Lease{Scope: req.scope, Owner: rec.Owner,
+			Generation: rec.Generation},
 		RecoveryPoint: rec.RecoveryPoint, m: m, recoveryData: rec.RecoveryData, bg: bg,
 		created: rec.CreatedAt, leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
 	}
@@ -110,7 +113,8 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 		return p.unit, mergeValues(ctx, p.ctx), nil
 	}
 	if r.m.tx == nil {
-		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work (not a Transactor): %w", errors.ErrUnsupported)
+		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work "+
+			"(not a Transactor): %w", errors.ErrUnsupported)
 	}
 	// One Unit call at a time begins the unit, without holding r.mu while
 	// the store begins it: a heartbeat and the phases' checks go on.
@@ -126,7 +130,8 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 		// phase's writes out of the phase.
 		r.mu.Unlock()
 		return nil, ctx, &PhaseError{Phase: r.phase, Step: "use", Err: fmt.Errorf(
-			"%w: the request's unit asked for while phase %q runs; use the context the phase gave its function", ErrMisuse, r.phase)}
+			"%w: the request's unit asked for while phase %q runs; "+
+				"use the context the phase gave its function", ErrMisuse, r.phase)}
 	case r.unitErr != nil:
 		r.mu.Unlock()
 		return nil, ctx, r.unitErr
@@ -204,8 +209,9 @@ func (r *Run) extend(until time.Time) {
 func (r *Run) DownstreamKey(phase string) string {
 	id := r.execID
 	if id == "" {
-		sum := sha256.Sum256([]byte(r.Scope.Principal + "\x00" + r.Scope.Method + "\x00" + r.Scope.Route + "\x00" + r.Scope.Key +
-			"\x00" + strconv.FormatInt(r.created.UnixNano(), 10)))
+		s := r.Scope
+		sum := sha256.Sum256([]byte(s.Principal + "\x00" + s.Method + "\x00" + s.Route + "\x00" +
+			s.Key + "\x00" + strconv.FormatInt(r.created.UnixNano(), 10)))
 		id = hex.EncodeToString(sum[:8])
 	}
 	return keygen.Event(r.Scope.Key, phase, id)

@@ -34,7 +34,8 @@ func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // most storeTimeout left, reported to the observers as op on s (the zero
 // Scope for a call about no single record). Every store call of the
 // middleware, its Completer and its Reaper goes through call or begin.
-func (m *Middleware) call(ctx context.Context, op Op, s Scope, f func(ctx context.Context) error) error {
+func (m *Middleware) call(ctx context.Context, op Op, s Scope,
+	f func(ctx context.Context) error) error {
 	sctx, cancel := storeCtx(ctx)
 	defer cancel()
 	start := time.Now()
@@ -104,8 +105,11 @@ func retry(ctx context.Context, try func(ctx context.Context) error) (err error,
 // whether that try applied (then fenced returns nil).
 func (m *Middleware) fenced(ctx context.Context, op Op, l Lease, f func(ctx context.Context) error,
 	applied func(rec Record, err error) bool) error {
-	err, unknown := retry(ctx, func(rctx context.Context) error { return m.call(rctx, op, l.Scope, f) })
-	if unknown && applied != nil && errors.Is(err, ErrLeaseLost) && m.applied(ctx, l.Scope, applied) {
+	err, unknown := retry(ctx, func(rctx context.Context) error {
+		return m.call(rctx, op, l.Scope, f)
+	})
+	if unknown && applied != nil && errors.Is(err, ErrLeaseLost) &&
+		m.applied(ctx, l.Scope, applied) {
 		return nil
 	}
 	return err
@@ -116,8 +120,8 @@ func (m *Middleware) fenced(ctx context.Context, op Op, l Lease, f func(ctx cont
 // database's to say (the connection dropped after the COMMIT went out,
 // say): applied reads the record, whose owner and generation tell whose
 // commit it holds, and commit returns nil when it is u's.
-func (m *Middleware) commit(ctx context.Context, op Op, l Lease, u Unit, write func(ctx context.Context) error,
-	applied func(rec Record, err error) bool) error {
+func (m *Middleware) commit(ctx context.Context, op Op, l Lease, u Unit,
+	write func(ctx context.Context) error, applied func(rec Record, err error) bool) error {
 	committing := false
 	err := m.call(ctx, op, l.Scope, func(ctx context.Context) error {
 		if err := write(ctx); err != nil {
@@ -126,7 +130,8 @@ func (m *Middleware) commit(ctx context.Context, op Op, l Lease, u Unit, write f
 		committing = true
 		return u.Commit()
 	})
-	if err != nil && committing && !errors.Is(err, ErrLeaseLost) && m.applied(ctx, l.Scope, applied) {
+	if err != nil && committing && !errors.Is(err, ErrLeaseLost) &&
+		m.applied(ctx, l.Scope, applied) {
 		return nil
 	}
 	return err
@@ -135,7 +140,8 @@ func (m *Middleware) commit(ctx context.Context, op Op, l Lease, u Unit, write f
 // applied reads s's record, trying again within storeTimeout while the
 // store fails, and returns what applied says of it (false when it cannot
 // be read).
-func (m *Middleware) applied(ctx context.Context, s Scope, applied func(rec Record, err error) bool) bool {
+func (m *Middleware) applied(ctx context.Context, s Scope,
+	applied func(rec Record, err error) bool) bool {
 	var rec Record
 	err, _ := retry(ctx, func(rctx context.Context) error {
 		var err error
@@ -154,7 +160,8 @@ func ownedBy(rec Record, l Lease) bool {
 }
 
 // errBeginTimeout ends the wait of begin.
-var errBeginTimeout = fmt.Errorf("idempotency: the store did not begin a unit of work within %v: %w",
+var errBeginTimeout = fmt.Errorf(
+	"idempotency: the store did not begin a unit of work within %v: %w",
 	storeTimeout, context.DeadlineExceeded)
 
 // begin begins a unit of work for l on ctx without its cancellation

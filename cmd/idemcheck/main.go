@@ -95,13 +95,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"Content-Type (repeatable)")
 	fs.Var(&other, "other", "a header of a second principal, `'Name: value'`, such as another\n"+
 		"Authorization (repeatable); it replaces the same -H header and runs the scope check")
-	fs.StringVar(&cfg.IDField, "id-field", "", "the JSON `member` of a success answer that identifies the effect\n"+
-		"it created (a.b reaches into objects); without it effects are told apart by their bodies,\n"+
-		"and a body that varies by answer (a timestamp) makes a replay look like a new effect")
+	fs.StringVar(&cfg.IDField, "id-field", "", "the JSON `member` of a success answer that "+
+		"identifies the effect\nit created (a.b reaches into objects); without it effects are "+
+		"told apart by their bodies,\nand a body that varies by answer (a timestamp) makes a "+
+		"replay look like a new effect")
 	fs.IntVar(&cfg.N, "n", 0, "concurrent duplicates, at most 256 (0: 8)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	fs.StringVar(&cfg.KeyHeader, "key-header", "", "the `header` that carries the key (empty: Idempotency-Key)")
-	fs.DurationVar(&cfg.Timeout, "timeout", 0, "bound on each request, its answer included (0: 10s)")
+	fs.StringVar(&cfg.KeyHeader, "key-header", "",
+		"the `header` that carries the key (empty: Idempotency-Key)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0,
+		"bound on each request, its answer included (0: 10s)")
 	maxTime := fs.Duration("max-time", 2*time.Minute, "bound on the whole run")
 	wait := fs.Duration("wait", 0, "wait up to this long for the target to accept connections\n"+
 		"(a server starting in the background); 0 checks at once")
@@ -254,7 +257,8 @@ func waitFor(ctx context.Context, rawURL string, d time.Duration) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("idemcheck: nothing accepted connections at %s within %v (-wait): %w", addr, d, err)
+			return fmt.Errorf("idemcheck: nothing accepted connections at %s within %v (-wait): %w",
+				addr, d, err)
 		case <-t.C:
 		}
 	}
