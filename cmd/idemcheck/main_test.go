@@ -336,7 +336,7 @@ func TestJSONCarriesTheErrorOfARunCutShort(t *testing.T) {
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	defer close(hang) // before the server closes: its handler waits for it
-	code, stdout, stderr := runCmd(append([]string{"-json", "-max-time", "300ms"}, append(flags, srv.URL)...)...)
+	code, stdout, stderr := runCmd(append([]string{"-json", "-max-time", "1s"}, append(flags, srv.URL)...)...)
 	require.Equal(t, 2, code, stdout+stderr)
 	var rep struct {
 		Checks []struct{ Name string }
