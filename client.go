@@ -341,7 +341,7 @@ func (c *call) done(resp *http.Response, err error, outcome Outcome,
 
 // observe tells the AttemptDone observers attempt a's outcome and what the
 // loop does next. For OutcomeLost it reads nothing of a's outcome: the
-// attempt may still be in flight.
+// attempt was canceled, and what it ended with is no answer.
 func (c *call) observe(a *attempt, outcome Outcome, step decide.Result) {
 	if !c.t.obs.attemptDone {
 		return

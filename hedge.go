@@ -186,40 +186,22 @@ var errLost = errors.New("saferetry: another attempt won")
 
 // flight is what the attempts in flight at once share with the loop.
 type flight struct {
-	mu      sync.Mutex
-	over    bool          // the loop has returned: an attempt that finishes closes itself
-	results chan *attempt // every attempt's outcome, once; never blocks
+	// results carries every attempt's outcome, once: the loop receives the
+	// outcome of every attempt it sent before the round ends, so that no
+	// attempt outlives the round.
+	results chan *attempt
 }
 
 // fly sends attempt a on its own goroutine and hands its outcome to the
-// loop, or, once the loop has returned, closes it. A panic of the base
-// transport or of a rule is handed over too, and raised again on the
-// goroutine of RoundTrip, as it would be without hedging.
+// loop. A panic of the base transport or of a rule is handed over too, and
+// raised again on the goroutine of RoundTrip, as it would be without
+// hedging.
 func (c *call) fly(a *attempt) {
 	defer func() {
-		if p := recover(); p != nil {
-			a.panicked = p
-			c.deliver(a)
-		}
+		a.panicked = recover()
+		c.fl.results <- a
 	}()
 	c.roundTrip(a)
-	c.deliver(a)
-}
-
-// deliver hands attempt a's outcome to the loop, or closes it once the
-// loop has returned.
-func (c *call) deliver(a *attempt) {
-	f := c.fl
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.over {
-		if a.panicked != nil {
-			panic(a.panicked) // nowhere else to raise it
-		}
-		a.close(time.Time{})
-		return
-	}
-	f.results <- a
 }
 
 // hedged runs one round of attempts: a, and the hedges sent beside it each
@@ -227,8 +209,8 @@ func (c *call) deliver(a *attempt) {
 // returns the attempt the loop judges next, with no other attempt of the
 // round left in flight:
 //   - the first final answer (one the loop would not retry), handed over:
-//     the attempts still in flight lose (they are canceled, and close
-//     themselves when they end), and any answer set aside is discarded;
+//     the attempts still in flight lose (settle), and any answer set aside
+//     is discarded;
 //   - otherwise, once every attempt has ended, the last retryable answer,
 //     or, when none came, the last outcome, an error.
 //
@@ -265,7 +247,10 @@ func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *att
 			c.heard(b)
 			if b.resp != nil && (!b.d.Retry || hop.Marked(b.resp)) {
 				if b.handOver() {
-					c.settle(live, held)
+					if p := c.settle(live, held); p != nil {
+						b.resp.Body.Close()
+						panic(p)
+					}
 					return b
 				}
 				b.d = c.classify(b) // its limit fired first: it timed out
@@ -349,32 +334,30 @@ func (c *call) hedge(ctx context.Context, inFlight int) *attempt {
 }
 
 // settle ends a round that an attempt won: the attempts in live lose, and
-// the answer held is discarded. The losers' outcomes are never read: each
-// closes itself when it ends (fly), and one already handed to the loop is
-// closed here.
-func (c *call) settle(live []*attempt, held *attempt) {
-	f := c.fl
-	f.mu.Lock()
-	f.over = true
-	f.mu.Unlock()
+// the answer held is discarded. Each loser is canceled, and the round waits
+// for it to end (a base transport that honours the request's context, as
+// net/http's does, returns at once), closes it without reading its outcome
+// and tells the observers. It returns what a loser panicked with, nil when
+// none did.
+func (c *call) settle(live []*attempt, held *attempt) (panicked any) {
 	for _, l := range live {
 		if c.est != nil {
 			c.est.add(time.Since(l.start)) // at least that long: the estimate's tail
 		}
 		l.cancel(errLost)
-		c.observe(l, OutcomeLost, decide.Result{})
 	}
 	if held != nil {
 		c.discard(held)
 	}
-	for {
-		select {
-		case l := <-f.results:
-			l.close(time.Time{})
-		default:
-			return
+	for range live {
+		l := <-c.fl.results
+		l.close(time.Time{})
+		if panicked == nil {
+			panicked = l.panicked
 		}
+		c.observe(l, OutcomeLost, decide.Result{})
 	}
+	return panicked
 }
 
 // discard tells the AttemptDone observers that attempt a is discarded and

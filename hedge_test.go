@@ -763,3 +763,72 @@ func TestADiscardedAnswerIsDrainedWithinABound(t *testing.T) {
 		}
 	})
 }
+
+// lateReturn wraps a base transport whose RoundTrip, for a request whose
+// context ended, returns a moment after that: the losers of a hedged round
+// end then, and RoundTrip returns only once every one of them has ended.
+type lateReturn struct {
+	base     http.RoundTripper
+	inFlight atomic.Int32
+}
+
+func (l *lateReturn) RoundTrip(r *http.Request) (*http.Response, error) {
+	l.inFlight.Add(1)
+	defer l.inFlight.Add(-1)
+	resp, err := l.base.RoundTrip(r)
+	if r.Context().Err() != nil {
+		time.Sleep(time.Millisecond)
+	}
+	return resp, err
+}
+
+// No attempt of a hedged call outlives RoundTrip: the losers are canceled
+// and RoundTrip returns once each has ended.
+func TestNoLoserOutlivesRoundTrip(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &plan{answers: map[int]planned{1: {after: time.Minute, status: 200}}}
+		base, url := pipeServer(t, p)
+		late := &lateReturn{base: base}
+		tr := newBubbleTransport(late, hedge10ms)
+		start := time.Now()
+		resp, err := tr.RoundTrip(get(t, url))
+		require.NoError(t, err)
+		assert.Zero(t, late.inFlight.Load(), "a loser is still in the base transport")
+		assert.Equal(t, 11*time.Millisecond, time.Since(start), "the hedge's answer, then the loser's end")
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, "attempt 2: 200", string(b))
+	})
+}
+
+// A loser that panics while it ends (a base transport's bug) panics on
+// the goroutine of RoundTrip, as it would without hedging, never on a
+// goroutine of the Transport's own that nothing can recover; the winner's
+// body is closed first.
+func TestALosersPanicReachesTheCaller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &plan{answers: map[int]planned{1: {after: time.Minute, status: 200}}}
+		base, url := pipeServer(t, p)
+		tracker := &closeTracker{base: base}
+		panicky := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := tracker.RoundTrip(r)
+			if r.Header.Get(attemptHeader) == "1" {
+				panic("base transport bug on cancellation")
+			}
+			return resp, err
+		})
+		tr := newBubbleTransport(panicky, hedge10ms)
+		var got any
+		func() {
+			defer func() { got = recover() }()
+			tr.RoundTrip(get(t, url))
+		}()
+		assert.Equal(t, "base transport bug on cancellation", got)
+		synctest.Wait()
+		tracker.mu.Lock()
+		defer tracker.mu.Unlock()
+		require.Len(t, tracker.bodies, 1, "the winner's answer")
+		assert.True(t, tracker.bodies[0].closed.Load(), "the winner's body is closed")
+	})
+}

@@ -277,7 +277,11 @@ func WithObserver(o Observer) Option {
 // h.MaxHedges at once (0: 1; below 0: hedging off). The first final answer
 // (one the loop would not retry) wins and is returned; the attempts still
 // in flight lose and are canceled, never the winner, whose context lives
-// until its body is closed. A retryable answer (a 503, the in-progress 409
+// until its body is closed, and RoundTrip returns once each loser has
+// ended (a base transport that honours the request's context, as
+// net/http's does, ends it at once). A panic of the base transport in a
+// hedge, a loser's included, is raised again on the goroutine of
+// RoundTrip, as it would be without hedging. A retryable answer (a 503, the in-progress 409
 // a hedged POST's loser gets) or an error while another attempt is in
 // flight is set aside, and the Transport waits for the others: the caller
 // gets an answer a hedge did not make worse.
