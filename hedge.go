@@ -186,9 +186,9 @@ var errLost = errors.New("saferetry: another attempt won")
 
 // flight is what the attempts in flight at once share with the loop.
 type flight struct {
-	// results carries every attempt's outcome, once: the loop receives the
-	// outcome of every attempt it sent before the round ends, so that no
-	// attempt outlives the round.
+	// results carries every attempt's outcome, once. It is unbuffered, so
+	// that nothing grows with the attempt limit: the loop receives the
+	// outcome of every attempt it sent before the round ends.
 	results chan *attempt
 }
 
@@ -224,7 +224,7 @@ func (c *call) fly(a *attempt) {
 // AttemptDone observers, as lost or discarded.
 func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *attempt {
 	if c.fl == nil {
-		c.fl = &flight{results: make(chan *attempt, c.maxAttempts)}
+		c.fl = &flight{results: make(chan *attempt)}
 	}
 	f := c.fl
 	live := append(make([]*attempt, 0, 2), a)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -831,4 +832,15 @@ func TestALosersPanicReachesTheCaller(t *testing.T) {
 		require.Len(t, tracker.bodies, 1, "the winner's answer")
 		assert.True(t, tracker.bodies[0].closed.Load(), "the winner's body is closed")
 	})
+}
+
+// Hedging holds no resources in proportion to the attempt limit: any
+// limit, the largest int included, works.
+func TestHedgingWithTheLargestAttemptLimit(t *testing.T) {
+	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
+	status, body, _, _, err := hedgeCall(t, p, getReq(t), WithMaxAttempts(math.MaxInt),
+		WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: math.MaxInt}))
+	require.NoError(t, err)
+	assert.Equal(t, 200, status)
+	assert.Equal(t, "attempt 2: 200", body)
 }
