@@ -248,11 +248,14 @@ func attemptTimedOut(limit time.Duration, err error) error {
 type deliveredBody struct {
 	io.ReadCloser
 	cancel context.CancelCauseFunc
+	fl     *flight // the call's hedged rounds, nil for none
 }
 
-// Close closes the response body, then cancels the attempt's context.
+// Close closes the response body, cancels the attempt's context, and ends
+// the drains of the answers the hedged rounds discarded.
 func (b *deliveredBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel(nil)
+	b.fl.end()
 	return err
 }

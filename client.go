@@ -320,6 +320,7 @@ func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 
 // done notes a pushback (decide.PushBack) in the record of the request the
 // call was made for, when its context carries one (deadline.Middleware),
+// hands what is left of the hedged rounds (flight.end) to the body returned,
 // tells the CallDone observers how the call ended, and returns resp and err.
 func (c *call) done(resp *http.Response, err error, outcome Outcome,
 	stop retry.Reason) (*http.Response, error) {
@@ -331,6 +332,17 @@ func (c *call) done(resp *http.Response, err error, outcome Outcome,
 		if rec := hop.FromContext(c.req.Context()); rec != nil {
 			rec.NoteRetriedBelow()
 		}
+	}
+	// What is left of the hedged rounds belongs to the body returned, and
+	// ends when it is closed; without one, it ends now.
+	var delivered *deliveredBody
+	if resp != nil {
+		delivered, _ = resp.Body.(*deliveredBody)
+	}
+	if delivered != nil {
+		delivered.fl = c.fl
+	} else {
+		c.fl.end()
 	}
 	if c.t.obs.callDone {
 		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key, Attempts: c.sent,

@@ -190,6 +190,25 @@ type flight struct {
 	// that nothing grows with the attempt limit: the loop receives the
 	// outcome of every attempt it sent before the round ends.
 	results chan *attempt
+
+	// The drains of the answers the rounds discarded (discard), each on a
+	// goroutine of its own, and their attempts, whose cancellation ends a
+	// drain. They belong to the body RoundTrip returns: end, called when
+	// that body is closed or when RoundTrip returns without one, ends them.
+	drains   sync.WaitGroup
+	draining []*attempt
+}
+
+// end ends the drains still running and waits for them. f may be nil (the
+// call hedged no round). Safe to call more than once.
+func (f *flight) end() {
+	if f == nil {
+		return
+	}
+	for _, a := range f.draining {
+		a.cancel(nil)
+	}
+	f.drains.Wait()
 }
 
 // fly sends attempt a on its own goroutine and hands its outcome to the
@@ -363,12 +382,14 @@ func (c *call) settle(live []*attempt, held *attempt) (panicked any) {
 // discard tells the AttemptDone observers that attempt a is discarded and
 // closes it. An answer's body is drained on a goroutine of its own, for at
 // most maxPeekTime and maxDrain bytes, so that the loop waits for the
-// attempts still in flight, or returns, at once.
+// attempts still in flight, or returns, at once; the drain ends sooner when
+// the call's flight ends (flight.end).
 func (c *call) discard(a *attempt) {
 	c.observe(a, OutcomeDiscarded, decide.Result{})
 	if a.resp == nil {
 		a.close(time.Time{})
 		return
 	}
-	go a.close(time.Now().Add(maxPeekTime))
+	c.fl.draining = append(c.fl.draining, a)
+	c.fl.drains.Go(func() { a.close(time.Now().Add(maxPeekTime)) })
 }

@@ -730,39 +730,72 @@ func TestHedgesCannotAmplifyAnOutage(t *testing.T) {
 
 // An answer set aside and then discarded is drained on a goroutine of its
 // own, bounded: a body that stalls is closed after maxPeekTime, and its
-// connection with it, while the caller has its winner at once.
+// connection with it, while the caller has its winner at once. The drain
+// belongs to the body RoundTrip returns: closing it ends the drain, and a
+// call that returns no body ends it before it returns.
 func TestADiscardedAnswerIsDrainedWithinABound(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		closedAt := make(chan time.Time, 1)
-		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			switch r.Header.Get(attemptHeader) {
-			case "1":
-				time.Sleep(50 * time.Millisecond)
-				io.WriteString(w, "winner")
-			case "2":
-				w.Header().Set("Content-Length", "1000")
-				w.WriteHeader(503)
-				io.WriteString(w, "stal")
-				w.(http.Flusher).Flush()
-				<-r.Context().Done() // the client closed the body: its connection ended
-				closedAt <- time.Now()
-			}
+	for _, tc := range []struct {
+		name string
+		hold time.Duration // how long the caller keeps the winner's body open
+		// closedAfter is when the stalled body's connection is closed,
+		// from the return of RoundTrip
+		closedAfter time.Duration
+	}{
+		{"the caller keeps the winner's body open", 5 * time.Second, maxPeekTime},
+		{"the caller closes the winner's body at once", 0, 0},
+		{"the call ends in an error", -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { drainCall(t, tc.hold, tc.closedAfter) })
 		})
-		base, url := pipeServer(t, h)
-		tr := newBubbleTransport(base, hedge10ms)
-		resp, err := tr.RoundTrip(get(t, url))
-		require.NoError(t, err)
-		discarded := time.Now()
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		assert.Equal(t, "winner", string(b))
-		select {
-		case closed := <-closedAt:
-			assert.Equal(t, maxPeekTime, closed.Sub(discarded))
-		case <-time.After(time.Minute):
-			t.Fatal("the stalled body was never closed")
+	}
+}
+
+// drainCall is TestADiscardedAnswerIsDrainedWithinABound: a hedged call
+// whose hedge answers a 503 whose body stalls, which the round discards;
+// attempt 1 wins, or (hold < 0) fails with another 503, and the retry
+// times out.
+func drainCall(t *testing.T, hold, closedAfter time.Duration) {
+	closedAt := make(chan time.Time, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get(attemptHeader) {
+		case "1":
+			time.Sleep(20 * time.Millisecond)
+			if hold < 0 {
+				w.WriteHeader(503)
+			}
+			io.WriteString(w, "attempt 1")
+		case "2":
+			time.Sleep(5 * time.Millisecond)
+			w.Header().Set("Content-Length", "1000")
+			w.WriteHeader(503)
+			io.WriteString(w, "stal")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // the client closed the body: its connection ended
+			closedAt <- time.Now()
+		default:
+			<-r.Context().Done()
 		}
 	})
+	base, url := pipeServer(t, h)
+	tr := newBubbleTransport(base, hedge10ms, WithAttemptTimeout(100*time.Millisecond))
+	resp, err := tr.RoundTrip(get(t, url))
+	returned := time.Now()
+	if hold < 0 {
+		require.ErrorIs(t, err, ErrAttemptTimeout, "attempt 3")
+	} else {
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		assert.Equal(t, "attempt 1", string(b))
+		time.Sleep(hold)
+		resp.Body.Close()
+	}
+	select {
+	case closed := <-closedAt:
+		assert.Equal(t, closedAfter, closed.Sub(returned))
+	case <-time.After(time.Minute):
+		t.Fatal("the stalled body was never closed")
+	}
 }
 
 // lateReturn wraps a base transport whose RoundTrip, for a request whose
