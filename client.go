@@ -235,42 +235,37 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (decide.Result, time.Ti
 		Marked: hop.Marked(a.resp), Body: c.notRetrying,
 		Now: now, Deadline: c.overall, PrevWait: prevWait,
 	})
-	return c.commit(a, step, now), now
+	step, err := c.commit(step, now)
+	if err != nil && a.resp == nil {
+		// An attempt without a response carries the error (with a
+		// response in hand, that is what the caller gets).
+		a.err = errors.Join(a.err, c.redact(fmt.Errorf("saferetry: rewinding request body: %w", err)))
+	}
+	return step, now
 }
 
-// commit is the commit step of the retry of attempt a that step grants (any
-// other step is returned as it is): the request body is rewound, then the
-// budget asked, last (decide.Grant), so that a retry stopped for any other
-// reason costs nothing.
-func (c *call) commit(a *attempt, step decide.Result, now time.Time) decide.Result {
+// commit is the commit step of the retry or the hedge that step grants (any
+// other step is returned as it is): the request body is rewound from
+// GetBody, then the budget asked, last (decide.Grant), so that a retry
+// stopped for any other reason costs nothing. When GetBody fails, the
+// request is never sent again: the step stops with
+// retry.ReasonBodyNotRewindable, and the error is GetBody's.
+func (c *call) commit(step decide.Result, now time.Time) (decide.Result, error) {
 	if step.Stop != "" {
-		return step
+		return step, nil
 	}
-	if c.getBody != nil && c.notRetrying == "" && c.rewind(a) != nil {
-		return decide.Result{Stop: retry.ReasonBodyNotRewindable, Wait: step.Wait,
-			Throttle: step.Throttle}
-	}
-	return decide.Grant(c.bud, now, step)
-}
-
-// rewind readies the request body for the retry of attempt a, from
-// GetBody. When that fails, the request is never retried, and an attempt
-// without a response carries the error (with a response in hand, that is
-// what the caller gets).
-func (c *call) rewind(a *attempt) error {
-	if c.body != nil {
-		return nil // rewound for a retry the budget refused, before a's limit fired
-	}
-	body, err := c.getBody()
-	if err != nil {
-		c.notRetrying = retry.ReasonBodyNotRewindable
-		if a.resp == nil {
-			a.err = errors.Join(a.err, c.redact(fmt.Errorf("saferetry: rewinding request body: %w", err)))
+	// A body in hand was rewound for a step the budget refused (before an
+	// attempt's limit fired, or for a hedge): it has not been sent.
+	if c.getBody != nil && c.body == nil {
+		body, err := c.getBody()
+		if err != nil {
+			c.notRetrying = retry.ReasonBodyNotRewindable
+			return decide.Result{Stop: retry.ReasonBodyNotRewindable, Wait: step.Wait,
+				Throttle: step.Throttle}, err
 		}
-		return err
+		c.body = body
 	}
-	c.body = body
-	return nil
+	return decide.Grant(c.bud, now, step), nil
 }
 
 // classify labels attempt a's outcome. A 409's problem code is peeked from

@@ -317,24 +317,16 @@ func (c *call) canHedge(ctx context.Context, inFlight int) bool {
 }
 
 // hedge decides, commits and begins a hedge of the inFlight attempts, or
-// returns nil. The commit step is a retry's: the body rewound from GetBody,
-// then the budget asked, last, at a transient retry's cost. A denial, a
-// body that cannot be rewound and a preparation that fails each end the
-// call's hedging, never an attempt in flight; the preparation's cost is
-// given back.
+// returns nil. The commit step is a retry's (commit): the body rewound from
+// GetBody, then the budget asked, last, at a transient retry's cost. A
+// denial, a body that cannot be rewound and a preparation that fails each
+// end the call's hedging, never an attempt in flight; the preparation's
+// cost is given back.
 func (c *call) hedge(ctx context.Context, inFlight int) *attempt {
 	if !c.canHedge(ctx, inFlight) {
 		return nil
 	}
-	if c.getBody != nil && c.body == nil {
-		body, err := c.getBody()
-		if err != nil {
-			c.noHedge, c.notRetrying = true, retry.ReasonBodyNotRewindable
-			return nil
-		}
-		c.body = body
-	}
-	grant := decide.Grant(c.bud, time.Now(), decide.Result{})
+	grant, _ := c.commit(decide.Result{}, time.Now())
 	if grant.Stop != "" {
 		c.noHedge = true
 		return nil

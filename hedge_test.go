@@ -877,3 +877,25 @@ func TestHedgingWithTheLargestAttemptLimit(t *testing.T) {
 	assert.Equal(t, 200, status)
 	assert.Equal(t, "attempt 2: 200", body)
 }
+
+// A hedge is committed as a retry is: when GetBody fails, no hedge is sent,
+// the attempt in flight is left alone, and the request is sent no more.
+func TestAHedgeWhoseBodyCannotBeRewoundIsNeverSent(t *testing.T) {
+	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 503}}}
+	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{RefillTime: -1})
+	status, body, took, ev, err := hedgeCall(t, p, func(url string) *http.Request {
+		r, err := http.NewRequest(http.MethodPut, url, strings.NewReader("x"))
+		require.NoError(t, err)
+		r.GetBody = func() (io.ReadCloser, error) { return nil, errTokenExpired }
+		return r
+	}, hedge10ms, WithBudget(bucket))
+	require.NoError(t, err)
+	assert.Equal(t, 503, status)
+	assert.Equal(t, "attempt 1: 503", body)
+	assert.Equal(t, time.Second, took)
+	assert.Len(t, p.Seen(), 1)
+	assert.False(t, p.Seen()[1].canceled)
+	assert.Equal(t, map[int]Outcome{1: OutcomeStopped}, ev.outcomes())
+	assert.Equal(t, retry.ReasonBodyNotRewindable, ev.done[1].Stop)
+	assert.Equal(t, 500, bucket.Available(time.Now()), "no hedge, no retry: nothing spent")
+}
