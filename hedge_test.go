@@ -498,42 +498,75 @@ func pipeServerH2(t *testing.T, h http.Handler) (*http.Transport, string) {
 	return tr, "http://pipe.test"
 }
 
-// Over HTTP/2 the loser is canceled (its stream reset), the winner is not:
-// its context lives until its body is closed, so a body that the server
-// is still writing after the loop returned arrives whole.
-func TestTheWinnersBodyOutlivesTheLosersCancellationOverHTTP2(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		loserCanceled := make(chan struct{})
-		var proto sync.Map
-		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			n := r.Header.Get(attemptHeader)
-			proto.Store(n, r.ProtoMajor)
-			if n == "1" {
-				<-r.Context().Done()
-				close(loserCanceled)
-				return
-			}
+// Over HTTP/1 and HTTP/2 the loser is canceled (its connection closed,
+// its stream reset), the winner is not: its context lives until its body
+// is closed, so a body that the server is still writing after the loop
+// returned arrives whole, after a retry too, and past the attempt timeout
+// (failsafe-go's issues 65 and 123 cancelled it when hedging was combined
+// with a retry or a timeout).
+func TestTheWinnersBodyOutlivesTheLosersCancellation(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		opts          []Option
+		loser, winner string // attempt numbers
+	}{
+		{"a hedge", nil, "1", "2"},
+		{"a hedge of a retry, under an attempt timeout",
+			[]Option{WithAttemptTimeout(500 * time.Millisecond)}, "2", "3"},
+	} {
+		for _, proto := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s over HTTP/%d", tc.name, proto), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					winnersBody(t, proto, tc.loser, tc.winner, tc.opts)
+				})
+			})
+		}
+	}
+}
+
+// winnersBody is TestTheWinnersBodyOutlivesTheLosersCancellation: attempt
+// 1 fails with a 503 unless it is the loser; the loser waits until it is
+// canceled; the winner sends half its body, then the rest a second after
+// the loser was canceled.
+func winnersBody(t *testing.T, proto int, loser, winner string, opts []Option) {
+	loserCanceled, winnerDone := make(chan struct{}), make(chan struct{})
+	var protos sync.Map
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := r.Header.Get(attemptHeader)
+		protos.Store(n, r.ProtoMajor)
+		switch n {
+		case loser:
+			<-r.Context().Done()
+			close(loserCanceled)
+		case winner:
+			defer close(winnerDone)
 			w.WriteHeader(200)
 			io.WriteString(w, "first half, ")
 			w.(http.Flusher).Flush()
 			<-loserCanceled
 			time.Sleep(time.Second) // long after RoundTrip returned
 			io.WriteString(w, "second half")
-		})
-		base, url := pipeServerH2(t, h)
-		tr := newBubbleTransport(base, hedge10ms)
-		resp, err := tr.RoundTrip(get(t, url))
-		require.NoError(t, err)
-		assert.Equal(t, 2, resp.ProtoMajor)
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		resp.Body.Close()
-		assert.Equal(t, "first half, second half", string(b))
-		for _, n := range []string{"1", "2"} {
-			v, _ := proto.Load(n)
-			assert.Equal(t, 2, v, "attempt %s over HTTP/2", n)
+		default:
+			w.WriteHeader(503)
 		}
 	})
+	base, url := pipeServer(t, h)
+	if proto == 2 {
+		base, url = pipeServerH2(t, h)
+	}
+	tr := newBubbleTransport(base, append([]Option{hedge10ms}, opts...)...)
+	resp, err := tr.RoundTrip(get(t, url))
+	require.NoError(t, err)
+	assert.Equal(t, proto, resp.ProtoMajor)
+	b, err := io.ReadAll(resp.Body)
+	assert.NoError(t, err, "the winner's body was canceled")
+	resp.Body.Close()
+	assert.Equal(t, "first half, second half", string(b))
+	<-winnerDone
+	for _, n := range []string{loser, winner} {
+		v, _ := protos.Load(n)
+		assert.Equal(t, proto, v, "attempt %s", n)
+	}
 }
 
 // The caller's cancellation ends every attempt in flight, and no hedge
