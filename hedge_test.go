@@ -932,3 +932,63 @@ func TestAHedgeWhoseBodyCannotBeRewoundIsNeverSent(t *testing.T) {
 	assert.Equal(t, retry.ReasonBodyNotRewindable, ev.done[1].Stop)
 	assert.Equal(t, 500, bucket.Available(time.Now()), "no hedge, no retry: nothing spent")
 }
+
+// The caller's cancellation before the hedge delay has passed ends the
+// attempt in flight, and no hedge is sent.
+func TestTheCallerCancelsDuringTheHedgeDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &plan{answers: map[int]planned{1: {after: time.Minute, status: 200}}}
+		base, url := pipeServer(t, p)
+		tr := newBubbleTransport(base, hedge10ms)
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(5*time.Millisecond, cancel)
+		start := time.Now()
+		_, err := tr.RoundTrip(get(t, url).WithContext(ctx))
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, 5*time.Millisecond, time.Since(start))
+		synctest.Wait()
+		seen := p.Seen()
+		require.Len(t, seen, 1)
+		assert.True(t, seen[1].canceled)
+	})
+}
+
+// The caller's cancellation after the winner's headers, before its body is
+// read, ends that body (the caller's context governs it) and the drain of
+// the answer the round discarded, at once.
+func TestTheCallerCancelsBeforeReadingTheWinnersBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		closedAt := make(chan time.Time, 1)
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.Header.Get(attemptHeader) {
+			case "1":
+				time.Sleep(20 * time.Millisecond)
+				w.Header().Set("Content-Length", "1000")
+				io.WriteString(w, "winner")
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			case "2":
+				w.Header().Set("Content-Length", "1000")
+				w.WriteHeader(503)
+				io.WriteString(w, "stal")
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+				closedAt <- time.Now()
+			}
+		})
+		base, url := pipeServer(t, h)
+		tr := newBubbleTransport(base, hedge10ms)
+		ctx, cancel := context.WithCancel(context.Background())
+		resp, err := tr.RoundTrip(get(t, url).WithContext(ctx))
+		require.NoError(t, err)
+		assert.Equal(t, 200, resp.StatusCode)
+		time.Sleep(100 * time.Millisecond)
+		canceled := time.Now()
+		cancel()
+		_, err = io.ReadAll(resp.Body)
+		assert.ErrorIs(t, err, context.Canceled)
+		resp.Body.Close()
+		assert.Equal(t, canceled, <-closedAt, "the drain ended with the caller's context")
+		resp.Body.Close() // a second Close does nothing
+	})
+}
