@@ -13,6 +13,7 @@ import (
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
+	"github.com/saferetry/saferetry/internal/hosts"
 	"github.com/saferetry/saferetry/internal/nilcheck"
 	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
@@ -47,7 +48,9 @@ type Transport struct {
 	keyName string // the key header's canonical name
 	keyErr  error  // why the key header's name is refused, nil when it is not
 	obs     observers
-	est     *estimates // the hosts' latencies, for an adaptive hedge delay; nil for none
+	// The hosts' latencies, for an adaptive hedge delay (hedge.go); nil for
+	// none. At most hosts.Max (4096) hosts have one of their own.
+	est *hosts.Map[*estimate]
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -82,7 +85,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
 	t.keyErr = checkKeyHeader(t.cfg.keyHeader)
 	if t.cfg.hedging && t.cfg.hedge.MaxHedges >= 0 && t.cfg.hedge.Delay <= 0 {
-		t.est = &estimates{}
+		t.est = &hosts.Map[*estimate]{New: newEstimate}
 	}
 	obs := t.cfg.observers
 	if !t.cfg.noLog {
@@ -477,7 +480,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	if t.cfg.hedging {
 		c.mayHedge = c.hedgeable(method)
 		if t.est != nil {
-			c.est = t.est.forHost(req.URL.Host)
+			c.est = t.est.For(req.URL.Host)
 		}
 	}
 	return c, nil

@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -38,9 +37,6 @@ const (
 	minHedgeSample = 20  // answers before a host hedges
 	halfLife       = 256 // answers after which the counts halve: the estimate is recent
 	perDoubling    = 4   // histogram buckets per doubling of the latency
-	// maxHedgeHosts is how many hosts have an estimate of their own; the
-	// ones seen after that share one, as budget.Registry's do.
-	maxHedgeHosts = 4096
 )
 
 // buckets is the histogram's size: bucket 0 holds latencies below
@@ -103,37 +99,6 @@ func (e *estimate) p95() (time.Duration, bool) {
 		}
 	}
 	return maxHedgeDelay, true
-}
-
-// estimates holds one estimate per host, created on first use; after
-// maxHedgeHosts hosts, the others share one. Safe for concurrent use.
-type estimates struct {
-	known    sync.Map // host -> *estimate
-	mu       sync.Mutex
-	hosts    int
-	overflow *estimate
-}
-
-func (s *estimates) forHost(host string) *estimate {
-	host = strings.ToLower(host)
-	if e, ok := s.known.Load(host); ok {
-		return e.(*estimate)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e, ok := s.known.Load(host); ok {
-		return e.(*estimate)
-	}
-	if s.hosts >= maxHedgeHosts {
-		if s.overflow == nil {
-			s.overflow = newEstimate()
-		}
-		return s.overflow
-	}
-	e := newEstimate()
-	s.known.Store(host, e)
-	s.hosts++
-	return e
 }
 
 // hedgeable reports whether the call may be hedged at all: it may be sent
