@@ -170,8 +170,12 @@ func WithAutoKeys(on bool) Option {
 // HTTP field name (a token: letters, digits and !#$%&'*+-.^_`|~), or that
 // is, in any case, one of the headers the Transport sets itself
 // (Request-Attempt, Request-Deadline-Ms), which would overwrite the key on
-// every attempt, is refused: every RoundTrip of the Transport then fails
-// before any I/O with an error that matches ErrInvalidKeyHeader.
+// every attempt, or a field that never reaches the server as sent (Host,
+// Content-Length, Transfer-Encoding, Trailer and Expect, which net/http
+// writes itself; the hop-by-hop Connection, Keep-Alive, Proxy-Connection,
+// TE and Upgrade), which would leave the server without the key, is
+// refused: every RoundTrip of the Transport then fails before any I/O with
+// an error that matches ErrInvalidKeyHeader.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		c.keyHeader = name
@@ -304,9 +308,18 @@ func WithHedging(h Hedging) Option {
 }
 
 // ErrInvalidKeyHeader is matched by the error of every RoundTrip of a
-// Transport whose WithKeyHeader name is refused: not an HTTP field name, or
-// the name of one of the Transport's own headers.
+// Transport whose WithKeyHeader name is refused: not an HTTP field name,
+// the name of one of the Transport's own headers, or of a field that never
+// reaches the server as sent.
 var ErrInvalidKeyHeader = errors.New("saferetry: invalid key header name")
+
+// notEndToEnd are the request fields that never reach the server as the
+// caller wrote them: net/http writes Host, Content-Length,
+// Transfer-Encoding, Trailer and Expect from the request itself, and the
+// others are hop-by-hop (RFC 9110 section 7.6.1), which HTTP/2 refuses and
+// proxies drop.
+var notEndToEnd = []string{"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Expect",
+	"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Upgrade"}
 
 // checkKeyHeader returns why name cannot be the key header, nil when it can.
 func checkKeyHeader(name string) error {
@@ -314,6 +327,12 @@ func checkKeyHeader(name string) error {
 		if strings.EqualFold(name, own) {
 			return fmt.Errorf("%w: WithKeyHeader(%q): the Transport sets %s itself", ErrInvalidKeyHeader,
 				name, own)
+		}
+	}
+	for _, f := range notEndToEnd {
+		if strings.EqualFold(name, f) {
+			return fmt.Errorf("%w: WithKeyHeader(%q): %s never reaches the server as sent",
+				ErrInvalidKeyHeader, name, f)
 		}
 	}
 	for i := 0; i < len(name); i++ {
