@@ -199,8 +199,9 @@ func (c *call) fly(a *attempt) {
 //     or, when none came, the last outcome, an error.
 //
 // A retryable answer or an error that comes while other attempts are in
-// flight is set aside (the last answer) or discarded, and the round waits
-// for the others: a hedge never makes the caller's answer worse. A hedge
+// flight is set aside (the last answer, its time limit stopped: the
+// others' limits bound the wait) or discarded, and the round waits for the
+// others: a hedge never makes the caller's answer worse. A hedge
 // answers slowness, not failure: once an attempt of the round has failed,
 // the round sends no more hedges, and what follows it is a retry, after
 // its backoff. Every discarded answer is drained (bounded) and closed;
@@ -238,6 +239,10 @@ func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *att
 					return b
 				}
 				b.d = c.classify(b) // its limit fired first: it timed out
+			} else if b.resp != nil && len(live) > 0 && !b.hold() {
+				// Set aside below, the answer stays one while the others
+				// run, unless its limit fired first: it timed out.
+				b.d = c.classify(b)
 			}
 			switch {
 			case len(live) == 0 && held == nil:

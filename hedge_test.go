@@ -992,3 +992,21 @@ func TestTheCallerCancelsBeforeReadingTheWinnersBody(t *testing.T) {
 		resp.Body.Close() // a second Close does nothing
 	})
 }
+
+// An answer set aside while another attempt is in flight stays an answer
+// until the round ends: when the other attempt then fails at the overall
+// deadline, which is also the held answer's time limit, the caller gets
+// the held answer, never an error in its place, and can read its body.
+func TestAHeldAnswerOutlivesItsTimeLimitWhileTheRoundWaits(t *testing.T) {
+	p := &plan{answers: map[int]planned{
+		1: {after: time.Minute, status: 200},
+		2: {status: 503},
+	}}
+	status, body, took, ev, err := hedgeCall(t, p, getReq(t), hedge10ms, WithMaxAttempts(2),
+		WithMaxElapsed(100*time.Millisecond))
+	require.NoError(t, err)
+	assert.Equal(t, 503, status)
+	assert.Equal(t, "attempt 2: 503", body)
+	assert.Equal(t, 100*time.Millisecond, took)
+	assert.Equal(t, map[int]Outcome{1: OutcomeDiscarded, 2: OutcomeStopped}, ev.outcomes())
+}
