@@ -18,8 +18,9 @@ import (
 // the timer of its time limit, its outcome, and what it still owns. Its
 // time limit covers everything the Transport does with the response
 // (classify, rules, observers, peek) and stops only when the response is
-// handed over (handOver); after that, the caller's context alone governs
-// the body. The Transport's own reads of the body have bounds of their own
+// handed over (handOver), or set aside in a hedged round while other
+// attempts run (hold); after that, the caller's context alone governs the
+// body of a response handed over. The Transport's own reads of the body have bounds of their own
 // as well: the peek at a 409 at most maxPeekTime, the drain of a discarded
 // answer the wait before the retry.
 //
@@ -176,19 +177,30 @@ func (a *attempt) timeOut() {
 	a.err = attemptTimedOut(time.Since(a.start), nil)
 }
 
-// handOver gives the response to the caller: its time limit stops, and its
-// context ends when the caller closes the body. It reports false, the
-// response dropped, when the limit ended first: the attempt timed out. A
-// second call reports true and does nothing.
-func (a *attempt) handOver() bool {
-	if a.handed {
-		return true
-	}
+// hold stops the attempt's time limit, its response in hand: for the
+// caller (handOver), or set aside while other attempts of a hedged round
+// are in flight, whose own limits then bound the wait. It reports false,
+// the response dropped, when the limit ended first: the attempt timed out.
+func (a *attempt) hold() bool {
 	if a.timer != nil && !a.timer.Stop() {
 		a.timeOut()
 		return false
 	}
 	a.timer = nil
+	return true
+}
+
+// handOver gives the response to the caller: its time limit stops (hold),
+// and its context ends when the caller closes the body. It reports false,
+// the response dropped, when the limit ended first: the attempt timed out.
+// A second call reports true and does nothing.
+func (a *attempt) handOver() bool {
+	if a.handed {
+		return true
+	}
+	if !a.hold() {
+		return false
+	}
 	a.handed, a.body = true, nil
 	switch {
 	case a.resp.Body == nil:
@@ -248,11 +260,14 @@ func attemptTimedOut(limit time.Duration, err error) error {
 type deliveredBody struct {
 	io.ReadCloser
 	cancel context.CancelCauseFunc
+	fl     *flight // the call's hedged rounds, nil for none
 }
 
-// Close closes the response body, then cancels the attempt's context.
+// Close closes the response body, cancels the attempt's context, and ends
+// the drains of the answers the hedged rounds discarded.
 func (b *deliveredBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel(nil)
+	b.fl.end()
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
+	"github.com/saferetry/saferetry/internal/hosts"
 	"github.com/saferetry/saferetry/internal/nilcheck"
 	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
@@ -47,7 +48,9 @@ type Transport struct {
 	keyName string // the key header's canonical name
 	keyErr  error  // why the key header's name is refused, nil when it is not
 	obs     observers
-	est     *estimates // the hosts' latencies, for an adaptive hedge delay; nil for none
+	// The hosts' latencies, for an adaptive hedge delay (hedge.go); nil for
+	// none. At most hosts.Max (4096) hosts have one of their own.
+	est *hosts.Map[*estimate]
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -82,7 +85,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
 	t.keyErr = checkKeyHeader(t.cfg.keyHeader)
 	if t.cfg.hedging && t.cfg.hedge.MaxHedges >= 0 && t.cfg.hedge.Delay <= 0 {
-		t.est = &estimates{}
+		t.est = &hosts.Map[*estimate]{New: newEstimate}
 	}
 	obs := t.cfg.observers
 	if !t.cfg.noLog {
@@ -235,42 +238,37 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (decide.Result, time.Ti
 		Marked: hop.Marked(a.resp), Body: c.notRetrying,
 		Now: now, Deadline: c.overall, PrevWait: prevWait,
 	})
-	return c.commit(a, step, now), now
+	step, err := c.commit(step, now)
+	if err != nil && a.resp == nil {
+		// An attempt without a response carries the error (with a
+		// response in hand, that is what the caller gets).
+		a.err = errors.Join(a.err, c.redact(fmt.Errorf("saferetry: rewinding request body: %w", err)))
+	}
+	return step, now
 }
 
-// commit is the commit step of the retry of attempt a that step grants (any
-// other step is returned as it is): the request body is rewound, then the
-// budget asked, last (decide.Grant), so that a retry stopped for any other
-// reason costs nothing.
-func (c *call) commit(a *attempt, step decide.Result, now time.Time) decide.Result {
+// commit is the commit step of the retry or the hedge that step grants (any
+// other step is returned as it is): the request body is rewound from
+// GetBody, then the budget asked, last (decide.Grant), so that a retry
+// stopped for any other reason costs nothing. When GetBody fails, the
+// request is never sent again: the step stops with
+// retry.ReasonBodyNotRewindable, and the error is GetBody's.
+func (c *call) commit(step decide.Result, now time.Time) (decide.Result, error) {
 	if step.Stop != "" {
-		return step
+		return step, nil
 	}
-	if c.getBody != nil && c.notRetrying == "" && c.rewind(a) != nil {
-		return decide.Result{Stop: retry.ReasonBodyNotRewindable, Wait: step.Wait,
-			Throttle: step.Throttle}
-	}
-	return decide.Grant(c.bud, now, step)
-}
-
-// rewind readies the request body for the retry of attempt a, from
-// GetBody. When that fails, the request is never retried, and an attempt
-// without a response carries the error (with a response in hand, that is
-// what the caller gets).
-func (c *call) rewind(a *attempt) error {
-	if c.body != nil {
-		return nil // rewound for a retry the budget refused, before a's limit fired
-	}
-	body, err := c.getBody()
-	if err != nil {
-		c.notRetrying = retry.ReasonBodyNotRewindable
-		if a.resp == nil {
-			a.err = errors.Join(a.err, c.redact(fmt.Errorf("saferetry: rewinding request body: %w", err)))
+	// A body in hand was rewound for a step the budget refused (before an
+	// attempt's limit fired, or for a hedge): it has not been sent.
+	if c.getBody != nil && c.body == nil {
+		body, err := c.getBody()
+		if err != nil {
+			c.notRetrying = retry.ReasonBodyNotRewindable
+			return decide.Result{Stop: retry.ReasonBodyNotRewindable, Wait: step.Wait,
+				Throttle: step.Throttle}, err
 		}
-		return err
+		c.body = body
 	}
-	c.body = body
-	return nil
+	return decide.Grant(c.bud, now, step), nil
 }
 
 // classify labels attempt a's outcome. A 409's problem code is peeked from
@@ -320,6 +318,7 @@ func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 
 // done notes a pushback (decide.PushBack) in the record of the request the
 // call was made for, when its context carries one (deadline.Middleware),
+// hands what is left of the hedged rounds (flight.end) to the body returned,
 // tells the CallDone observers how the call ended, and returns resp and err.
 func (c *call) done(resp *http.Response, err error, outcome Outcome,
 	stop retry.Reason) (*http.Response, error) {
@@ -332,6 +331,17 @@ func (c *call) done(resp *http.Response, err error, outcome Outcome,
 			rec.NoteRetriedBelow()
 		}
 	}
+	// What is left of the hedged rounds belongs to the body returned, and
+	// ends when it is closed; without one, it ends now.
+	var delivered *deliveredBody
+	if resp != nil {
+		delivered, _ = resp.Body.(*deliveredBody)
+	}
+	if delivered != nil {
+		delivered.fl = c.fl
+	} else {
+		c.fl.end()
+	}
 	if c.t.obs.callDone {
 		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key, Attempts: c.sent,
 			Outcome: outcome, Stop: stop, Response: resp, Err: err, Total: time.Since(c.start)})
@@ -341,7 +351,7 @@ func (c *call) done(resp *http.Response, err error, outcome Outcome,
 
 // observe tells the AttemptDone observers attempt a's outcome and what the
 // loop does next. For OutcomeLost it reads nothing of a's outcome: the
-// attempt may still be in flight.
+// attempt was canceled, and what it ended with is no answer.
 func (c *call) observe(a *attempt, outcome Outcome, step decide.Result) {
 	if !c.t.obs.attemptDone {
 		return
@@ -470,7 +480,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	if t.cfg.hedging {
 		c.mayHedge = c.hedgeable(method)
 		if t.est != nil {
-			c.est = t.est.forHost(req.URL.Host)
+			c.est = t.est.For(req.URL.Host)
 		}
 	}
 	return c, nil

@@ -125,7 +125,8 @@
 // covers everything the Transport does with the attempt: sending it,
 // waiting for the headers, classifying the response and peeking at a 409's
 // problem code. It stops when the response is handed to the caller, whose
-// context alone then governs the body. No wait starts that would end after
+// context alone then governs the body, or when a hedged round sets the
+// answer aside while its other attempts run, whose limits bound that wait. No wait starts that would end after
 // the overall deadline, and no attempt starts once it has passed.
 //
 // The Transport's own reads of a body have bounds of their own, which hold
@@ -133,7 +134,10 @@
 // and 1 s (a peek that runs out is an attempt timeout, ErrAttemptTimeout);
 // the drain of an answer it discards at most 64 KiB, within the wait before
 // the retry (the sleep is what is left of the wait; an unfinished body is
-// closed and its connection dropped).
+// closed and its connection dropped), or, for an answer a hedged round
+// discards, beside the round for at most 1 s. No goroutine of the
+// Transport outlives the body RoundTrip returns: closing it ends those
+// drains, and RoundTrip that returns an error ends them before it returns.
 //
 // The time left is told to the server in the Request-Deadline-Ms header
 // (package deadline) only when the caller's context has a deadline, as gRPC

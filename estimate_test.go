@@ -1,7 +1,6 @@
 package saferetry
 
 import (
-	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -56,17 +55,13 @@ func TestTheAdaptiveDelayIsTheRecentP95(t *testing.T) {
 	assert.Less(t, d, 36*time.Millisecond)
 }
 
-func TestEachHostHasItsOwnEstimateUpToABound(t *testing.T) {
-	var s estimates
-	a, b := s.forHost("a.example:443"), s.forHost("b.example:443")
+func TestEachHostHasItsOwnEstimate(t *testing.T) {
+	tr := NewTransport(nil, WithHedging(Hedging{}))
+	a, b := tr.est.For("a.example:443"), tr.est.For("b.example:443")
 	assert.NotSame(t, a, b)
-	assert.Same(t, a, s.forHost("A.Example:443"), "hosts compare case-insensitively")
-	for i := range maxHedgeHosts {
-		s.forHost(fmt.Sprintf("host-%d", i))
-	}
-	over := s.forHost("one-too-many")
-	assert.Same(t, over, s.forHost("another-one"), "the hosts past the bound share one")
-	assert.Same(t, a, s.forHost("a.example:443"))
+	assert.Same(t, a, tr.est.For("A.Example:443"), "hosts compare case-insensitively")
+	assert.Nil(t, NewTransport(nil, WithHedging(Hedging{Delay: time.Millisecond})).est,
+		"a fixed delay keeps no estimate")
 }
 
 // With the adaptive delay, a host hedges once it has 20 answers, at their

@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -38,9 +37,6 @@ const (
 	minHedgeSample = 20  // answers before a host hedges
 	halfLife       = 256 // answers after which the counts halve: the estimate is recent
 	perDoubling    = 4   // histogram buckets per doubling of the latency
-	// maxHedgeHosts is how many hosts have an estimate of their own; the
-	// ones seen after that share one, as budget.Registry's do.
-	maxHedgeHosts = 4096
 )
 
 // buckets is the histogram's size: bucket 0 holds latencies below
@@ -105,37 +101,6 @@ func (e *estimate) p95() (time.Duration, bool) {
 	return maxHedgeDelay, true
 }
 
-// estimates holds one estimate per host, created on first use; after
-// maxHedgeHosts hosts, the others share one. Safe for concurrent use.
-type estimates struct {
-	known    sync.Map // host -> *estimate
-	mu       sync.Mutex
-	hosts    int
-	overflow *estimate
-}
-
-func (s *estimates) forHost(host string) *estimate {
-	host = strings.ToLower(host)
-	if e, ok := s.known.Load(host); ok {
-		return e.(*estimate)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e, ok := s.known.Load(host); ok {
-		return e.(*estimate)
-	}
-	if s.hosts >= maxHedgeHosts {
-		if s.overflow == nil {
-			s.overflow = newEstimate()
-		}
-		return s.overflow
-	}
-	e := newEstimate()
-	s.known.Store(host, e)
-	s.hosts++
-	return e
-}
-
 // hedgeable reports whether the call may be hedged at all: it may be sent
 // again whatever its outcome (see the package documentation), and a POST or
 // PATCH only when it has a key, which every hedge carries, so that the
@@ -186,40 +151,41 @@ var errLost = errors.New("saferetry: another attempt won")
 
 // flight is what the attempts in flight at once share with the loop.
 type flight struct {
-	mu      sync.Mutex
-	over    bool          // the loop has returned: an attempt that finishes closes itself
-	results chan *attempt // every attempt's outcome, once; never blocks
+	// results carries every attempt's outcome, once. It is unbuffered, so
+	// that nothing grows with the attempt limit: the loop receives the
+	// outcome of every attempt it sent before the round ends.
+	results chan *attempt
+
+	// The drains of the answers the rounds discarded (discard), each on a
+	// goroutine of its own, and their attempts, whose cancellation ends a
+	// drain. They belong to the body RoundTrip returns: end, called when
+	// that body is closed or when RoundTrip returns without one, ends them.
+	drains   sync.WaitGroup
+	draining []*attempt
+}
+
+// end ends the drains still running and waits for them. f may be nil (the
+// call hedged no round). Safe to call more than once.
+func (f *flight) end() {
+	if f == nil {
+		return
+	}
+	for _, a := range f.draining {
+		a.cancel(nil)
+	}
+	f.drains.Wait()
 }
 
 // fly sends attempt a on its own goroutine and hands its outcome to the
-// loop, or, once the loop has returned, closes it. A panic of the base
-// transport or of a rule is handed over too, and raised again on the
-// goroutine of RoundTrip, as it would be without hedging.
+// loop. A panic of the base transport or of a rule is handed over too, and
+// raised again on the goroutine of RoundTrip, as it would be without
+// hedging.
 func (c *call) fly(a *attempt) {
 	defer func() {
-		if p := recover(); p != nil {
-			a.panicked = p
-			c.deliver(a)
-		}
+		a.panicked = recover()
+		c.fl.results <- a
 	}()
 	c.roundTrip(a)
-	c.deliver(a)
-}
-
-// deliver hands attempt a's outcome to the loop, or closes it once the
-// loop has returned.
-func (c *call) deliver(a *attempt) {
-	f := c.fl
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.over {
-		if a.panicked != nil {
-			panic(a.panicked) // nowhere else to raise it
-		}
-		a.close(time.Time{})
-		return
-	}
-	f.results <- a
 }
 
 // hedged runs one round of attempts: a, and the hedges sent beside it each
@@ -227,14 +193,15 @@ func (c *call) deliver(a *attempt) {
 // returns the attempt the loop judges next, with no other attempt of the
 // round left in flight:
 //   - the first final answer (one the loop would not retry), handed over:
-//     the attempts still in flight lose (they are canceled, and close
-//     themselves when they end), and any answer set aside is discarded;
+//     the attempts still in flight lose (settle), and any answer set aside
+//     is discarded;
 //   - otherwise, once every attempt has ended, the last retryable answer,
 //     or, when none came, the last outcome, an error.
 //
 // A retryable answer or an error that comes while other attempts are in
-// flight is set aside (the last answer) or discarded, and the round waits
-// for the others: a hedge never makes the caller's answer worse. A hedge
+// flight is set aside (the last answer, its time limit stopped: the
+// others' limits bound the wait) or discarded, and the round waits for the
+// others: a hedge never makes the caller's answer worse. A hedge
 // answers slowness, not failure: once an attempt of the round has failed,
 // the round sends no more hedges, and what follows it is a retry, after
 // its backoff. Every discarded answer is drained (bounded) and closed;
@@ -242,7 +209,7 @@ func (c *call) deliver(a *attempt) {
 // AttemptDone observers, as lost or discarded.
 func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *attempt {
 	if c.fl == nil {
-		c.fl = &flight{results: make(chan *attempt, c.maxAttempts)}
+		c.fl = &flight{results: make(chan *attempt)}
 	}
 	f := c.fl
 	live := append(make([]*attempt, 0, 2), a)
@@ -265,10 +232,17 @@ func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *att
 			c.heard(b)
 			if b.resp != nil && (!b.d.Retry || hop.Marked(b.resp)) {
 				if b.handOver() {
-					c.settle(live, held)
+					if p := c.settle(live, held); p != nil {
+						b.resp.Body.Close()
+						panic(p)
+					}
 					return b
 				}
 				b.d = c.classify(b) // its limit fired first: it timed out
+			} else if b.resp != nil && len(live) > 0 && !b.hold() {
+				// Set aside below, the answer stays one while the others
+				// run, unless its limit fired first: it timed out.
+				b.d = c.classify(b)
 			}
 			switch {
 			case len(live) == 0 && held == nil:
@@ -313,24 +287,16 @@ func (c *call) canHedge(ctx context.Context, inFlight int) bool {
 }
 
 // hedge decides, commits and begins a hedge of the inFlight attempts, or
-// returns nil. The commit step is a retry's: the body rewound from GetBody,
-// then the budget asked, last, at a transient retry's cost. A denial, a
-// body that cannot be rewound and a preparation that fails each end the
-// call's hedging, never an attempt in flight; the preparation's cost is
-// given back.
+// returns nil. The commit step is a retry's (commit): the body rewound from
+// GetBody, then the budget asked, last, at a transient retry's cost. A
+// denial, a body that cannot be rewound and a preparation that fails each
+// end the call's hedging, never an attempt in flight; the preparation's
+// cost is given back.
 func (c *call) hedge(ctx context.Context, inFlight int) *attempt {
 	if !c.canHedge(ctx, inFlight) {
 		return nil
 	}
-	if c.getBody != nil && c.body == nil {
-		body, err := c.getBody()
-		if err != nil {
-			c.noHedge, c.notRetrying = true, retry.ReasonBodyNotRewindable
-			return nil
-		}
-		c.body = body
-	}
-	grant := decide.Grant(c.bud, time.Now(), decide.Result{})
+	grant, _ := c.commit(decide.Result{}, time.Now())
 	if grant.Stop != "" {
 		c.noHedge = true
 		return nil
@@ -349,43 +315,43 @@ func (c *call) hedge(ctx context.Context, inFlight int) *attempt {
 }
 
 // settle ends a round that an attempt won: the attempts in live lose, and
-// the answer held is discarded. The losers' outcomes are never read: each
-// closes itself when it ends (fly), and one already handed to the loop is
-// closed here.
-func (c *call) settle(live []*attempt, held *attempt) {
-	f := c.fl
-	f.mu.Lock()
-	f.over = true
-	f.mu.Unlock()
+// the answer held is discarded. Each loser is canceled, and the round waits
+// for it to end (a base transport that honours the request's context, as
+// net/http's does, returns at once), closes it without reading its outcome
+// and tells the observers. It returns what a loser panicked with, nil when
+// none did.
+func (c *call) settle(live []*attempt, held *attempt) (panicked any) {
 	for _, l := range live {
 		if c.est != nil {
 			c.est.add(time.Since(l.start)) // at least that long: the estimate's tail
 		}
 		l.cancel(errLost)
-		c.observe(l, OutcomeLost, decide.Result{})
 	}
 	if held != nil {
 		c.discard(held)
 	}
-	for {
-		select {
-		case l := <-f.results:
-			l.close(time.Time{})
-		default:
-			return
+	for range live {
+		l := <-c.fl.results
+		l.close(time.Time{})
+		if panicked == nil {
+			panicked = l.panicked
 		}
+		c.observe(l, OutcomeLost, decide.Result{})
 	}
+	return panicked
 }
 
 // discard tells the AttemptDone observers that attempt a is discarded and
 // closes it. An answer's body is drained on a goroutine of its own, for at
 // most maxPeekTime and maxDrain bytes, so that the loop waits for the
-// attempts still in flight, or returns, at once.
+// attempts still in flight, or returns, at once; the drain ends sooner when
+// the call's flight ends (flight.end).
 func (c *call) discard(a *attempt) {
 	c.observe(a, OutcomeDiscarded, decide.Result{})
 	if a.resp == nil {
 		a.close(time.Time{})
 		return
 	}
-	go a.close(time.Now().Add(maxPeekTime))
+	c.fl.draining = append(c.fl.draining, a)
+	c.fl.drains.Go(func() { a.close(time.Now().Add(maxPeekTime)) })
 }

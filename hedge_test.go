@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -497,42 +498,75 @@ func pipeServerH2(t *testing.T, h http.Handler) (*http.Transport, string) {
 	return tr, "http://pipe.test"
 }
 
-// Over HTTP/2 the loser is canceled (its stream reset), the winner is not:
-// its context lives until its body is closed, so a body that the server
-// is still writing after the loop returned arrives whole.
-func TestTheWinnersBodyOutlivesTheLosersCancellationOverHTTP2(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		loserCanceled := make(chan struct{})
-		var proto sync.Map
-		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			n := r.Header.Get(attemptHeader)
-			proto.Store(n, r.ProtoMajor)
-			if n == "1" {
-				<-r.Context().Done()
-				close(loserCanceled)
-				return
-			}
+// Over HTTP/1 and HTTP/2 the loser is canceled (its connection closed,
+// its stream reset), the winner is not: its context lives until its body
+// is closed, so a body that the server is still writing after the loop
+// returned arrives whole, after a retry too, and past the attempt timeout
+// (failsafe-go's issues 65 and 123 cancelled it when hedging was combined
+// with a retry or a timeout).
+func TestTheWinnersBodyOutlivesTheLosersCancellation(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		opts          []Option
+		loser, winner string // attempt numbers
+	}{
+		{"a hedge", nil, "1", "2"},
+		{"a hedge of a retry, under an attempt timeout",
+			[]Option{WithAttemptTimeout(500 * time.Millisecond)}, "2", "3"},
+	} {
+		for _, proto := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s over HTTP/%d", tc.name, proto), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					winnersBody(t, proto, tc.loser, tc.winner, tc.opts)
+				})
+			})
+		}
+	}
+}
+
+// winnersBody is TestTheWinnersBodyOutlivesTheLosersCancellation: attempt
+// 1 fails with a 503 unless it is the loser; the loser waits until it is
+// canceled; the winner sends half its body, then the rest a second after
+// the loser was canceled.
+func winnersBody(t *testing.T, proto int, loser, winner string, opts []Option) {
+	loserCanceled, winnerDone := make(chan struct{}), make(chan struct{})
+	var protos sync.Map
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := r.Header.Get(attemptHeader)
+		protos.Store(n, r.ProtoMajor)
+		switch n {
+		case loser:
+			<-r.Context().Done()
+			close(loserCanceled)
+		case winner:
+			defer close(winnerDone)
 			w.WriteHeader(200)
 			io.WriteString(w, "first half, ")
 			w.(http.Flusher).Flush()
 			<-loserCanceled
 			time.Sleep(time.Second) // long after RoundTrip returned
 			io.WriteString(w, "second half")
-		})
-		base, url := pipeServerH2(t, h)
-		tr := newBubbleTransport(base, hedge10ms)
-		resp, err := tr.RoundTrip(get(t, url))
-		require.NoError(t, err)
-		assert.Equal(t, 2, resp.ProtoMajor)
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		resp.Body.Close()
-		assert.Equal(t, "first half, second half", string(b))
-		for _, n := range []string{"1", "2"} {
-			v, _ := proto.Load(n)
-			assert.Equal(t, 2, v, "attempt %s over HTTP/2", n)
+		default:
+			w.WriteHeader(503)
 		}
 	})
+	base, url := pipeServer(t, h)
+	if proto == 2 {
+		base, url = pipeServerH2(t, h)
+	}
+	tr := newBubbleTransport(base, append([]Option{hedge10ms}, opts...)...)
+	resp, err := tr.RoundTrip(get(t, url))
+	require.NoError(t, err)
+	assert.Equal(t, proto, resp.ProtoMajor)
+	b, err := io.ReadAll(resp.Body)
+	assert.NoError(t, err, "the winner's body was canceled")
+	resp.Body.Close()
+	assert.Equal(t, "first half, second half", string(b))
+	<-winnerDone
+	for _, n := range []string{loser, winner} {
+		v, _ := protos.Load(n)
+		assert.Equal(t, proto, v, "attempt %s", n)
+	}
 }
 
 // The caller's cancellation ends every attempt in flight, and no hedge
@@ -729,37 +763,250 @@ func TestHedgesCannotAmplifyAnOutage(t *testing.T) {
 
 // An answer set aside and then discarded is drained on a goroutine of its
 // own, bounded: a body that stalls is closed after maxPeekTime, and its
-// connection with it, while the caller has its winner at once.
+// connection with it, while the caller has its winner at once. The drain
+// belongs to the body RoundTrip returns: closing it ends the drain, and a
+// call that returns no body ends it before it returns.
 func TestADiscardedAnswerIsDrainedWithinABound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hold time.Duration // how long the caller keeps the winner's body open
+		// closedAfter is when the stalled body's connection is closed,
+		// from the return of RoundTrip
+		closedAfter time.Duration
+	}{
+		{"the caller keeps the winner's body open", 5 * time.Second, maxPeekTime},
+		{"the caller closes the winner's body at once", 0, 0},
+		{"the call ends in an error", -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { drainCall(t, tc.hold, tc.closedAfter) })
+		})
+	}
+}
+
+// drainCall is TestADiscardedAnswerIsDrainedWithinABound: a hedged call
+// whose hedge answers a 503 whose body stalls, which the round discards;
+// attempt 1 wins, or (hold < 0) fails with another 503, and the retry
+// times out.
+func drainCall(t *testing.T, hold, closedAfter time.Duration) {
+	closedAt := make(chan time.Time, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get(attemptHeader) {
+		case "1":
+			time.Sleep(20 * time.Millisecond)
+			if hold < 0 {
+				w.WriteHeader(503)
+			}
+			io.WriteString(w, "attempt 1")
+		case "2":
+			time.Sleep(5 * time.Millisecond)
+			w.Header().Set("Content-Length", "1000")
+			w.WriteHeader(503)
+			io.WriteString(w, "stal")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // the client closed the body: its connection ended
+			closedAt <- time.Now()
+		default:
+			<-r.Context().Done()
+		}
+	})
+	base, url := pipeServer(t, h)
+	tr := newBubbleTransport(base, hedge10ms, WithAttemptTimeout(100*time.Millisecond))
+	resp, err := tr.RoundTrip(get(t, url))
+	returned := time.Now()
+	if hold < 0 {
+		require.ErrorIs(t, err, ErrAttemptTimeout, "attempt 3")
+	} else {
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		assert.Equal(t, "attempt 1", string(b))
+		time.Sleep(hold)
+		resp.Body.Close()
+	}
+	select {
+	case closed := <-closedAt:
+		assert.Equal(t, closedAfter, closed.Sub(returned))
+	case <-time.After(time.Minute):
+		t.Fatal("the stalled body was never closed")
+	}
+}
+
+// lateReturn wraps a base transport whose RoundTrip, for a request whose
+// context ended, returns a moment after that: the losers of a hedged round
+// end then, and RoundTrip returns only once every one of them has ended.
+type lateReturn struct {
+	base     http.RoundTripper
+	inFlight atomic.Int32
+}
+
+func (l *lateReturn) RoundTrip(r *http.Request) (*http.Response, error) {
+	l.inFlight.Add(1)
+	defer l.inFlight.Add(-1)
+	resp, err := l.base.RoundTrip(r)
+	if r.Context().Err() != nil {
+		time.Sleep(time.Millisecond)
+	}
+	return resp, err
+}
+
+// No attempt of a hedged call outlives RoundTrip: the losers are canceled
+// and RoundTrip returns once each has ended.
+func TestNoLoserOutlivesRoundTrip(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &plan{answers: map[int]planned{1: {after: time.Minute, status: 200}}}
+		base, url := pipeServer(t, p)
+		late := &lateReturn{base: base}
+		tr := newBubbleTransport(late, hedge10ms)
+		start := time.Now()
+		resp, err := tr.RoundTrip(get(t, url))
+		require.NoError(t, err)
+		assert.Zero(t, late.inFlight.Load(), "a loser is still in the base transport")
+		assert.Equal(t, 11*time.Millisecond, time.Since(start), "the hedge's answer, then the loser's end")
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, "attempt 2: 200", string(b))
+	})
+}
+
+// A loser that panics while it ends (a base transport's bug) panics on
+// the goroutine of RoundTrip, as it would without hedging, never on a
+// goroutine of the Transport's own that nothing can recover; the winner's
+// body is closed first.
+func TestALosersPanicReachesTheCaller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &plan{answers: map[int]planned{1: {after: time.Minute, status: 200}}}
+		base, url := pipeServer(t, p)
+		tracker := &closeTracker{base: base}
+		panicky := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := tracker.RoundTrip(r)
+			if r.Header.Get(attemptHeader) == "1" {
+				panic("base transport bug on cancellation")
+			}
+			return resp, err
+		})
+		tr := newBubbleTransport(panicky, hedge10ms)
+		var got any
+		func() {
+			defer func() { got = recover() }()
+			tr.RoundTrip(get(t, url))
+		}()
+		assert.Equal(t, "base transport bug on cancellation", got)
+		synctest.Wait()
+		tracker.mu.Lock()
+		defer tracker.mu.Unlock()
+		require.Len(t, tracker.bodies, 1, "the winner's answer")
+		assert.True(t, tracker.bodies[0].closed.Load(), "the winner's body is closed")
+	})
+}
+
+// Hedging holds no resources in proportion to the attempt limit: any
+// limit, the largest int included, works.
+func TestHedgingWithTheLargestAttemptLimit(t *testing.T) {
+	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 200}}}
+	status, body, _, _, err := hedgeCall(t, p, getReq(t), WithMaxAttempts(math.MaxInt),
+		WithHedging(Hedging{Delay: 10 * time.Millisecond, MaxHedges: math.MaxInt}))
+	require.NoError(t, err)
+	assert.Equal(t, 200, status)
+	assert.Equal(t, "attempt 2: 200", body)
+}
+
+// A hedge is committed as a retry is: when GetBody fails, no hedge is sent,
+// the attempt in flight is left alone, and the request is sent no more.
+func TestAHedgeWhoseBodyCannotBeRewoundIsNeverSent(t *testing.T) {
+	p := &plan{answers: map[int]planned{1: {after: time.Second, status: 503}}}
+	bucket := budget.NewTokenBucket(budget.TokenBucketConfig{RefillTime: -1})
+	status, body, took, ev, err := hedgeCall(t, p, func(url string) *http.Request {
+		r, err := http.NewRequest(http.MethodPut, url, strings.NewReader("x"))
+		require.NoError(t, err)
+		r.GetBody = func() (io.ReadCloser, error) { return nil, errTokenExpired }
+		return r
+	}, hedge10ms, WithBudget(bucket))
+	require.NoError(t, err)
+	assert.Equal(t, 503, status)
+	assert.Equal(t, "attempt 1: 503", body)
+	assert.Equal(t, time.Second, took)
+	assert.Len(t, p.Seen(), 1)
+	assert.False(t, p.Seen()[1].canceled)
+	assert.Equal(t, map[int]Outcome{1: OutcomeStopped}, ev.outcomes())
+	assert.Equal(t, retry.ReasonBodyNotRewindable, ev.done[1].Stop)
+	assert.Equal(t, 500, bucket.Available(time.Now()), "no hedge, no retry: nothing spent")
+}
+
+// The caller's cancellation before the hedge delay has passed ends the
+// attempt in flight, and no hedge is sent.
+func TestTheCallerCancelsDuringTheHedgeDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &plan{answers: map[int]planned{1: {after: time.Minute, status: 200}}}
+		base, url := pipeServer(t, p)
+		tr := newBubbleTransport(base, hedge10ms)
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(5*time.Millisecond, cancel)
+		start := time.Now()
+		_, err := tr.RoundTrip(get(t, url).WithContext(ctx))
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, 5*time.Millisecond, time.Since(start))
+		synctest.Wait()
+		seen := p.Seen()
+		require.Len(t, seen, 1)
+		assert.True(t, seen[1].canceled)
+	})
+}
+
+// The caller's cancellation after the winner's headers, before its body is
+// read, ends that body (the caller's context governs it) and the drain of
+// the answer the round discarded, at once.
+func TestTheCallerCancelsBeforeReadingTheWinnersBody(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		closedAt := make(chan time.Time, 1)
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			switch r.Header.Get(attemptHeader) {
 			case "1":
-				time.Sleep(50 * time.Millisecond)
+				time.Sleep(20 * time.Millisecond)
+				w.Header().Set("Content-Length", "1000")
 				io.WriteString(w, "winner")
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
 			case "2":
 				w.Header().Set("Content-Length", "1000")
 				w.WriteHeader(503)
 				io.WriteString(w, "stal")
 				w.(http.Flusher).Flush()
-				<-r.Context().Done() // the client closed the body: its connection ended
+				<-r.Context().Done()
 				closedAt <- time.Now()
 			}
 		})
 		base, url := pipeServer(t, h)
 		tr := newBubbleTransport(base, hedge10ms)
-		resp, err := tr.RoundTrip(get(t, url))
+		ctx, cancel := context.WithCancel(context.Background())
+		resp, err := tr.RoundTrip(get(t, url).WithContext(ctx))
 		require.NoError(t, err)
-		discarded := time.Now()
-		b, _ := io.ReadAll(resp.Body)
+		assert.Equal(t, 200, resp.StatusCode)
+		time.Sleep(100 * time.Millisecond)
+		canceled := time.Now()
+		cancel()
+		_, err = io.ReadAll(resp.Body)
+		assert.ErrorIs(t, err, context.Canceled)
 		resp.Body.Close()
-		assert.Equal(t, "winner", string(b))
-		select {
-		case closed := <-closedAt:
-			assert.Equal(t, maxPeekTime, closed.Sub(discarded))
-		case <-time.After(time.Minute):
-			t.Fatal("the stalled body was never closed")
-		}
+		assert.Equal(t, canceled, <-closedAt, "the drain ended with the caller's context")
+		resp.Body.Close() // a second Close does nothing
 	})
+}
+
+// An answer set aside while another attempt is in flight stays an answer
+// until the round ends: when the other attempt then fails at the overall
+// deadline, which is also the held answer's time limit, the caller gets
+// the held answer, never an error in its place, and can read its body.
+func TestAHeldAnswerOutlivesItsTimeLimitWhileTheRoundWaits(t *testing.T) {
+	p := &plan{answers: map[int]planned{
+		1: {after: time.Minute, status: 200},
+		2: {status: 503},
+	}}
+	status, body, took, ev, err := hedgeCall(t, p, getReq(t), hedge10ms, WithMaxAttempts(2),
+		WithMaxElapsed(100*time.Millisecond))
+	require.NoError(t, err)
+	assert.Equal(t, 503, status)
+	assert.Equal(t, "attempt 2: 503", body)
+	assert.Equal(t, 100*time.Millisecond, took)
+	assert.Equal(t, map[int]Outcome{1: OutcomeDiscarded, 2: OutcomeStopped}, ev.outcomes())
 }

@@ -13,12 +13,18 @@ import (
 
 // A key header named like one of the Transport's own headers would be
 // overwritten on every attempt (WithKeyHeader("Request-Attempt") gives each
-// retry a new key), and one that is no field name cannot be sent: the
-// Transport refuses both, failing every request before any I/O with an
-// error that matches ErrInvalidKeyHeader, and closes its body.
+// retry a new key); one named like a field that net/http writes itself
+// from the request (Host, Content-Length, ...) or that does not go end to
+// end (Connection, TE, ...) never reaches the server as the key, so the
+// server could not de-duplicate the retries the key allows; and one that
+// is no field name cannot be sent: the Transport refuses each, failing
+// every request before any I/O with an error that matches
+// ErrInvalidKeyHeader, and closes its body.
 func TestACollidingKeyHeaderIsRefused(t *testing.T) {
 	for _, name := range []string{"Request-Attempt", "request-attempt", "REQUEST-DEADLINE-MS",
-		"Request-Deadline-Ms", "Idempotency Key", "Idempotency-Key:", "Idempotency-Kéy"} {
+		"Request-Deadline-Ms", "Idempotency Key", "Idempotency-Key:", "Idempotency-Kéy",
+		"Host", "content-length", "Transfer-Encoding", "Trailer", "Connection", "Keep-Alive",
+		"Proxy-Connection", "TE", "Upgrade", "Expect"} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &script{statuses: []int{503, 200}}

@@ -63,9 +63,9 @@ type Observer struct {
 	// AttemptDone is called once per attempt whose AttemptStart was called,
 	// when its outcome and what the loop does next are known: before the
 	// sleep of a retry, before RoundTrip returns after the last one; for a
-	// hedged request, also when an attempt is discarded or lost, the loser
-	// perhaps still in flight (OutcomeLost). ctx is the context
-	// AttemptStart returned.
+	// hedged request, also when an attempt is discarded, and when one that
+	// lost has ended (OutcomeLost). ctx is the context AttemptStart
+	// returned.
 	AttemptDone func(ctx context.Context, info AttemptDoneInfo)
 
 	// CallDone is called once per RoundTrip that made at least one attempt,

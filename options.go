@@ -170,8 +170,12 @@ func WithAutoKeys(on bool) Option {
 // HTTP field name (a token: letters, digits and !#$%&'*+-.^_`|~), or that
 // is, in any case, one of the headers the Transport sets itself
 // (Request-Attempt, Request-Deadline-Ms), which would overwrite the key on
-// every attempt, is refused: every RoundTrip of the Transport then fails
-// before any I/O with an error that matches ErrInvalidKeyHeader.
+// every attempt, or a field that never reaches the server as sent (Host,
+// Content-Length, Transfer-Encoding, Trailer and Expect, which net/http
+// writes itself; the hop-by-hop Connection, Keep-Alive, Proxy-Connection,
+// TE and Upgrade), which would leave the server without the key, is
+// refused: every RoundTrip of the Transport then fails before any I/O with
+// an error that matches ErrInvalidKeyHeader.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		c.keyHeader = name
@@ -277,7 +281,11 @@ func WithObserver(o Observer) Option {
 // h.MaxHedges at once (0: 1; below 0: hedging off). The first final answer
 // (one the loop would not retry) wins and is returned; the attempts still
 // in flight lose and are canceled, never the winner, whose context lives
-// until its body is closed. A retryable answer (a 503, the in-progress 409
+// until its body is closed, and RoundTrip returns once each loser has
+// ended (a base transport that honours the request's context, as
+// net/http's does, ends it at once). A panic of the base transport in a
+// hedge, a loser's included, is raised again on the goroutine of
+// RoundTrip, as it would be without hedging. A retryable answer (a 503, the in-progress 409
 // a hedged POST's loser gets) or an error while another attempt is in
 // flight is set aside, and the Transport waits for the others: the caller
 // gets an answer a hedge did not make worse.
@@ -300,9 +308,18 @@ func WithHedging(h Hedging) Option {
 }
 
 // ErrInvalidKeyHeader is matched by the error of every RoundTrip of a
-// Transport whose WithKeyHeader name is refused: not an HTTP field name, or
-// the name of one of the Transport's own headers.
+// Transport whose WithKeyHeader name is refused: not an HTTP field name,
+// the name of one of the Transport's own headers, or of a field that never
+// reaches the server as sent.
 var ErrInvalidKeyHeader = errors.New("saferetry: invalid key header name")
+
+// notEndToEnd are the request fields that never reach the server as the
+// caller wrote them: net/http writes Host, Content-Length,
+// Transfer-Encoding, Trailer and Expect from the request itself, and the
+// others are hop-by-hop (RFC 9110 section 7.6.1), which HTTP/2 refuses and
+// proxies drop.
+var notEndToEnd = []string{"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Expect",
+	"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Upgrade"}
 
 // checkKeyHeader returns why name cannot be the key header, nil when it can.
 func checkKeyHeader(name string) error {
@@ -310,6 +327,12 @@ func checkKeyHeader(name string) error {
 		if strings.EqualFold(name, own) {
 			return fmt.Errorf("%w: WithKeyHeader(%q): the Transport sets %s itself", ErrInvalidKeyHeader,
 				name, own)
+		}
+	}
+	for _, f := range notEndToEnd {
+		if strings.EqualFold(name, f) {
+			return fmt.Errorf("%w: WithKeyHeader(%q): %s never reaches the server as sent",
+				ErrInvalidKeyHeader, name, f)
 		}
 	}
 	for i := 0; i < len(name); i++ {

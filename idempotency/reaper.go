@@ -82,9 +82,12 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		sctx, cancel := storeCtx(ctx)
-		page, err := r.m.store.Abandoned(sctx, rep.Horizon, limit)
-		cancel()
+		var page []Record
+		err := r.m.call(ctx, OpAbandoned, Scope{}, func(ctx context.Context) error {
+			var err error
+			page, err = r.m.store.Abandoned(ctx, rep.Horizon, limit)
+			return err
+		})
 		if err != nil {
 			return rep, fmt.Errorf("idempotency: reaper: listing unfinished records: %w", err)
 		}
@@ -121,10 +124,13 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
-			sctx, cancel := storeCtx(ctx)
+			var n int
 			start := time.Now()
-			n, err := r.m.store.DeleteBefore(sctx, cut, reapBatch)
-			cancel()
+			err := r.m.call(ctx, OpDeleteBefore, Scope{}, func(ctx context.Context) error {
+				var err error
+				n, err = r.m.store.DeleteBefore(ctx, cut, reapBatch)
+				return err
+			})
 			if err != nil {
 				return rep, fmt.Errorf("idempotency: reaper: deleting: %w", err)
 			}
@@ -150,9 +156,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 	}
 
 	for _, rec := range rep.Unfinished {
-		sctx, cancel := storeCtx(ctx)
-		_, err := r.m.store.Get(sctx, rec.Scope)
-		cancel()
+		_, err := r.m.get(ctx, rec.Scope)
 		switch {
 		case err == nil:
 			rep.Skipped++

@@ -306,7 +306,7 @@ func newAPI(b *backend) *api {
 	return &api{b: b, insert: q}
 }
 
-var errNoAccount = errors.New("no bearer token")
+var errNoAccount = fmt.Errorf("no bearer token: %w", idempotency.ErrPrincipalRefused)
 
 // account is the authenticated principal: the bearer token names the
 // account (a demo stand-in for real authentication).

@@ -452,7 +452,7 @@ func TestPhaseFencingSQL(t *testing.T) {
 		var pe *idempotency.PhaseError
 		require.ErrorAs(t, err, &pe)
 		require.Equal(t, "charge", pe.Phase)
-		require.Equal(t, "commit", pe.Op, "the fence holds at the phase's commit")
+		require.Equal(t, "commit", pe.Step, "the fence holds at the phase's commit")
 		require.Equal(t, 1, countOrders(t, db), "the fenced phase's write rolled back")
 		got, err := s.Get(t.Context(), rec.Scope)
 		require.NoError(t, err)

@@ -35,7 +35,7 @@ func TestIdemcheckPassesOnSQLStores(t *testing.T) {
 				if a, ok := accounts[r.Header.Get("Authorization")]; ok {
 					return a, nil
 				}
-				return "", fmt.Errorf("unknown credentials")
+				return "", fmt.Errorf("unknown credentials: %w", idempotency.ErrPrincipalRefused)
 			}),
 			idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 		var next atomic.Int64
@@ -84,11 +84,11 @@ func TestIdemcheckPassesOnSQLStores(t *testing.T) {
 			"marker": idemcheck.Info,
 		}, got)
 
-		// The first request, the concurrent key, the mismatch control, the
-		// second principal and the two marker keys: six rows, one each.
+		// The first two requests, the concurrent key, the mismatch control,
+		// the second principal and the two marker keys: seven rows, one each.
 		var rows int
 		require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM effects`).Scan(&rows))
-		require.Equal(t, 6, rows)
+		require.Equal(t, 7, rows)
 	})
 }
 

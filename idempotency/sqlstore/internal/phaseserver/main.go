@@ -13,7 +13,9 @@
 // the first request: "after-order" (the order phase committed, the charge
 // not started) or "after-charge" (the processor answered, the charge phase
 // not committed). -completer runs a Completer for the route at that
-// interval.
+// interval. -auth makes the handler refuse, with 401, a request without
+// the X-Account header, as a handler that checks credentials itself does
+// (a request the Completer resumes carries none).
 //
 // It migrates the store's table and creates its business tables, prints
 // "listening on HOST:PORT" on stdout once it accepts connections, and runs
@@ -54,6 +56,7 @@ type server struct {
 	bind      func(string) string // the driver's placeholders for $N
 	processor string
 	crash     string
+	auth      bool
 	pid       int
 	client    *http.Client
 }
@@ -65,13 +68,14 @@ func main() {
 	lease := flag.Duration("lease", 30*time.Second, "idempotency lease")
 	crash := flag.String("crash", "", `kill the process with SIGKILL at this point of the first request: "after-order" or "after-charge"`)
 	completer := flag.Duration("completer", 0, "run a completer at this interval (0: none)")
+	auth := flag.Bool("auth", false, "the handler answers 401 to a request without X-Account")
 	flag.Parse()
-	if err := run(*driver, *dsn, *processor, *crash, *lease, *completer); err != nil {
+	if err := run(*driver, *dsn, *processor, *crash, *auth, *lease, *completer); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(driver, dsn, processor, crash string, lease, completer time.Duration) error {
+func run(driver, dsn, processor, crash string, auth bool, lease, completer time.Duration) error {
 	if dsn == "" || processor == "" {
 		return errors.New("-dsn and -processor are required")
 	}
@@ -107,8 +111,8 @@ func run(driver, dsn, processor, crash string, lease, completer time.Duration) e
 	}
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s := &server{db: db, bind: bind, processor: processor, crash: crash, pid: os.Getpid(),
-		client: &http.Client{Timeout: 10 * time.Second}}
+	s := &server{db: db, bind: bind, processor: processor, crash: crash, auth: auth,
+		pid: os.Getpid(), client: &http.Client{Timeout: 10 * time.Second}}
 	pay := http.HandlerFunc(s.pay)
 	mw := idempotency.New(store,
 		idempotency.WithPrincipal(func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }),
@@ -153,6 +157,10 @@ func (s *server) die(point string) {
 }
 
 func (s *server) pay(w http.ResponseWriter, r *http.Request) {
+	if s.auth && r.Header.Get("X-Account") == "" {
+		http.Error(w, "no credentials", http.StatusUnauthorized)
+		return
+	}
 	ctx := r.Context()
 	run, ok := idempotency.FromContext(ctx)
 	if !ok {
