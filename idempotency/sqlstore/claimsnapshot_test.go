@@ -40,6 +40,29 @@ func TestPostgresClaimBehindATakeoverAnswersTheSuccessor(t *testing.T) {
 	require.Equal(t, rec.Generation+1, got.Generation)
 }
 
+// TestPostgresClaimBehindAnInsertOfAnEndedLeaseTakesItOver: a claim whose
+// statement starts while another transaction has inserted the key's record
+// (and ended its lease) but not committed finds no row in its snapshot, so
+// its INSERT waits for that transaction and then does nothing: the
+// statement returns no row, and the claim reads the record. That record,
+// committed after the statement began, is one the claim wins (its lease
+// ended): the claim takes it over, never answers it as an existing record.
+func TestPostgresClaimBehindAnInsertOfAnEndedLeaseTakesItOver(t *testing.T) {
+	ctx := t.Context()
+	s, db := newStore(t, backends[1])
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	a, err := sqlstore.ClaimIn(ctx, s, tx, claimAt(scope("k"), "A", "fp", t0))
+	require.NoError(t, err)
+	require.NoError(t, sqlstore.HeartbeatIn(ctx, s, tx, a.Lease(), t0)) // ends the lease
+	got, acquired := claimBehind(t, db, claimAt(scope("k"), "B", "fp", t0.Add(time.Second)),
+		tx.Commit)
+	require.True(t, acquired, "the claim answered the ended lease it wins: %+v", got)
+	require.Equal(t, "B", got.Owner)
+	require.Equal(t, a.Generation+1, got.Generation)
+}
+
 // claimBehind runs c on a connection of its own while another transaction
 // holds the record's row, waits until the claim waits for that row's lock,
 // calls commit (which ends that transaction), and returns what the claim

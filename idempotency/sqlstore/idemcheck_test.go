@@ -26,7 +26,7 @@ func TestIdemcheckPassesOnSQLStores(t *testing.T) {
 	const n = 8
 	forEach(t, func(t *testing.T, b backend) {
 		store, db := newStore(t, b)
-		_, err := db.Exec(`CREATE TABLE effects (id TEXT PRIMARY KEY)`)
+		_, err := db.Exec(`CREATE TABLE effects (id VARCHAR(255) PRIMARY KEY)`)
 		require.NoError(t, err)
 
 		accounts := map[string]string{"Bearer tok_1": "acct_1", "Bearer tok_2": "acct_2"}

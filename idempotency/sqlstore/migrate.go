@@ -19,6 +19,9 @@ import (
 // (never losing a record; run it again). Errors are *OpError with Op
 // "migrate".
 func (s *Store) Migrate(ctx context.Context) error {
+	if s.dialect == MySQL {
+		return s.mysqlMigrate(ctx)
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return opErr("migrate", err)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -24,9 +25,33 @@ import (
 
 // stmtLog records every statement a database handle sends: each Exec and
 // Query, and BEGIN, COMMIT and ROLLBACK, which cost a round trip as well.
+// With a hook set (afterNext), it also runs code of the test's own right
+// after a statement has run.
 type stmtLog struct {
 	mu    sync.Mutex
 	stmts []string
+	after func() // run once after the next statement (a query's once its rows are closed)
+}
+
+// afterNext makes f run once, on the goroutine that sent it, right after
+// the next statement any connection of the handle runs: between two
+// statements of one Store call, where another client's write can land.
+// f's own statements do not trigger it again.
+func (l *stmtLog) afterNext(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.after = f
+}
+
+// ran is called by the connections after each statement.
+func (l *stmtLog) ran() {
+	l.mu.Lock()
+	f := l.after
+	l.after = nil
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 func (l *stmtLog) add(q string) {
@@ -49,7 +74,8 @@ func (l *stmtLog) since(m int) []string {
 }
 
 // pgTracer counts the statements of a pgx connection (pgx traces BEGIN and
-// COMMIT as the statements they are).
+// COMMIT as the statements they are). pgx ends a query's trace when its
+// rows are closed.
 type pgTracer struct{ log *stmtLog }
 
 func (p pgTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -57,7 +83,7 @@ func (p pgTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQ
 	return ctx
 }
 
-func (pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (p pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) { p.log.ran() }
 
 // openCounted opens a fresh database of b's dialect whose statements are
 // recorded: on PostgreSQL through a pgx QueryTracer (pgx.ParseConfig, the
@@ -66,6 +92,9 @@ func (pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData)
 func openCounted(t *testing.T, b backend) (*sql.DB, *stmtLog) {
 	t.Helper()
 	log := &stmtLog{}
+	if b.dialect == sqlstore.MySQL {
+		return openMySQLConfig(t, mysqlDatabaseConfig(t), log), log
+	}
 	var db *sql.DB
 	if b.dialect == sqlstore.Postgres {
 		cfg, err := pgx.ParseConfig(pgSchemaDSN(t))
@@ -121,12 +150,31 @@ type countingStmt struct {
 
 func (s countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	s.log.add(s.q)
+	defer s.log.ran()
 	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 }
 
 func (s countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	s.log.add(s.q)
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	rows, err := s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	if err != nil {
+		s.log.ran()
+		return nil, err
+	}
+	return countingRows{Rows: rows, log: s.log}, nil
+}
+
+// countingRows reports its statement as run when it is closed: SQLite
+// holds a writing statement's lock until then.
+type countingRows struct {
+	driver.Rows
+	log *stmtLog
+}
+
+func (r countingRows) Close() error {
+	err := r.Rows.Close()
+	r.log.ran()
+	return err
 }
 
 func (c countingConn) Close() error { return c.conn.Close() }
@@ -146,12 +194,18 @@ func (c countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (drive
 
 func (c countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	c.log.add(q)
+	defer c.log.ran()
 	return c.conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 }
 
 func (c countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
 	c.log.add(q)
-	return c.conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+	rows, err := c.conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+	if err != nil {
+		c.log.ran()
+		return nil, err
+	}
+	return countingRows{Rows: rows, log: c.log}, nil
 }
 
 func (c countingConn) ResetSession(ctx context.Context) error {
@@ -167,6 +221,7 @@ type countingTx struct {
 
 func (t countingTx) Commit() error {
 	t.log.add("COMMIT")
+	defer t.log.ran()
 	return t.tx.Commit()
 }
 
@@ -176,8 +231,9 @@ func (t countingTx) Rollback() error {
 }
 
 // losingClaim checks the statements of a claim that changed nothing: on
-// PostgreSQL one; on SQLite two, the claim (whose RETURNING gives only rows
-// it wrote) and the read of the record to answer from.
+// PostgreSQL one; on SQLite and MySQL two, the claim (SQLite's RETURNING
+// gives only rows it wrote, MySQL has none; MySQL's INSERT fails on the
+// duplicate key) and the read of the record to answer from.
 func losingClaim(t *testing.T, d sqlstore.Dialect, stmts []string, what string) {
 	t.Helper()
 	if d == sqlstore.Postgres {
@@ -191,9 +247,10 @@ func losingClaim(t *testing.T, d sqlstore.Dialect, stmts []string, what string) 
 
 // TestStatementsPerStoreCall counts the statements of the Store's calls on
 // a request's path: a claim that wins is one statement, and so is one that
-// finds a completed record or one in progress on PostgreSQL (two on SQLite,
-// see losingClaim); a completion outside a unit is one conditional UPDATE
-// in autocommit (no BEGIN or COMMIT).
+// finds a completed record or one in progress on PostgreSQL (two on SQLite
+// and MySQL, see losingClaim); a completion outside a unit is one
+// conditional UPDATE in autocommit (no BEGIN or COMMIT); a takeover and a
+// restart past the window are counted per dialect.
 func TestStatementsPerStoreCall(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		db, log := openCounted(t, b)
@@ -229,6 +286,34 @@ func TestStatementsPerStoreCall(t *testing.T) {
 		require.Equal(t, idempotency.InProgress, got.State)
 		require.Equal(t, "A", got.Owner)
 		losingClaim(t, b.dialect, log.since(m), "claim of an in-progress record")
+
+		// A claim that wins an existing record: on MySQL the INSERT, the
+		// read, and the locking transaction; a takeover is one statement
+		// on PostgreSQL and SQLite, a restart one on PostgreSQL and three
+		// on SQLite (the upsert, the read, the UPDATE).
+		later := t0.Add(2 * time.Hour) // past the leases and the 1 h window
+		for _, tc := range []struct {
+			key            string
+			pg, sqlite, my string
+			outcome        idempotency.ClaimOutcome
+		}{
+			{"busy", "WITH", "INSERT", "INSERT SELECT BEGIN SELECT UPDATE COMMIT",
+				idempotency.ClaimTakenOver},
+			{"fresh", "WITH", "INSERT SELECT UPDATE", "INSERT SELECT BEGIN SELECT UPDATE COMMIT",
+				idempotency.ClaimCreated},
+		} {
+			m = log.mark()
+			res, err := s.Claim(ctx, claimAt(scope(tc.key), "C", "fp", later))
+			require.NoError(t, err)
+			require.Equal(t, tc.outcome, res.Outcome, tc.key)
+			want := map[sqlstore.Dialect]string{sqlstore.Postgres: tc.pg, sqlstore.SQLite: tc.sqlite,
+				sqlstore.MySQL: tc.my}[b.dialect]
+			var got []string
+			for _, st := range log.since(m) {
+				got = append(got, strings.Fields(st)[0])
+			}
+			require.Equal(t, want, strings.Join(got, " "), "%s: %q", tc.key, brief(log.since(m)))
+		}
 	})
 }
 
@@ -239,7 +324,7 @@ func TestStatementsPerStoreCall(t *testing.T) {
 // phase adds its recovery point, one statement when its function writes
 // nothing through Tx, in the phase's BEGIN and COMMIT when it does; a
 // replay and an in-progress 409 are one statement each on PostgreSQL, two
-// on SQLite (see losingClaim).
+// on SQLite and MySQL (see losingClaim).
 func TestStatementsPerRequest(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		db, log := openCounted(t, b)

@@ -74,7 +74,10 @@ var errBeginTimeout = fmt.Errorf("no connection to begin a transaction on within
 // COMMITTED whatever the server's default (see the package documentation);
 // a serialization failure or deadlock in a unit's write or commit is an
 // *OpError matching ErrSerialization, after which only Rollback is useful.
-// On SQLite open the database with SQLiteDSN (BEGIN IMMEDIATE): the
+// On MySQL the transaction runs at the session's isolation level, which
+// the fences do not depend on (see the package documentation, "MySQL and
+// MariaDB"), and a deadlock or lock wait timeout matches ErrSerialization
+// too. On SQLite open the database with SQLiteDSN (BEGIN IMMEDIATE): the
 // transaction then holds the database's single write lock until Commit or
 // Rollback. Begin never fails; a BEGIN that fails, or finds no connection
 // within 10 seconds, is an *OpError with Op "begin", returned by the unit's
@@ -92,7 +95,9 @@ func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (
 // where REPEATABLE READ or SERIALIZABLE fail it with SQLSTATE 40001. SQLite
 // transactions are serializable anyway (one writer at a time); the
 // modernc.org/sqlite driver ignores the isolation level, so SQLite keeps the
-// driver's default (nil).
+// driver's default (nil). MySQL's fences are locking reads and conditional
+// writes, which InnoDB runs on the latest row version at every level, so
+// MySQL keeps the session's level (nil), which the application chose.
 func (s *Store) txOptions() *sql.TxOptions {
 	if s.dialect == Postgres {
 		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}

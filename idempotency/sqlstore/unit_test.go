@@ -20,6 +20,10 @@ import (
 // fail after every statement of the unit succeeded.
 func createOrders(t testing.TB, db *sql.DB, d sqlstore.Dialect) {
 	t.Helper()
+	if d == sqlstore.MySQL {
+		createOrdersMySQL(t, db)
+		return
+	}
 	stmts := []string{
 		`CREATE TABLE customers (id TEXT PRIMARY KEY)`,
 		`INSERT INTO customers (id) VALUES ('cus_1')`,
