@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -18,12 +19,15 @@ const recoveryVersion = 1
 const maxPhaseName = 128
 
 // validPhaseName reports whether name can be a phase's (and an External
-// call's) name: 1 to maxPhaseName bytes of valid UTF-8. The recovery data
-// is JSON, in which every such string round-trips byte for byte and any
-// other would not (invalid UTF-8 becomes U+FFFD), so that a committed
-// phase would be run again, or a pending call never found.
+// call's) name: 1 to maxPhaseName bytes of valid UTF-8, not starting with
+// intentPrefix. The recovery data is JSON, in which every such string
+// round-trips byte for byte and any other would not (invalid UTF-8 becomes
+// U+FFFD), so that a committed phase would be run again, or a pending call
+// never found; and a committed phase's recovery point that read as an
+// intent would make every answer of the request CodeRequestIncomplete.
 func validPhaseName(name string) bool {
-	return name != "" && len(name) <= maxPhaseName && utf8.ValidString(name)
+	return name != "" && len(name) <= maxPhaseName && utf8.ValidString(name) &&
+		!strings.HasPrefix(name, intentPrefix)
 }
 
 // recovery is the decoded Record.RecoveryData that Phase and External keep:
@@ -163,7 +167,8 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	case r.expired:
 		return recovery{}, &PhaseError{Phase: name, Step: "lease", Err: errLeaseExpired}
 	case !validPhaseName(name):
-		return misuse("a phase name is 1 to %d bytes of valid UTF-8, got %q", maxPhaseName, name)
+		return misuse("a phase name is 1 to %d bytes of valid UTF-8, not starting with %q; "+
+			"got %.*q", maxPhaseName, intentPrefix, maxPhaseName, name)
 	case r.inPhase:
 		return misuse("another phase is running")
 	case r.unit != nil || r.unitErr != nil || r.beginning:
@@ -266,10 +271,10 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 // fn must be deterministic in what it commits and must not call services
 // that cannot be rolled back (External is for those). Phases come in the
 // same order in every execution, with names of 1 to 128 bytes of valid
-// UTF-8 unique within it (any other name is refused, ErrMisuse, before
-// anything runs), one at a time and before the request's unit is begun;
-// names and outputs round-trip byte for byte through the record, so keep
-// outputs small.
+// UTF-8 unique within it that do not start with "intent:" (any other name
+// is refused, ErrMisuse, before anything runs), one at a time and before
+// the request's unit is begun; names and outputs round-trip byte for byte
+// through the record, so keep outputs small.
 //
 // Errors are *PhaseError; Step "run" wraps fn's own error. After an error
 // answer with a status that is not stored (5xx): the record stays in
