@@ -131,10 +131,17 @@ func (x *execution) finish() (Outcome, error) {
 		resp = &r
 	}
 	s := x.settle(resp, refused)
+	if errors.Is(s.err, ErrLeaseLost) {
+		rec, err := x.m.get(x.run.bg, x.req.scope)
+		if resp == nil || err != nil || rec.State != Completed || !ownedBy(rec, x.run.Lease) {
+			x.answerLost(rec, err)
+			return OutcomeLost, s.err
+		}
+		// Completed by this lease's owner and generation: a completion
+		// whose outcome settle could not read applied after all.
+		s = settled{}
+	}
 	switch {
-	case errors.Is(s.err, ErrLeaseLost):
-		x.answerLost()
-		return OutcomeLost, s.err
 	case s.undone:
 		writeProblem(x.cw.w, http.StatusServiceUnavailable, CodeStoreUnavailable, "", 0)
 		return OutcomeFailed, s.err
@@ -275,12 +282,11 @@ func (x *execution) giveUp(keep bool) (kept bool, err error) {
 	return keep, nil
 }
 
-// answerLost answers the client of an execution that lost its lease: the
-// successor's stored response if it completed, else 409 in progress.
-func (x *execution) answerLost() {
-	bg := x.run.bg
-	rec, err := x.m.get(bg, x.req.scope)
-	if err == nil && rec.State == Completed && x.m.answer(bg, x.cw.w, x.req, rec) {
+// answerLost answers the client of an execution that lost its lease, from
+// rec, the record as read after it (err the read's): the successor's
+// stored response if it completed, else 409 in progress.
+func (x *execution) answerLost(rec Record, err error) {
+	if err == nil && rec.State == Completed && x.m.answer(x.run.bg, x.cw.w, x.req, rec) {
 		return
 	}
 	writeProblem(x.cw.w, http.StatusConflict, CodeInProgress,
