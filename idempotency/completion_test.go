@@ -145,3 +145,60 @@ func TestACommitWhoseAnswerIsLostIsReadBackLate(t *testing.T) {
 		})
 	}
 }
+
+// hungCommit is a memstore whose units' Commit hangs, as a COMMIT does on a
+// connection the network dropped without a reset, until the context the
+// unit was begun with ends (a SQL transaction keeps it, and its driver
+// cancels the COMMIT with it); nothing is then applied.
+type hungCommit struct{ *memstore.Store }
+
+func (s hungCommit) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit,
+	context.Context, error) {
+	u, uctx, err := s.Store.Begin(ctx, l)
+	if err != nil {
+		return nil, uctx, err
+	}
+	return &hungCommitUnit{Unit: u, ctx: ctx}, uctx, nil
+}
+
+type hungCommitUnit struct {
+	idempotency.Unit
+	ctx context.Context
+}
+
+func (u *hungCommitUnit) Commit() error {
+	<-u.ctx.Done()
+	_ = u.Unit.Rollback()
+	return context.Cause(u.ctx)
+}
+
+// A unit's Commit is bounded as every store call is: after 10 s the
+// context the unit was begun with is canceled, the Commit returns, the
+// record, still in progress, says nothing committed, and the client gets
+// 503 idempotency_store_unavailable; the key is given up, and the retry
+// runs again.
+func TestAHungCommitIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := hungCommit{memstore.New()}
+		runs := 0
+		g := idempotency.New(store, idempotency.WithLogger(quiet),
+			idempotency.WithAnonymousKeys(true)).
+			Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs++
+				run, _ := idempotency.FromContext(r.Context())
+				_, _, err := run.Unit(r.Context())
+				require.NoError(t, err)
+				w.WriteHeader(http.StatusCreated)
+			}))
+		start := time.Now()
+		first := send(t, g, "k", `{}`)
+		require.Equal(t, http.StatusServiceUnavailable, first.Code)
+		require.Contains(t, first.Body.String(), string(idempotency.CodeStoreUnavailable))
+		require.Equal(t, 10*time.Second, time.Since(start), "the commit's bound")
+		_, err := store.Get(t.Context(), idempotency.Scope{Method: "POST", Route: "/payments",
+			Key: "k"})
+		require.ErrorIs(t, err, idempotency.ErrNotFound, "the key was given up")
+		require.Equal(t, http.StatusServiceUnavailable, send(t, g, "k", `{}`).Code)
+		require.Equal(t, 2, runs, "the retry ran again")
+	})
+}

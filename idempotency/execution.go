@@ -227,7 +227,7 @@ func (x *execution) settle(resp *Response, keep bool) settled {
 // applied is unknown (a lost connection, a commit whose answer was lost),
 // the record says: completed by this lease's owner and generation, it is
 // this execution's completion.
-func (x *execution) complete(unit Unit, resp Response) error {
+func (x *execution) complete(unit *openUnit, resp Response) error {
 	lease := x.run.Lease
 	done := func(rec Record, err error) bool {
 		return err == nil && rec.State == Completed && ownedBy(rec, lease)

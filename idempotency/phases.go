@@ -144,8 +144,7 @@ type phaseKey struct{}
 // phaseCtx marks the context of a running phase.
 type phaseCtx struct {
 	run  *Run
-	unit Unit            // nil when the store is not a Transactor
-	ctx  context.Context // Begin's context
+	unit *openUnit // nil when the store is not a Transactor
 }
 
 // enter starts phase name: it checks the rules of ErrMisuse, decodes
@@ -210,7 +209,7 @@ func (r *Run) leave() {
 }
 
 // openPhaseUnit records u as the running phase's unit, for leave.
-func (r *Run) openPhaseUnit(u Unit) {
+func (r *Run) openPhaseUnit(u *openUnit) {
 	r.mu.Lock()
 	r.phaseUnit = u
 	r.mu.Unlock()
@@ -299,16 +298,16 @@ func (r *Run) Phase(ctx context.Context, name string,
 	}
 	pc := &phaseCtx{run: r}
 	if r.m.tx != nil {
-		u, uctx, err := r.m.begin(ctx, r.Lease)
+		u, err := r.m.begin(ctx, r.Lease)
 		if err != nil {
 			return nil, &PhaseError{Phase: name, Step: "begin", Err: err}
 		}
 		r.openPhaseUnit(u) // leave rolls it back unless it committed
-		pc.unit, pc.ctx = u, uctx
+		pc.unit = u
 	}
 	fctx := context.WithValue(ctx, phaseKey{}, pc)
-	if pc.ctx != nil {
-		fctx = mergeValues(fctx, pc.ctx)
+	if pc.unit != nil {
+		fctx = mergeValues(fctx, pc.unit.ctx)
 	}
 	out, err := fn(fctx)
 	if err != nil {
@@ -323,7 +322,7 @@ func (r *Run) Phase(ctx context.Context, name string,
 
 // commit writes rec as the recovery data at point: in unit when there is
 // one, else straight to the store. Both are conditional on the lease.
-func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery) error {
+func (r *Run) commit(ctx context.Context, unit *openUnit, point string, rec recovery) error {
 	// The record's writes go on when the client goes away: the work is
 	// done, and recording it is what makes a retry safe.
 	// A write that may have applied is settled by the record: this lease's,
