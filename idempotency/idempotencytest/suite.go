@@ -26,9 +26,12 @@ const (
 
 // TestStore runs the conformance suite against stores made by newStore,
 // which is called once per subtest and must return an empty store (register
-// any cleanup with t.Cleanup). The suite uses only the Store contract: it
-// passes every time explicitly and never sleeps. When the store also
-// implements idempotency.Transactor, the Unit subtests run too.
+// any cleanup with t.Cleanup). Its Store subtests use only the Store
+// contract: they pass every time explicitly and never sleep. Its
+// Middleware subtests run idempotency.New over the store at the real clock
+// (and never sleep either): recovery names, a resume without credentials,
+// a completion whose answer is lost, durations at their limits. When the
+// store also implements idempotency.Transactor, the Unit subtests run too.
 func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	t.Helper()
 	tests := []struct {
@@ -61,6 +64,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"UnitRaceWithTakeover", testUnitRace},
 	}
 	tests = append(tests, bytesTests...)
+	tests = append(tests, middlewareTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStore(t)
