@@ -14,10 +14,10 @@ import (
 	"github.com/saferetry/saferetry/idempotency"
 )
 
-// Base is the fixed "now" the suite starts from. Times the suite passes are
-// whole seconds after Base, so stores that keep millisecond or microsecond
+// base is the fixed "now" the Store subtests start from. Times they pass are
+// whole seconds after base, so stores that keep millisecond or microsecond
 // precision compare equal.
-var Base = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+var base = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 
 const (
 	lease  = 10 * time.Second
@@ -27,11 +27,13 @@ const (
 // TestStore runs the conformance suite against stores made by newStore,
 // which is called once per subtest and must return an empty store (register
 // any cleanup with t.Cleanup). Its Store subtests use only the Store
-// contract: they pass every time explicitly and never sleep. Its
-// Middleware subtests run idempotency.New over the store at the real clock
-// (and never sleep either): recovery names, a resume without credentials,
-// a completion whose answer is lost, durations at their limits. When the
-// store also implements idempotency.Transactor, the Unit subtests run too.
+// contract: they pass every time explicitly (whole seconds after
+// 2025-01-02 03:04:05 UTC, which a store that expires records by its own
+// clock must keep for a while) and never sleep. Its Middleware subtests
+// run idempotency.New over the store at the real clock (and never sleep
+// either): recovery names, a resume without credentials, a completion
+// whose answer is lost, durations at their limits. When the store also
+// implements idempotency.Transactor, the Unit subtests run too.
 func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	t.Helper()
 	tests := []struct {
@@ -81,7 +83,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	}
 }
 
-func at(sec int) time.Time { return Base.Add(time.Duration(sec) * time.Second) }
+func at(sec int) time.Time { return base.Add(time.Duration(sec) * time.Second) }
 
 func scope(key string) idempotency.Scope {
 	return idempotency.Scope{Principal: "acct-1", Method: http.MethodPost, Route: "POST /payments",
@@ -106,13 +108,13 @@ func mustClaim(t *testing.T, s idempotency.Store, c idempotency.Claim,
 	t.Helper()
 	res, err := s.Claim(ctx(t), c)
 	if err != nil {
-		t.Fatalf("Claim(%q, owner %q, now %s): %v", c.Scope.Key, c.Owner, c.Now.Sub(Base), err)
+		t.Fatalf("Claim(%q, owner %q, now %s): %v", c.Scope.Key, c.Owner, c.Now.Sub(base), err)
 	}
 	rec := res.Record
 	if res.Outcome != want {
 		t.Fatalf("Claim(%q, owner %q, now %s): outcome %v, want %v (record: state %v owner %q "+
 			"gen %d)",
-			c.Scope.Key, c.Owner, c.Now.Sub(Base), res.Outcome, want, rec.State, rec.Owner,
+			c.Scope.Key, c.Owner, c.Now.Sub(base), res.Outcome, want, rec.State, rec.Owner,
 			rec.Generation)
 	}
 	if res.Acquired() != (want != idempotency.ClaimExisting) {
@@ -324,18 +326,18 @@ func testGet(t *testing.T, s idempotency.Store) {
 }
 
 func testScopeIsolation(t *testing.T, s idempotency.Store) {
-	Base := scope("k")
-	variants := []idempotency.Scope{Base}
-	v := Base
+	base := scope("k")
+	variants := []idempotency.Scope{base}
+	v := base
 	v.Principal = "acct-2"
 	variants = append(variants, v)
-	v = Base
+	v = base
 	v.Method = http.MethodPatch
 	variants = append(variants, v)
-	v = Base
+	v = base
 	v.Route = "POST /refunds"
 	variants = append(variants, v)
-	v = Base
+	v = base
 	v.Key = "k2"
 	variants = append(variants, v)
 	for i, sc := range variants {
@@ -345,7 +347,7 @@ func testScopeIsolation(t *testing.T, s idempotency.Store) {
 			t.Fatalf("variant %d: generation %d", i, rec.Generation)
 		}
 	}
-	noErr(t, "Complete variant 0", s.Complete(ctx(t), idempotency.Lease{Scope: Base, Owner: "o0",
+	noErr(t, "Complete variant 0", s.Complete(ctx(t), idempotency.Lease{Scope: base, Owner: "o0",
 		Generation: 1}, response("a"), at(1)))
 	for i, sc := range variants[1:] {
 		if rec := mustGet(t, s, sc); rec.State != idempotency.InProgress || rec.Response != nil {
