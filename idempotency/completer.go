@@ -3,13 +3,12 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // Completer drives abandoned requests to completion in the background: the
@@ -248,7 +247,7 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 	// vanished is not recreated.
 	res, err := c.m.claim(ctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
-		Owner: uuid.NewString(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
+		Owner: rand.Text(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
 	})
 	if err != nil {
 		return "", fmt.Errorf("idempotency: completer: claim: %w", err)

@@ -22,8 +22,9 @@ type execution struct {
 	background bool // the Completer's
 	cw         capture
 	hb         heartbeat
-	ctx        context.Context // the handler's
-	cancel     func()          // ends ctx and releases what it holds
+	ctx        context.Context // the handler's, which run.cancel cancels
+	release    func()          // releases the deadline ctx derives from
+	unhook     func() bool     // stops WithShutdown's cancellation of ctx
 	code       Code            // CodeResponseNotReplayable: the stored response has no body
 }
 
@@ -70,14 +71,13 @@ func (m *Middleware) newExecution(w http.ResponseWriter, ctx context.Context, re
 	}
 	run := m.newRun(bg, req, res)
 	hctx, cancel := context.WithCancelCause(withRun(parent, run))
-	stop := func() bool { return false }
+	unhook := func() bool { return false }
 	if sd := m.cfg.shutdown; sd != nil && sd.Done() != nil {
-		stop = context.AfterFunc(sd, func() { cancel(context.Cause(sd)) })
+		unhook = context.AfterFunc(sd, func() { cancel(context.Cause(sd)) })
 	}
 	run.cancel = cancel
 	x := &execution{m: m, run: run, req: req, start: time.Now(), background: background,
-		cw: capture{w: w, header: make(http.Header)}, ctx: hctx,
-		cancel: func() { stop(); cancel(nil); release() }}
+		cw: capture{w: w, header: make(http.Header)}, ctx: hctx, release: release, unhook: unhook}
 	x.hb.start(m, run)
 	return x
 }
@@ -95,7 +95,9 @@ func (x *execution) end(returned bool) Outcome {
 		err = x.settle(nil, false).err
 	}
 	cause := context.Cause(x.ctx)
-	x.cancel()
+	x.unhook()
+	x.run.cancel(nil)
+	x.release()
 	x.report(outcome, cause, err)
 	return outcome
 }

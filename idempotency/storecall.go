@@ -80,18 +80,19 @@ func isAnswer(err error) bool {
 // fresh one. It returns the last error and whether a try failed with an
 // error that leaves the call's outcome unknown (not an answer).
 func retry(ctx context.Context, try func(ctx context.Context) error) (err error, unknown bool) {
-	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	deadline := time.Now().Add(storeTimeout)
+	if err = try(ctx); err == nil || isAnswer(err) {
+		return err, false // the first try is bounded by its call: no bound of retry's yet
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	pause := firstRetryPause
-	for {
-		if err = try(ctx); err == nil || isAnswer(err) {
-			return err, unknown
-		}
-		unknown = true
+	for pause := firstRetryPause; ; pause = min(2*pause, maxRetryPause) {
 		if wait.Sleep(ctx, pause) != nil {
-			return err, unknown
+			return err, true
 		}
-		pause = min(2*pause, maxRetryPause)
+		if err = try(ctx); err == nil || isAnswer(err) {
+			return err, true
+		}
 	}
 }
 
