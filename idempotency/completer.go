@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 )
@@ -282,11 +283,17 @@ func (c *Completer) rebuild(ctx context.Context, rec Record) (rebuiltRequest, er
 	if err != nil {
 		return rebuiltRequest{}, err
 	}
-	r, err := http.NewRequestWithContext(ctx, sr.Method, sr.URL, bytes.NewReader(sr.Body))
+	// The URL is a request URI, read as net/http's server reads it: a path
+	// that starts with "//" names no host.
+	u, err := url.ParseRequestURI(sr.URL)
 	if err != nil {
 		return rebuiltRequest{}, err
 	}
-	r.Host, r.RequestURI, r.RemoteAddr = sr.Host, sr.URL, ""
+	r, err := http.NewRequestWithContext(ctx, sr.Method, "/", bytes.NewReader(sr.Body))
+	if err != nil {
+		return rebuiltRequest{}, err
+	}
+	r.URL, r.Host, r.RequestURI, r.RemoteAddr = u, sr.Host, sr.URL, ""
 	if sr.ContentType != "" {
 		r.Header.Set("Content-Type", sr.ContentType)
 	}
