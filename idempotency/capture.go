@@ -57,7 +57,11 @@ const maxPresize = 64 << 20
 // allocation, and the store keeps that very buffer (the body's one copy).
 // A body of unknown length grows as written.
 func (c *capture) declared() int {
-	n, err := strconv.ParseInt(c.header.Get("Content-Length"), 10, 64)
+	v := c.header.Get("Content-Length")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n <= 0 || n > maxPresize {
 		return 0
 	}

@@ -3,13 +3,13 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // Completer drives abandoned requests to completion in the background: the
@@ -248,7 +248,7 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 	// vanished is not recreated.
 	res, err := c.m.claim(ctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
-		Owner: uuid.NewString(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
+		Owner: rand.Text(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
 	})
 	if err != nil {
 		return "", fmt.Errorf("idempotency: completer: claim: %w", err)
@@ -283,11 +283,17 @@ func (c *Completer) rebuild(ctx context.Context, rec Record) (rebuiltRequest, er
 	if err != nil {
 		return rebuiltRequest{}, err
 	}
-	r, err := http.NewRequestWithContext(ctx, sr.Method, sr.URL, bytes.NewReader(sr.Body))
+	// The URL is a request URI, read as net/http's server reads it: a path
+	// that starts with "//" names no host.
+	u, err := url.ParseRequestURI(sr.URL)
 	if err != nil {
 		return rebuiltRequest{}, err
 	}
-	r.Host, r.RequestURI, r.RemoteAddr = sr.Host, sr.URL, ""
+	r, err := http.NewRequestWithContext(ctx, sr.Method, "/", bytes.NewReader(sr.Body))
+	if err != nil {
+		return rebuiltRequest{}, err
+	}
+	r.URL, r.Host, r.RequestURI, r.RemoteAddr = u, sr.Host, sr.URL, ""
 	if sr.ContentType != "" {
 		r.Header.Set("Content-Type", sr.ContentType)
 	}

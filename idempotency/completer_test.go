@@ -1,12 +1,15 @@
 package idempotency_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -140,6 +143,37 @@ func TestCompleterRebuildsTheRequest(t *testing.T) {
 		require.Equal(t, 1, rep.Completed)
 		require.Equal(t, "payments-v2 /v2/payments", pattern.Load())
 	})
+}
+
+// A resumed request's URL is the one net/http's server reads from the same
+// request line (a request URI: an absolute path, "//" and all, or an
+// absolute URI), not a reference that url.Parse would read a host from.
+func TestCompleterParsesTheRequestURIAsAServerDoes(t *testing.T) {
+	for _, uri := range []string{"//a.example/payments?x=1", "/p%2Fq;r?s", "http://h.example/abs?q=1"} {
+		t.Run(uri, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				live, err := http.ReadRequest(bufio.NewReader(strings.NewReader(
+					"POST " + uri + " HTTP/1.1\r\nHost: shop.example\r\n\r\n")))
+				require.NoError(t, err)
+				mem := memstore.New()
+				sc := idempotency.Scope{Principal: "acct-1", Method: "POST", Route: "pay", Key: "k"}
+				crashed(t, mem, sc, uri, `{}`, time.Now())
+				var resumed *url.URL
+				c, _ := completer(mem, quiet, map[string]http.Handler{"pay": http.HandlerFunc(
+					func(w http.ResponseWriter, r *http.Request) {
+						resumed = r.URL
+						w.WriteHeader(http.StatusCreated)
+					})})
+				time.Sleep(time.Minute)
+				rep, err := c.RunOnce(t.Context())
+				require.NoError(t, err)
+				require.Equal(t, 1, rep.Completed)
+				require.Equal(t, live.URL.String(), resumed.String())
+				require.Equal(t, live.URL.Host, resumed.Host)
+				require.Equal(t, live.URL.Path, resumed.Path)
+			})
+		})
+	}
 }
 
 // Every listed record is counted once: completed, released, kept, skipped

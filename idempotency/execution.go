@@ -22,8 +22,9 @@ type execution struct {
 	background bool // the Completer's
 	cw         capture
 	hb         heartbeat
-	ctx        context.Context // the handler's
-	cancel     func()          // ends ctx and releases what it holds
+	ctx        context.Context // the handler's, which run.cancel cancels
+	release    func()          // releases the deadline ctx derives from
+	unhook     func() bool     // stops WithShutdown's cancellation of ctx
 	code       Code            // CodeResponseNotReplayable: the stored response has no body
 }
 
@@ -70,14 +71,13 @@ func (m *Middleware) newExecution(w http.ResponseWriter, ctx context.Context, re
 	}
 	run := m.newRun(bg, req, res)
 	hctx, cancel := context.WithCancelCause(withRun(parent, run))
-	stop := func() bool { return false }
+	unhook := func() bool { return false }
 	if sd := m.cfg.shutdown; sd != nil && sd.Done() != nil {
-		stop = context.AfterFunc(sd, func() { cancel(context.Cause(sd)) })
+		unhook = context.AfterFunc(sd, func() { cancel(context.Cause(sd)) })
 	}
 	run.cancel = cancel
 	x := &execution{m: m, run: run, req: req, start: time.Now(), background: background,
-		cw: capture{w: w, header: make(http.Header)}, ctx: hctx,
-		cancel: func() { stop(); cancel(nil); release() }}
+		cw: capture{w: w, header: make(http.Header)}, ctx: hctx, release: release, unhook: unhook}
 	x.hb.start(m, run)
 	return x
 }
@@ -95,7 +95,9 @@ func (x *execution) end(returned bool) Outcome {
 		err = x.settle(nil, false).err
 	}
 	cause := context.Cause(x.ctx)
-	x.cancel()
+	x.unhook()
+	x.run.cancel(nil)
+	x.release()
 	x.report(outcome, cause, err)
 	return outcome
 }
@@ -131,10 +133,17 @@ func (x *execution) finish() (Outcome, error) {
 		resp = &r
 	}
 	s := x.settle(resp, refused)
+	if errors.Is(s.err, ErrLeaseLost) {
+		rec, err := x.m.get(x.run.bg, x.req.scope)
+		if resp == nil || err != nil || rec.State != Completed || !ownedBy(rec, x.run.Lease) {
+			x.answerLost(rec, err)
+			return OutcomeLost, s.err
+		}
+		// Completed by this lease's owner and generation: a completion
+		// whose outcome settle could not read applied after all.
+		s = settled{}
+	}
 	switch {
-	case errors.Is(s.err, ErrLeaseLost):
-		x.answerLost()
-		return OutcomeLost, s.err
 	case s.undone:
 		writeProblem(x.cw.w, http.StatusServiceUnavailable, CodeStoreUnavailable, "", 0)
 		return OutcomeFailed, s.err
@@ -220,7 +229,7 @@ func (x *execution) settle(resp *Response, keep bool) settled {
 // applied is unknown (a lost connection, a commit whose answer was lost),
 // the record says: completed by this lease's owner and generation, it is
 // this execution's completion.
-func (x *execution) complete(unit Unit, resp Response) error {
+func (x *execution) complete(unit *openUnit, resp Response) error {
 	lease := x.run.Lease
 	done := func(rec Record, err error) bool {
 		return err == nil && rec.State == Completed && ownedBy(rec, lease)
@@ -275,12 +284,11 @@ func (x *execution) giveUp(keep bool) (kept bool, err error) {
 	return keep, nil
 }
 
-// answerLost answers the client of an execution that lost its lease: the
-// successor's stored response if it completed, else 409 in progress.
-func (x *execution) answerLost() {
-	bg := x.run.bg
-	rec, err := x.m.get(bg, x.req.scope)
-	if err == nil && rec.State == Completed && x.m.answer(bg, x.cw.w, x.req, rec) {
+// answerLost answers the client of an execution that lost its lease, from
+// rec, the record as read after it (err the read's): the successor's
+// stored response if it completed, else 409 in progress.
+func (x *execution) answerLost(rec Record, err error) {
+	if err == nil && rec.State == Completed && x.m.answer(x.run.bg, x.cw.w, x.req, rec) {
 		return
 	}
 	writeProblem(x.cw.w, http.StatusConflict, CodeInProgress,

@@ -69,7 +69,9 @@ func fingerprint(in fingerprintInput, v int) (string, bool) {
 	}
 	st.field(body)
 	st.sum = st.h.Sum(st.sum[:0])
-	return hex.EncodeToString(st.sum), true
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], st.sum)
+	return string(out[:]), true
 }
 
 // fpState is the reusable state of one fingerprint: a digest, buffers and a
@@ -133,8 +135,13 @@ func contentType(ct string) (mediaType, full string) {
 		mt, _, _ = strings.Cut(ct, ";")
 		return strings.ToLower(strings.TrimSpace(mt)), "raw:" + ct
 	}
-	if full = mime.FormatMediaType(mt, params); full == "" {
-		full = "raw:" + ct
+	switch {
+	case len(params) == 0:
+		full = mt // FormatMediaType's form of a media type without parameters
+	default:
+		if full = mime.FormatMediaType(mt, params); full == "" {
+			full = "raw:" + ct
+		}
 	}
 	return strings.ToLower(strings.TrimSpace(mt)), full
 }

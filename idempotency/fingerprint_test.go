@@ -120,8 +120,9 @@ func mediaTypeV1(ct string) string {
 	return strings.ToLower(strings.TrimSpace(mt))
 }
 
-// contentType's media type is version 1's, and its full form is stable: the
-// form of a form is itself.
+// contentType's media type is version 1's, its full form is
+// mime.FormatMediaType's of what mime.ParseMediaType reads, and it is
+// stable: the form of a form is itself.
 func FuzzContentType(f *testing.F) {
 	for _, s := range []string{"application/json", " Application/JSON ", "text/plain; charset=utf-8", "json",
 		"a/b/c", "\xff/x", "x/y\u0085", "bad type", `a/b"c`, "İ/x", `multipart/form-data; boundary="a b"`, "a/b; c"} {
@@ -131,6 +132,15 @@ func FuzzContentType(f *testing.F) {
 		mt, full := contentType(ct)
 		if want := mediaTypeV1(ct); mt != want {
 			t.Fatalf("contentType(%q) media type %q, version 1 says %q", ct, mt, want)
+		}
+		if pmt, params, err := mime.ParseMediaType(ct); err == nil {
+			want := mime.FormatMediaType(pmt, params)
+			if want == "" {
+				want = "raw:" + ct
+			}
+			if full != want {
+				t.Fatalf("contentType(%q) = %q, mime.FormatMediaType %q", ct, full, want)
+			}
 		}
 		if !strings.HasPrefix(full, "raw:") {
 			if _, again := contentType(full); again != full {

@@ -2,13 +2,12 @@ package idempotency
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
@@ -195,12 +194,12 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		m.refuseStore(ctx, w, req.scope, errNilStore)
 		return
 	}
-	req.execID = uuid.NewString()
+	req.execID = rand.Text()
 	claim := Claim{
 		Scope:              req.scope,
 		Fingerprint:        req.fp,
 		FingerprintVersion: fingerprintVersion,
-		Owner:              uuid.NewString(),
+		Owner:              rand.Text(),
 		Request: storedRequest{
 			ID: req.execID, Method: req.scope.Method, URL: r.URL.RequestURI(), Host: r.Host,
 			ContentType: req.input.contentType, Body: req.input.body,

@@ -16,7 +16,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -707,13 +706,13 @@ func TestFromContext(t *testing.T) {
 	var sr struct{ ID string }
 	meta, _, _ := bytes.Cut(rec.Request, []byte("\n"))
 	require.NoError(t, json.Unmarshal(meta, &sr))
-	_, err := uuid.Parse(sr.ID)
-	require.NoError(t, err, "a random request ID (a UUID) for downstream keys")
+	require.Regexp(t, `^[A-Z2-7]{26}$`, sr.ID,
+		"a random request ID (crypto/rand.Text: 128 bits) for downstream keys")
 	require.Equal(t, string(idempotency.StoredRequest(sr.ID, "POST", "/payments", strings.TrimPrefix(srv.URL, "http://"),
 		"application/json", []byte(`{"a":1}`))), string(rec.Request))
 	require.NoError(t, unitErr)
 	require.NotNil(t, unit, "a Transactor store gives the handler its unit")
-	_, _, err = run.Unit(t.Context())
+	_, _, err := run.Unit(t.Context())
 	require.ErrorIs(t, err, idempotency.ErrMisuse, "the run ends with its handler")
 	require.NotContains(t, string(rec.Request), "secret", "credentials must not reach the store")
 	require.NotNil(t, run)

@@ -15,13 +15,17 @@ import (
 // character, NUL and JSON's escaped ones included.
 var keptNames = []string{"order café", "n\x00ul <&> \u2028", "☃"}
 
+// refusedNames are names no phase or External call may have: not valid
+// UTF-8, or starting with "intent:", the recovery point of an External
+// call's intent.
+var refusedNames = []string{"order caf\xe9", "charge \xff", "intent:order", "intent:"}
+
 // namesScenario runs a handler whose phases and External calls have the
-// names of keptNames and of bad, against the guarded handler that g
-// returns. A name that is not valid UTF-8 is refused before anything runs
-// (PhaseError with ErrMisuse); the others commit, the first execution
-// then fails (500, kept for a resume), and the retry finds each of them
-// committed: no phase runs again, no call is made twice, and the retry
-// completes.
+// names of keptNames and of refusedNames, against the guarded handler that
+// g returns. A refused name is refused before anything runs (PhaseError
+// with ErrMisuse); the others commit, the first execution then fails (500,
+// kept for a resume), and the retry finds each of them committed: no phase
+// runs again, no call is made twice, and the retry completes.
 func namesScenario(t *testing.T, g func(h http.Handler) http.Handler) {
 	t.Helper()
 	var phaseRuns, calls int
@@ -30,16 +34,18 @@ func namesScenario(t *testing.T, g func(h http.Handler) http.Handler) {
 		ctx := r.Context()
 		run, _ := idempotency.FromContext(ctx)
 		if len(refused) == 0 {
-			_, err := run.Phase(ctx, "order caf\xe9", func(context.Context) ([]byte, error) {
-				phaseRuns++
-				return nil, nil
-			})
-			refused = append(refused, err)
-			_, err = run.External(ctx, "charge \xff", func(context.Context, string) ([]byte, error) {
-				calls++
-				return nil, nil
-			}, nil)
-			refused = append(refused, err)
+			for _, name := range refusedNames {
+				_, err := run.Phase(ctx, name, func(context.Context) ([]byte, error) {
+					phaseRuns++
+					return nil, nil
+				})
+				refused = append(refused, err)
+				_, err = run.External(ctx, name, func(context.Context, string) ([]byte, error) {
+					calls++
+					return nil, nil
+				}, nil)
+				refused = append(refused, err)
+			}
 		}
 		for _, name := range keptNames {
 			out, err := run.Phase(ctx, "phase "+name, func(context.Context) ([]byte, error) {

@@ -153,8 +153,10 @@ func headerSet(names []string) map[string]bool {
 // client does not retry; any other error (the authentication backend is
 // unreachable) is a server failure, answered 503 CodePrincipalUnavailable
 // with Retry-After: 1, which a client retries with the same key; nothing
-// runs either way. "" means no principal (see WithAnonymousKeys). f must
-// be safe for concurrent use; nil keeps the default.
+// runs either way, and a panic of f goes on to net/http as a handler's
+// would, before anything is claimed. "" means no principal (see
+// WithAnonymousKeys). f must be safe for concurrent use; nil keeps the
+// default.
 //
 // Default: the SHA-256 of the Authorization header, which is no
 // authentication (anyone holding the same header shares the scope, and a

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -18,12 +19,15 @@ const recoveryVersion = 1
 const maxPhaseName = 128
 
 // validPhaseName reports whether name can be a phase's (and an External
-// call's) name: 1 to maxPhaseName bytes of valid UTF-8. The recovery data
-// is JSON, in which every such string round-trips byte for byte and any
-// other would not (invalid UTF-8 becomes U+FFFD), so that a committed
-// phase would be run again, or a pending call never found.
+// call's) name: 1 to maxPhaseName bytes of valid UTF-8, not starting with
+// intentPrefix. The recovery data is JSON, in which every such string
+// round-trips byte for byte and any other would not (invalid UTF-8 becomes
+// U+FFFD), so that a committed phase would be run again, or a pending call
+// never found; and a committed phase's recovery point that read as an
+// intent would make every answer of the request CodeRequestIncomplete.
 func validPhaseName(name string) bool {
-	return name != "" && len(name) <= maxPhaseName && utf8.ValidString(name)
+	return name != "" && len(name) <= maxPhaseName && utf8.ValidString(name) &&
+		!strings.HasPrefix(name, intentPrefix)
 }
 
 // recovery is the decoded Record.RecoveryData that Phase and External keep:
@@ -140,8 +144,7 @@ type phaseKey struct{}
 // phaseCtx marks the context of a running phase.
 type phaseCtx struct {
 	run  *Run
-	unit Unit            // nil when the store is not a Transactor
-	ctx  context.Context // Begin's context
+	unit *openUnit // nil when the store is not a Transactor
 }
 
 // enter starts phase name: it checks the rules of ErrMisuse, decodes
@@ -163,7 +166,8 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	case r.expired:
 		return recovery{}, &PhaseError{Phase: name, Step: "lease", Err: errLeaseExpired}
 	case !validPhaseName(name):
-		return misuse("a phase name is 1 to %d bytes of valid UTF-8, got %q", maxPhaseName, name)
+		return misuse("a phase name is 1 to %d bytes of valid UTF-8, not starting with %q; "+
+			"got %.*q", maxPhaseName, intentPrefix, maxPhaseName, name)
 	case r.inPhase:
 		return misuse("another phase is running")
 	case r.unit != nil || r.unitErr != nil || r.beginning:
@@ -205,7 +209,7 @@ func (r *Run) leave() {
 }
 
 // openPhaseUnit records u as the running phase's unit, for leave.
-func (r *Run) openPhaseUnit(u Unit) {
+func (r *Run) openPhaseUnit(u *openUnit) {
 	r.mu.Lock()
 	r.phaseUnit = u
 	r.mu.Unlock()
@@ -266,10 +270,10 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 // fn must be deterministic in what it commits and must not call services
 // that cannot be rolled back (External is for those). Phases come in the
 // same order in every execution, with names of 1 to 128 bytes of valid
-// UTF-8 unique within it (any other name is refused, ErrMisuse, before
-// anything runs), one at a time and before the request's unit is begun;
-// names and outputs round-trip byte for byte through the record, so keep
-// outputs small.
+// UTF-8 unique within it that do not start with "intent:" (any other name
+// is refused, ErrMisuse, before anything runs), one at a time and before
+// the request's unit is begun; names and outputs round-trip byte for byte
+// through the record, so keep outputs small.
 //
 // Errors are *PhaseError; Step "run" wraps fn's own error. After an error
 // answer with a status that is not stored (5xx): the record stays in
@@ -294,16 +298,16 @@ func (r *Run) Phase(ctx context.Context, name string,
 	}
 	pc := &phaseCtx{run: r}
 	if r.m.tx != nil {
-		u, uctx, err := r.m.begin(ctx, r.Lease)
+		u, err := r.m.begin(ctx, r.Lease)
 		if err != nil {
 			return nil, &PhaseError{Phase: name, Step: "begin", Err: err}
 		}
 		r.openPhaseUnit(u) // leave rolls it back unless it committed
-		pc.unit, pc.ctx = u, uctx
+		pc.unit = u
 	}
 	fctx := context.WithValue(ctx, phaseKey{}, pc)
-	if pc.ctx != nil {
-		fctx = mergeValues(fctx, pc.ctx)
+	if pc.unit != nil {
+		fctx = mergeValues(fctx, pc.unit.ctx)
 	}
 	out, err := fn(fctx)
 	if err != nil {
@@ -318,7 +322,7 @@ func (r *Run) Phase(ctx context.Context, name string,
 
 // commit writes rec as the recovery data at point: in unit when there is
 // one, else straight to the store. Both are conditional on the lease.
-func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery) error {
+func (r *Run) commit(ctx context.Context, unit *openUnit, point string, rec recovery) error {
 	// The record's writes go on when the client goes away: the work is
 	// done, and recording it is what makes a retry safe.
 	// A write that may have applied is settled by the record: this lease's,

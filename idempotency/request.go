@@ -32,10 +32,11 @@ type storedRequest struct {
 func (s storedRequest) encode() []byte {
 	body := s.Body
 	s.Body = nil
-	b, _ := json.Marshal(s) // strings only: cannot fail
+	meta, _ := json.Marshal(s) // strings only: cannot fail
 	// encoding/json escapes every control character in a string, so the
 	// JSON holds no raw newline: the first one ends it.
-	return append(append(b, '\n'), body...)
+	b := make([]byte, 0, len(meta)+1+len(body))
+	return append(append(append(b, meta...), '\n'), body...)
 }
 
 var errBadStoredRequest = errors.New("idempotency: malformed stored request")

@@ -45,14 +45,13 @@ type Run struct {
 
 	mu         sync.Mutex
 	leaseUntil time.Time
-	beginning  bool            // Unit is beginning the request's unit
-	unit       Unit            // the request's unit, once begun
-	unitCtx    context.Context // Begin's context for unit
-	unitErr    error           // Begin's error, kept for the completion
-	done       bool            // the handler returned
-	expired    bool            // the lease ran out while heartbeats failed: no new phase may start
+	beginning  bool      // Unit is beginning the request's unit
+	unit       *openUnit // the request's unit, once begun
+	unitErr    error     // Begin's error, kept for the completion
+	done       bool      // the handler returned
+	expired    bool      // the lease ran out while heartbeats failed: no new phase may start
 	inPhase    bool
-	phaseUnit  Unit      // the running phase's unit until it commits
+	phaseUnit  *openUnit // the running phase's unit until it commits
 	phase      string    // the running phase's name, while inPhase
 	rec        *recovery // decoded lazily from recoveryData
 	point      string    // the current recovery point
@@ -110,7 +109,7 @@ var errLeaseExpired = fmt.Errorf("%w: it ran out while heartbeats failed", ErrLe
 // CodeStoreUnavailable whatever the handler writes.
 func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r && p.unit != nil {
-		return p.unit, mergeValues(ctx, p.ctx), nil
+		return p.unit.Unit, mergeValues(ctx, p.unit.ctx), nil
 	}
 	if r.m.tx == nil {
 		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work "+
@@ -137,12 +136,12 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 		return nil, ctx, r.unitErr
 	case r.unit != nil:
 		r.mu.Unlock()
-		return r.unit, mergeValues(ctx, r.unitCtx), nil
+		return r.unit.Unit, mergeValues(ctx, r.unit.ctx), nil
 	}
 	r.beginning = true // no phase may start from now on
 	r.mu.Unlock()
 
-	u, uctx, err := r.m.begin(r.bg, r.Lease)
+	u, err := r.m.begin(r.bg, r.Lease)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.beginning = false
@@ -156,15 +155,15 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 		r.m.rollback(r.bg, r.Scope, u)
 		return nil, ctx, errRunDone
 	}
-	r.unit, r.unitCtx = u, uctx
-	return r.unit, mergeValues(ctx, r.unitCtx), nil
+	r.unit = u
+	return u.Unit, mergeValues(ctx, u.ctx), nil
 }
 
 var errRunDone = fmt.Errorf("%w: the handler of this run has returned", ErrMisuse)
 
 // close marks the run done and hands the request's unit (nil if never
 // begun) and Begin's error to the completion.
-func (r *Run) close() (Unit, error) {
+func (r *Run) close() (*openUnit, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.done = true

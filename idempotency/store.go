@@ -180,8 +180,11 @@ var (
 
 // Store keeps idempotency records. Implementations must be safe for
 // concurrent use by many goroutines and, for shared stores, many processes.
-// Every method takes the current time as an argument where it matters; stores
-// never read a clock of their own. A response body is immutable once given
+// Every method returns soon after its ctx ends: the middleware bounds each
+// call it makes through ctx (10 s), and a unit's Commit through the
+// context the unit was begun with (see Transactor). Every method takes the
+// current time as an argument where it matters; stores never read a clock
+// of their own. A response body is immutable once given
 // to a store: a store may keep the Response.Body given to Complete (or
 // Unit.Complete) as it is, and return those very bytes from Claim and Get to
 // every caller, so neither the caller that gave them nor one that got them
@@ -249,7 +252,11 @@ type Store interface {
 type Transactor interface {
 	// Begin starts a unit of work for the owner of l. The returned context
 	// carries the transaction for the handler (for the SQL store,
-	// sqlstore.Tx(ctx) returns the *sql.Tx).
+	// sqlstore.Tx(ctx) returns the *sql.Tx). ctx lives as long as the unit
+	// (a transaction may keep it): the middleware cancels it only when
+	// Begin, or the unit's Commit, has not returned within its bound (10
+	// s), and either must then return; whether such a Commit applied, the
+	// middleware reads from the record.
 	Begin(ctx context.Context, l Lease) (Unit, context.Context, error)
 }
 

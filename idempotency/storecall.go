@@ -80,18 +80,19 @@ func isAnswer(err error) bool {
 // fresh one. It returns the last error and whether a try failed with an
 // error that leaves the call's outcome unknown (not an answer).
 func retry(ctx context.Context, try func(ctx context.Context) error) (err error, unknown bool) {
-	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	deadline := time.Now().Add(storeTimeout)
+	if err = try(ctx); err == nil || isAnswer(err) {
+		return err, false // the first try is bounded by its call: no bound of retry's yet
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	pause := firstRetryPause
-	for {
-		if err = try(ctx); err == nil || isAnswer(err) {
-			return err, unknown
-		}
-		unknown = true
+	for pause := firstRetryPause; ; pause = min(2*pause, maxRetryPause) {
 		if wait.Sleep(ctx, pause) != nil {
-			return err, unknown
+			return err, true
 		}
-		pause = min(2*pause, maxRetryPause)
+		if err = try(ctx); err == nil || isAnswer(err) {
+			return err, true
+		}
 	}
 }
 
@@ -115,12 +116,21 @@ func (m *Middleware) fenced(ctx context.Context, op Op, l Lease, f func(ctx cont
 	return err
 }
 
-// commit makes the writes of u (write, then Commit) as op. When Commit
-// fails with an error that is not ErrLeaseLost, whether it applied is the
-// database's to say (the connection dropped after the COMMIT went out,
-// say): applied reads the record, whose owner and generation tell whose
-// commit it holds, and commit returns nil when it is u's.
-func (m *Middleware) commit(ctx context.Context, op Op, l Lease, u Unit,
+// errCommitTimeout cancels the context of a unit whose Commit did not
+// return within the bound of its call.
+var errCommitTimeout = fmt.Errorf(
+	"idempotency: the store did not commit a unit of work within %v: %w",
+	storeTimeout, context.DeadlineExceeded)
+
+// commit makes the writes of u (write, then Commit) as op, within one
+// call's bound: when it runs out during Commit, the context u was begun
+// with (which a SQL transaction keeps, and its COMMIT with it) is
+// canceled. When Commit fails with an error that is not ErrLeaseLost,
+// whether it applied is the database's to say (the connection dropped
+// after the COMMIT went out, say): applied reads the record, whose owner
+// and generation tell whose commit it holds, and commit returns nil when
+// it is u's.
+func (m *Middleware) commit(ctx context.Context, op Op, l Lease, u *openUnit,
 	write func(ctx context.Context) error, applied func(rec Record, err error) bool) error {
 	committing := false
 	err := m.call(ctx, op, l.Scope, func(ctx context.Context) error {
@@ -128,6 +138,7 @@ func (m *Middleware) commit(ctx context.Context, op Op, l Lease, u Unit,
 			return err
 		}
 		committing = true
+		defer context.AfterFunc(ctx, func() { u.cancel(errCommitTimeout) })()
 		return u.Commit()
 	})
 	if err != nil && committing && !errors.Is(err, ErrLeaseLost) &&
@@ -164,13 +175,22 @@ var errBeginTimeout = fmt.Errorf(
 	"idempotency: the store did not begin a unit of work within %v: %w",
 	storeTimeout, context.DeadlineExceeded)
 
+// openUnit is a unit of work that begin began: the store's Unit, the
+// context Begin returned with it, and the cancellation of the context it
+// was begun with, which bounds its Begin and its Commit.
+type openUnit struct {
+	Unit
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
 // begin begins a unit of work for l on ctx without its cancellation
 // (OpBegin), waiting at most storeTimeout for the store to begin it. The
 // unit lives until its Commit or rollback, however long the work in it
 // takes, so its context (which a SQL transaction keeps for its whole life)
-// is not given a deadline: a timer cancels it only while Begin has not
-// returned.
-func (m *Middleware) begin(ctx context.Context, l Lease) (Unit, context.Context, error) {
+// is not given a deadline: it is canceled only while Begin has not
+// returned after storeTimeout, and while Commit has not (commit).
+func (m *Middleware) begin(ctx context.Context, l Lease) (*openUnit, error) {
 	start := time.Now()
 	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	timer := time.AfterFunc(storeTimeout, func() { cancel(errBeginTimeout) })
@@ -180,18 +200,19 @@ func (m *Middleware) begin(ctx context.Context, l Lease) (Unit, context.Context,
 		err = errBeginTimeout
 	}
 	m.obs.storeCall(ctx, OpBegin, l.Scope, start, err)
-	if late {
-		if u != nil {
-			m.rollback(ctx, l.Scope, u)
-		}
-		return nil, ctx, err
+	switch {
+	case late && u != nil:
+		m.rollback(ctx, l.Scope, &openUnit{Unit: u, ctx: uctx, cancel: cancel})
+		return nil, err
+	case err != nil:
+		return nil, err
 	}
-	return u, uctx, err
+	return &openUnit{Unit: u, ctx: uctx, cancel: cancel}, nil
 }
 
 // rollback discards u, a unit that will not commit (OpRollback): the one
 // way the library ends a unit other than by committing it.
-func (m *Middleware) rollback(ctx context.Context, s Scope, u Unit) {
+func (m *Middleware) rollback(ctx context.Context, s Scope, u *openUnit) {
 	start := time.Now()
 	err := u.Rollback()
 	m.obs.storeCall(ctx, OpRollback, s, start, err)

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/idemcheck"
+	"github.com/saferetry/saferetry/internal/wait"
 )
 
 // maxBodyFile bounds the body read by -d @file.
@@ -253,13 +254,9 @@ func waitFor(ctx context.Context, rawURL string, d time.Duration) error {
 		if err == nil {
 			return conn.Close()
 		}
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if wait.Sleep(ctx, 100*time.Millisecond) != nil {
 			return fmt.Errorf("idemcheck: nothing accepted connections at %s within %v (-wait): %w",
 				addr, d, err)
-		case <-t.C:
 		}
 	}
 }

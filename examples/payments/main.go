@@ -117,10 +117,12 @@ func parseFlags(args []string, w io.Writer) (config, error) {
 		fmt.Fprint(w, usage)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&cfg.serve, "serve", "", "serve the payments API on `host:port` until interrupted (SIGINT,\n"+
-		"SIGTERM), without the demo's faults, instead of running the demo")
-	fs.DurationVar(&cfg.delay, "delay", 0, "with -serve, how long each payment takes before its first phase\n"+
-		"(duplicates sent meanwhile get 409 in progress)")
+	fs.StringVar(&cfg.serve, "serve", "",
+		"serve the payments API on `host:port` until interrupted (SIGINT,\n"+
+			"SIGTERM), without the demo's faults, instead of running the demo")
+	fs.DurationVar(&cfg.delay, "delay", 0,
+		"with -serve, how long each payment takes before its first phase\n"+
+			"(duplicates sent meanwhile get 409 in progress)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -147,7 +149,8 @@ type result struct {
 
 func (r result) ok() bool {
 	return r.status == http.StatusCreated && r.replayed && r.serverRequests == 3 &&
-		r.orders == 1 && r.receipts == 1 && r.charges == 1 && r.chargeCalls == 2 && r.lookups == 1 && len(r.keys) == 1 &&
+		r.orders == 1 && r.receipts == 1 && r.charges == 1 && r.chargeCalls == 2 &&
+		r.lookups == 1 && len(r.keys) == 1 &&
 		r.forgedStatus == http.StatusUnauthorized
 }
 
@@ -264,7 +267,8 @@ func (a *api) pay(w http.ResponseWriter, r *http.Request) {
 	// Phase 2: the charge, an external call with a recorded intent.
 	charge, err := run.External(ctx, "charge",
 		func(ctx context.Context, key string) ([]byte, error) {
-			a.out.say("  server: phase charge: calling the processor with key %s (the intent is recorded)", key)
+			a.out.say("  server: phase charge: calling the processor with key %s (the intent is "+
+				"recorded)", key)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.processor+"/charges",
 				strings.NewReader(fmt.Sprintf(`{"order":%q,"amount":%d}`, string(order), amount)))
 			req.Header.Set("Idempotency-Key", key)
@@ -275,8 +279,10 @@ func (a *api) pay(w http.ResponseWriter, r *http.Request) {
 			return b, err
 		},
 		func(ctx context.Context, key string) ([]byte, bool, error) {
-			a.out.say("  server: phase charge: an intent without an outcome; asking the processor first")
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.processor+"/charges/"+url.PathEscape(key), nil)
+			a.out.say("  server: phase charge: an intent without an outcome; asking the " +
+				"processor first")
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet,
+				a.processor+"/charges/"+url.PathEscape(key), nil)
 			b, status, err := a.do(req)
 			switch {
 			case err != nil:
@@ -289,7 +295,8 @@ func (a *api) pay(w http.ResponseWriter, r *http.Request) {
 			return b, true, nil
 		})
 	if err != nil {
-		a.out.say("  server: phase charge failed (%v); answering 503, the order stays committed", errors.Unwrap(err))
+		a.out.say("  server: phase charge failed (%v); answering 503, the order stays committed",
+			errors.Unwrap(err))
 		http.Error(w, "card processor unavailable", http.StatusServiceUnavailable)
 		return
 	}
@@ -301,11 +308,13 @@ func (a *api) pay(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no transaction", http.StatusServiceUnavailable)
 		return
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO receipts (order_id, charge) VALUES ($1, $2)`, string(order), string(charge)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO receipts (order_id, charge) VALUES ($1, $2)`,
+		string(order), string(charge)); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	a.out.say("  server: receipt for %s/%s written; it commits with the stored response", order, charge)
+	a.out.say("  server: receipt for %s/%s written; it commits with the stored response", order,
+		charge)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"order":%q,"charge":%q,"status":"paid"}`, order, charge)
@@ -350,7 +359,8 @@ func (f *faults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := &recorder{header: http.Header{}}
 	f.next.ServeHTTP(rec, r)
-	f.out.say("server: answered %d, but the connection drops before the client reads it", rec.status)
+	f.out.say("server: answered %d, but the connection drops before the client reads it",
+		rec.status)
 	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
 		_ = conn.Close()
 	}
@@ -385,7 +395,8 @@ type app struct {
 
 // newApp opens the database in dir, creates the tables and returns the API;
 // the processor is down for its first down charges.
-func newApp(ctx context.Context, dir string, out *printer, down int, delay time.Duration) (*app, error) {
+func newApp(ctx context.Context, dir string, out *printer, down int,
+	delay time.Duration) (*app, error) {
 	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "payments.db")))
 	if err != nil {
 		return nil, err
@@ -414,8 +425,8 @@ func newApp(ctx context.Context, dir string, out *printer, down int, delay time.
 	proc := &processor{out: out, down: down, charges: map[string]string{}}
 	procSrv := httptest.NewServer(proc)
 	transport := &http.Transport{}
-	a := &api{db: db, processor: procSrv.URL, client: &http.Client{Transport: transport, Timeout: 5 * time.Second},
-		out: out, delay: delay}
+	client := &http.Client{Transport: transport, Timeout: 5 * time.Second}
+	a := &api{db: db, processor: procSrv.URL, client: client, out: out, delay: delay}
 	// The principal scopes every key: it must be the account that the
 	// server's authentication VERIFIED, never a value the client sets
 	// freely (an "X-Account" header would let anyone who knows or guesses
@@ -479,7 +490,8 @@ func serve(ctx context.Context, ln net.Listener, w io.Writer, delay time.Duratio
 	}
 	<-errc
 	var orders int
-	if err := app.db.QueryRowContext(shutdown, `SELECT COUNT(*) FROM orders`).Scan(&orders); err != nil {
+	if err := app.db.QueryRowContext(shutdown,
+		`SELECT COUNT(*) FROM orders`).Scan(&orders); err != nil {
 		return err
 	}
 	app.proc.mu.Lock()
@@ -545,7 +557,8 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 	res.status, res.body = resp.StatusCode, string(b)
 	res.replayed = resp.Header.Get(idempotency.ReplayedHeader) == "true"
 	res.serverRequests = int(flt.n.Load())
-	out.say("client: got %d %s (Idempotent-Replayed: %v) after %d requests", res.status, res.body, res.replayed, res.serverRequests)
+	out.say("client: got %d %s (Idempotent-Replayed: %v) after %d requests", res.status, res.body,
+		res.replayed, res.serverRequests)
 
 	// Someone else with the same key and a header naming the account, but
 	// no valid token: refused, nothing replayed.
@@ -572,7 +585,8 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders`).Scan(&res.orders); err != nil {
 		return res, err
 	}
-	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM receipts`).Scan(&res.receipts); err != nil {
+	if err := db.QueryRowContext(ctx,
+		`SELECT COUNT(*) FROM receipts`).Scan(&res.receipts); err != nil {
 		return res, err
 	}
 	proc.mu.Lock()
@@ -582,9 +596,11 @@ func run(ctx context.Context, w io.Writer) (result, error) {
 	}
 	proc.mu.Unlock()
 	out.say("")
-	out.say("database: %d order, %d receipt; processor: %d charge from %d charge calls (1 while it was down) and %d lookup",
+	out.say("database: %d order, %d receipt; processor: %d charge from %d charge calls (1 while "+
+		"it was down) and %d lookup",
 		res.orders, res.receipts, res.charges, res.chargeCalls, res.lookups)
-	out.say("one logical payment, effectively once: the retries reused one key, the order phase ran once,")
+	out.say("one logical payment, effectively once: the retries reused one key, the order phase " +
+		"ran once,")
 	out.say("the charge was made once under its downstream key, and the lost answer was replayed.")
 	return res, nil
 }

@@ -49,10 +49,12 @@ func wantFull(t *testing.T, s idempotency.Store, c idempotency.Claim) {
 	t.Helper()
 	res, err := s.Claim(ctx(t), c)
 	if !errors.Is(err, idempotency.ErrStoreFull) {
-		t.Fatalf("Claim(%q) on a full store: outcome %v, err %v; want ErrStoreFull", c.Scope.Key, res.Outcome, err)
+		t.Fatalf("Claim(%q) on a full store: outcome %v, err %v; want ErrStoreFull", c.Scope.Key,
+			res.Outcome, err)
 	}
 	if res.Outcome != idempotency.ClaimExisting || res.Record.State != idempotency.Absent {
-		t.Fatalf("Claim(%q) failing with ErrStoreFull returned outcome %v, state %v", c.Scope.Key, res.Outcome, res.Record.State)
+		t.Fatalf("Claim(%q) failing with ErrStoreFull returned outcome %v, state %v", c.Scope.Key,
+			res.Outcome, res.Record.State)
 	}
 	if _, err := s.Get(ctx(t), c.Scope); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("Get(%q) after a refused claim: err %v, want ErrNotFound", c.Scope.Key, err)
@@ -60,7 +62,8 @@ func wantFull(t *testing.T, s idempotency.Store, c idempotency.Claim) {
 }
 
 // fill claims keys at now, completing each at now when complete.
-func fill(t *testing.T, s idempotency.Store, now time.Time, complete bool, keys ...string) []idempotency.Record {
+func fill(t *testing.T, s idempotency.Store, now time.Time, complete bool,
+	keys ...string) []idempotency.Record {
 	t.Helper()
 	var recs []idempotency.Record
 	for _, k := range keys {
@@ -78,22 +81,28 @@ func testFullRefusesNewKeysOnly(t *testing.T, s idempotency.Store) {
 	wantFull(t, s, claimOf(scope("d"), "d", "fp", at(1)))
 
 	// Everything on the records it holds goes on.
-	if got := mustClaim(t, s, claimOf(scope("a"), "x", "fp", at(1)), idempotency.ClaimExisting); got.Owner != "o-a" {
+	if got := mustClaim(t, s, claimOf(scope("a"), "x", "fp", at(1)),
+		idempotency.ClaimExisting); got.Owner != "o-a" {
 		t.Fatalf("a live claim of a full store's record: owner %q", got.Owner)
 	}
-	if got := mustClaim(t, s, claimOf(scope("a"), "x", "other-fp", at(1)), idempotency.ClaimExisting); got.Fingerprint != "fp" {
+	if got := mustClaim(t, s, claimOf(scope("a"), "x", "other-fp", at(1)),
+		idempotency.ClaimExisting); got.Fingerprint != "fp" {
 		t.Fatalf("a claim with another fingerprint changed the record: fp %q", got.Fingerprint)
 	}
 	noErr(t, "Complete on a full store", s.Complete(ctx(t), recs[0].Lease(), response("a"), at(2)))
-	if got := mustClaim(t, s, claimOf(scope("a"), "x", "fp", at(3)), idempotency.ClaimExisting); got.State != idempotency.Completed {
+	if got := mustClaim(t, s, claimOf(scope("a"), "x", "fp", at(3)),
+		idempotency.ClaimExisting); got.State != idempotency.Completed {
 		t.Fatalf("replay claim on a full store: state %v", got.State)
 	}
 	wantResponse(t, mustGet(t, s, scope("a")), response("a"))
-	noErr(t, "SetRecoveryPoint on a full store", s.SetRecoveryPoint(ctx(t), recs[1].Lease(), "order", []byte("data"), at(3)))
+	noErr(t, "SetRecoveryPoint on a full store", s.SetRecoveryPoint(ctx(t), recs[1].Lease(),
+		"order", []byte("data"), at(3)))
 	noErr(t, "Heartbeat on a full store", s.Heartbeat(ctx(t), recs[1].Lease(), at(3).Add(lease)))
-	took := mustClaim(t, s, claimOf(scope("c"), "y", "fp", at(20)), idempotency.ClaimTakenOver) // c's lease ended at 10 s
+	took := mustClaim(t, s, claimOf(scope("c"), "y", "fp", at(20)),
+		idempotency.ClaimTakenOver) // c's lease ended at 10 s
 	if took.Generation != recs[2].Generation+1 {
-		t.Fatalf("takeover on a full store: generation %d, want %d", took.Generation, recs[2].Generation+1)
+		t.Fatalf("takeover on a full store: generation %d, want %d", took.Generation,
+			recs[2].Generation+1)
 	}
 	completer := claimOf(scope("b"), "completer", "fp", at(100))
 	completer.Request, completer.ReplayWindow, completer.TakeoverOnly = nil, 0, true
@@ -103,8 +112,10 @@ func testFullRefusesNewKeysOnly(t *testing.T, s idempotency.Store) {
 	wantFull(t, s, claimOf(scope("d"), "d", "fp", at(100)))
 	absent := claimOf(scope("e"), "completer", "fp", at(100))
 	absent.TakeoverOnly = true
-	if res, err := s.Claim(ctx(t), absent); err != nil || res.Outcome != idempotency.ClaimExisting || res.Record.State != idempotency.Absent {
-		t.Fatalf("TakeoverOnly claim of an absent key on a full store: outcome %v state %v err %v; want existing, absent, nil",
+	if res, err := s.Claim(ctx(t), absent); err != nil ||
+		res.Outcome != idempotency.ClaimExisting || res.Record.State != idempotency.Absent {
+		t.Fatalf("TakeoverOnly claim of an absent key on a full store: outcome %v state %v err "+
+			"%v; want existing, absent, nil",
 			res.Outcome, res.Record.State, err)
 	}
 }
@@ -116,11 +127,13 @@ func testFullKeepsInProgress(t *testing.T, s idempotency.Store) {
 	late := at(0).Add(1000 * window)
 	wantFull(t, s, claimOf(scope("c"), "c", "fp", late))
 	for _, rec := range recs {
-		if got := mustGet(t, s, rec.Scope); got.State != idempotency.InProgress || got.Owner != rec.Owner {
+		if got := mustGet(t, s, rec.Scope); got.State != idempotency.InProgress ||
+			got.Owner != rec.Owner {
 			t.Fatalf("%s on a full store: state %v owner %q", rec.Scope.Key, got.State, got.Owner)
 		}
 	}
-	mustClaim(t, s, claimOf(scope("a"), "a2", "fp", late), idempotency.ClaimTakenOver) // and a retry takes it over
+	mustClaim(t, s, claimOf(scope("a"), "a2", "fp", late),
+		idempotency.ClaimTakenOver) // and a retry takes it over
 }
 
 // A completed record is replayed for its whole window (CompletedAt + window
@@ -130,7 +143,8 @@ func testFullKeepsWithinWindow(t *testing.T, s idempotency.Store) {
 	edge := at(1).Add(window) // the last instant of the window
 	wantFull(t, s, claimOf(scope("c"), "c", "fp", edge))
 	for _, k := range []string{"a", "b"} {
-		if got := mustClaim(t, s, claimOf(scope(k), "x", "fp", edge), idempotency.ClaimExisting); got.State != idempotency.Completed {
+		if got := mustClaim(t, s, claimOf(scope(k), "x", "fp", edge),
+			idempotency.ClaimExisting); got.State != idempotency.Completed {
 			t.Fatalf("%s at the end of its window on a full store: state %v", k, got.State)
 		}
 		wantResponse(t, mustGet(t, s, scope(k)), response(k))
@@ -177,8 +191,10 @@ func testReleaseMakesRoom(t *testing.T, s idempotency.Store) {
 // A key reused after its window takes the place of its own expired record.
 func testReclaimWhenFull(t *testing.T, s idempotency.Store) {
 	fill(t, s, at(1), true, "a")
-	got := mustClaim(t, s, claimOf(scope("a"), "a2", "other-fp", at(1).Add(window+time.Second)), idempotency.ClaimCreated)
+	got := mustClaim(t, s, claimOf(scope("a"), "a2", "other-fp", at(1).Add(window+time.Second)),
+		idempotency.ClaimCreated)
 	if got.State != idempotency.InProgress || got.Owner != "a2" || got.Fingerprint != "other-fp" {
-		t.Fatalf("reclaim after the window on a full store: state %v owner %q fp %q", got.State, got.Owner, got.Fingerprint)
+		t.Fatalf("reclaim after the window on a full store: state %v owner %q fp %q", got.State,
+			got.Owner, got.Fingerprint)
 	}
 }

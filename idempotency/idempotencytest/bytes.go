@@ -33,7 +33,8 @@ func oddScopes() []idempotency.Scope {
 		{Principal: "acct-1", Method: http.MethodPost, Route: "/pay/" + long, Key: "k"},
 		{Principal: "acct-\xe9\x00", Method: http.MethodPost, Route: "/pay", Key: "k"},
 		{Principal: "acct-1", Method: "P\x00ST", Route: "/pay", Key: "k\xff\x00" + long},
-		{Principal: strings.Repeat("\xff", 5000), Method: http.MethodPost, Route: "/pay/" + long, Key: long},
+		{Principal: strings.Repeat("\xff", 5000), Method: http.MethodPost, Route: "/pay/" + long,
+			Key: long},
 		{Principal: "", Method: "", Route: "", Key: ""},
 	}
 }
@@ -57,7 +58,8 @@ func testScopeAnyBytes(t *testing.T, s idempotency.Store) {
 	for i, sc := range scopes {
 		resp := response(fmt.Sprintf("odd-%d", i))
 		noErr(t, fmt.Sprintf("Complete scope %d", i),
-			s.Complete(ctx(t), idempotency.Lease{Scope: sc, Owner: fmt.Sprintf("o%d", i), Generation: 1}, resp, at(2)))
+			s.Complete(ctx(t), idempotency.Lease{Scope: sc, Owner: fmt.Sprintf("o%d", i),
+				Generation: 1}, resp, at(2)))
 	}
 	for i, sc := range scopes {
 		got := mustGet(t, s, sc)
@@ -70,7 +72,8 @@ func testScopeAnyBytes(t *testing.T, s idempotency.Store) {
 	}
 	// The reaper's and the completer's queries return the same scopes.
 	for i, sc := range scopes[:3] {
-		mustClaim(t, s, claimOf(idempotency.Scope{Principal: sc.Principal, Method: sc.Method, Route: sc.Route, Key: "abandoned"},
+		mustClaim(t, s, claimOf(idempotency.Scope{Principal: sc.Principal, Method: sc.Method,
+			Route: sc.Route, Key: "abandoned"},
 			fmt.Sprintf("a%d", i), "fp", at(i)), idempotency.ClaimCreated)
 	}
 	abandoned, err := s.Abandoned(ctx(t), at(100), 10)
@@ -98,7 +101,8 @@ func testScopePartsDistinct(t *testing.T, s idempotency.Store) {
 		{Principal: "ab", Method: "POST\x00/r", Route: "", Key: "k"},
 	}
 	for i, sc := range scopes {
-		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)), idempotency.ClaimCreated)
+		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)),
+			idempotency.ClaimCreated)
 		if rec.Generation != 1 {
 			t.Fatalf("scope %d: generation %d", i, rec.Generation)
 		}
@@ -133,14 +137,16 @@ func testResponseBytesExact(t *testing.T, s idempotency.Store) {
 		},
 		{Status: 299, Header: http.Header{}, Body: []byte{}},
 		{Status: http.StatusNoContent, Header: nil, Body: nil},
-		{Status: http.StatusCreated, Header: http.Header{"Set-Cookie": {"a=\x80", "b=\x7f"}}, Body: []byte("\x00")},
+		{Status: http.StatusCreated, Header: http.Header{"Set-Cookie": {"a=\x80", "b=\x7f"}},
+			Body: []byte("\x00")},
 	}
 	for i, resp := range cases {
 		sc := scope(fmt.Sprintf("exact-%d", i))
 		rec := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 		noErr(t, "Complete", s.Complete(ctx(t), rec.Lease(), resp, at(1)))
 		wantExact(t, fmt.Sprintf("case %d: Get", i), mustGet(t, s, sc), resp)
-		wantExact(t, fmt.Sprintf("case %d: replaying Claim", i), mustClaim(t, s, claimOf(sc, "b", "fp", at(2)), idempotency.ClaimExisting), resp)
+		replayed := mustClaim(t, s, claimOf(sc, "b", "fp", at(2)), idempotency.ClaimExisting)
+		wantExact(t, fmt.Sprintf("case %d: replaying Claim", i), replayed, resp)
 	}
 }
 

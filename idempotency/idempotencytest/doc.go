@@ -3,6 +3,8 @@
 // TestStore with a constructor, and the suite checks the contract the
 // middleware relies on (atomic claims, the replay window, lease takeover,
 // fencing, release, recovery points, the completer and reaper queries and,
-// for a Transactor, unit atomicity). TestBoundedStore checks, for a store
-// that holds a bounded number of records, that it fails closed when full.
+// for a Transactor, unit atomicity), then runs the middleware over the
+// store through the recovery paths that rest on what it keeps (the
+// Middleware subtests). TestBoundedStore checks, for a store that holds a
+// bounded number of records, that it fails closed when full.
 package idempotencytest

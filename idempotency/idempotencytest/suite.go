@@ -14,10 +14,10 @@ import (
 	"github.com/saferetry/saferetry/idempotency"
 )
 
-// Base is the fixed "now" the suite starts from. Times the suite passes are
-// whole seconds after Base, so stores that keep millisecond or microsecond
+// base is the fixed "now" the Store subtests start from. Times they pass are
+// whole seconds after base, so stores that keep millisecond or microsecond
 // precision compare equal.
-var Base = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+var base = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 
 const (
 	lease  = 10 * time.Second
@@ -26,8 +26,13 @@ const (
 
 // TestStore runs the conformance suite against stores made by newStore,
 // which is called once per subtest and must return an empty store (register
-// any cleanup with t.Cleanup). The suite uses only the Store contract: it
-// passes every time explicitly and never sleeps. When the store also
+// any cleanup with t.Cleanup). Its Store subtests use only the Store
+// contract: they pass every time explicitly (whole seconds after
+// 2025-01-02 03:04:05 UTC, which a store that expires records by its own
+// clock must keep for a while) and never sleep. Its Middleware subtests
+// run idempotency.New over the store at the real clock (and never sleep
+// either): recovery names, a resume without credentials, a completion
+// whose answer is lost, durations at their limits. When the store also
 // implements idempotency.Transactor, the Unit subtests run too.
 func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	t.Helper()
@@ -61,6 +66,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"UnitRaceWithTakeover", testUnitRace},
 	}
 	tests = append(tests, bytesTests...)
+	tests = append(tests, middlewareTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStore(t)
@@ -77,10 +83,11 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	}
 }
 
-func at(sec int) time.Time { return Base.Add(time.Duration(sec) * time.Second) }
+func at(sec int) time.Time { return base.Add(time.Duration(sec) * time.Second) }
 
 func scope(key string) idempotency.Scope {
-	return idempotency.Scope{Principal: "acct-1", Method: http.MethodPost, Route: "POST /payments", Key: key}
+	return idempotency.Scope{Principal: "acct-1", Method: http.MethodPost, Route: "POST /payments",
+		Key: key}
 }
 
 func claimOf(s idempotency.Scope, owner, fp string, now time.Time) idempotency.Claim {
@@ -96,19 +103,23 @@ func ctx(t *testing.T) context.Context { return t.Context() }
 // record holds what ClaimOutcome documents for it: the claim's own values,
 // and what the store holds (read back with Get) for the fields the outcome
 // sets from the record.
-func mustClaim(t *testing.T, s idempotency.Store, c idempotency.Claim, want idempotency.ClaimOutcome) idempotency.Record {
+func mustClaim(t *testing.T, s idempotency.Store, c idempotency.Claim,
+	want idempotency.ClaimOutcome) idempotency.Record {
 	t.Helper()
 	res, err := s.Claim(ctx(t), c)
 	if err != nil {
-		t.Fatalf("Claim(%q, owner %q, now %s): %v", c.Scope.Key, c.Owner, c.Now.Sub(Base), err)
+		t.Fatalf("Claim(%q, owner %q, now %s): %v", c.Scope.Key, c.Owner, c.Now.Sub(base), err)
 	}
 	rec := res.Record
 	if res.Outcome != want {
-		t.Fatalf("Claim(%q, owner %q, now %s): outcome %v, want %v (record: state %v owner %q gen %d)",
-			c.Scope.Key, c.Owner, c.Now.Sub(Base), res.Outcome, want, rec.State, rec.Owner, rec.Generation)
+		t.Fatalf("Claim(%q, owner %q, now %s): outcome %v, want %v (record: state %v owner %q "+
+			"gen %d)",
+			c.Scope.Key, c.Owner, c.Now.Sub(base), res.Outcome, want, rec.State, rec.Owner,
+			rec.Generation)
 	}
 	if res.Acquired() != (want != idempotency.ClaimExisting) {
-		t.Fatalf("Claim(%q): Acquired() = %v for outcome %v", c.Scope.Key, res.Acquired(), res.Outcome)
+		t.Fatalf("Claim(%q): Acquired() = %v for outcome %v", c.Scope.Key, res.Acquired(),
+			res.Outcome)
 	}
 	if want == idempotency.ClaimExisting && c.TakeoverOnly && rec.State == idempotency.Absent {
 		return rec // nothing to take over
@@ -117,11 +128,14 @@ func mustClaim(t *testing.T, s idempotency.Store, c idempotency.Claim, want idem
 	what := fmt.Sprintf("Claim(%q) %v", c.Scope.Key, want)
 	if rec.Scope != c.Scope || rec.Generation != stored.Generation || rec.Owner != stored.Owner ||
 		rec.State != stored.State || !rec.LeaseUntil.Equal(stored.LeaseUntil) ||
-		rec.Fingerprint != stored.Fingerprint || rec.FingerprintVersion != stored.FingerprintVersion {
+		rec.Fingerprint != stored.Fingerprint ||
+		rec.FingerprintVersion != stored.FingerprintVersion {
 		t.Fatalf("%s: record scope %+v state %v owner %q gen %d lease %v fp %q v%d; "+
 			"the store holds state %v owner %q gen %d lease %v fp %q v%d", what,
-			rec.Scope, rec.State, rec.Owner, rec.Generation, rec.LeaseUntil, rec.Fingerprint, rec.FingerprintVersion,
-			stored.State, stored.Owner, stored.Generation, stored.LeaseUntil, stored.Fingerprint, stored.FingerprintVersion)
+			rec.Scope, rec.State, rec.Owner, rec.Generation, rec.LeaseUntil, rec.Fingerprint,
+			rec.FingerprintVersion,
+			stored.State, stored.Owner, stored.Generation, stored.LeaseUntil, stored.Fingerprint,
+			stored.FingerprintVersion)
 	}
 	if want == idempotency.ClaimExisting {
 		if stored.State == idempotency.Completed {
@@ -130,25 +144,32 @@ func mustClaim(t *testing.T, s idempotency.Store, c idempotency.Claim, want idem
 		}
 		return rec
 	}
-	if rec.State != idempotency.InProgress || rec.Owner != c.Owner || rec.Fingerprint != c.Fingerprint ||
-		rec.FingerprintVersion != c.FingerprintVersion || rec.Response != nil || rec.Generation < 1 {
-		t.Fatalf("%s: state %v owner %q fp %q v%d gen %d response %v; want in_progress, the claim's owner and fingerprint, no response",
-			what, rec.State, rec.Owner, rec.Fingerprint, rec.FingerprintVersion, rec.Generation, rec.Response)
+	if rec.State != idempotency.InProgress || rec.Owner != c.Owner ||
+		rec.Fingerprint != c.Fingerprint ||
+		rec.FingerprintVersion != c.FingerprintVersion || rec.Response != nil ||
+		rec.Generation < 1 {
+		t.Fatalf("%s: state %v owner %q fp %q v%d gen %d response %v; want in_progress, the "+
+			"claim's owner and fingerprint, no response",
+			what, rec.State, rec.Owner, rec.Fingerprint, rec.FingerprintVersion, rec.Generation,
+			rec.Response)
 	}
 	wantTime(t, what+": LeaseUntil", rec.LeaseUntil, c.Now.Add(c.LeaseFor))
 	wantTime(t, what+": UpdatedAt", rec.UpdatedAt, c.Now)
 	if want == idempotency.ClaimCreated {
 		wantTime(t, what+": CreatedAt", rec.CreatedAt, c.Now)
 		if rec.RecoveryPoint != "" || len(rec.RecoveryData) != 0 {
-			t.Fatalf("%s: recovery point %q data %q, want none", what, rec.RecoveryPoint, rec.RecoveryData)
+			t.Fatalf("%s: recovery point %q data %q, want none", what, rec.RecoveryPoint,
+				rec.RecoveryData)
 		}
 		return rec
 	}
 	wantTime(t, what+": CreatedAt", rec.CreatedAt, stored.CreatedAt)
-	if rec.RecoveryPoint != stored.RecoveryPoint || !bytes.Equal(rec.RecoveryData, stored.RecoveryData) ||
+	if rec.RecoveryPoint != stored.RecoveryPoint ||
+		!bytes.Equal(rec.RecoveryData, stored.RecoveryData) ||
 		!bytes.Equal(rec.Request, stored.Request) {
 		t.Fatalf("%s: recovery point %q data %q request %q; the store holds %q %q %q", what,
-			rec.RecoveryPoint, rec.RecoveryData, rec.Request, stored.RecoveryPoint, stored.RecoveryData, stored.Request)
+			rec.RecoveryPoint, rec.RecoveryData, rec.Request, stored.RecoveryPoint,
+			stored.RecoveryData, stored.Request)
 	}
 	return rec
 }
@@ -186,8 +207,9 @@ func wantTime(t *testing.T, what string, got, want time.Time) {
 func response(body string) idempotency.Response {
 	return idempotency.Response{
 		Status: http.StatusCreated,
-		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/" + body}},
-		Body:   []byte(`{"id":"` + body + `"}`),
+		Header: http.Header{"Content-Type": {"application/json"},
+			"Location": {"/payments/" + body}},
+		Body: []byte(`{"id":"` + body + `"}`),
 	}
 }
 
@@ -202,7 +224,8 @@ func wantResponse(t *testing.T, rec idempotency.Record, want idempotency.Respons
 	}
 	for k := range want.Header {
 		if fmt.Sprint(got.Header.Values(k)) != fmt.Sprint(want.Header.Values(k)) {
-			t.Fatalf("response header %s = %q, want %q", k, got.Header.Values(k), want.Header.Values(k))
+			t.Fatalf("response header %s = %q, want %q", k, got.Header.Values(k),
+				want.Header.Values(k))
 		}
 	}
 	if len(got.Header) != len(want.Header) {
@@ -213,7 +236,8 @@ func wantResponse(t *testing.T, rec idempotency.Record, want idempotency.Respons
 func testClaimNew(t *testing.T, s idempotency.Store) {
 	sc := scope("new")
 	rec := mustClaim(t, s, claimOf(sc, "owner-a", "fp1", at(0)), idempotency.ClaimCreated)
-	if rec.Scope != sc || rec.State != idempotency.InProgress || rec.Owner != "owner-a" || rec.Generation != 1 {
+	if rec.Scope != sc || rec.State != idempotency.InProgress || rec.Owner != "owner-a" ||
+		rec.Generation != 1 {
 		t.Fatalf("new record = scope %+v state %v owner %q gen %d; want %+v in_progress owner-a 1",
 			rec.Scope, rec.State, rec.Owner, rec.Generation, sc)
 	}
@@ -263,8 +287,10 @@ func testClaimRace(t *testing.T, s idempotency.Store) {
 				owners[rec.Owner]++
 			default:
 				owners[rec.Owner]++
-				if res.Outcome != idempotency.ClaimExisting || rec.State != idempotency.InProgress || rec.Generation != 1 {
-					errs = append(errs, fmt.Errorf("loser saw outcome %v state %v gen %d", res.Outcome, rec.State, rec.Generation))
+				if res.Outcome != idempotency.ClaimExisting ||
+					rec.State != idempotency.InProgress || rec.Generation != 1 {
+					errs = append(errs, fmt.Errorf("loser saw outcome %v state %v gen %d",
+						res.Outcome, rec.State, rec.Generation))
 				}
 			}
 		}()
@@ -315,12 +341,14 @@ func testScopeIsolation(t *testing.T, s idempotency.Store) {
 	v.Key = "k2"
 	variants = append(variants, v)
 	for i, sc := range variants {
-		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)), idempotency.ClaimCreated)
+		rec := mustClaim(t, s, claimOf(sc, fmt.Sprintf("o%d", i), "fp", at(0)),
+			idempotency.ClaimCreated)
 		if rec.Generation != 1 {
 			t.Fatalf("variant %d: generation %d", i, rec.Generation)
 		}
 	}
-	noErr(t, "Complete variant 0", s.Complete(ctx(t), idempotency.Lease{Scope: base, Owner: "o0", Generation: 1}, response("a"), at(1)))
+	noErr(t, "Complete variant 0", s.Complete(ctx(t), idempotency.Lease{Scope: base, Owner: "o0",
+		Generation: 1}, response("a"), at(1)))
 	for i, sc := range variants[1:] {
 		if rec := mustGet(t, s, sc); rec.State != idempotency.InProgress || rec.Response != nil {
 			t.Fatalf("variant %d sees another scope's completion: %v", i+1, rec.State)
@@ -333,15 +361,18 @@ func testInProgressAlive(t *testing.T, s idempotency.Store) {
 	mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	for _, fp := range []string{"fp", "other"} {
 		rec := mustClaim(t, s, claimOf(sc, "b", fp, at(9)), idempotency.ClaimExisting)
-		if rec.Owner != "a" || rec.Generation != 1 || rec.State != idempotency.InProgress || rec.Fingerprint != "fp" {
-			t.Fatalf("claim with fp %q during a live lease changed the record: owner %q gen %d state %v fp %q",
+		if rec.Owner != "a" || rec.Generation != 1 || rec.State != idempotency.InProgress ||
+			rec.Fingerprint != "fp" {
+			t.Fatalf("claim with fp %q during a live lease changed the record: owner %q gen %d "+
+				"state %v fp %q",
 				fp, rec.Owner, rec.Generation, rec.State, rec.Fingerprint)
 		}
 	}
 	// An expired lease with another fingerprint is not taken over either.
 	rec := mustClaim(t, s, claimOf(sc, "c", "other", at(20)), idempotency.ClaimExisting)
 	if rec.Owner != "a" || rec.Generation != 1 {
-		t.Fatalf("claim with another fingerprint took an expired lease: owner %q gen %d", rec.Owner, rec.Generation)
+		t.Fatalf("claim with another fingerprint took an expired lease: owner %q gen %d", rec.Owner,
+			rec.Generation)
 	}
 }
 
@@ -355,7 +386,8 @@ func testCompleteAndReplay(t *testing.T, s idempotency.Store) {
 		t.Fatalf("state after Complete = %v", got.State)
 	}
 	if got.Owner != "a" || got.Generation != 1 {
-		t.Fatalf("a completed record keeps the owner and generation that completed it: owner %q gen %d",
+		t.Fatalf("a completed record keeps the owner and generation that completed it: owner %q "+
+			"gen %d",
 			got.Owner, got.Generation)
 	}
 	wantTime(t, "CompletedAt", got.CompletedAt, at(2))
@@ -364,14 +396,16 @@ func testCompleteAndReplay(t *testing.T, s idempotency.Store) {
 	for _, fp := range []string{"fp", "other"} {
 		again := mustClaim(t, s, claimOf(sc, "b", fp, at(60)), idempotency.ClaimExisting)
 		if again.State != idempotency.Completed || again.Owner != "a" || again.Generation != 1 {
-			t.Fatalf("claim (fp %q) of a completed record: state %v owner %q gen %d", fp, again.State, again.Owner, again.Generation)
+			t.Fatalf("claim (fp %q) of a completed record: state %v owner %q gen %d", fp,
+				again.State, again.Owner, again.Generation)
 		}
 		wantResponse(t, again, resp)
 	}
 	wantLeaseLost(t, "second Complete", s.Complete(ctx(t), rec.Lease(), response("p2"), at(3)))
 	wantLeaseLost(t, "Heartbeat of a completed record", s.Heartbeat(ctx(t), rec.Lease(), at(100)))
 	wantLeaseLost(t, "Release of a completed record", s.Release(ctx(t), rec.Lease()))
-	wantLeaseLost(t, "SetRecoveryPoint of a completed record", s.SetRecoveryPoint(ctx(t), rec.Lease(), "p", nil, at(3)))
+	wantLeaseLost(t, "SetRecoveryPoint of a completed record", s.SetRecoveryPoint(ctx(t),
+		rec.Lease(), "p", nil, at(3)))
 	wantResponse(t, mustGet(t, s, sc), resp)
 }
 
@@ -383,14 +417,17 @@ func testReplayWindowExpiry(t *testing.T, s idempotency.Store) {
 	mustClaim(t, s, claimOf(sc, "b", "fp", inside), idempotency.ClaimExisting)
 	after := at(1).Add(window + time.Second)
 	fresh := mustClaim(t, s, claimOf(sc, "c", "other-fp", after), idempotency.ClaimCreated)
-	if fresh.State != idempotency.InProgress || fresh.Owner != "c" || fresh.Generation != 2 || fresh.Fingerprint != "other-fp" {
-		t.Fatalf("claim after the window: state %v owner %q gen %d fp %q; want in_progress c 2 other-fp",
+	if fresh.State != idempotency.InProgress || fresh.Owner != "c" || fresh.Generation != 2 ||
+		fresh.Fingerprint != "other-fp" {
+		t.Fatalf("claim after the window: state %v owner %q gen %d fp %q; want in_progress c 2 "+
+			"other-fp",
 			fresh.State, fresh.Owner, fresh.Generation, fresh.Fingerprint)
 	}
 	if fresh.Response != nil || fresh.RecoveryPoint != "" {
 		t.Fatalf("claim after the window kept the old response or recovery point")
 	}
-	wantLeaseLost(t, "old owner's Complete after the window", s.Complete(ctx(t), rec.Lease(), response("x"), after))
+	wantLeaseLost(t, "old owner's Complete after the window", s.Complete(ctx(t), rec.Lease(),
+		response("x"), after))
 	noErr(t, "new owner's Complete", s.Complete(ctx(t), fresh.Lease(), response("new"), after))
 	wantResponse(t, mustGet(t, s, sc), response("new"))
 }
@@ -401,7 +438,8 @@ func testTakeover(t *testing.T, s idempotency.Store) {
 	mustClaim(t, s, claimOf(sc, "x", "other", at(11)), idempotency.ClaimExisting)
 	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver)
 	if b.Owner != "b" || b.Generation != a.Generation+1 || b.State != idempotency.InProgress {
-		t.Fatalf("takeover: owner %q gen %d state %v; want b %d in_progress", b.Owner, b.Generation, b.State, a.Generation+1)
+		t.Fatalf("takeover: owner %q gen %d state %v; want b %d in_progress", b.Owner, b.Generation,
+			b.State, a.Generation+1)
 	}
 	wantTime(t, "LeaseUntil after takeover", b.LeaseUntil, at(21))
 	got := mustGet(t, s, sc)
@@ -423,7 +461,8 @@ func testFencing(t *testing.T, s idempotency.Store) {
 	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver)
 	old := a.Lease()
 	wantLeaseLost(t, "old Heartbeat", s.Heartbeat(ctx(t), old, at(100)))
-	wantLeaseLost(t, "old SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), old, "late", []byte("x"), at(12)))
+	wantLeaseLost(t, "old SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), old, "late", []byte("x"),
+		at(12)))
 	wantLeaseLost(t, "old Complete", s.Complete(ctx(t), old, response("A"), at(12)))
 	wantLeaseLost(t, "old Release", s.Release(ctx(t), old))
 	// Same owner token with a stale generation is fenced too.
@@ -432,7 +471,8 @@ func testFencing(t *testing.T, s idempotency.Store) {
 	wantLeaseLost(t, "stale generation Complete", s.Complete(ctx(t), stale, response("A"), at(12)))
 	got := mustGet(t, s, sc)
 	if got.Owner != "b" || got.State != idempotency.InProgress || got.RecoveryPoint != "" {
-		t.Fatalf("fenced writes changed the record: owner %q state %v rp %q", got.Owner, got.State, got.RecoveryPoint)
+		t.Fatalf("fenced writes changed the record: owner %q state %v rp %q", got.Owner, got.State,
+			got.RecoveryPoint)
 	}
 	wantTime(t, "LeaseUntil (old heartbeat must not extend it)", got.LeaseUntil, at(21))
 	noErr(t, "successor Complete", s.Complete(ctx(t), b.Lease(), response("B"), at(13)))
@@ -447,7 +487,8 @@ func testFencing(t *testing.T, s idempotency.Store) {
 func testRelease(t *testing.T, s idempotency.Store) {
 	sc := scope("release")
 	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
-	wantLeaseLost(t, "Release by a stranger", s.Release(ctx(t), idempotency.Lease{Scope: sc, Owner: "z", Generation: 1}))
+	wantLeaseLost(t, "Release by a stranger", s.Release(ctx(t), idempotency.Lease{Scope: sc,
+		Owner: "z", Generation: 1}))
 	noErr(t, "Release", s.Release(ctx(t), a.Lease()))
 	if _, err := s.Get(ctx(t), sc); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("Get after Release: err = %v, want ErrNotFound", err)
@@ -469,7 +510,8 @@ func testHeartbeat(t *testing.T, s idempotency.Store) {
 	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "Heartbeat", s.Heartbeat(ctx(t), a.Lease(), at(40)))
 	wantTime(t, "LeaseUntil", mustGet(t, s, sc).LeaseUntil, at(40))
-	mustClaim(t, s, claimOf(sc, "b", "fp", at(30)), idempotency.ClaimExisting) // the extended lease holds
+	mustClaim(t, s, claimOf(sc, "b", "fp", at(30)),
+		idempotency.ClaimExisting) // the extended lease holds
 	// A heartbeat to an earlier time moves the lease back.
 	noErr(t, "Heartbeat to now", s.Heartbeat(ctx(t), a.Lease(), at(31)))
 	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(32)), idempotency.ClaimTakenOver)
@@ -484,18 +526,23 @@ func testHeartbeat(t *testing.T, s idempotency.Store) {
 func testEndLease(t *testing.T, s idempotency.Store) {
 	sc := scope("end-lease")
 	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
-	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), a.Lease(), "order", []byte("data"), at(1)))
-	wantLeaseLost(t, "EndLease by a stranger", s.EndLease(ctx(t), idempotency.Lease{Scope: sc, Owner: "z", Generation: 1}, at(2)))
+	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), a.Lease(), "order", []byte("data"),
+		at(1)))
+	wantLeaseLost(t, "EndLease by a stranger", s.EndLease(ctx(t), idempotency.Lease{Scope: sc,
+		Owner: "z", Generation: 1}, at(2)))
 	noErr(t, "EndLease", s.EndLease(ctx(t), a.Lease(), at(2)))
 	got := mustGet(t, s, sc)
 	if got.State != idempotency.InProgress || got.Owner != "a" || got.RecoveryPoint != "order" {
-		t.Fatalf("after EndLease: state %v owner %q point %q; want in_progress a order", got.State, got.Owner, got.RecoveryPoint)
+		t.Fatalf("after EndLease: state %v owner %q point %q; want in_progress a order", got.State,
+			got.Owner, got.RecoveryPoint)
 	}
 	wantTime(t, "LeaseUntil after EndLease", got.LeaseUntil, at(2))
-	mustClaim(t, s, claimOf(sc, "b", "fp", at(2)), idempotency.ClaimExisting) // alive until LeaseUntil inclusive
+	mustClaim(t, s, claimOf(sc, "b", "fp", at(2)),
+		idempotency.ClaimExisting) // alive until LeaseUntil inclusive
 	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(3)), idempotency.ClaimTakenOver)
 	if b.RecoveryPoint != "order" || b.Generation != 2 {
-		t.Fatalf("takeover after EndLease: point %q gen %d; want order 2", b.RecoveryPoint, b.Generation)
+		t.Fatalf("takeover after EndLease: point %q gen %d; want order 2", b.RecoveryPoint,
+			b.Generation)
 	}
 	wantLeaseLost(t, "EndLease by the old owner", s.EndLease(ctx(t), a.Lease(), at(4)))
 	noErr(t, "Complete", s.Complete(ctx(t), b.Lease(), response("b"), at(4)))
@@ -505,7 +552,8 @@ func testEndLease(t *testing.T, s idempotency.Store) {
 func testRecoveryPoint(t *testing.T, s idempotency.Store) {
 	sc := scope("recovery")
 	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
-	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), a.Lease(), "order-created", []byte(`{"order":7}`), at(1)))
+	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), a.Lease(), "order-created",
+		[]byte(`{"order":7}`), at(1)))
 	got := mustGet(t, s, sc)
 	if got.RecoveryPoint != "order-created" || string(got.RecoveryData) != `{"order":7}` {
 		t.Fatalf("recovery point = %q %q", got.RecoveryPoint, got.RecoveryData)
@@ -515,10 +563,12 @@ func testRecoveryPoint(t *testing.T, s idempotency.Store) {
 	if b.RecoveryPoint != "order-created" || string(b.RecoveryData) != `{"order":7}` {
 		t.Fatalf("takeover lost the recovery point: %q %q", b.RecoveryPoint, b.RecoveryData)
 	}
-	noErr(t, "successor SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), b.Lease(), "charged", []byte("ch_1"), at(21)))
+	noErr(t, "successor SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), b.Lease(), "charged",
+		[]byte("ch_1"), at(21)))
 	noErr(t, "successor Complete", s.Complete(ctx(t), b.Lease(), response("done"), at(22)))
 	got = mustGet(t, s, sc)
-	if got.RecoveryPoint != "charged" || string(got.RecoveryData) != "ch_1" || got.State != idempotency.Completed {
+	if got.RecoveryPoint != "charged" || string(got.RecoveryData) != "ch_1" ||
+		got.State != idempotency.Completed {
 		t.Fatalf("final: rp %q data %q state %v", got.RecoveryPoint, got.RecoveryData, got.State)
 	}
 }
@@ -566,7 +616,8 @@ func testDeleteBefore(t *testing.T, s idempotency.Store) {
 	}
 	r := mustClaim(t, s, claimOf(scope("recent"), "o", "fp", at(500)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), r.Lease(), response("recent"), at(501)))
-	mustClaim(t, s, claimOf(scope("stuck"), "o", "fp", at(5)), idempotency.ClaimCreated) // lease until at(15)
+	mustClaim(t, s, claimOf(scope("stuck"), "o", "fp", at(5)),
+		idempotency.ClaimCreated) // lease until at(15)
 	leased := mustClaim(t, s, claimOf(scope("leased"), "o", "fp", at(5)), idempotency.ClaimCreated)
 	noErr(t, "Heartbeat", s.Heartbeat(ctx(t), leased.Lease(), at(1000)))
 
@@ -624,24 +675,30 @@ func testRequestBytes(t *testing.T, s idempotency.Store) {
 // and no Request. It never restarts a completed record, however old, and a
 // takeover keeps the stored request and recovery point.
 func testCompleterClaim(t *testing.T, s idempotency.Store) {
-	done := mustClaim(t, s, claimOf(scope("completer-done"), "a", "fp", at(0)), idempotency.ClaimCreated)
+	done := mustClaim(t, s, claimOf(scope("completer-done"), "a", "fp", at(0)),
+		idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), done.Lease(), response("old"), at(1)))
 	c := claimOf(done.Scope, "completer", "fp", at(1).Add(100*window))
 	c.ReplayWindow, c.Request = 0, nil
-	if got := mustClaim(t, s, c, idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" {
-		t.Fatalf("a claim with ReplayWindow 0 changed a completed record: state %v owner %q", got.State, got.Owner)
+	if got := mustClaim(t, s, c, idempotency.ClaimExisting); got.State != idempotency.Completed ||
+		got.Owner != "a" {
+		t.Fatalf("a claim with ReplayWindow 0 changed a completed record: state %v owner %q",
+			got.State, got.Owner)
 	}
 
 	orig := claimOf(scope("completer-takeover"), "a", "fp", at(0))
 	rec := mustClaim(t, s, orig, idempotency.ClaimCreated)
-	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), rec.Lease(), "order", []byte("data"), at(1)))
+	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), rec.Lease(), "order", []byte("data"),
+		at(1)))
 	c = claimOf(orig.Scope, "completer", "fp", at(11))
 	c.ReplayWindow, c.Request = 0, nil
 	got := mustClaim(t, s, c, idempotency.ClaimTakenOver)
-	if got.Generation != rec.Generation+1 || got.RecoveryPoint != "order" || !bytes.Equal(got.RecoveryData, []byte("data")) ||
+	if got.Generation != rec.Generation+1 || got.RecoveryPoint != "order" ||
+		!bytes.Equal(got.RecoveryData, []byte("data")) ||
 		!bytes.Equal(got.Request, orig.Request) {
 		t.Fatalf("completer takeover: gen %d point %q data %q request %q; want %d order data %q",
-			got.Generation, got.RecoveryPoint, got.RecoveryData, got.Request, rec.Generation+1, orig.Request)
+			got.Generation, got.RecoveryPoint, got.RecoveryData, got.Request, rec.Generation+1,
+			orig.Request)
 	}
 	wantTime(t, "CreatedAt after takeover", got.CreatedAt, at(0))
 }
@@ -696,8 +753,10 @@ func testUnitCommit(t *testing.T, s idempotency.Store) {
 		t.Fatalf("reader saw state %v", seen.rec.State)
 	}
 	got := mustGet(t, s, sc)
-	if got.State != idempotency.Completed || got.RecoveryPoint != "phase-1" || string(got.RecoveryData) != "d1" {
-		t.Fatalf("after Commit: state %v rp %q data %q", got.State, got.RecoveryPoint, got.RecoveryData)
+	if got.State != idempotency.Completed || got.RecoveryPoint != "phase-1" ||
+		string(got.RecoveryData) != "d1" {
+		t.Fatalf("after Commit: state %v rp %q data %q", got.State, got.RecoveryPoint,
+			got.RecoveryData)
 	}
 	if got.Owner != "a" || got.Generation != a.Generation {
 		t.Fatalf("a record completed in a unit keeps its owner and generation: owner %q gen %d",
@@ -719,8 +778,10 @@ func testUnitRollback(t *testing.T, s idempotency.Store) {
 	noErr(t, "Unit.Complete", u.Complete(ctx(t), response("u"), at(2)))
 	noErr(t, "Unit.Rollback", u.Rollback())
 	got := mustGet(t, s, sc)
-	if got.State != idempotency.InProgress || got.RecoveryPoint != "" || got.Response != nil || got.Owner != "a" {
-		t.Fatalf("after Rollback: state %v rp %q response %v owner %q", got.State, got.RecoveryPoint, got.Response, got.Owner)
+	if got.State != idempotency.InProgress || got.RecoveryPoint != "" || got.Response != nil ||
+		got.Owner != "a" {
+		t.Fatalf("after Rollback: state %v rp %q response %v owner %q", got.State,
+			got.RecoveryPoint, got.Response, got.Owner)
 	}
 	// The lease still holds: the owner can complete outside the unit.
 	noErr(t, "Complete after Rollback", s.Complete(ctx(t), a.Lease(), response("direct"), at(3)))
@@ -730,7 +791,8 @@ func testUnitRollback(t *testing.T, s idempotency.Store) {
 func testUnitLeaseLost(t *testing.T, s idempotency.Store) {
 	sc := scope("unit-lost")
 	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
-	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver) // a's lease moved
+	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)),
+		idempotency.ClaimTakenOver) // a's lease moved
 	// The stale unit must fail at Begin, at a write or at Commit.
 	u, err := begin(t, s, a.Lease())
 	if err == nil {
@@ -744,8 +806,10 @@ func testUnitLeaseLost(t *testing.T, s idempotency.Store) {
 	}
 	wantLeaseLost(t, "stale unit", err)
 	got := mustGet(t, s, sc)
-	if got.Owner != "b" || got.Generation != b.Generation || got.State != idempotency.InProgress || got.RecoveryPoint != "" {
-		t.Fatalf("stale unit changed the record: owner %q gen %d state %v rp %q", got.Owner, got.Generation, got.State, got.RecoveryPoint)
+	if got.Owner != "b" || got.Generation != b.Generation || got.State != idempotency.InProgress ||
+		got.RecoveryPoint != "" {
+		t.Fatalf("stale unit changed the record: owner %q gen %d state %v rp %q", got.Owner,
+			got.Generation, got.State, got.RecoveryPoint)
 	}
 	noErr(t, "successor Complete", s.Complete(ctx(t), b.Lease(), response("B"), at(13)))
 	wantResponse(t, mustGet(t, s, sc), response("B"))
@@ -790,7 +854,8 @@ func testUnitRace(t *testing.T, s idempotency.Store) {
 	case cr.acquired:
 		wantLeaseLost(t, "unit after takeover", err)
 		if got.State != idempotency.InProgress || got.Owner != "b" || got.Generation != 2 {
-			t.Fatalf("after takeover: state %v owner %q gen %d", got.State, got.Owner, got.Generation)
+			t.Fatalf("after takeover: state %v owner %q gen %d", got.State, got.Owner,
+				got.Generation)
 		}
 	default:
 		t.Fatalf("neither the unit (%v) nor the takeover succeeded", err)
@@ -805,16 +870,20 @@ func testUnitRace(t *testing.T, s idempotency.Store) {
 // before the horizon.
 func testBoundaries(t *testing.T, s idempotency.Store) {
 	sc := scope("boundary-lease")
-	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated) // lease until at(10)
+	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)),
+		idempotency.ClaimCreated) // lease until at(10)
 	wantTime(t, "LeaseUntil", a.LeaseUntil, at(10))
-	if got := mustClaim(t, s, claimOf(sc, "b", "fp", at(10)), idempotency.ClaimExisting); got.Owner != "a" || got.Generation != 1 {
-		t.Fatalf("claim at LeaseUntil took the record over: owner %q gen %d; a lease is alive until LeaseUntil inclusive",
+	if got := mustClaim(t, s, claimOf(sc, "b", "fp", at(10)),
+		idempotency.ClaimExisting); got.Owner != "a" || got.Generation != 1 {
+		t.Fatalf("claim at LeaseUntil took the record over: owner %q gen %d; a lease is alive "+
+			"until LeaseUntil inclusive",
 			got.Owner, got.Generation)
 	}
 	recs, err := s.Abandoned(ctx(t), at(10), 10)
 	noErr(t, "Abandoned at LeaseUntil", err)
 	if len(recs) != 0 {
-		t.Fatalf("Abandoned(now = LeaseUntil) listed %d records, want 0 (expired means LeaseUntil < now)", len(recs))
+		t.Fatalf("Abandoned(now = LeaseUntil) listed %d records, want 0 (expired means "+
+			"LeaseUntil < now)", len(recs))
 	}
 	recs, err = s.Abandoned(ctx(t), at(11), 10)
 	noErr(t, "Abandoned after LeaseUntil", err)
@@ -822,7 +891,8 @@ func testBoundaries(t *testing.T, s idempotency.Store) {
 		t.Fatalf("Abandoned(now > LeaseUntil) listed %d records, want the one", len(recs))
 	}
 	if n, err := s.DeleteBefore(ctx(t), at(10), 10); err != nil || n != 0 {
-		t.Fatalf("DeleteBefore(horizon = LeaseUntil) = %d, %v; want 0 (an in-progress record goes only when LeaseUntil < horizon)", n, err)
+		t.Fatalf("DeleteBefore(horizon = LeaseUntil) = %d, %v; want 0 (an in-progress record "+
+			"goes only when LeaseUntil < horizon)", n, err)
 	}
 	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver)
 	if b.Generation != 2 {
@@ -833,13 +903,17 @@ func testBoundaries(t *testing.T, s idempotency.Store) {
 	c := mustClaim(t, s, claimOf(sw, "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), c.Lease(), response("w"), at(1)))
 	edge := at(1).Add(window) // CompletedAt == now - ReplayWindow: still inside
-	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge), idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" {
-		t.Fatalf("claim at CompletedAt + ReplayWindow restarted the record: state %v owner %q", got.State, got.Owner)
+	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge),
+		idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" {
+		t.Fatalf("claim at CompletedAt + ReplayWindow restarted the record: state %v owner %q",
+			got.State, got.Owner)
 	}
 	if n, err := s.DeleteBefore(ctx(t), at(1), 10); err != nil || n != 0 {
-		t.Fatalf("DeleteBefore(horizon = UpdatedAt) = %d, %v; want 0 (a record goes only when updated strictly before the horizon)", n, err)
+		t.Fatalf("DeleteBefore(horizon = UpdatedAt) = %d, %v; want 0 (a record goes only when "+
+			"updated strictly before the horizon)", n, err)
 	}
-	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge.Add(time.Second)), idempotency.ClaimCreated); got.Generation != 2 {
+	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge.Add(time.Second)),
+		idempotency.ClaimCreated); got.Generation != 2 {
 		t.Fatalf("claim after the window: gen %d, want 2", got.Generation)
 	}
 }
@@ -854,22 +928,27 @@ func testTakeoverOnly(t *testing.T, s idempotency.Store) {
 	noErr(t, "TakeoverOnly claim of an absent scope", err)
 	rec := res.Record
 	if res.Outcome != idempotency.ClaimExisting {
-		t.Fatalf("a TakeoverOnly claim of an absent scope: outcome %v (owner %q gen %d); want existing with a zero record",
+		t.Fatalf("a TakeoverOnly claim of an absent scope: outcome %v (owner %q gen %d); want "+
+			"existing with a zero record",
 			res.Outcome, rec.Owner, rec.Generation)
 	}
 	if rec.State != idempotency.Absent || rec.Owner != "" {
-		t.Fatalf("TakeoverOnly claim of an absent scope returned state %v owner %q, want a zero record", rec.State, rec.Owner)
+		t.Fatalf("TakeoverOnly claim of an absent scope returned state %v owner %q, want a zero "+
+			"record", rec.State, rec.Owner)
 	}
 	if _, err := s.Get(ctx(t), absent.Scope); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("TakeoverOnly claim of an absent scope left a record: Get err = %v", err)
 	}
 
-	done := mustClaim(t, s, claimOf(scope("takeover-only-done"), "a", "fp", at(0)), idempotency.ClaimCreated)
+	done := mustClaim(t, s, claimOf(scope("takeover-only-done"), "a", "fp", at(0)),
+		idempotency.ClaimCreated)
 	noErr(t, "Complete", s.Complete(ctx(t), done.Lease(), response("d"), at(1)))
 	c := claimOf(done.Scope, "completer", "fp", at(1).Add(10*window))
 	c.Request, c.TakeoverOnly = nil, true // ReplayWindow stays set: TakeoverOnly wins
-	if got := mustClaim(t, s, c, idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" || got.Generation != 1 {
-		t.Fatalf("TakeoverOnly claim restarted a completed record: state %v owner %q gen %d", got.State, got.Owner, got.Generation)
+	if got := mustClaim(t, s, c, idempotency.ClaimExisting); got.State != idempotency.Completed ||
+		got.Owner != "a" || got.Generation != 1 {
+		t.Fatalf("TakeoverOnly claim restarted a completed record: state %v owner %q gen %d",
+			got.State, got.Owner, got.Generation)
 	}
 	wantResponse(t, mustGet(t, s, done.Scope), response("d"))
 
@@ -881,7 +960,8 @@ func testTakeoverOnly(t *testing.T, s idempotency.Store) {
 	c.Now = at(11)
 	got := mustClaim(t, s, c, idempotency.ClaimTakenOver)
 	if got.Owner != "completer" || got.Generation != 2 || !bytes.Equal(got.Request, orig.Request) {
-		t.Fatalf("TakeoverOnly takeover: owner %q gen %d request %q; want completer 2 %q", got.Owner, got.Generation, got.Request, orig.Request)
+		t.Fatalf("TakeoverOnly takeover: owner %q gen %d request %q; want completer 2 %q",
+			got.Owner, got.Generation, got.Request, orig.Request)
 	}
 }
 
@@ -897,17 +977,21 @@ func testDurationLimits(t *testing.T, s idempotency.Store) {
 	sc := scope("limits")
 	c := claimOf(sc, "a", "fp", at(0))
 	c.LeaseFor, c.ReplayWindow = maxDuration, maxDuration
-	res, err := s.Claim(ctx(t), c) // a store may keep the lease's end to its own limit (year 2262, say)
+	res, err := s.Claim(ctx(t),
+		c) // a store may keep the lease's end to its own limit (year 2262, say)
 	noErr(t, "Claim", err)
 	a := res.Record
-	if res.Outcome != idempotency.ClaimCreated || !a.LeaseUntil.After(at(0).Add(200*365*24*time.Hour)) {
-		t.Fatalf("a claim with a lease of the longest Duration: outcome %v, lease until %v", res.Outcome, a.LeaseUntil)
+	if res.Outcome != idempotency.ClaimCreated ||
+		!a.LeaseUntil.After(at(0).Add(200*365*24*time.Hour)) {
+		t.Fatalf("a claim with a lease of the longest Duration: outcome %v, lease until %v",
+			res.Outcome, a.LeaseUntil)
 	}
 	later := at(0).Add(200 * 365 * 24 * time.Hour) // before 2262
 	c2 := claimOf(sc, "b", "fp", later)
 	c2.LeaseFor, c2.ReplayWindow = maxDuration, maxDuration
 	if got := mustClaim(t, s, c2, idempotency.ClaimExisting); got.Owner != "a" {
-		t.Fatalf("a lease of the longest Duration was taken over 200 years later: owner %q", got.Owner)
+		t.Fatalf("a lease of the longest Duration was taken over 200 years later: owner %q",
+			got.Owner)
 	}
 	recs, err := s.Abandoned(ctx(t), later, 10)
 	noErr(t, "Abandoned", err)
@@ -915,8 +999,10 @@ func testDurationLimits(t *testing.T, s idempotency.Store) {
 		t.Fatalf("Abandoned listed a record whose lease is the longest Duration")
 	}
 	noErr(t, "Complete", s.Complete(ctx(t), a.Lease(), response("forever"), at(1)))
-	if got := mustClaim(t, s, c2, idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" {
-		t.Fatalf("a record completed under the longest replay window was restarted 200 years later: state %v owner %q",
+	if got := mustClaim(t, s, c2, idempotency.ClaimExisting); got.State != idempotency.Completed ||
+		got.Owner != "a" {
+		t.Fatalf("a record completed under the longest replay window was restarted 200 years "+
+			"later: state %v owner %q",
 			got.State, got.Owner)
 	}
 	if n, err := s.DeleteBefore(ctx(t), later.Add(-maxDuration), 10); err != nil || n != 0 {
