@@ -1,0 +1,196 @@
+package redisstore_test
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/redisstore"
+)
+
+// BenchmarkRedisWork measures what the Store asks of Redis itself, on a
+// Redis of its own (so that no other client's commands are counted): the
+// time Redis spends in each script, read from SLOWLOG (every command
+// logged), for the middleware's requests (a new key's claim and
+// completion, a replay's claim, an in-progress conflict's claim) against
+// the hand-written claim and completion of BenchmarkRedis; and the memory
+// a completed record takes (MEMORY USAGE of its keys, and of its share of
+// the indexes), against a hand-written record of the same response. The
+// metrics are microseconds of Redis time per script (<script>-us) and
+// bytes per record; ns/op is the whole loop's and means little. Run:
+//
+//	go test -run '^$' -bench 'BenchmarkRedisWork$' -benchtime 2000x ./idempotency/redisstore/
+func BenchmarkRedisWork(b *testing.B) {
+	addr := startRedis(b, "--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = rdb.Close() })
+	ctx := b.Context()
+	const prefix = "work:"
+	s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
+	require.NoError(b, err)
+
+	const reqBody = `{"amount":4200,"currency":"eur","customer":"cus_1"}`
+	respBody := []byte(`{"id":"pay_1","status":"succeeded"}`)
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(respBody)
+	})
+	release := make(chan struct{})
+	var holding sync.WaitGroup
+	b.Cleanup(func() {
+		close(release)
+		holding.Wait()
+	})
+	mw := idempotency.New(s,
+		idempotency.WithPrincipal(func(*http.Request) (string, error) { return "bench", nil }),
+		idempotency.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	fresh := mw.Wrap(ok)
+	held := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
+	serve := func(h http.Handler, key string, want int) {
+		req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(reqBody))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != want {
+			b.Fatalf("status %d, want %d: %s", rec.Code, want, rec.Body)
+		}
+	}
+	scope := func(key string) idempotency.Scope {
+		return idempotency.Scope{Principal: "bench", Method: http.MethodPost, Route: "/payments", Key: key}
+	}
+	serve(fresh, "done", http.StatusCreated)
+	holding.Go(func() { // answers at cleanup
+		req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(reqBody))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "held")
+		held.ServeHTTP(httptest.NewRecorder(), req)
+	})
+	for {
+		if rec, err := s.Get(ctx, scope("held")); err == nil && rec.State == idempotency.InProgress {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	hand := func(k string) []string { return []string{prefix + "hand:" + k} }
+	handFresh := func(k string) {
+		require.NoError(b, handClaim.Run(ctx, rdb, hand(k), "owner-"+k, 30000).Err())
+		require.NoError(b, handComplete.Run(ctx, rdb, hand(k), "owner-"+k, 201, respBody, 86400000).Err())
+	}
+	handFresh("done")
+	require.NoError(b, handClaim.Run(ctx, rdb, hand("held"), "owner-held", 30000).Err())
+
+	// The scripts, by SHA1, as SLOWLOG shows them.
+	names := map[string]string{}
+	for name, sc := range map[string]*redis.Script{"hand-claim": handClaim, "hand-complete": handComplete} {
+		names[sc.Hash()] = name
+	}
+	names[scriptHash(b, rdb, s, prefix)] = "claim"
+	measure := func(what string, rename map[string]string, run func(i int)) {
+		require.NoError(b, rdb.SlowLogReset(ctx).Err())
+		for i := range b.N {
+			run(i)
+		}
+		perScript(b, rdb, names, rename, what)
+	}
+
+	b.ResetTimer()
+	measure("fresh", map[string]string{"": "complete"}, func(i int) {
+		serve(fresh, "fresh-"+randHex(8), http.StatusCreated)
+	})
+	measure("replay", map[string]string{"claim": "replay"}, func(int) {
+		serve(fresh, "done", http.StatusCreated)
+	})
+	measure("conflict", map[string]string{"claim": "conflict"}, func(int) {
+		serve(fresh, "held", http.StatusConflict)
+	})
+	measure("hand", nil, func(int) { handFresh(randHex(8)) })
+	measure("hand-replay", map[string]string{"hand-claim": "hand-replay"}, func(int) {
+		require.NoError(b, handClaim.Run(ctx, rdb, hand("done"), "x", 30000).Err())
+	})
+	b.StopTimer()
+
+	// Memory: a completed record of its own (the one record under a
+	// prefix of its own), and the done index's usage per member after
+	// the fresh requests.
+	ms, err := redisstore.New(rdb, redisstore.WithPrefix("mem:"))
+	require.NoError(b, err)
+	serve(idempotency.New(ms,
+		idempotency.WithPrincipal(func(*http.Request) (string, error) { return "bench", nil }),
+		idempotency.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))).Wrap(ok),
+		"memory", http.StatusCreated)
+	recs := rdb.Keys(ctx, "mem:{*}r:*").Val()
+	require.Len(b, recs, 1)
+	b.ReportMetric(float64(rdb.MemoryUsage(ctx, recs[0], 0).Val()), "record-bytes")
+	var indexBytes, members int64
+	for _, k := range rdb.Keys(ctx, prefix+"{*}done").Val() {
+		indexBytes += rdb.MemoryUsage(ctx, k, 0).Val()
+		members += rdb.ZCard(ctx, k).Val()
+	}
+	if members > 0 {
+		b.ReportMetric(float64(indexBytes)/float64(members), "index-bytes/record")
+	}
+	b.ReportMetric(float64(rdb.MemoryUsage(ctx, hand("done")[0], 0).Val()), "hand-record-bytes")
+}
+
+// perScript reports the mean Redis time of each script SLOWLOG logged
+// since its reset, named by names (by SHA1) and then by rename; a script
+// it cannot name is rename[""].
+func perScript(b *testing.B, rdb *redis.Client, names, rename map[string]string, what string) {
+	logs, err := rdb.SlowLogGet(b.Context(), -1).Result()
+	require.NoError(b, err)
+	sum, n := map[string]time.Duration{}, map[string]int{}
+	for _, l := range logs {
+		if len(l.Args) < 2 || !strings.EqualFold(l.Args[0], "evalsha") {
+			continue
+		}
+		name, ok := names[l.Args[1]]
+		if !ok {
+			name = ""
+		}
+		if r, ok := rename[name]; ok {
+			name = r
+		}
+		if name == "" {
+			b.Fatalf("%s: a script of unknown SHA1 %s ran", what, l.Args[1])
+		}
+		sum[name] += l.Duration
+		n[name]++
+	}
+	if len(logs) >= 100000 {
+		b.Fatalf("%s: SLOWLOG full; use a smaller -benchtime", what)
+	}
+	for name, d := range sum {
+		b.ReportMetric(float64(d.Microseconds())/float64(n[name]), name+"-us")
+	}
+}
+
+// scriptHash returns the SHA1 of the Store's claim script: the script a
+// Claim on a fresh key runs, found in SLOWLOG.
+func scriptHash(b *testing.B, rdb *redis.Client, s *redisstore.Store, prefix string) string {
+	ctx := b.Context()
+	require.NoError(b, rdb.SlowLogReset(ctx).Err())
+	_, err := s.Claim(ctx, idempotency.Claim{
+		Scope:       idempotency.Scope{Principal: "p", Method: "POST", Route: "/", Key: "sha-" + randHex(8)},
+		Fingerprint: "fp", FingerprintVersion: 1, Owner: "o", Now: time.Now(), LeaseFor: time.Second,
+		ReplayWindow: time.Hour,
+	})
+	require.NoError(b, err)
+	for _, l := range rdb.SlowLogGet(ctx, -1).Val() {
+		if len(l.Args) > 1 && strings.EqualFold(l.Args[0], "evalsha") {
+			return l.Args[1]
+		}
+	}
+	b.Fatal("the claim ran no EVALSHA")
+	return ""
+}
