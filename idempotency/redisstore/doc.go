@@ -29,13 +29,15 @@
 // the stored request. Every later write (heartbeat, end of lease, recovery
 // point, completion, release) checks owner, generation and the in-progress
 // state inside its script and writes nothing, answering
-// idempotency.ErrLeaseLost, when they do not hold. Each call carries a nonce:
-// a claim or a completion that go-redis sends again after a lost reply (the
-// connection died after Redis ran it) finds its own nonce and answers what
-// it did the first time, so a retried claim is still the claimant's and a
-// retried completion succeeds. A release whose reply was lost answers
-// ErrLeaseLost on its retry (the record is gone), which the middleware takes
-// as "nothing to give up".
+// idempotency.ErrLeaseLost, when they do not hold. Each write keeps its
+// answer for twice its deadline (WithTimeout) under a nonce of its own, a
+// key in the record's slot: go-redis sends a call again on a fresh
+// connection when its connection failed, also after Redis ran it, and the
+// call sent again answers what the first one did, whatever the record went
+// through in between: a claim that created the record is the claimant's, a
+// completion, a release or a heartbeat succeeded. A takeover whose record
+// another claim took in between fails with an *OpError instead (what it
+// found then is gone): its outcome is unknown, as for any failed call.
 //
 // # Expiry, the Completer and the Reaper
 //
@@ -129,6 +131,6 @@
 //
 // Under the prefix P (WithPrefix, "saferetry:"): P{xx}r:<digest> the record
 // (a hash), P{xx}lease and P{xx}done the shard's indexes (sorted sets), xx
-// the shard in hex. Delete a store's data with the prefix (SCAN and DEL on
+// the shard in hex, and P{xx}n:<nonce> a write's answer for a few seconds. Delete a store's data with the prefix (SCAN and DEL on
 // each primary); never FLUSHALL a Redis that others share.
 package redisstore

@@ -28,21 +28,32 @@ local function lt(a, b)
 end
 `
 
-// claimScript decides a claim. KEYS: record, lease index, done index.
-// ARGV: 1-4 principal, method, route, key; 5 fingerprint; 6 its version;
-// 7 owner; 8 lease end (ns); 9 request; 10 now (ns); 11 the replay cutoff
-// (ns; "" when completed records never expire); 12 "1" for TakeoverOnly;
-// 13 the index member; 14 the lease score (µs); 15 the record's expiry
-// (ms); 16 the replay window (ms); 17 the call's nonce; 18 and 19 the done
-// and lease index scores (µs) below which members are trimmed.
+// Every write records its answer under its call's nonce, a key of its own
+// in the record's slot that expires after twice the call's deadline
+// (WithTimeout): go-redis sends a call again, on a fresh connection, when
+// the connection it went out on failed, which can happen after Redis ran
+// it. A call that finds its nonce's key ran before, and answers what it
+// did then, whatever the record went through since.
+
+// claimScript decides a claim. KEYS: record, lease index, done index, the
+// call's nonce. ARGV: 1-4 principal, method, route, key; 5 fingerprint; 6
+// its version; 7 owner; 8 lease end (ns); 9 request; 10 now (ns); 11 the
+// replay cutoff (ns; "" when completed records never expire); 12 "1" for
+// TakeoverOnly; 13 the index member; 14 the lease score (µs); 15 the
+// record's expiry (ms); 16 the replay window (ms); 17 the nonce's expiry
+// (ms from now); 18 and 19 the done and lease index scores (µs) below which
+// members are trimmed.
 //
 // It answers {0} (nothing to take over), {0, st, fp, fv, owner, gen, lu,
 // co, rs, rh, rb} (existing), {1, gen} (created) or {2, gen, rp, rd, rq, ca}
-// (taken over). A claim whose nonce the record holds answers again what it
-// did: a retry after a lost reply is the same claim.
+// (taken over). The nonce's key holds "c" or "t" and the generation. A
+// claim sent again answers {1, gen} again for a record it created; for a
+// takeover it answers the record as it is while the record is still its,
+// and an error (RETRY) once another claim took it: what it found then is
+// gone.
 var claimScript = redis.NewScript(luaLess + `
-local rec, lease, done = KEYS[1], KEYS[2], KEYS[3]
-local f = redis.call('HMGET', rec, 'st', 'p', 'm', 'u', 'k', 'fp', 'fv', 'o', 'g', 'lu', 'co', 'cn', 'oc')
+local rec, lease, done, nonce = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local f = redis.call('HMGET', rec, 'st', 'p', 'm', 'u', 'k', 'fp', 'fv', 'o', 'g', 'lu', 'co')
 local st = f[1]
 
 local function taken()
@@ -50,19 +61,27 @@ local function taken()
   return {2, t[1], t[2], t[3], t[4], t[5]}
 end
 
+local prior = redis.call('GET', nonce)
+if prior then
+  if prior:sub(1, 1) == 'c' then return {1, tonumber(prior:sub(2))} end
+  if st == '1' and f[8] == ARGV[7] and f[9] == prior:sub(2) then return taken() end
+  return redis.error_reply('RETRY the record changed after this takeover and before its call was sent again')
+end
+
 local function create(restart)
   if restart then
-    redis.call('HDEL', rec, 'rp', 'rd', 'rs', 'rh', 'rb', 'co', 'kn')
+    redis.call('HDEL', rec, 'rp', 'rd', 'rs', 'rh', 'rb', 'co')
     redis.call('ZREM', done, ARGV[13])
   end
   redis.call('HSET', rec, 'p', ARGV[1], 'm', ARGV[2], 'u', ARGV[3], 'k', ARGV[4], 'st', '1',
     'fp', ARGV[5], 'fv', ARGV[6], 'o', ARGV[7], 'lu', ARGV[8], 'rq', ARGV[9],
-    'ca', ARGV[10], 'ua', ARGV[10], 'w', ARGV[16], 'cn', ARGV[17], 'oc', '1')
+    'ca', ARGV[10], 'ua', ARGV[10], 'w', ARGV[16])
   local g = redis.call('HINCRBY', rec, 'g', 1)
   redis.call('PEXPIREAT', rec, ARGV[15])
   redis.call('ZADD', lease, ARGV[14], ARGV[13])
   redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. ARGV[18])
   redis.call('ZREMRANGEBYSCORE', lease, '-inf', '(' .. ARGV[19])
+  redis.call('SET', nonce, 'c' .. g, 'PX', ARGV[17])
   return {1, g}
 end
 
@@ -82,10 +101,6 @@ end
 if f[2] ~= ARGV[1] or f[3] ~= ARGV[2] or f[4] ~= ARGV[3] or f[5] ~= ARGV[4] then
   return redis.error_reply('SCOPE the record under this digest holds another scope')
 end
-if st == '1' and f[12] == ARGV[17] and f[8] == ARGV[7] then
-  if f[13] == '2' then return taken() end
-  return {1, tonumber(f[9])}
-end
 if st == '2' then
   if ARGV[12] ~= '1' and ARGV[11] ~= '' and lt(f[11], ARGV[11]) then
     return create(true)
@@ -93,35 +108,31 @@ if st == '2' then
   return existing()
 end
 if st == '1' and lt(f[10], ARGV[10]) and f[6] == ARGV[5] and f[7] == ARGV[6] then
-  local w = redis.pcall('HSET', rec, 'o', ARGV[7], 'lu', ARGV[8], 'ua', ARGV[10], 'cn', ARGV[17], 'oc', '2')
+  local w = redis.pcall('HSET', rec, 'o', ARGV[7], 'lu', ARGV[8], 'ua', ARGV[10])
   if type(w) == 'table' and w.err then
     return redis.error_reply('TAKEOVER ' .. w.err)
   end
-  redis.call('HINCRBY', rec, 'g', 1)
+  local g = redis.call('HINCRBY', rec, 'g', 1)
   redis.call('PEXPIREAT', rec, ARGV[15])
   redis.call('ZADD', lease, ARGV[14], ARGV[13])
+  redis.call('SET', nonce, 't' .. g, 'PX', ARGV[17])
   return taken()
 end
 return existing()
 `)
 
 // completeScript completes a record. KEYS: record, lease index, done
-// index. ARGV: 1 owner; 2 generation; 3 status; 4 header; 5 "1" when there
-// is a header; 6 body; 7 now (ns); 8 the index member; 9 the done score
-// (µs); 10 now (ms); 11 the cleanup horizon (ms); 12 the call's nonce. The
-// record expires at now plus the longer of the horizon and its replay
-// window. A completed record that holds the call's nonce answers 1 again:
-// a retry after a lost reply is the same completion.
+// index, the call's nonce. ARGV: 1 owner; 2 generation; 3 status; 4
+// header; 5 "1" when there is a header; 6 body; 7 now (ns); 8 the index
+// member; 9 the done score (µs); 10 now (ms); 11 the cleanup horizon (ms);
+// 12 the nonce's expiry (ms from now). The record expires at now plus the
+// longer of the horizon and its replay window.
 var completeScript = redis.NewScript(`#!lua flags=allow-oom
-local rec, lease, done = KEYS[1], KEYS[2], KEYS[3]
-local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'w', 'kn')
-if f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
-if f[1] == '2' then
-  if f[5] == ARGV[12] then return 1 end
-  return 0
-end
-if f[1] ~= '1' then return 0 end
-redis.call('HSET', rec, 'st', '2', 'rs', ARGV[3], 'rb', ARGV[6], 'co', ARGV[7], 'ua', ARGV[7], 'kn', ARGV[12])
+local rec, lease, done, nonce = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+if redis.call('EXISTS', nonce) == 1 then return 1 end
+local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'w')
+if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
+redis.call('HSET', rec, 'st', '2', 'rs', ARGV[3], 'rb', ARGV[6], 'co', ARGV[7], 'ua', ARGV[7])
 if ARGV[5] == '1' then
   redis.call('HSET', rec, 'rh', ARGV[4])
 else
@@ -134,16 +145,19 @@ if w > keep then keep = w end
 redis.call('PEXPIREAT', rec, string.format('%.0f', tonumber(ARGV[10]) + keep + 1))
 redis.call('ZREM', lease, ARGV[8])
 redis.call('ZADD', done, ARGV[9], ARGV[8])
+redis.call('SET', nonce, '1', 'PX', ARGV[12])
 return 1
 `)
 
 // heartbeatScript sets the lease end (Heartbeat, EndLease). KEYS: record,
-// lease index. ARGV: 1 owner; 2 generation; 3 lease end (ns); 4 its score
-// (µs); 5 the index member; 6 lease end (ms); 7 twice the cleanup horizon
-// (ms). A record in progress expires twice the horizon after the later of
-// its last update and its lease end.
+// lease index, the call's nonce. ARGV: 1 owner; 2 generation; 3 lease end
+// (ns); 4 its score (µs); 5 the index member; 6 lease end (ms); 7 twice
+// the cleanup horizon (ms); 8 the nonce's expiry (ms from now). A record
+// in progress expires twice the horizon after the later of its last
+// update and its lease end.
 var heartbeatScript = redis.NewScript(`#!lua flags=allow-oom
-local rec, lease = KEYS[1], KEYS[2]
+local rec, lease, nonce = KEYS[1], KEYS[2], KEYS[3]
+if redis.call('EXISTS', nonce) == 1 then return 1 end
 local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'ua')
 if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
 redis.call('HSET', rec, 'lu', ARGV[3])
@@ -152,14 +166,17 @@ local base = tonumber(ARGV[6])
 local ua = math.floor(tonumber(f[4]) / 1e6)
 if ua > base then base = ua end
 redis.call('PEXPIREAT', rec, string.format('%.0f', base + tonumber(ARGV[7]) + 1))
+redis.call('SET', nonce, '1', 'PX', ARGV[8])
 return 1
 `)
 
-// pointScript sets the recovery point. KEYS: record. ARGV: 1 owner; 2
-// generation; 3 point; 4 data; 5 "1" when there is data; 6 now (ns); 7 now
-// (ms); 8 twice the cleanup horizon (ms).
+// pointScript sets the recovery point. KEYS: record, the call's nonce.
+// ARGV: 1 owner; 2 generation; 3 point; 4 data; 5 "1" when there is data;
+// 6 now (ns); 7 now (ms); 8 twice the cleanup horizon (ms); 9 the nonce's
+// expiry (ms from now).
 var pointScript = redis.NewScript(`#!lua flags=allow-oom
-local rec = KEYS[1]
+local rec, nonce = KEYS[1], KEYS[2]
+if redis.call('EXISTS', nonce) == 1 then return 1 end
 local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'lu')
 if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
 redis.call('HSET', rec, 'rp', ARGV[3], 'ua', ARGV[6])
@@ -172,17 +189,21 @@ local base = tonumber(ARGV[7])
 local lu = math.floor(tonumber(f[4]) / 1e6)
 if lu > base then base = lu end
 redis.call('PEXPIREAT', rec, string.format('%.0f', base + tonumber(ARGV[8]) + 1))
+redis.call('SET', nonce, '1', 'PX', ARGV[9])
 return 1
 `)
 
-// releaseScript deletes a record in progress. KEYS: record, lease index.
-// ARGV: 1 owner; 2 generation; 3 the index member.
+// releaseScript deletes a record in progress. KEYS: record, lease index,
+// the call's nonce. ARGV: 1 owner; 2 generation; 3 the index member; 4 the
+// nonce's expiry (ms from now).
 var releaseScript = redis.NewScript(`#!lua flags=allow-oom
-local rec, lease = KEYS[1], KEYS[2]
+local rec, lease, nonce = KEYS[1], KEYS[2], KEYS[3]
+if redis.call('EXISTS', nonce) == 1 then return 1 end
 local f = redis.call('HMGET', rec, 'st', 'o', 'g')
 if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
 redis.call('DEL', rec)
 redis.call('ZREM', lease, ARGV[3])
+redis.call('SET', nonce, '1', 'PX', ARGV[4])
 return 1
 `)
 

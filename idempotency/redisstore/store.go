@@ -128,6 +128,13 @@ func (e *OpError) Unwrap() error { return e.Err }
 // collision, or a key written by something other than this package.
 var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
 
+// errRetryChanged is the cause of the *OpError of a takeover that go-redis
+// sent again after its connection failed, when Redis had run it and another
+// claim took the record before the retry: what the takeover found (its
+// recovery point) is gone, so its outcome is unknown to the caller.
+var errRetryChanged = errors.New("a takeover sent again after a lost reply found the record taken since: " +
+	"its outcome is unknown")
+
 // errCorrupt is the cause of the *OpError of a read of a record whose
 // fields this package did not write.
 var errCorrupt = errors.New("malformed record")
@@ -334,7 +341,7 @@ func checkEviction(ctx context.Context, rdb redis.UniversalClient, logger *slog.
 // keys are the Redis keys of one scope: its record and its shard's
 // indexes, which share one hash tag; member names the record in them.
 type keys struct {
-	rec, lease, done, member string
+	tag, rec, lease, done, member string
 }
 
 // scopeDigest is the SHA-256 of the scope's four parts, each preceded by its
@@ -361,14 +368,19 @@ func (s *Store) shardTag(i int) string {
 
 func (s *Store) keysFor(shard int, member string) keys {
 	tag := s.shardTag(shard)
-	return keys{rec: tag + "r:" + member, lease: tag + "lease", done: tag + "done", member: member}
+	return keys{tag: tag, rec: tag + "r:" + member, lease: tag + "lease", done: tag + "done", member: member}
 }
 
-// nonce returns a value no other call of any Store uses: a retried script
-// recognises its own earlier run by it.
-func (s *Store) nonce() string {
-	return s.nonceID + strconv.FormatUint(s.nonces.Add(1), 36)
+// nonce returns the key, in k's slot, of a name no other call of any Store
+// uses: a write's script keeps its answer there, and finds it when go-redis
+// sends the call again (see scripts.go).
+func (s *Store) nonce(k keys) string {
+	return k.tag + "n:" + s.nonceID + strconv.FormatUint(s.nonces.Add(1), 36)
 }
+
+// nonceTTL is how long, in milliseconds, a write's answer is kept under its
+// nonce: twice the call's deadline, past which go-redis sends it no more.
+func (s *Store) nonceTTL() int64 { return max(mulSat(s.cfg.timeout, 2).Milliseconds(), 1) }
 
 // call returns the context of one call to Redis: ctx with at most the
 // WithTimeout deadline left.
@@ -461,8 +473,11 @@ func opErr(op string, err error) error {
 	if errors.As(err, &oe) || errors.As(err, &re) {
 		return err
 	}
-	if redis.HasErrorPrefix(err, "SCOPE") {
+	switch {
+	case redis.HasErrorPrefix(err, "SCOPE"):
 		err = errScopeMismatch
+	case redis.HasErrorPrefix(err, "RETRY"):
+		err = errRetryChanged
 	}
 	return &OpError{Op: op, Err: err}
 }
@@ -556,11 +571,11 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 	}
 	ctx, cancel := s.call(ctx)
 	defer cancel()
-	v, err := s.run(ctx, "claim", claimScript, []string{k.rec, k.lease, k.done}, claimWrote,
+	v, err := s.run(ctx, "claim", claimScript, []string{k.rec, k.lease, k.done, s.nonce(k)}, claimWrote,
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
 		c.Fingerprint, strconv.Itoa(c.FingerprintVersion), c.Owner, ns(leaseUntil),
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
-		k.member, micros(leaseUntil), expireAt, window, s.nonce(),
+		k.member, micros(leaseUntil), expireAt, window, s.nonceTTL(),
 		micros(addSat(c.Now, -h)), micros(addSat(c.Now, -mulSat(h, 2))))
 	if err != nil {
 		if redis.HasErrorPrefix(err, "OOM") { // the first write of a new record failed
@@ -840,8 +855,9 @@ func (s *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time
 
 func (s *Store) lease(ctx context.Context, op string, l idempotency.Lease, until time.Time) error {
 	k := s.keysOf(l.Scope)
-	return s.fenced(ctx, op, heartbeatScript, []string{k.rec, k.lease},
-		l.Owner, gen(l), ns(until), micros(until), k.member, millis(until), mulSat(s.cfg.horizon, 2).Milliseconds())
+	return s.fenced(ctx, op, heartbeatScript, []string{k.rec, k.lease, s.nonce(k)},
+		l.Owner, gen(l), ns(until), micros(until), k.member, millis(until), mulSat(s.cfg.horizon, 2).Milliseconds(),
+		s.nonceTTL())
 }
 
 // Complete implements idempotency.Store.Complete: it stores resp, drops the
@@ -855,9 +871,9 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 	if resp.Header != nil {
 		header, hasHeader = encodeHeader(resp.Header), "1"
 	}
-	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done},
+	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
 		l.Owner, gen(l), strconv.Itoa(resp.Status), header, hasHeader, resp.Body, ns(now), k.member,
-		micros(now), millis(now), s.cfg.horizon.Milliseconds(), s.nonce())
+		micros(now), millis(now), s.cfg.horizon.Milliseconds(), s.nonceTTL())
 }
 
 // Release implements idempotency.Store.Release: it deletes the in-progress
@@ -865,7 +881,8 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 // a retry of a release whose reply was lost: the record is gone).
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 	k := s.keysOf(l.Scope)
-	return s.fenced(ctx, "release", releaseScript, []string{k.rec, k.lease}, l.Owner, gen(l), k.member)
+	return s.fenced(ctx, "release", releaseScript, []string{k.rec, k.lease, s.nonce(k)}, l.Owner, gen(l), k.member,
+		s.nonceTTL())
 }
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint.
@@ -876,6 +893,7 @@ func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point
 	if data != nil {
 		hasData = "1"
 	}
-	return s.fenced(ctx, "set_recovery_point", pointScript, []string{k.rec},
-		l.Owner, gen(l), point, data, hasData, ns(now), millis(now), mulSat(s.cfg.horizon, 2).Milliseconds())
+	return s.fenced(ctx, "set_recovery_point", pointScript, []string{k.rec, s.nonce(k)},
+		l.Owner, gen(l), point, data, hasData, ns(now), millis(now), mulSat(s.cfg.horizon, 2).Milliseconds(),
+		s.nonceTTL())
 }
