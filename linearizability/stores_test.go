@@ -63,6 +63,12 @@ type backend struct {
 	// shared is what a child process gives stores' reopen to open the same
 	// records; "" when the state lives in this process.
 	shared string
+
+	// faultRounds is how many times the faults phase runs, each on fresh
+	// keys and checked on its own (0 means once): a store whose calls take
+	// tens of microseconds gets through one in a fraction of a second,
+	// with few faults.
+	faultRounds int
 }
 
 func openMemory(*testing.T) *backend {
