@@ -41,22 +41,29 @@
 //
 // # Expiry, the Completer and the Reaper
 //
-// Records expire in Redis itself (PEXPIREAT): a completed record at its
-// completion plus the longer of the cleanup horizon (WithCleanupHorizon,
-// 72 h) and its claim's replay window, so it is replayed for its whole
-// window without any Reaper; a record in progress at twice the horizon after
-// the later of its last update and its lease end. Each shard keeps a lease
-// index (its records in progress, by lease end) and a done index (its
-// completed records, by completion): Abandoned, which the Completer calls,
-// reads the lease indexes of every shard in one pipelined round (one round
-// trip per primary on a Cluster), never one hot key; members of records that
-// Redis expired leave the indexes as the listings meet them, and a claim
-// trims its shard's members older than the horizon. What the Reaper still
-// does: report each unfinished record (in progress, its lease over, for a
-// person to check its side effects) before it deletes it past the
-// middleware's horizon; Redis drops such a record only a whole horizon
-// later, unreported. Completed records need no Reaper; its DeleteBefore
-// deletes them earlier when the middleware's horizon is shorter.
+// Records expire in Redis itself, by the policy each claim carries (its
+// ReplayWindow and LeaseFor, the middleware's), so the Store takes no
+// policy of its own. Each write sets the record's time to live, which
+// Redis counts from when it runs the write: a completed record lives its
+// replay window plus a margin, the longer of its lease and a minute, so a
+// replay within the window finds it even from a server whose clock is
+// behind by less than that, with no Reaper; a record in progress lives its
+// lease's remaining time, its window and margin, and a 30-day backstop.
+// Each shard keeps a lease index (its records in progress, by lease end)
+// and a done index (its completed records, by completion): Abandoned,
+// which the Completer calls, reads the lease indexes of every shard in one
+// pipelined round (one round trip per primary on a Cluster), never one hot
+// key; members of records that Redis expired leave the indexes as the
+// listings meet them, and a claim trims its shard's members that its own
+// window, margin and backstop place past their record's life. What the
+// Reaper still does: report each unfinished record (in progress, its lease
+// over, for a person to check its side effects) before it deletes it past
+// the middleware's cleanup horizon; Redis drops such a record, unreported,
+// only the backstop after its window and margin, so a horizon under 30
+// days, as the default 72 h is, always sees it first. Completed records
+// need no Reaper; its DeleteBefore deletes the ones Redis still holds past
+// the horizon. A claim with no replay window (ReplayWindow <= 0: never
+// restarted) keeps its completed record for the backstop.
 //
 // # What it cannot promise
 //
@@ -120,12 +127,12 @@
 //
 // # Clocks
 //
-// The Store reads no clock: times come from its callers, and expiry times
-// are computed from them, so the servers and Redis need clocks that agree
-// to well below the lease (NTP), as for every shared store: a server whose
-// clock runs ahead takes over a live lease early (the fence stops the old
-// owner's writes, but two executions overlapped), and Redis expires
-// records by its own clock.
+// The Store reads no clock: times come from its callers, so the servers
+// need clocks that agree to well below the lease (NTP), as for every
+// shared store: a server whose clock runs ahead takes over a live lease
+// early (the fence stops the old owner's writes, but two executions
+// overlapped). Redis counts times to live by its own clock, from each
+// write, whatever the times the write carries.
 //
 // # Keys
 //

@@ -157,8 +157,8 @@ func fetched(c *redis.Cmd) (idempotency.Record, bool, error) {
 // holding many more of the old records than its share waits for the next
 // call) and deletes with one script per record, which checks the
 // conditions again, so a record taken over, heartbeated or completed
-// meanwhile survives. Redis expires records by itself (see
-// WithCleanupHorizon): this deletes them earlier. A limit of 0 or less
+// meanwhile survives. Redis expires records by itself (see the package
+// documentation): this deletes those it still holds. A limit of 0 or less
 // deletes nothing. Errors are *OpError with Op "delete_before".
 func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
 	if limit <= 0 {

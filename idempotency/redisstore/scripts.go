@@ -1,6 +1,10 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The scripts. Each runs on the keys of one record, which share one hash
 // tag and so one slot: the record's hash, its shard's lease index (a
@@ -16,6 +20,15 @@ import "github.com/redis/go-redis/v9"
 // new record; a takeover's failure it reports as TAKEOVER, since
 // ErrStoreFull is for new keys only); the others are allow-oom: a completion, a heartbeat, a recovery point or a
 // release of a record that exists is never refused for lack of memory.
+
+// Expiry. Every record holds "w", how long Redis keeps it once completed
+// (see keepFor): a write sets its time to live (PEXPIRE, counted by Redis
+// from when it ran the write): a completed record w, a record in progress
+// its lease's remaining time plus w plus the backstop, so that a Reaper
+// has a month past the replay window to report it unfinished.
+var luaBackstop = `
+local backstop = ` + strconv.FormatInt(backstop.Milliseconds(), 10) + `
+`
 
 // lt compares two decimal integers (no leading zeros, an optional minus).
 const luaLess = `
@@ -40,9 +53,9 @@ end
 // its version; 7 owner; 8 lease end (ns); 9 request; 10 now (ns); 11 the
 // replay cutoff (ns; "" when completed records never expire); 12 "1" for
 // TakeoverOnly; 13 the index member; 14 the lease score (µs); 15 the
-// record's expiry (ms); 16 the replay window (ms); 17 the nonce's expiry
-// (ms from now); 18 and 19 the done and lease index scores (µs) below which
-// members are trimmed.
+// lease (ms); 16 w, the keep of a new record (ms); 17 the nonce's expiry
+// (ms); 18 and 19 the done and lease index scores (µs) below which members
+// are trimmed.
 //
 // It answers {0} (nothing to take over), {0, st, fp, fv, owner, gen, lu,
 // co, rs, rh, rb} (existing), {1, gen} (created) or {2, gen, rp, rd, rq, ca}
@@ -51,9 +64,9 @@ end
 // takeover it answers the record as it is while the record is still its,
 // and an error (RETRY) once another claim took it: what it found then is
 // gone.
-var claimScript = redis.NewScript(luaLess + `
+var claimScript = redis.NewScript(luaLess + luaBackstop + `
 local rec, lease, done, nonce = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local f = redis.call('HMGET', rec, 'st', 'p', 'm', 'u', 'k', 'fp', 'fv', 'o', 'g', 'lu', 'co')
+local f = redis.call('HMGET', rec, 'st', 'p', 'm', 'u', 'k', 'fp', 'fv', 'o', 'g', 'lu', 'co', 'w')
 local st = f[1]
 
 local function taken()
@@ -77,7 +90,7 @@ local function create(restart)
     'fp', ARGV[5], 'fv', ARGV[6], 'o', ARGV[7], 'lu', ARGV[8], 'rq', ARGV[9],
     'ca', ARGV[10], 'ua', ARGV[10], 'w', ARGV[16])
   local g = redis.call('HINCRBY', rec, 'g', 1)
-  redis.call('PEXPIREAT', rec, ARGV[15])
+  redis.call('PEXPIRE', rec, tonumber(ARGV[15]) + tonumber(ARGV[16]) + backstop)
   redis.call('ZADD', lease, ARGV[14], ARGV[13])
   redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. ARGV[18])
   redis.call('ZREMRANGEBYSCORE', lease, '-inf', '(' .. ARGV[19])
@@ -113,7 +126,7 @@ if st == '1' and lt(f[10], ARGV[10]) and f[6] == ARGV[5] and f[7] == ARGV[6] the
     return redis.error_reply('TAKEOVER ' .. w.err)
   end
   local g = redis.call('HINCRBY', rec, 'g', 1)
-  redis.call('PEXPIREAT', rec, ARGV[15])
+  redis.call('PEXPIRE', rec, tonumber(ARGV[15]) + (tonumber(f[12]) or 0) + backstop)
   redis.call('ZADD', lease, ARGV[14], ARGV[13])
   redis.call('SET', nonce, 't' .. g, 'PX', ARGV[17])
   return taken()
@@ -124,9 +137,8 @@ return existing()
 // completeScript completes a record. KEYS: record, lease index, done
 // index, the call's nonce. ARGV: 1 owner; 2 generation; 3 status; 4
 // header; 5 "1" when there is a header; 6 body; 7 now (ns); 8 the index
-// member; 9 the done score (µs); 10 now (ms); 11 the cleanup horizon (ms);
-// 12 the nonce's expiry (ms from now). The record expires at now plus the
-// longer of the horizon and its replay window.
+// member; 9 the done score (µs); 10 the nonce's expiry (ms). The record
+// expires w after the completion.
 var completeScript = redis.NewScript(`#!lua flags=allow-oom
 local rec, lease, done, nonce = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if redis.call('EXISTS', nonce) == 1 then return 1 end
@@ -139,45 +151,39 @@ else
   redis.call('HDEL', rec, 'rh')
 end
 redis.call('HDEL', rec, 'rq')
-local keep = tonumber(ARGV[11])
-local w = tonumber(f[4]) or 0
-if w > keep then keep = w end
-redis.call('PEXPIREAT', rec, string.format('%.0f', tonumber(ARGV[10]) + keep + 1))
+redis.call('PEXPIRE', rec, f[4])
 redis.call('ZREM', lease, ARGV[8])
 redis.call('ZADD', done, ARGV[9], ARGV[8])
-redis.call('SET', nonce, '1', 'PX', ARGV[12])
+redis.call('SET', nonce, '1', 'PX', ARGV[10])
 return 1
 `)
 
 // heartbeatScript sets the lease end (Heartbeat, EndLease). KEYS: record,
 // lease index, the call's nonce. ARGV: 1 owner; 2 generation; 3 lease end
-// (ns); 4 its score (µs); 5 the index member; 6 lease end (ms); 7 twice
-// the cleanup horizon (ms); 8 the nonce's expiry (ms from now). A record
-// in progress expires twice the horizon after the later of its last
-// update and its lease end.
+// (ns); 4 its score (µs); 5 the index member; 6 the nonce's expiry (ms).
+// The lease's remaining time is counted from the record's last update.
 var heartbeatScript = redis.NewScript(`#!lua flags=allow-oom
+` + luaBackstop + `
 local rec, lease, nonce = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', nonce) == 1 then return 1 end
-local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'ua')
+local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'ua', 'w')
 if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
 redis.call('HSET', rec, 'lu', ARGV[3])
 redis.call('ZADD', lease, ARGV[4], ARGV[5])
-local base = tonumber(ARGV[6])
-local ua = math.floor(tonumber(f[4]) / 1e6)
-if ua > base then base = ua end
-redis.call('PEXPIREAT', rec, string.format('%.0f', base + tonumber(ARGV[7]) + 1))
-redis.call('SET', nonce, '1', 'PX', ARGV[8])
+local left = math.max(math.floor((tonumber(ARGV[3]) - tonumber(f[4])) / 1e6), 0)
+redis.call('PEXPIRE', rec, left + (tonumber(f[5]) or 0) + backstop)
+redis.call('SET', nonce, '1', 'PX', ARGV[6])
 return 1
 `)
 
 // pointScript sets the recovery point. KEYS: record, the call's nonce.
 // ARGV: 1 owner; 2 generation; 3 point; 4 data; 5 "1" when there is data;
-// 6 now (ns); 7 now (ms); 8 twice the cleanup horizon (ms); 9 the nonce's
-// expiry (ms from now).
+// 6 now (ns); 7 the nonce's expiry (ms).
 var pointScript = redis.NewScript(`#!lua flags=allow-oom
+` + luaBackstop + `
 local rec, nonce = KEYS[1], KEYS[2]
 if redis.call('EXISTS', nonce) == 1 then return 1 end
-local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'lu')
+local f = redis.call('HMGET', rec, 'st', 'o', 'g', 'lu', 'w')
 if f[1] ~= '1' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return 0 end
 redis.call('HSET', rec, 'rp', ARGV[3], 'ua', ARGV[6])
 if ARGV[5] == '1' then
@@ -185,11 +191,9 @@ if ARGV[5] == '1' then
 else
   redis.call('HDEL', rec, 'rd')
 end
-local base = tonumber(ARGV[7])
-local lu = math.floor(tonumber(f[4]) / 1e6)
-if lu > base then base = lu end
-redis.call('PEXPIREAT', rec, string.format('%.0f', base + tonumber(ARGV[8]) + 1))
-redis.call('SET', nonce, '1', 'PX', ARGV[9])
+local left = math.max(math.floor((tonumber(f[4]) - tonumber(ARGV[6])) / 1e6), 0)
+redis.call('PEXPIRE', rec, left + (tonumber(f[5]) or 0) + backstop)
+redis.call('SET', nonce, '1', 'PX', ARGV[7])
 return 1
 `)
 

@@ -25,11 +25,24 @@ const (
 	// DefaultPrefix is the key prefix of WithPrefix.
 	DefaultPrefix  = "saferetry:"
 	defaultTimeout = 5 * time.Second
-	defaultHorizon = 72 * time.Hour
 	// 8 MiB: the middleware's default request body (1 MiB) and more.
 	defaultMaxRecordBytes = 8 << 20
 	// newTimeout bounds New's checks.
 	newTimeout = 10 * time.Second
+)
+
+// Expiry (see keepFor): Redis keeps a completed record its replay window
+// plus the longer of its lease and minMargin, and a record in progress a
+// backstop longer.
+const (
+	// minMargin is the least time Redis keeps a completed record past its
+	// replay window: a server whose clock is behind the one that
+	// completed it, by less than the margin, still finds it.
+	minMargin = time.Minute
+	// backstop is how much longer than that Redis keeps a record in
+	// progress, counted from its last write past its lease: a Reaper has
+	// that long past the replay window to report it unfinished.
+	backstop = 30 * 24 * time.Hour
 )
 
 // shards is the number of slots a Store's records spread over: each
@@ -145,7 +158,6 @@ type Option func(*config)
 type config struct {
 	prefix      string
 	timeout     time.Duration
-	horizon     time.Duration
 	maxRecord   int64
 	replicas    int
 	waitTimeout time.Duration
@@ -169,21 +181,6 @@ func WithTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {
 			c.timeout = d
-		}
-	}
-}
-
-// WithCleanupHorizon sets how long after its last update a record is kept
-// (default 72 h, the middleware's default): Redis expires a completed
-// record at its completion plus the longer of this horizon and its claim's
-// replay window, and a record in progress at twice the horizon after the
-// later of its last update and its lease end, so that a Reaper has a whole
-// horizon to report it. Give it the middleware's WithCleanupHorizon.
-// Values <= 0 keep the default.
-func WithCleanupHorizon(d time.Duration) Option {
-	return func(c *config) {
-		if d > 0 {
-			c.horizon = d
 		}
 	}
 }
@@ -249,8 +246,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	if rdb == nil {
 		return nil, ErrNilClient
 	}
-	cfg := config{prefix: DefaultPrefix, timeout: defaultTimeout, horizon: defaultHorizon,
-		maxRecord: defaultMaxRecordBytes, logger: slog.Default()}
+	cfg := config{prefix: DefaultPrefix, timeout: defaultTimeout, maxRecord: defaultMaxRecordBytes,
+		logger: slog.Default()}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -515,9 +512,6 @@ func ns(t time.Time) string { return strconv.FormatInt(nanos(t), 10) }
 // micros returns t's index score.
 func micros(t time.Time) string { return strconv.FormatInt(nanos(t)/1000, 10) }
 
-// millis returns t in Unix milliseconds.
-func millis(t time.Time) int64 { return nanos(t) / 1e6 }
-
 // addSat returns t + d, saturating at the times nanos can hold.
 func addSat(t time.Time, d time.Duration) time.Time {
 	n := nanos(t)
@@ -563,20 +557,15 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 	if c.TakeoverOnly {
 		takeoverOnly = "1"
 	}
-	h := s.cfg.horizon
-	expireAt := millis(addSat(laterOf(c.Now, leaseUntil), mulSat(h, 2))) + 1
-	window := int64(0)
-	if c.ReplayWindow > 0 {
-		window = c.ReplayWindow.Milliseconds()
-	}
+	keep := keepFor(c)
 	ctx, cancel := s.call(ctx)
 	defer cancel()
 	v, err := s.run(ctx, "claim", claimScript, []string{k.rec, k.lease, k.done, s.nonce(k)}, claimWrote,
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
 		c.Fingerprint, strconv.Itoa(c.FingerprintVersion), c.Owner, ns(leaseUntil),
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
-		k.member, micros(leaseUntil), expireAt, window, s.nonceTTL(),
-		micros(addSat(c.Now, -h)), micros(addSat(c.Now, -mulSat(h, 2))))
+		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(), s.nonceTTL(),
+		micros(addSat(c.Now, -keep)), micros(addSat(addSat(c.Now, -keep), -backstop)))
 	if err != nil {
 		if redis.HasErrorPrefix(err, "OOM") { // the first write of a new record failed
 			return idempotency.ClaimResult{}, &OpError{Op: "claim", Err: fmt.Errorf("%w: %v", idempotency.ErrStoreFull, err)}
@@ -595,11 +584,23 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 	return res, nil
 }
 
-func laterOf(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// keepFor is how long Redis keeps the record c creates once completed:
+// its replay window plus the longer of its lease and minMargin, or the
+// backstop for a claim with no window (ReplayWindow <= 0), whose records
+// claims never restart.
+func keepFor(c idempotency.Claim) time.Duration {
+	if c.ReplayWindow <= 0 {
+		return backstop
 	}
-	return b
+	return addDur(c.ReplayWindow, max(c.LeaseFor, minMargin))
+}
+
+// addDur returns a + b for positive durations, saturating.
+func addDur(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // claimWrote reports whether the claim script's answer is of a claim that
@@ -856,12 +857,12 @@ func (s *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time
 func (s *Store) lease(ctx context.Context, op string, l idempotency.Lease, until time.Time) error {
 	k := s.keysOf(l.Scope)
 	return s.fenced(ctx, op, heartbeatScript, []string{k.rec, k.lease, s.nonce(k)},
-		l.Owner, gen(l), ns(until), micros(until), k.member, millis(until), mulSat(s.cfg.horizon, 2).Milliseconds(),
-		s.nonceTTL())
+		l.Owner, gen(l), ns(until), micros(until), k.member, s.nonceTTL())
 }
 
 // Complete implements idempotency.Store.Complete: it stores resp, drops the
-// stored request and sets the record's expiry (see WithCleanupHorizon).
+// stored request and sets the record's time to live: its claim's replay
+// window and margin (see the package documentation).
 // idempotency.ErrLeaseLost when l does not own an in-progress record. A
 // retry of the same call after a lost reply succeeds.
 func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
@@ -873,7 +874,7 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 	}
 	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
 		l.Owner, gen(l), strconv.Itoa(resp.Status), header, hasHeader, resp.Body, ns(now), k.member,
-		micros(now), millis(now), s.cfg.horizon.Milliseconds(), s.nonceTTL())
+		micros(now), s.nonceTTL())
 }
 
 // Release implements idempotency.Store.Release: it deletes the in-progress
@@ -894,6 +895,5 @@ func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point
 		hasData = "1"
 	}
 	return s.fenced(ctx, "set_recovery_point", pointScript, []string{k.rec, s.nonce(k)},
-		l.Owner, gen(l), point, data, hasData, ns(now), millis(now), mulSat(s.cfg.horizon, 2).Milliseconds(),
-		s.nonceTTL())
+		l.Owner, gen(l), point, data, hasData, ns(now), s.nonceTTL())
 }
