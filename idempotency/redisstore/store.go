@@ -226,6 +226,7 @@ func WithLogger(l *slog.Logger) Option {
 type Store struct {
 	rdb     redis.UniversalClient
 	cfg     config
+	shards  *[shards]shardKeys
 	nonceID string        // random, per Store: the base of its calls' nonces
 	nonces  atomic.Uint64 // the calls' nonces
 }
@@ -276,7 +277,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &Store{rdb: rdb, cfg: cfg, nonceID: hex.EncodeToString(id[:])}, nil
+	return &Store{rdb: rdb, cfg: cfg, shards: newShards(cfg.prefix), nonceID: hex.EncodeToString(id[:])}, nil
 }
 
 // checkBounded refuses a client whose calls have no time limit. A Client's
@@ -358,14 +359,24 @@ func (s *Store) keysOf(sc idempotency.Scope) keys {
 	return s.keysFor(int(d[0]), hex.EncodeToString(d[:]))
 }
 
-// shardTag returns the hash tag of shard i: "{xx}".
-func (s *Store) shardTag(i int) string {
-	return s.cfg.prefix + "{" + hex.EncodeToString([]byte{byte(i)}) + "}"
+// shardKeys are the names of one shard's keys but its records'.
+type shardKeys struct {
+	tag, lease, done string // P{xx}, P{xx}lease, P{xx}done
+}
+
+// newShards names the keys of every shard under prefix.
+func newShards(prefix string) *[shards]shardKeys {
+	var ks [shards]shardKeys
+	for i := range ks {
+		tag := prefix + "{" + hex.EncodeToString([]byte{byte(i)}) + "}"
+		ks[i] = shardKeys{tag: tag, lease: tag + "lease", done: tag + "done"}
+	}
+	return &ks
 }
 
 func (s *Store) keysFor(shard int, member string) keys {
-	tag := s.shardTag(shard)
-	return keys{tag: tag, rec: tag + "r:" + member, lease: tag + "lease", done: tag + "done", member: member}
+	sk := &s.shards[shard]
+	return keys{tag: sk.tag, rec: sk.tag + "r:" + member, lease: sk.lease, done: sk.done, member: member}
 }
 
 // nonce returns the key, in k's slot, of a name no other call of any Store
@@ -564,8 +575,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
 		c.Fingerprint, strconv.Itoa(c.FingerprintVersion), c.Owner, ns(leaseUntil),
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
-		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(), s.nonceTTL(),
-		micros(addSat(c.Now, -keep)), micros(addSat(addSat(c.Now, -keep), -backstop)))
+		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(), s.nonceTTL())
 	if err != nil {
 		if redis.HasErrorPrefix(err, "OOM") { // the first write of a new record failed
 			return idempotency.ClaimResult{}, &OpError{Op: "claim", Err: fmt.Errorf("%w: %v", idempotency.ErrStoreFull, err)}
@@ -783,8 +793,15 @@ func recordOf(m map[string]string) (idempotency.Record, error) {
 		RecoveryData:       d.bytes(get("rd")),
 		Request:            d.bytes(get("rq")),
 		CreatedAt:          fromNanos(d.int(get("ca"))),
-		UpdatedAt:          fromNanos(d.int(get("ua"))),
 		CompletedAt:        fromNanos(d.optInt(get("co"))),
+	}
+	switch _, updated := m["ua"]; {
+	case r.State == idempotency.Completed:
+		r.UpdatedAt = r.CompletedAt // a completed record's last update
+	case updated:
+		r.UpdatedAt = fromNanos(d.int(get("ua")))
+	default:
+		r.UpdatedAt = r.CreatedAt // never updated since its creation
 	}
 	if r.State != idempotency.InProgress && r.State != idempotency.Completed && d.err == nil {
 		d.err = errCorrupt

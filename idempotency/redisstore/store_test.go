@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -206,7 +208,7 @@ func TestRedisExpiresRecords(t *testing.T) {
 // TestExpiredRecordsLeaveTheIndexes has Redis expire records (the test
 // shortens their time to live to a millisecond, as the passing of their
 // window would) and checks that the listings skip them and take their
-// members out of the indexes, and that a new claim trims, in its shard,
+// members out of the indexes, and that a completion trims, in its shard,
 // the done members completed before its own replay window and margin.
 func TestExpiredRecordsLeaveTheIndexes(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
@@ -250,44 +252,92 @@ func TestExpiredRecordsLeaveTheIndexes(t *testing.T) {
 		require.Zero(t, n, "nothing left to delete")
 		require.EqualValues(t, 0, members("done"), "DeleteBefore removed the members of expired records")
 
-		// A claim trims, in its shard, done members completed before its
-		// window and margin (a minute each).
-		res, err := s.Claim(ctx, within("f", "o", old))
-		require.NoError(t, err)
-		require.NoError(t, s.Complete(ctx, res.Record.Lease(), okResponse, old))
-		require.EqualValues(t, 1, members("done"))
+		// A completion trims, in its shard, the done members completed
+		// more than its window and margin (a minute each) before it.
+		complete := func(k string, at time.Time) {
+			res, err := s.Claim(ctx, within(k, "o", at))
+			require.NoError(t, err)
+			require.NoError(t, s.Complete(ctx, res.Record.Lease(), okResponse, at))
+		}
+		listed := func(k string) bool {
+			shard, member := digestOf(k)
+			for _, idx := range keysLike(t, rdb, prefix, fmt.Sprintf("{%02x}done", shard)) {
+				if rdb.ZScore(ctx, idx, member).Err() == nil {
+					return true
+				}
+			}
+			return false
+		}
+		complete("f", old)
 		g := sameShard(t, "f")
-		_, err = s.Claim(ctx, within(g, "o", old.Add(2*time.Minute)))
-		require.NoError(t, err)
-		require.EqualValues(t, 1, members("done"), "f completed within the window and margin")
-		_, err = s.Claim(ctx, within(sameShard(t, g), "o", old.Add(2*time.Minute+time.Millisecond)))
-		require.NoError(t, err)
-		require.EqualValues(t, 0, members("done"), "a claim past f's window and margin trimmed it")
+		complete(g, old.Add(2*time.Minute))
+		require.True(t, listed("f"), "f completed within the window and margin")
+		complete(sameShard(t, g), old.Add(2*time.Minute+time.Millisecond))
+		require.False(t, listed("f"), "a completion past f's window and margin trimmed it")
+		require.True(t, listed(g))
 	})
 }
 
+// digestOf returns the shard and the index member of testScope(key), as
+// the Store names records: the first byte and the hex of the SHA-256 of
+// the scope's parts, each preceded by its length.
+func digestOf(key string) (byte, string) {
+	sc := testScope(key)
+	var b []byte
+	for _, p := range []string{sc.Principal, sc.Method, sc.Route, sc.Key} {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	d := sha256.Sum256(b)
+	return d[0], hex.EncodeToString(d[:])
+}
+
 // sameShard returns a key, other than key, whose record of testScope is in
-// key's shard: the first byte of the SHA-256 of the scope's parts, each
-// preceded by its length (as the Store names records).
+// key's shard.
 func sameShard(t *testing.T, key string) string {
 	t.Helper()
-	shard := func(k string) byte {
-		sc := testScope(k)
-		var b []byte
-		for _, p := range []string{sc.Principal, sc.Method, sc.Route, sc.Key} {
-			b = binary.BigEndian.AppendUint64(b, uint64(len(p)))
-			b = append(b, p...)
-		}
-		d := sha256.Sum256(b)
-		return d[0]
-	}
+	shard, _ := digestOf(key)
 	for i := range 100000 {
-		if k := key + "-" + strconv.Itoa(i); shard(k) == shard(key) {
+		k := key + "-" + strconv.Itoa(i)
+		if s, _ := digestOf(k); s == shard {
 			return k
 		}
 	}
 	t.Fatal("no key in the shard")
 	return ""
+}
+
+// TestCompletedRecordIsCompact checks what a completed record keeps in
+// Redis: only what its readers read (no stored request, no time to live of
+// its own, no last update apart from its completion), in Redis's compact
+// encoding when its values are small, whatever its request held; and that
+// its claim's recovery point survives the completion.
+func TestCompletedRecordIsCompact(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		s, rdb, prefix := newStore(t, b)
+		ctx, now := t.Context(), time.Now()
+		c := testClaim("compact", "a", now)
+		c.Request = bytes.Repeat([]byte("r"), 4096) // over the compact encoding's values
+		res, err := s.Claim(ctx, c)
+		require.NoError(t, err)
+		require.NoError(t, s.SetRecoveryPoint(ctx, res.Record.Lease(), "charged", []byte("ch_1"), now))
+		require.NoError(t, s.Complete(ctx, res.Record.Lease(), okResponse, now))
+		ks := keysLike(t, rdb, prefix, "*}r:*")
+		require.Len(t, ks, 1)
+		fields, err := rdb.HKeys(ctx, ks[0]).Result()
+		require.NoError(t, err)
+		require.ElementsMatch(t, []string{"st", "p", "m", "u", "k", "fp", "fv", "o", "g", "lu", "ca", "co",
+			"rs", "rh", "rb", "rp", "rd"}, fields)
+		enc, err := rdb.ObjectEncoding(ctx, ks[0]).Result()
+		require.NoError(t, err)
+		require.Contains(t, []string{"listpack", "ziplist"}, enc, "a completed record of small values")
+		got, err := s.Get(ctx, c.Scope)
+		require.NoError(t, err)
+		require.Equal(t, "charged", got.RecoveryPoint)
+		require.Equal(t, []byte("ch_1"), got.RecoveryData)
+		require.Nil(t, got.Request, "the request is dropped at completion")
+		require.True(t, got.UpdatedAt.Equal(got.CompletedAt))
+	})
 }
 
 // TestRecordTooLarge: a claim over WithMaxRecordBytes fails with
