@@ -137,7 +137,9 @@
 // # Keys
 //
 // Under the prefix P (WithPrefix, "saferetry:"): P{xx}r:<digest> the record
-// (a hash), P{xx}lease and P{xx}done the shard's indexes (sorted sets), xx
-// the shard in hex, and P{xx}n:<nonce> a write's answer for a few seconds. Delete a store's data with the prefix (SCAN and DEL on
+// (a hash; the digest is the first 16 bytes of the scope's SHA-256, in hex,
+// and xx its first byte, the shard), P{xx}lease and P{xx}done the shard's
+// indexes (sorted sets), and P{xx}n:<nonce> a write's answer for a few
+// seconds. Delete a store's data with the prefix (SCAN and DEL on
 // each primary); never FLUSHALL a Redis that others share.
 package redisstore

@@ -354,9 +354,13 @@ func scopeDigest(sc idempotency.Scope) [sha256.Size]byte {
 	return sha256.Sum256(b)
 }
 
+// keysOf names a scope's keys: its shard is the first byte of its digest,
+// its member the first 16 bytes in hex (128 bits: no two scopes of a
+// store meet; if two ever did, the record's stored scope tells them apart
+// and the claim fails, never answering another scope's record).
 func (s *Store) keysOf(sc idempotency.Scope) keys {
 	d := scopeDigest(sc)
-	return s.keysFor(int(d[0]), hex.EncodeToString(d[:]))
+	return s.keysFor(int(d[0]), hex.EncodeToString(d[:16]))
 }
 
 // shardKeys are the names of one shard's keys but its records'.

@@ -279,8 +279,8 @@ func TestExpiredRecordsLeaveTheIndexes(t *testing.T) {
 }
 
 // digestOf returns the shard and the index member of testScope(key), as
-// the Store names records: the first byte and the hex of the SHA-256 of
-// the scope's parts, each preceded by its length.
+// the Store names records: the first byte and the first 16 bytes (in hex)
+// of the SHA-256 of the scope's parts, each preceded by its length.
 func digestOf(key string) (byte, string) {
 	sc := testScope(key)
 	var b []byte
@@ -289,7 +289,7 @@ func digestOf(key string) (byte, string) {
 		b = append(b, p...)
 	}
 	d := sha256.Sum256(b)
-	return d[0], hex.EncodeToString(d[:])
+	return d[0], hex.EncodeToString(d[:16])
 }
 
 // sameShard returns a key, other than key, whose record of testScope is in
