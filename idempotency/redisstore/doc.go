@@ -11,15 +11,16 @@
 // # One script per operation
 //
 // Every operation on a record is one Lua script on one slot: a record's
-// hash and the two indexes of its shard share a hash tag, so the script runs
-// unchanged on a Cluster, and records spread over 256 slots (the shard is
-// the first byte of the SHA-256 of the scope's length-prefixed parts, which
-// also names the record, so scope parts of any bytes and length work). A
-// Get too is a script, so that it reads the primary even through a client
-// that sends reads to replicas. Round trips per guarded request: a new key costs two, the claim
-// and the completion; a replay one, the claim that finds the completed
-// record; an in-progress conflict (409) one. With WithReplicas, each write
-// is followed by WAIT in the same round trip.
+// hash, the two indexes of its shard and a write's nonce key share a hash
+// tag, so the script runs unchanged on a Cluster, and records spread over
+// 256 slots (the shard is the first byte of the SHA-256 of the scope's
+// length-prefixed parts, whose first 16 bytes name the record, so scope
+// parts of any bytes and length work). A Get too is a script, so that it
+// reads the primary even through a client that sends reads to replicas.
+// Round trips per guarded request: a new key costs two, the claim and the
+// completion; a replay one, the claim that finds the completed record; an
+// in-progress conflict (409) one. With WithReplicas, each write is
+// followed by WAIT in the same round trip.
 //
 // # Fenced
 //
