@@ -15,31 +15,59 @@ import (
 )
 
 // attempt is one try of a call: its context, that context's cancellation,
-// the timer of its time limit, and its outcome. Its time limit covers
-// everything the Transport does with the response (classify, rules,
-// observers, peek) and stops only when the response is handed over
-// (handOver); after that, the caller's context alone governs the body. The
-// Transport's own reads of the body have bounds of their own as well: the
-// peek at a 409 at most maxPeekTime, the drain of a discarded answer the
-// wait before the retry.
+// the timer of its time limit, its outcome, and what it still owns. Its
+// time limit covers everything the Transport does with the response
+// (classify, rules, observers, peek) and stops only when the response is
+// handed over (handOver), or set aside in a hedged round while other
+// attempts run (hold); after that, the caller's context alone governs the
+// body of a response handed over. The Transport's own reads of the body have bounds of their own
+// as well: the peek at a 409 at most maxPeekTime, the drain of a discarded
+// answer the wait before the retry.
+//
+// An attempt is torn down in one place: close, which every attempt not
+// handed over goes through exactly once.
 type attempt struct {
 	n      int
+	hedge  bool // sent beside attempts still in flight, not after one
 	start  time.Time
 	octx   context.Context // what the AttemptStart observers returned
 	ctx    context.Context // the attempt's own, a child of octx
 	cancel context.CancelCauseFunc
 	until  time.Time   // the end of its time limit; zero for none
 	timer  *time.Timer // cancels ctx at until; nil when the caller's deadline is as early
-	resp   *http.Response
-	err    error
+	req    *http.Request
+	cost   int // what the budget took for it: a retry's or a hedge's cost, 0 for attempt 1
+
+	// The outcome: the response or the error, its class, when the
+	// response headers came and when it was classified.
+	resp       *http.Response
+	err        error
+	d          retry.Decision
+	answered   time.Time
+	classified time.Time
+
+	// body is the response body the attempt owns until it is handed over
+	// (that of a response dropped for a timeout included); unsent is the
+	// request body of an attempt never sent. close closes both.
+	body   io.ReadCloser
+	unsent io.Closer
+	handed bool // the response is the caller's: close does nothing
+	closed bool // close has run
+
+	panicked any // what the base transport or a rule panicked with, on the attempt's goroutine
 }
 
-// send prepares and sends attempt n, which retries an outcome of class
-// retrying ("" for the first). The error is that of the preparation, when
-// it failed and nothing was sent; the attempt's own error is a.err.
-func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt, error) {
+// begin prepares the call's next attempt, which retries an outcome of class
+// retrying ("" for the first and for a hedge), on the goroutine of the
+// loop: its number, its time limit, the AttemptStart observers, its own
+// copy of the request with its headers and body, the preparation. The
+// error is the preparation's: the attempt is not sent, and the loop closes
+// it. Otherwise the attempt counts as sent, and roundTrip sends it.
+func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool) (*attempt, error) {
 	t := c.t
-	a := &attempt{n: n, start: time.Now(), octx: ctx}
+	c.started++
+	n := c.started
+	a := &attempt{n: n, hedge: hedge, start: time.Now(), octx: ctx}
 	if n == 1 {
 		a.start = c.start
 	}
@@ -49,7 +77,7 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 	}
 	if t.obs.attemptStart {
 		a.octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key,
-			Retrying: retrying, NotRetrying: c.notRetrying})
+			Retrying: retrying, NotRetrying: c.notRetrying, Hedge: hedge})
 	}
 	a.ctx, a.cancel = context.WithCancelCause(a.octx)
 	// The limit is a timer, not a deadline of the context, so that it can
@@ -79,30 +107,39 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 		// earlier attempt's request.
 		r.Header = cloneHeader(c.header)
 	}
-	if c.sendDeadline && !c.overall.IsZero() {
+	if c.sendDeadline {
 		ms := max(0, c.overall.Sub(a.start)/time.Millisecond) // whole ms, rounded down
 		r.Header[deadline.Header] = []string{strconv.FormatInt(int64(ms), 10)}
 	}
 	if n > 1 && t.cfg.attemptHeader {
 		r.Header[hop.AttemptHeader] = hop.AttemptValue(n) // attempt 1's is in c.header
 	}
-	// Attempt 1 sends the caller's body; a retry sends the one judge
-	// rewound before the previous outcome was discarded. Each is sent once.
+	// Attempt 1 sends the caller's body; a retry or a hedge the one its
+	// commit step rewound. Each is sent once.
 	r.Body, c.body = c.body, nil
 	if prep {
 		if err := prepare(t.cfg.prepare, r, n, c.header, t.cfg.keyHeader); err != nil {
 			if r.Body != nil {
-				r.Body.Close() // never sent: still ours to close
+				a.unsent = r.Body // never sent: still ours to close
 			}
-			return a, err
+			return a, c.redact(err)
 		}
 	}
+	a.req = r
+	c.sent++
+	return a, nil
+}
 
-	a.resp, a.err = t.base.RoundTrip(r)
+// roundTrip sends attempt a through the base transport and classifies its
+// outcome. It touches nothing of the call but what is read-only, so that
+// attempts in flight at once each run it on a goroutine of their own.
+func (c *call) roundTrip(a *attempt) {
+	a.resp, a.err = c.t.base.RoundTrip(a.req)
+	a.answered = time.Now()
 	switch {
 	case a.err != nil:
-		if a.resp != nil && a.resp.Body != nil {
-			a.resp.Body.Close()
+		if a.resp != nil {
+			a.body = a.resp.Body // a base that broke the contract: closed all the same
 		}
 		a.resp = nil
 		if a.expired() {
@@ -110,10 +147,14 @@ func (c *call) send(ctx context.Context, n int, retrying retry.Class) (*attempt,
 		}
 	case a.resp == nil:
 		a.err = errors.New("saferetry: base RoundTripper returned neither a response nor an error")
-	case a.expired():
-		a.timeOut() // the headers came after the limit: the body is dead
+	default:
+		a.body = a.resp.Body
+		if a.expired() {
+			a.timeOut() // the headers came after the limit: the body is dead
+		}
 	}
-	return a, nil
+	a.err = c.redact(a.err)
+	a.d = c.classify(a)
 }
 
 // limit returns a timer that cancels an attempt's context, with the cause
@@ -129,26 +170,38 @@ func (a *attempt) expired() bool {
 }
 
 // timeOut makes the attempt a timed-out one, its time limit or the peek's
-// having ended: its response, if any, is closed and dropped.
+// having ended: its response, if any, is dropped (its body stays the
+// attempt's, for close).
 func (a *attempt) timeOut() {
-	if a.resp != nil {
-		if a.resp.Body != nil {
-			a.resp.Body.Close()
-		}
-		a.resp = nil
-	}
+	a.resp = nil
 	a.err = attemptTimedOut(time.Since(a.start), nil)
 }
 
-// handOver gives the response to the caller: its time limit stops, and its
-// context ends when the caller closes the body. It reports false, the
-// response dropped, when the limit ended first: the attempt timed out.
-func (a *attempt) handOver() bool {
+// hold stops the attempt's time limit, its response in hand: for the
+// caller (handOver), or set aside while other attempts of a hedged round
+// are in flight, whose own limits then bound the wait. It reports false,
+// the response dropped, when the limit ended first: the attempt timed out.
+func (a *attempt) hold() bool {
 	if a.timer != nil && !a.timer.Stop() {
 		a.timeOut()
 		return false
 	}
 	a.timer = nil
+	return true
+}
+
+// handOver gives the response to the caller: its time limit stops (hold),
+// and its context ends when the caller closes the body. It reports false,
+// the response dropped, when the limit ended first: the attempt timed out.
+// A second call reports true and does nothing.
+func (a *attempt) handOver() bool {
+	if a.handed {
+		return true
+	}
+	if !a.hold() {
+		return false
+	}
+	a.handed, a.body = true, nil
 	switch {
 	case a.resp.Body == nil:
 		a.cancel(nil)
@@ -162,27 +215,31 @@ func (a *attempt) handOver() bool {
 	return true
 }
 
-// discard drains and closes the response that the loop will not return,
-// then ends the attempt. The drain, so that the connection can be reused,
-// runs within the wait before the retry: it stops at wake, or after
-// maxDrain bytes, whichever comes first; an unfinished body is then closed
-// and its connection dropped.
-func (a *attempt) discard(wake time.Time) {
-	if a.resp != nil && a.resp.Body != nil {
-		if d := time.Until(wake); d > 0 {
-			drain := time.AfterFunc(d, func() { a.cancel(nil) })
-			_, _ = io.Copy(io.Discard, io.LimitReader(a.resp.Body, maxDrain))
-			drain.Stop()
-		}
-		a.resp.Body.Close()
+// close tears down an attempt that was not handed over, in one place: its
+// time limit stops; the response body it owns is drained, so that the
+// connection can be reused, and closed; the request body of an attempt
+// never sent is closed; its context is canceled. The drain runs within the
+// wait before the retry: it stops at drainUntil (a zero or past time: no
+// drain), or after maxDrain bytes, whichever comes first; an unfinished
+// body is then closed and its connection dropped. Later calls do nothing.
+func (a *attempt) close(drainUntil time.Time) {
+	if a.handed || a.closed {
+		return
 	}
-	a.end()
-}
-
-// end stops the attempt's time limit and cancels its context.
-func (a *attempt) end() {
+	a.closed = true
 	if a.timer != nil {
 		a.timer.Stop()
+	}
+	if a.unsent != nil {
+		a.unsent.Close()
+	}
+	if a.body != nil {
+		if d := time.Until(drainUntil); d > 0 && a.resp != nil {
+			drain := time.AfterFunc(d, func() { a.cancel(nil) })
+			_, _ = io.Copy(io.Discard, io.LimitReader(a.body, maxDrain))
+			drain.Stop()
+		}
+		a.body.Close()
 	}
 	a.cancel(nil)
 }
@@ -203,11 +260,14 @@ func attemptTimedOut(limit time.Duration, err error) error {
 type deliveredBody struct {
 	io.ReadCloser
 	cancel context.CancelCauseFunc
+	fl     *flight // the call's hedged rounds, nil for none
 }
 
-// Close closes the response body, then cancels the attempt's context.
+// Close closes the response body, cancels the attempt's context, and ends
+// the drains of the answers the hedged rounds discarded.
 func (b *deliveredBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel(nil)
+	b.fl.end()
 	return err
 }

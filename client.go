@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
+	"github.com/saferetry/saferetry/internal/hosts"
 	"github.com/saferetry/saferetry/internal/nilcheck"
 	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
@@ -44,7 +46,11 @@ type Transport struct {
 	base    http.RoundTripper
 	cfg     config
 	keyName string // the key header's canonical name
+	keyErr  error  // why the key header's name is refused, nil when it is not
 	obs     observers
+	// The hosts' latencies, for an adaptive hedge delay (hedge.go); nil for
+	// none. At most hosts.Max (4096) hosts have one of their own.
+	est *hosts.Map[*estimate]
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -77,6 +83,10 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 		t.cfg.budget = defaultBudget()
 	}
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
+	t.keyErr = checkKeyHeader(t.cfg.keyHeader)
+	if t.cfg.hedging && t.cfg.hedge.MaxHedges >= 0 && t.cfg.hedge.Delay <= 0 {
+		t.est = &hosts.Map[*estimate]{New: newEstimate}
+	}
 	obs := t.cfg.observers
 	if !t.cfg.noLog {
 		logs := logObserver{logger: t.cfg.logger, maxBody: t.cfg.maxBufferedBody}
@@ -106,6 +116,12 @@ func NewClient(opts ...Option) *http.Client {
 
 // RoundTrip sends req, retrying as described on Transport.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.keyErr != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, t.keyErr
+	}
 	c, err := t.newCall(req)
 	if err != nil {
 		if req.Body != nil {
@@ -133,11 +149,21 @@ type call struct {
 	getBody     func() (io.ReadCloser, error)
 	notRetrying retry.Reason // why the body cannot be sent again, "" if it can
 
-	sent int // attempts made
+	started int // attempts begun: the number of the last one
+	sent    int // attempts sent
+
+	// Hedging (hedge.go): whether the call may hedge at all, whether it
+	// may no more (pushback, a Retry-After, the budget), the host's latency
+	// estimate (nil unless the delay is adaptive), and the attempts in
+	// flight at once.
+	mayHedge bool
+	noHedge  bool
+	est      *estimate
+	fl       *flight
 }
 
-// run is the retry loop: attempt, classify, decide, then wait and go on or
-// return.
+// run is the retry loop: attempt (with its hedges, hedge.go), classify,
+// decide, then wait and go on or return.
 func (c *call) run() (*http.Response, error) {
 	ctx := c.req.Context()
 	decide.Begin(c.bud, c.start)
@@ -149,84 +175,100 @@ func (c *call) run() (*http.Response, error) {
 	var (
 		retrying retry.Class // the class of the outcome the next attempt retries
 		prevWait time.Duration
-		cost     int // the budget cost of the retry in flight, refunded by a success
+		cost     int // the budget cost of the next attempt, a retry
 		lastErr  error
 	)
-	for n := 1; ; n++ {
-		if n > 1 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
+	for {
+		if c.started > 0 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
 			// No time left for the retry (an observer took it): it is
-			// neither sent nor counted.
-			return c.done(nil, &retry.ExhaustedError{Attempts: n - 1, Reason: retry.ReasonDeadline,
+			// neither sent nor counted, and its cost is given back.
+			decide.Refund(c.bud, time.Now(), cost)
+			return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonDeadline,
 				Err: lastErr, Key: c.key}, OutcomeStopped, retry.ReasonDeadline)
 		}
-		a, err := c.send(ctx, n, retrying)
+		a, err := c.begin(ctx, retrying, false)
 		if err != nil { // the preparation failed: nothing was sent
+			decide.Refund(c.bud, time.Now(), cost)
 			return c.stopUnsent(a, err)
 		}
-		c.sent = n
-		d, step, decided := c.judge(a, prevWait)
+		a.cost = cost
+		if delay, ok := c.hedgeDelay(); ok {
+			a = c.hedged(ctx, a, delay)
+		} else {
+			c.roundTrip(a)
+			c.heard(a)
+		}
+		step, decided := c.judge(a, prevWait)
 		for step.Stop != "" && a.resp != nil && !a.handOver() {
-			d, step, _ = c.judge(a, prevWait) // the limit fired first: the attempt timed out
+			a.d = c.classify(a) // the limit fired first: the attempt timed out
+			step, _ = c.judge(a, prevWait)
 		}
 		if step.Stop != "" {
-			return c.stop(a, d, step, cost)
+			return c.stop(a, step)
 		}
-		c.observe(a, d, OutcomeRetry, step)
+		c.observe(a, OutcomeRetry, step)
 		if a.err != nil {
 			lastErr = a.err
 		}
 		// The wait starts at the decision: the drain runs within it, and
 		// the sleep is what is left of it.
 		wake := decided.Add(step.Wait)
-		a.discard(wake)
+		a.close(wake)
 		if err := wait.Sleep(ctx, time.Until(wake)); err != nil {
+			decide.Refund(c.bud, time.Now(), step.Cost) // the retry is never sent
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}
-			return c.done(nil, &retry.ExhaustedError{Attempts: n, Reason: retry.ReasonCanceled, Err: err,
-				Key: c.key}, OutcomeStopped, retry.ReasonCanceled)
+			return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonCanceled,
+				Err: err, Key: c.key}, OutcomeStopped, retry.ReasonCanceled)
 		}
-		retrying, prevWait, cost = d.Class, step.Wait, step.Cost
+		retrying, prevWait, cost = a.d.Class, step.Wait, step.Cost
 	}
 }
 
-// judge classifies attempt a's outcome and decides, at the time it
-// returns, what follows it.
-func (c *call) judge(a *attempt, prevWait time.Duration) (
-	retry.Decision, decide.Result, time.Time) {
-	d := c.classify(a)
+// judge decides, at the time it returns, what follows attempt a's
+// classified outcome: the decision (decide.Decide), then, for a retry, its
+// commit step (commit).
+func (c *call) judge(a *attempt, prevWait time.Duration) (decide.Result, time.Time) {
 	cfg := &c.t.cfg
 	now := time.Now()
-	in := decide.Input{
-		Outcome: d, Attempt: a.n, Canceled: c.req.Context().Err() != nil,
+	step := decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
+		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
+		Outcome: a.d, Attempt: c.sent, Canceled: c.req.Context().Err() != nil,
 		Marked: hop.Marked(a.resp), Body: c.notRetrying,
-		Now: now, Deadline: c.overall, PrevWait: prevWait, Budget: c.bud,
+		Now: now, Deadline: c.overall, PrevWait: prevWait,
+	})
+	step, err := c.commit(step, now)
+	if err != nil && a.resp == nil {
+		// An attempt without a response carries the error (with a
+		// response in hand, that is what the caller gets).
+		a.err = errors.Join(a.err, c.redact(fmt.Errorf("saferetry: rewinding request body: %w", err)))
 	}
-	if c.getBody != nil && c.notRetrying == "" {
-		in.Rewind = func() error { return c.rewind(a) }
-	}
-	return d, decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
-		MaxRetryAfter: cfg.maxRetryAfter}, in), now
+	return step, now
 }
 
-// rewind readies the request body for the retry of attempt a, from
-// GetBody. When that fails, the request is never retried, and an attempt
-// without a response carries the error (with a response in hand, that is
-// what the caller gets).
-func (c *call) rewind(a *attempt) error {
-	if c.body != nil {
-		return nil // rewound for a retry the budget refused, before a's limit fired
+// commit is the commit step of the retry or the hedge that step grants (any
+// other step is returned as it is): the request body is rewound from
+// GetBody, then the budget asked, last (decide.Grant), so that a retry
+// stopped for any other reason costs nothing. When GetBody fails, the
+// request is never sent again: the step stops with
+// retry.ReasonBodyNotRewindable, and the error is GetBody's.
+func (c *call) commit(step decide.Result, now time.Time) (decide.Result, error) {
+	if step.Stop != "" {
+		return step, nil
 	}
-	body, err := c.getBody()
-	if err != nil {
-		c.notRetrying = retry.ReasonBodyNotRewindable
-		if a.resp == nil {
-			a.err = errors.Join(a.err, fmt.Errorf("saferetry: rewinding request body: %w", err))
+	// A body in hand was rewound for a step the budget refused (before an
+	// attempt's limit fired, or for a hedge): it has not been sent.
+	if c.getBody != nil && c.body == nil {
+		body, err := c.getBody()
+		if err != nil {
+			c.notRetrying = retry.ReasonBodyNotRewindable
+			return decide.Result{Stop: retry.ReasonBodyNotRewindable, Wait: step.Wait,
+				Throttle: step.Throttle}, err
 		}
-		return err
+		c.body = body
 	}
-	c.body = body
-	return nil
+	return decide.Grant(c.bud, now, step), nil
 }
 
 // classify labels attempt a's outcome. A 409's problem code is peeked from
@@ -237,44 +279,46 @@ func (c *call) classify(a *attempt) retry.Decision {
 	if a.resp != nil && a.resp.StatusCode == http.StatusConflict {
 		peek := time.AfterFunc(maxPeekTime, func() { a.cancel(ErrAttemptTimeout) })
 		in.ProblemCode = peekProblemCode(a.resp)
+		a.body = a.resp.Body // the peeked bytes put back in front of it
 		if !peek.Stop() || a.expired() {
 			a.timeOut()
 		}
 	}
 	in.Response, in.Err = a.resp, a.err
 	in.AttemptTimedOut = errors.Is(a.err, ErrAttemptTimeout)
-	return retry.Classify(c.t.cfg.rules, in, time.Now())
+	a.classified = time.Now()
+	return retry.Classify(c.t.cfg.rules, in, a.classified)
 }
 
 // stop ends the loop with attempt a, whose response, if it has one, was
 // handed over: it is returned with a nil error, else a's error.
-func (c *call) stop(a *attempt, d retry.Decision, step decide.Result,
-	cost int) (*http.Response, error) {
+func (c *call) stop(a *attempt, step decide.Result) (*http.Response, error) {
 	outcome := OutcomeStopped
-	if !d.Retry {
+	if !a.d.Retry {
 		outcome = OutcomeFinal
 	}
-	c.observe(a, d, outcome, step)
+	c.observe(a, outcome, step)
 	if a.resp != nil {
-		decide.End(c.bud, time.Now(), a.resp.StatusCode, cost)
+		decide.End(c.bud, time.Now(), a.resp.StatusCode, a.cost)
 		return c.done(a.resp, nil, outcome, step.Stop)
 	}
-	a.end()
-	return c.done(nil, &retry.ExhaustedError{Attempts: a.n, Reason: step.Stop, Err: a.err, Key: c.key},
-		outcome, step.Stop)
+	a.close(time.Time{})
+	return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: step.Stop, Err: a.err,
+		Key: c.key}, outcome, step.Stop)
 }
 
 // stopUnsent ends the loop with attempt a, whose preparation failed with err.
 func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
-	a.end()
-	c.observe(a, retry.Decision{Class: retry.ClassNotRetryable}, OutcomeStopped,
-		decide.Result{Stop: retry.ReasonPrepare})
-	return c.done(nil, &retry.ExhaustedError{Attempts: a.n - 1, Reason: retry.ReasonPrepare, Err: err,
+	a.close(time.Time{})
+	a.d, a.err = retry.Decision{Class: retry.ClassNotRetryable}, err
+	c.observe(a, OutcomeStopped, decide.Result{Stop: retry.ReasonPrepare})
+	return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonPrepare, Err: err,
 		Key: c.key}, OutcomeStopped, retry.ReasonPrepare)
 }
 
 // done notes a pushback (decide.PushBack) in the record of the request the
 // call was made for, when its context carries one (deadline.Middleware),
+// hands what is left of the hedged rounds (flight.end) to the body returned,
 // tells the CallDone observers how the call ended, and returns resp and err.
 func (c *call) done(resp *http.Response, err error, outcome Outcome,
 	stop retry.Reason) (*http.Response, error) {
@@ -287,6 +331,17 @@ func (c *call) done(resp *http.Response, err error, outcome Outcome,
 			rec.NoteRetriedBelow()
 		}
 	}
+	// What is left of the hedged rounds belongs to the body returned, and
+	// ends when it is closed; without one, it ends now.
+	var delivered *deliveredBody
+	if resp != nil {
+		delivered, _ = resp.Body.(*deliveredBody)
+	}
+	if delivered != nil {
+		delivered.fl = c.fl
+	} else {
+		c.fl.end()
+	}
 	if c.t.obs.callDone {
 		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key, Attempts: c.sent,
 			Outcome: outcome, Stop: stop, Response: resp, Err: err, Total: time.Since(c.start)})
@@ -295,14 +350,21 @@ func (c *call) done(resp *http.Response, err error, outcome Outcome,
 }
 
 // observe tells the AttemptDone observers attempt a's outcome and what the
-// loop does next.
-func (c *call) observe(a *attempt, d retry.Decision, outcome Outcome, step decide.Result) {
+// loop does next. For OutcomeLost it reads nothing of a's outcome: the
+// attempt was canceled, and what it ended with is no answer.
+func (c *call) observe(a *attempt, outcome Outcome, step decide.Result) {
 	if !c.t.obs.attemptDone {
 		return
 	}
 	now := time.Now()
-	info := AttemptDoneInfo{Request: c.req, Attempt: a.n, Key: c.key, Decision: d, Response: a.resp,
-		Err: a.err, Elapsed: now.Sub(a.start), Total: now.Sub(c.start), Outcome: outcome, Stop: step.Stop}
+	info := AttemptDoneInfo{Request: c.req, Attempt: a.n, Key: c.key, Hedge: a.hedge,
+		Elapsed: now.Sub(a.start), Total: now.Sub(c.start), Outcome: outcome, Stop: step.Stop}
+	if outcome != OutcomeLost {
+		info.Decision, info.Response, info.Err = a.d, a.resp, a.err
+		if !a.classified.IsZero() {
+			info.Elapsed = a.classified.Sub(a.start)
+		}
+	}
 	switch {
 	case outcome == OutcomeRetry:
 		info.Wait = step.Wait
@@ -402,7 +464,41 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 	if hasDeadline && (c.overall.IsZero() || ctxDeadline.Before(c.overall)) {
 		c.overall = ctxDeadline
 	}
+	c.sendDeadline = c.sendDeadline && !c.overall.IsZero() // no deadline: no header to send
+
+	// The Transport's own headers replace the caller's under every
+	// spelling of their names (req.Header["request-attempt"] included):
+	// each would otherwise go as a field line of its own, and the server
+	// would read neither.
+	own := addKey || t.cfg.attemptHeader // c.header is the Transport's map
+	if t.cfg.attemptHeader {
+		c.header, own = withoutSpellings(c.header, own, hop.AttemptHeader)
+	}
+	if c.sendDeadline {
+		c.header, _ = withoutSpellings(c.header, own, deadline.Header)
+	}
+	if t.cfg.hedging {
+		c.mayHedge = c.hedgeable(method)
+		if t.est != nil {
+			c.est = t.est.For(req.URL.Host)
+		}
+	}
 	return c, nil
+}
+
+// withoutSpellings returns h without the fields whose names are spellings
+// of name (canonical) other than name itself, copied first unless own says
+// that h is the Transport's map already, and whether the result is.
+func withoutSpellings(h http.Header, own bool, name string) (http.Header, bool) {
+	for k := range h {
+		if len(k) == len(name) && k != name && strings.EqualFold(k, name) {
+			if !own {
+				h, own = cloneHeader(h), true
+			}
+			delete(h, k)
+		}
+	}
+	return h, own
 }
 
 // idempotentMethod reports whether method is retried as idempotent by

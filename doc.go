@@ -84,6 +84,9 @@
 //	                  (1 for the first)
 //	logs              one slog record per attempt,      WithLogger
 //	                  to slog.Default()
+//	hedging           off; with Hedging{} the delay     WithHedging
+//	                  is the host's recent p95
+//	                  (5 ms..10 s), one hedge
 //	rules, hooks      none                              WithRetryPolicy, WithPrepare,
 //	                                                    WithObserver
 //
@@ -99,8 +102,10 @@
 // attempt is the anti-pattern: it makes every retry a new request. The
 // Transport never overwrites a caller's key; an invalid one fails before
 // any network I/O with an error matching keygen.ErrInvalidKey, which names
-// the key by its digest, never its bytes. The key sent is on
-// resp.Request.Header, and on retry.ExhaustedError.Key.
+// the key by its digest, never its bytes. No error text the Transport
+// returns, logs or gives its observers holds the key: where a server
+// echoed it into the base transport's error, it reads "[key <digest>]".
+// The key sent is on resp.Request.Header, and on retry.ExhaustedError.Key.
 //
 // Automatic keys make a POST retryable on every allow-listed outcome,
 // timeouts included: that is safe only against a server that de-duplicates
@@ -120,7 +125,8 @@
 // covers everything the Transport does with the attempt: sending it,
 // waiting for the headers, classifying the response and peeking at a 409's
 // problem code. It stops when the response is handed to the caller, whose
-// context alone then governs the body. No wait starts that would end after
+// context alone then governs the body, or when a hedged round sets the
+// answer aside while its other attempts run, whose limits bound that wait. No wait starts that would end after
 // the overall deadline, and no attempt starts once it has passed.
 //
 // The Transport's own reads of a body have bounds of their own, which hold
@@ -128,11 +134,39 @@
 // and 1 s (a peek that runs out is an attempt timeout, ErrAttemptTimeout);
 // the drain of an answer it discards at most 64 KiB, within the wait before
 // the retry (the sleep is what is left of the wait; an unfinished body is
-// closed and its connection dropped).
+// closed and its connection dropped), or, for an answer a hedged round
+// discards, beside the round for at most 1 s. No goroutine of the
+// Transport outlives the body RoundTrip returns: closing it ends those
+// drains, and RoundTrip that returns an error ends them before it returns.
 //
 // The time left is told to the server in the Request-Deadline-Ms header
 // (package deadline) only when the caller's context has a deadline, as gRPC
 // sends grpc-timeout: WithMaxElapsed bounds the loop but is not advertised.
+//
+// # Hedging
+//
+// WithHedging cuts the tail latency a straggling server gives: when the
+// attempts in flight have had no response headers for the hedge delay, the
+// Transport sends one more, a hedge, beside them (up to Hedging.MaxHedges at
+// once). The first final answer, one the loop would not retry, wins; only
+// the losers are canceled, and the winner's context lives until its body
+// is closed. A retryable answer (a 503, the in-progress 409) or an error
+// from one attempt while another is in flight is set aside, and the
+// Transport waits for the others: a hedge never makes the answer worse, and
+// once an attempt has failed, what follows is a retry, after its backoff.
+//
+// A hedge is safe for a write: only a request that may be sent again
+// whatever its outcome is hedged, and a POST or PATCH only with an
+// idempotency key, which every hedge carries, so that the idempotency
+// middleware answers the losers with the in-progress 409 or the replay and
+// the effect happens once. Hedges are attempts: they count in
+// WithMaxAttempts with the retries and carry their own Request-Attempt
+// number; one overall deadline bounds them all; each spends the host's
+// retry budget as a transient retry does, and when the budget denies, no
+// hedge starts and no attempt in flight is killed; no hedge follows an
+// answer marked "Retried-Below: true" or one with a Retry-After. Observers
+// and logs see each hedge as an attempt (AttemptStartInfo.Hedge), an
+// attempt that lost as OutcomeLost, and one set aside as OutcomeDiscarded.
 //
 // # Across a chain of services
 //

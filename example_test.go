@@ -1,6 +1,7 @@
 package saferetry_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/saferetry/saferetry"
 	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/jitter"
 	"github.com/saferetry/saferetry/keygen"
 )
@@ -70,4 +73,50 @@ func ExampleNewClient() {
 	key := resp.Request.Header.Get("Idempotency-Key")
 	fmt.Println(resp.StatusCode, len(key))
 	// Output: 200 36
+}
+
+func ExampleWithHedging() {
+	// A payments API behind the idempotency middleware whose first request
+	// is stuck for a while before it reaches the service (a stalled
+	// instance); the others go straight through.
+	var hits atomic.Int32
+	charge := idempotency.New(memstore.New(), idempotency.WithLogger(nil)).Wrap(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, "charged")
+		}))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Read the body first: net/http notices a client that went away
+		// only once it has.
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if hits.Add(1) == 1 {
+			select {
+			case <-time.After(10 * time.Second):
+			case <-r.Context().Done(): // the Transport canceled it: its hedge won
+				return
+			}
+		}
+		charge.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	client := saferetry.NewClient(
+		saferetry.WithHedging(saferetry.Hedging{Delay: 50 * time.Millisecond}),
+		saferetry.WithLogger(slog.New(slog.DiscardHandler)))
+
+	// A POST with a key is hedged: the hedge carries the same key, so the
+	// charge is made once whichever attempt reaches the service first.
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/charges", strings.NewReader(`{"amount":1000}`))
+	req.Header.Set("Authorization", "Bearer merchant-7")
+	req.Header.Set("Idempotency-Key", keygen.Event("order-charge", "42"))
+	resp, err := client.Do(req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(body), "from attempt", resp.Request.Header.Get("Request-Attempt"))
+	// Output: 201 charged from attempt 2
 }

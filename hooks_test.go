@@ -456,3 +456,27 @@ func TestCloseIdleConnectionsReachesTheBase(t *testing.T) {
 	// A base without the method: nothing happens, nothing panics.
 	newTestTransport(roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, errBoom })).CloseIdleConnections()
 }
+
+// When a retry's preparation fails, the AttemptDone observers see that
+// attempt, never sent, with the preparation's error, as AttemptDoneInfo.Err
+// documents.
+func TestObserversSeeThePreparationsError(t *testing.T) {
+	srv := &script{statuses: []int{503, 200}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	var done []AttemptDoneInfo
+	tr := newTestTransport(nil, WithPrepare(func(_ *http.Request, attempt int) error {
+		if attempt == 2 {
+			return errTokenExpired
+		}
+		return nil
+	}), WithObserver(Observer{AttemptDone: func(_ context.Context, a AttemptDoneInfo) {
+		done = append(done, a)
+	}}))
+	_, err := tr.RoundTrip(get(t, ts.URL))
+	require.ErrorIs(t, err, errTokenExpired)
+	require.Len(t, done, 2)
+	assert.Equal(t, OutcomeStopped, done[1].Outcome)
+	assert.Equal(t, retry.ReasonPrepare, done[1].Stop)
+	assert.ErrorIs(t, done[1].Err, errTokenExpired)
+}

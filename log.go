@@ -40,12 +40,15 @@ func (l logObserver) attemptStart(ctx context.Context, a AttemptStartInfo) conte
 }
 
 // attemptDone writes the one record of an attempt. Debug: a first-try
-// answer below 500; Info: an attempt that will be retried, or an answer
+// answer below 500, an attempt that lost to a hedge; Info: an attempt that
+// will be retried, one discarded while another is in flight, or an answer
 // after retries or a 5xx; Warn: an error, or a stopped loop.
 func (l logObserver) attemptDone(ctx context.Context, a AttemptDoneInfo) {
 	level := slog.LevelWarn
 	switch {
-	case a.Outcome == OutcomeRetry:
+	case a.Outcome == OutcomeLost:
+		level = slog.LevelDebug
+	case a.Outcome == OutcomeRetry || a.Outcome == OutcomeDiscarded:
 		level = slog.LevelInfo
 	case a.Outcome == OutcomeFinal && a.Response != nil:
 		level = slog.LevelDebug
@@ -57,7 +60,7 @@ func (l logObserver) attemptDone(ctx context.Context, a AttemptDoneInfo) {
 	if !lg.Enabled(ctx, level) {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 14)
+	attrs := make([]slog.Attr, 0, 15)
 	attrs = append(attrs,
 		slog.Int("attempt", a.Attempt),
 		slog.String("method", a.Request.Method),
@@ -65,6 +68,9 @@ func (l logObserver) attemptDone(ctx context.Context, a AttemptDoneInfo) {
 		slog.String("path", a.Request.URL.Path),
 		slog.String("class", string(a.Decision.Class)),
 	)
+	if a.Hedge {
+		attrs = append(attrs, slog.Bool("hedge", true))
+	}
 	if a.Response != nil {
 		attrs = append(attrs, slog.Int("status", a.Response.StatusCode))
 	}
@@ -95,6 +101,10 @@ func (l logObserver) attemptDone(ctx context.Context, a AttemptDoneInfo) {
 	switch {
 	case a.Outcome == OutcomeRetry:
 		msg = "saferetry: attempt failed, retrying"
+	case a.Outcome == OutcomeLost:
+		msg = "saferetry: attempt lost to another, canceled"
+	case a.Outcome == OutcomeDiscarded:
+		msg = "saferetry: attempt discarded, another in flight"
 	case level == slog.LevelWarn:
 		msg = "saferetry: giving up"
 	}

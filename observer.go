@@ -27,6 +27,15 @@ const (
 	// retried below, or a preparation that failed before the attempt was
 	// sent).
 	OutcomeStopped Outcome = "stopped"
+	// OutcomeLost: another attempt of the call, in flight at the same time
+	// (WithHedging), gave the final answer first; this one was canceled,
+	// and its outcome is never read (Response and Err are nil).
+	OutcomeLost Outcome = "lost"
+	// OutcomeDiscarded: the outcome came while another attempt of the call
+	// was in flight (WithHedging): a retryable answer or an error, set
+	// aside while the loop waits for the others, then closed; or a hedge
+	// whose preparation failed (Err is its error), never sent.
+	OutcomeDiscarded Outcome = "discarded"
 )
 
 // Observer sees every attempt and every call of a Transport. Each field is
@@ -53,8 +62,10 @@ type Observer struct {
 
 	// AttemptDone is called once per attempt whose AttemptStart was called,
 	// when its outcome and what the loop does next are known: before the
-	// sleep of a retry, before RoundTrip returns after the last one. ctx is
-	// the context AttemptStart returned.
+	// sleep of a retry, before RoundTrip returns after the last one; for a
+	// hedged request, also when an attempt is discarded, and when one that
+	// lost has ended (OutcomeLost). ctx is the context AttemptStart
+	// returned.
 	AttemptDone func(ctx context.Context, info AttemptDoneInfo)
 
 	// CallDone is called once per RoundTrip that made at least one attempt,
@@ -76,6 +87,9 @@ type AttemptStartInfo struct {
 	// outcome (retry.ReasonBodyNotRewindable for a body too large to
 	// buffer), "" when it may be.
 	NotRetrying retry.Reason
+	// Hedge is true for a hedge (WithHedging): an attempt sent beside
+	// attempts still in flight, not after one (its Retrying is "").
+	Hedge bool
 }
 
 // AttemptDoneInfo describes the outcome of one attempt and what the loop
@@ -84,6 +98,7 @@ type AttemptDoneInfo struct {
 	Request *http.Request // the caller's request (read-only)
 	Attempt int           // 1 for the first attempt
 	Key     string        // "" for none
+	Hedge   bool          // a hedge (see AttemptStartInfo.Hedge)
 	// Decision is the classification of the outcome; its Class is the
 	// label for logs and metrics.
 	Decision retry.Decision
@@ -92,16 +107,20 @@ type AttemptDoneInfo struct {
 	Response *http.Response
 	// Err is the attempt's error, nil when Response is set. When the
 	// preparation failed (Stop retry.ReasonPrepare), the attempt was not
-	// sent and Err is the preparation's error.
+	// sent and Err is the preparation's error. Its text never holds the
+	// key: wherever the key shows up in it (a server that echoed it into a
+	// status line), it reads "[key <keygen.Digest>]"; the error it wraps
+	// is the base transport's, unchanged, for errors.Is and errors.As.
 	Err error
 	// Elapsed is the attempt's duration, until its outcome was classified;
 	// Total the time since the call's first attempt started.
 	Elapsed, Total time.Duration
 	// Outcome is what the loop does next.
 	Outcome Outcome
-	// Stop is why the loop ends with this attempt, "" when it retries it:
-	// retry.ReasonNotRetryable or retry.ReasonCanceled for OutcomeFinal,
-	// any Reason for OutcomeStopped.
+	// Stop is why the loop ends with this attempt, "" when it retries it
+	// (and for OutcomeLost and OutcomeDiscarded): retry.ReasonNotRetryable
+	// or retry.ReasonCanceled for OutcomeFinal, any Reason for
+	// OutcomeStopped.
 	Stop retry.Reason
 	// Wait is the sleep before the next attempt (OutcomeRetry only).
 	Wait time.Duration
@@ -121,7 +140,8 @@ type CallDoneInfo struct {
 	// Stop is why the loop ended (see AttemptDoneInfo.Stop).
 	Stop retry.Reason
 	// Response is the response RoundTrip returns (never read its body),
-	// Err the error; exactly one is non-nil.
+	// Err the error; exactly one is non-nil. Err's text never holds the
+	// key (see AttemptDoneInfo.Err).
 	Response *http.Response
 	Err      error
 	Total    time.Duration // from the first attempt's start to the return

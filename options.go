@@ -1,12 +1,17 @@
 package saferetry
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
+	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/internal/decide"
+	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/jitter"
 	"github.com/saferetry/saferetry/retry"
 )
@@ -44,6 +49,8 @@ type config struct {
 	rules           []retry.Rule
 	prepare         []func(*http.Request, int) error
 	observers       []Observer
+	hedging         bool // WithHedging was given
+	hedge           Hedging
 }
 
 // deadlineMode says when a request carries deadline.Header.
@@ -68,7 +75,8 @@ func defaultConfig() config {
 }
 
 // WithMaxAttempts sets the number of attempts in all, the first included
-// (default 3). 1, and any value below 1, means a single attempt: no retries.
+// (default 3), hedges (WithHedging) and retries together. 1, and any value
+// below 1, means a single attempt: no retries, no hedges.
 func WithMaxAttempts(n int) Option {
 	return func(c *config) { c.maxAttempts = max(1, n) }
 }
@@ -113,9 +121,11 @@ func WithMaxRetryAfter(d time.Duration) Option {
 
 // WithLogger sets the logger of the one record written per attempt
 // (default slog.Default(), looked up at each record); nil turns logging
-// off. Debug: a first-try answer below 500; Info: an attempt that will be
-// retried, or an answer after retries or a 5xx; Warn: an error, or the
-// loop stopped while the outcome could have been retried. The records
+// off. Debug: a first-try answer below 500, an attempt that lost to a
+// hedge; Info: an attempt that will be retried, one discarded while another
+// was in flight, or an answer after retries or a 5xx; Warn: an error, or
+// the loop stopped while the outcome could have been retried. A hedge's
+// record has hedge=true. The records
 // never carry the raw key, only its digest. They are written by an
 // Observer that runs before those of WithObserver.
 func WithLogger(l *slog.Logger) Option {
@@ -156,7 +166,16 @@ func WithAutoKeys(on bool) Option {
 }
 
 // WithKeyHeader sets the name of the idempotency key header (default
-// "Idempotency-Key"). "" means the default name.
+// "Idempotency-Key"). "" means the default name. A name that is not an
+// HTTP field name (a token: letters, digits and !#$%&'*+-.^_`|~), or that
+// is, in any case, one of the headers the Transport sets itself
+// (Request-Attempt, Request-Deadline-Ms), which would overwrite the key on
+// every attempt, or a field that never reaches the server as sent (Host,
+// Content-Length, Transfer-Encoding, Trailer and Expect, which net/http
+// writes itself; the hop-by-hop Connection, Keep-Alive, Proxy-Connection,
+// TE and Upgrade), which would leave the server without the key, is
+// refused: every RoundTrip of the Transport then fails before any I/O with
+// an error that matches ErrInvalidKeyHeader.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		c.keyHeader = name
@@ -175,7 +194,8 @@ func WithKeyHeader(name string) Option {
 // deadline, as gRPC sends grpc-timeout; WithMaxElapsed alone bounds the
 // loop but is not advertised. true sends it on every request that has an
 // overall deadline (from WithMaxElapsed when the context has none); false
-// never sends it.
+// never sends it. When sent, it replaces any value the caller set, under
+// any spelling of the name; when not, the caller's goes as it is.
 func WithDeadlineHeader(on bool) Option {
 	return func(c *config) {
 		c.deadlineHeader = deadlineNever
@@ -187,7 +207,8 @@ func WithDeadlineHeader(on bool) Option {
 
 // WithAttemptHeader sets whether each attempt tells the server its number
 // (default on): "Request-Attempt: 1" on the first attempt, 2 on the first
-// retry, and so on, replacing any value the caller set. deadline.Middleware
+// retry, and so on, replacing any value the caller set, under any spelling
+// of the name (req.Header["request-attempt"] too). deadline.Middleware
 // reads it (deadline.Attempt), so that a server can tell first tries from
 // retries in its load; docs/CONTRACT.md gives the syntax. false sends no
 // attempt header and leaves the caller's, if any, as it is.
@@ -252,4 +273,83 @@ func WithObserver(o Observer) Option {
 			c.observers = append(c.observers, o)
 		}
 	}
+}
+
+// WithHedging turns hedged requests on (default off): when the attempts in
+// flight have had no response headers for h.Delay (0: adaptive, the host's
+// recent p95), the Transport sends one more beside them, a hedge, up to
+// h.MaxHedges at once (0: 1; below 0: hedging off). The first final answer
+// (one the loop would not retry) wins and is returned; the attempts still
+// in flight lose and are canceled, never the winner, whose context lives
+// until its body is closed, and RoundTrip returns once each loser has
+// ended (a base transport that honours the request's context, as
+// net/http's does, ends it at once). A panic of the base transport in a
+// hedge, a loser's included, is raised again on the goroutine of
+// RoundTrip, as it would be without hedging. A retryable answer (a 503, the in-progress 409
+// a hedged POST's loser gets) or an error while another attempt is in
+// flight is set aside, and the Transport waits for the others: the caller
+// gets an answer a hedge did not make worse.
+//
+// Only a request that may be sent again whatever its outcome is hedged (see
+// the package documentation): a POST or PATCH only with an idempotency key,
+// which every hedge carries, so that the server's idempotency middleware
+// answers all but one with the in-progress conflict or the replay, and no
+// effect is duplicated. Its body must be replayable. Hedges are attempts:
+// they count in WithMaxAttempts with the retries, each carries its own
+// Request-Attempt number, the observers and the logs see each (with
+// AttemptStartInfo.Hedge), and one overall deadline bounds them all. Each
+// hedge asks the host's retry budget, at the cost of a transient retry: a
+// denial stops the call's hedging and never ends an attempt in flight, and
+// a hedge that wins with a success gets its cost back, as a retried
+// success does. No hedge follows an answer marked "Retried-Below: true" or
+// one with a Retry-After, in the whole call.
+func WithHedging(h Hedging) Option {
+	return func(c *config) { c.hedging, c.hedge = true, h }
+}
+
+// ErrInvalidKeyHeader is matched by the error of every RoundTrip of a
+// Transport whose WithKeyHeader name is refused: not an HTTP field name,
+// the name of one of the Transport's own headers, or of a field that never
+// reaches the server as sent.
+var ErrInvalidKeyHeader = errors.New("saferetry: invalid key header name")
+
+// notEndToEnd are the request fields that never reach the server as the
+// caller wrote them: net/http writes Host, Content-Length,
+// Transfer-Encoding, Trailer and Expect from the request itself, and the
+// others are hop-by-hop (RFC 9110 section 7.6.1), which HTTP/2 refuses and
+// proxies drop.
+var notEndToEnd = []string{"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Expect",
+	"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Upgrade"}
+
+// checkKeyHeader returns why name cannot be the key header, nil when it can.
+func checkKeyHeader(name string) error {
+	for _, own := range []string{hop.AttemptHeader, deadline.Header} {
+		if strings.EqualFold(name, own) {
+			return fmt.Errorf("%w: WithKeyHeader(%q): the Transport sets %s itself", ErrInvalidKeyHeader,
+				name, own)
+		}
+	}
+	for _, f := range notEndToEnd {
+		if strings.EqualFold(name, f) {
+			return fmt.Errorf("%w: WithKeyHeader(%q): %s never reaches the server as sent",
+				ErrInvalidKeyHeader, name, f)
+		}
+	}
+	for i := 0; i < len(name); i++ {
+		if !tokenChar(name[i]) {
+			return fmt.Errorf("%w: WithKeyHeader(%q): byte %d is not a token character", ErrInvalidKeyHeader,
+				name, i)
+		}
+	}
+	return nil
+}
+
+// tokenChar reports whether c may appear in an HTTP field name (RFC 9110
+// section 5.6.2, tchar).
+func tokenChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh: the side-by-side benchmarks of saferetry and its peers, in
 # interleaved rounds, summarised with benchstat and cmd/ratios into
-# RESULTS.md. About 6 minutes on a 2-core machine with the defaults.
+# RESULTS.md. About 10 minutes on a 2-core machine with the defaults.
 #
 # Each round runs every scenario once, every contender in turn (bare first),
 # in fresh processes: -count=N in one process would run all N samples of one
@@ -12,6 +12,8 @@
 #   ROUNDS=8          rounds (samples per benchmark)
 #   BENCHTIME=400ms   -benchtime of the happy-path, POST and middleware runs
 #   FAILN=600         logical requests per failure benchmark (-benchtime=${FAILN}x)
+#   HEDGEN=10000      logical requests per straggler (hedging) benchmark
+#                     (-benchtime=${HEDGEN}x): its p99.9 is the 10th slowest
 #   SAFERETRY_PG_DSN  enables store=postgres in the middleware benchmark
 #   BENCHSTAT         path of benchstat (default: $(go env GOPATH)/bin/benchstat,
 #                     installed with `go install golang.org/x/perf/cmd/benchstat@latest`
@@ -26,6 +28,7 @@ cd "$(dirname "$0")"
 ROUNDS=${ROUNDS:-8}
 BENCHTIME=${BENCHTIME:-400ms}
 FAILN=${FAILN:-600}
+HEDGEN=${HEDGEN:-10000}
 OUT=${OUT:-RESULTS.md}
 RAW=results/raw.txt
 mkdir -p results
@@ -51,6 +54,7 @@ bt() { "$tmp/bench.test" -test.run '^$' -test.count 1 "$@"; }
 HAPPY=(-test.bench '^(BenchmarkHappy|BenchmarkPost64K)$' -test.benchtime "$BENCHTIME")
 FAIL=(-test.bench '^(BenchmarkTransient|BenchmarkOutage)$' -test.benchtime "${FAILN}x")
 MW=(-test.bench '^BenchmarkMiddleware$' -test.benchtime "$BENCHTIME")
+HEDGE=(-test.bench '^BenchmarkHedge$' -test.benchtime "${HEDGEN}x")
 
 if [ -n "$REPORT_ONLY" ]; then
 	# shellcheck source=/dev/null
@@ -66,11 +70,12 @@ for r in $(seq "$ROUNDS"); do
 	bt "${HAPPY[@]}" >>"$RAW"
 	bt "${FAIL[@]}" >>"$RAW"
 	bt "${MW[@]}" >>"$RAW"
+	bt "${HEDGE[@]}" >>"$RAW"
 done
 end=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
-printf 'start=%q\nend=%q\nload_start=%q\nload_end=%q\nrev=%q\nROUNDS=%q\nBENCHTIME=%q\nFAILN=%q\n' \
-	"$start" "$end" "$load_start" "$load_end" "$rev" "$ROUNDS" "$BENCHTIME" "$FAILN" >results/run.env
+printf 'start=%q\nend=%q\nload_start=%q\nload_end=%q\nrev=%q\nROUNDS=%q\nBENCHTIME=%q\nFAILN=%q\nHEDGEN=%q\n' \
+	"$start" "$end" "$load_start" "$load_end" "$rev" "$ROUNDS" "$BENCHTIME" "$FAILN" "$HEDGEN" >results/run.env
 fi
 
 echo "POST safety table" >&2
@@ -80,7 +85,7 @@ go run ./cmd/postsafety >"$tmp/post.md"
 
 if [ -x "$BENCHSTAT" ]; then
 	{
-		"$BENCHSTAT" -col /client -filter '.name:(Happy OR Post64K OR Transient OR Outage)' "$RAW"
+		"$BENCHSTAT" -col /client -filter '.name:(Happy OR Post64K OR Transient OR Outage OR Hedge)' "$RAW"
 		echo
 		"$BENCHSTAT" -col /store -filter '.name:Middleware' "$RAW"
 	} >results/benchstat.txt 2>&1 || echo "benchstat failed" >>results/benchstat.txt
@@ -102,10 +107,11 @@ and the SQL store against a hand-written claim (where its time goes): [NOTES.md]
 - Machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(go version | cut -d' ' -f3-), GOMAXPROCS default
 - Load average (1/5/15 min) at start: $load_start; at end: $load_end (the machine is shared: read the ratios, not the absolute times)
 - SAFERETRY_PG_DSN: $pg
-- Commands: \`ROUNDS=$ROUNDS BENCHTIME=$BENCHTIME FAILN=$FAILN ./run.sh\`, which runs, $ROUNDS times interleaved:
+- Commands: \`ROUNDS=$ROUNDS BENCHTIME=$BENCHTIME FAILN=$FAILN HEDGEN=${HEDGEN:-10000} ./run.sh\`, which runs, $ROUNDS times interleaved:
   - \`bench.test -test.run '^\$' -test.count 1 ${HAPPY[*]}\`
   - \`bench.test -test.run '^\$' -test.count 1 ${FAIL[*]}\`
   - \`bench.test -test.run '^\$' -test.count 1 ${MW[*]}\`
+  - \`bench.test -test.run '^\$' -test.count 1 ${HEDGE[*]}\`
   - then \`go run ./cmd/postsafety\`, \`go run ./cmd/ratios results/raw.txt\` and
     \`benchstat -col /client\` / \`-col /store\` on results/raw.txt (raw samples in results/raw.txt,
     benchstat's output in results/benchstat.txt).

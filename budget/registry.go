@@ -1,15 +1,11 @@
 package budget
 
 import (
-	"strings"
-	"sync"
 	"time"
 
+	"github.com/saferetry/saferetry/internal/hosts"
 	"github.com/saferetry/saferetry/internal/nilcheck"
 )
-
-// maxHosts is the number of hosts a Registry gives a budget of their own.
-const maxHosts = 4096
 
 // Registry hands out one [Budget] per host, created on the first For call
 // for that host by the function given to [NewRegistry], so that an outage
@@ -31,14 +27,7 @@ const maxHosts = 4096
 // usable.
 type Registry struct {
 	newBudget func() Budget
-	max       int
-
-	// known holds every host's budget, read without a lock; mu serialises
-	// creation and guards hosts (how many there are) and overflow.
-	known    sync.Map // string -> Budget
-	mu       sync.Mutex
-	hosts    int
-	overflow Budget
+	hosts     hosts.Map[Budget] // at most hosts.Max (4096) of their own
 }
 
 var _ Budget = (*Registry)(nil)
@@ -49,34 +38,16 @@ var _ Budget = (*Registry)(nil)
 // bucket. newBudget is called under the registry's lock,
 // once per host, and must not call the registry.
 func NewRegistry(newBudget func() Budget) *Registry {
-	return &Registry{newBudget: newBudget, max: maxHosts}
+	r := &Registry{newBudget: newBudget}
+	r.hosts.New = r.create
+	return r
 }
 
 // For returns the budget of host, creating it on first use. host is
 // compared case-insensitively and otherwise as given: the Transport passes
 // the request URL's Host (host or host:port), so "example.com" and
 // "example.com:443" are different hosts. Safe for concurrent use; never nil.
-func (r *Registry) For(host string) Budget {
-	host = strings.ToLower(host) // no allocation when already lower case
-	if b, ok := r.known.Load(host); ok {
-		return b.(Budget)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if b, ok := r.known.Load(host); ok { // created while we waited
-		return b.(Budget)
-	}
-	if r.hosts >= r.max {
-		if r.overflow == nil {
-			r.overflow = r.create()
-		}
-		return r.overflow
-	}
-	b := r.create()
-	r.known.Store(host, b)
-	r.hosts++
-	return b
-}
+func (r *Registry) For(host string) Budget { return r.hosts.For(host) }
 
 func (r *Registry) create() Budget {
 	if r.newBudget != nil {

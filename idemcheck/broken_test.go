@@ -268,7 +268,7 @@ func TestCorrectFakePasses(t *testing.T) {
 	require.False(t, rep.Failed(), rep.String())
 	api.mu.Lock()
 	defer api.mu.Unlock()
-	// Six effects, and one per extra burst of in_progress (when the
+	// Seven effects, and one per extra burst of in_progress (when the
 	// concurrent burst saw no conflict).
 	extra := 0
 	for _, e := range rep.Checks[2].Evidence {
@@ -276,7 +276,7 @@ func TestCorrectFakePasses(t *testing.T) {
 			extra++
 		}
 	}
-	require.Equal(t, 6+extra, api.effects)
+	require.Equal(t, 7+extra, api.effects)
 }
 
 // constant answers every request 201 with the same body, whatever it

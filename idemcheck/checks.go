@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,7 +31,8 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 	rep := Report{Target: c.target}
 	c.first = c.send(ctx, newKey("replay"), c.cfg.Body, c.header)
 	if a := c.first; a.err != nil {
-		return rep, fmt.Errorf("idemcheck: %s could not be checked: no answer to the first request: %w",
+		return rep, fmt.Errorf("idemcheck: %s could not be checked: no answer to the first "+
+			"request: %w",
 			c.target, a.err)
 	} else if !success(a.status) {
 		return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer is %d %s, "+
@@ -38,12 +41,23 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 	}
 	if f := c.cfg.IDField; f != "" {
 		if _, ok := effectID(c.first.body, f); !ok {
-			return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer has no JSON member %q "+
-				"(IDField, -id-field): %s", c.target, f, showBytes(c.first.body))
+			return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer has no "+
+				"JSON member %q (IDField, -id-field): %s", c.target, f, showBytes(c.first.body))
 		}
 	}
 	c.fresh = append(c.fresh, c.first)
 	c.samples = append(c.samples, c.first)
+	// A second request under a fresh key, with the same body and principal:
+	// two answers of requests that each ran show, before any check is
+	// judged on it, whether the answers identify their effect.
+	probe := c.send(ctx, newKey("identity"), c.cfg.Body, c.header)
+	if probe.err != nil || !success(probe.status) {
+		return rep, fmt.Errorf("idemcheck: %s could not be checked: a second request under a "+
+			"fresh key got %s, not a success (2xx); the request must succeed under every fresh key",
+			c.target, showAnswer(probe))
+	}
+	c.fresh = append(c.fresh, probe)
+	c.samples = append(c.samples, probe)
 	checks := []struct {
 		name string
 		f    func(context.Context) (Result, string, []string)
@@ -56,16 +70,25 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		{"invalid_key", c.invalidKey},
 		{"marker", c.marker},
 	}
-	var byEffect []bool // per check: its result rests on telling effects apart
-	defer func() { c.unverified(rep.Checks, byEffect) }()
 	for _, ch := range checks {
 		c.byEffect = false
+		c.transients.Store(0)
 		res, detail, ev := ch.f(ctx)
 		if ev == nil {
 			ev = []string{} // JSON: a list, never null
 		}
-		rep.Checks = append(rep.Checks, Check{Name: ch.name, Result: res, Detail: detail, Evidence: ev})
-		byEffect = append(byEffect, c.byEffect)
+		check := Check{Name: ch.name, Result: res, Detail: detail, Evidence: ev}
+		if c.byEffect {
+			c.unverified(&check)
+		}
+		if n := c.transients.Load(); n > 0 {
+			check.Detail += fmt.Sprintf("; %d transient answers (502, 503, 504) were sent again "+
+				"once, as a retrying client would (see the evidence)", n)
+		}
+		rep.Checks = append(rep.Checks, check)
+		if c.cfg.OnCheck != nil {
+			c.cfg.OnCheck(check)
+		}
 		if ctx.Err() != nil {
 			return rep, fmt.Errorf("idemcheck: the run was cut short during the %s check: %w",
 				ch.name, context.Cause(ctx))
@@ -75,15 +98,23 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 }
 
 // identifies reports whether the target's success answers tell effects
-// apart, as the run saw them: no two requests under fresh keys with the
-// same body (the first request, the concurrent check's key, the marker
-// check's keys) got the same answer, or the same IDField, and at least two
-// did. Otherwise it says why not.
+// apart, as the run has seen them so far: no two requests under fresh keys
+// with the same body and principal (the first request, the second one, the
+// concurrent check's key, ...) got the same answer, or the same IDField,
+// once the key each was sent under is set aside (echoFree), and at least
+// two did. Otherwise it says why not.
 func (c *checker) identifies() (bool, string) {
 	for i, a := range c.samples {
 		for _, b := range c.samples[:i] {
-			if bytes.Equal(a.body, b.body) || c.effect(a) == c.effect(b) {
-				return false, fmt.Sprintf("two requests under fresh keys, %s and %s, got the same %s",
+			switch {
+			case bytes.Equal(a.body, b.body) || c.effect(a) == c.effect(b):
+				return false, fmt.Sprintf("two requests under fresh keys, %s and %s, got the same "+
+					"%s",
+					showKey(b.key), showKey(a.key), c.showEffect(a))
+			case c.echoFree(a) == c.echoFree(b):
+				return false, fmt.Sprintf("the answers to two requests under fresh keys, %s and "+
+					"%s, differ only by the key they echo (%s): an answer that repeats what its "+
+					"request sent is no evidence of one effect",
 					showKey(b.key), showKey(a.key), c.showEffect(a))
 			}
 		}
@@ -95,30 +126,60 @@ func (c *checker) identifies() (bool, string) {
 	return true, ""
 }
 
-// unverified turns the results that rest on telling effects apart into
-// Skip (an Info says it is unverified) when the answers do not identify
-// their effect: a replay and a second effect would then look alike.
-func (c *checker) unverified(checks []Check, byEffect []bool) {
+// uuidRE matches the random part of the checker's keys (keygen.Random).
+var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// echoFree returns what a success answer says of its effect (effect), with
+// every form of the key it was sent under set aside: the key as sent, its
+// bare form (an sf-string's content), its random part, and their escapes in
+// a URL. An answer that only repeats what its request sent (the key, the
+// account, the body) gives the same value under every key.
+func (c *checker) echoFree(a answer) string {
+	forms := []string{a.key}
+	if bare, err := strconv.Unquote(a.key); err == nil {
+		forms = append(forms, bare)
+	}
+	forms = append(forms, uuidRE.FindAllString(a.key, -1)...)
+	for _, f := range slices.Clone(forms) {
+		forms = append(forms, url.QueryEscape(f), url.PathEscape(f))
+	}
+	slices.SortFunc(forms, func(x, y string) int { return len(y) - len(x) }) // the longest first
+	e := c.effect(a)
+	for _, f := range forms {
+		if f != "" {
+			e = strings.ReplaceAll(e, f, "\x00key\x00")
+		}
+	}
+	return e
+}
+
+// unverified turns the result of a check that rests on telling effects
+// apart into Skip (an Info says it is unverified) when the answers do not
+// identify their effect: a replay and a second effect would then look
+// alike.
+func (c *checker) unverified(ch *Check) {
 	ok, why := c.identifies()
 	if ok {
 		return
 	}
 	what := "set IDField (-id-field) to the JSON member that names the effect"
 	if c.cfg.IDField != "" {
-		what = "IDField (-id-field) " + strconv.Quote(c.cfg.IDField) + " does not name the effect; set it to one that does"
+		what = "IDField (-id-field) " + strconv.Quote(c.cfg.IDField) +
+			" does not name the effect; set it to one that does"
 	}
-	for i := range checks {
-		ch := &checks[i]
-		switch {
-		case !byEffect[i]:
-		case ch.Result == Info:
-			ch.Detail += "; unverified: the answers do not identify their effect (" + why + ")"
-		default:
-			ch.Result = Skip
-			ch.Detail = fmt.Sprintf("the answers do not identify their effect, so a replay and a second effect "+
-				"look alike: %s; %s (seen: %s)", why, what, ch.Detail)
-		}
+	if ch.Result == Info {
+		ch.Detail += "; unverified: the answers do not identify their effect (" + why + ")"
+		return
 	}
+	ch.Result = Skip
+	ch.Detail = fmt.Sprintf("the answers do not identify their effect, so a replay and a second "+
+		"effect look alike: %s; %s (seen: %s)", why, what, ch.Detail)
+}
+
+// sameEffect reports whether two success answers name the same effect: the
+// same body, or the same effect (IDField).
+func (c *checker) sameEffect(x, y answer) bool {
+	return bytes.Equal(x.body, y.body) || c.effect(x) == c.effect(y)
 }
 
 // noAnswer is the detail of a check whose request got no answer.
@@ -140,19 +201,23 @@ func (c *checker) replay(ctx context.Context) (Result, string, []string) {
 		return Fail, c.noAnswer(a), ev
 	case a.status == c.first.status && bytes.Equal(a.body, c.first.body):
 		c.byEffect = true
-		return Pass, fmt.Sprintf("the retry got the first answer again (%d, %d bytes): one effect, %s",
+		return Pass, fmt.Sprintf("the retry got the first answer again (%d, %d bytes): one "+
+			"effect, %s",
 			a.status, len(a.body), c.showEffect(a)), ev
 	case !success(a.status):
-		return Fail, fmt.Sprintf("a client that retries a timed-out %s gets %d instead of the answer "+
-			"to its request (the first answer was %d)", c.route, a.status, c.first.status), ev
+		return Fail, fmt.Sprintf("a client that retries a timed-out %s gets %d instead of the "+
+			"answer to its request (the first answer was %d)",
+			c.route, a.status, c.first.status), ev
 	case c.cfg.IDField == "":
-		return Fail, fmt.Sprintf("a client that retries a timed-out %s gets another answer than the first: "+
-			"a second effect or a regenerated replay (%s; set IDField, -id-field, to tell which)",
+		return Fail, fmt.Sprintf("a client that retries a timed-out %s gets another answer than "+
+			"the first: a second effect or a regenerated replay (%s; set IDField, -id-field, to "+
+			"tell which)",
 			c.route, differ(c.first, a)), ev
 	case c.effect(a) == c.effect(c.first):
 		c.byEffect = true
-		return Fail, fmt.Sprintf("a client whose first answer was lost gets another answer on its retry "+
-			"than the one the server sent first: the replay regenerates part of the body (same %s; %s)",
+		return Fail, fmt.Sprintf("a client whose first answer was lost gets another answer on its "+
+			"retry than the one the server sent first: the replay regenerates part of the body "+
+			"(same %s; %s)",
 			c.showEffect(a), differ(c.first, a)), ev
 	default:
 		return Fail, fmt.Sprintf("a client that retries a timed-out %s creates a second effect: "+
@@ -225,24 +290,26 @@ func (c *checker) concurrent(ctx context.Context) (Result, string, []string) {
 	}
 	switch {
 	case len(effects) > 1:
-		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs "+
-			"(a timeout shorter than the work) creates a second effect: %d duplicates sent at once made "+
-			"%d effects (%s)", c.route, c.n, len(effects), strings.Join(shown, ", ")), ev
+		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs (a "+
+			"timeout shorter than the work) creates a second effect: %d duplicates sent at once "+
+			"made %d effects (%s)", c.route, c.n, len(effects), strings.Join(shown, ", ")), ev
 	case others > 0 && other.err != nil:
-		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs gets "+
-			"no answer and cannot tell whether its request took effect: %d of %d duplicates got none (%v)",
+		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs "+
+			"gets no answer and cannot tell whether its request took effect: %d of %d duplicates "+
+			"got none (%v)",
 			c.route, others, c.n, other.err), ev
 	case others > 0:
-		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs gets "+
-			"%d, neither the replay nor a conflict to retry, and cannot tell whether its request "+
-			"took effect: %d of %d duplicates", c.route, other.status, others, c.n), ev
+		return Fail, fmt.Sprintf("a client that retries %s while its first attempt still runs "+
+			"gets %d, neither the replay nor a conflict to retry, and cannot tell whether its "+
+			"request took effect: %d of %d duplicates", c.route, other.status, others, c.n), ev
 	case len(effects) == 0:
-		return Fail, fmt.Sprintf("no client learns the outcome of %s: none of %d duplicates sent at once "+
-			"succeeded, each got a conflict, the one that ran included", c.route, c.n), ev
+		return Fail, fmt.Sprintf("no client learns the outcome of %s: none of %d duplicates sent "+
+			"at once succeeded, each got a conflict, the one that ran included", c.route, c.n), ev
 	}
 	c.byEffect = true
-	return Pass, fmt.Sprintf("%d duplicates sent at once made one effect (%s): %d answered with it "+
-		"(its execution and replays), %d with a conflict", c.n, shown[0], successes, len(c.conflicts)), ev
+	return Pass, fmt.Sprintf("%d duplicates sent at once made one effect (%s): %d answered with "+
+		"it (its execution and replays), %d with a conflict",
+		c.n, shown[0], successes, len(c.conflicts)), ev
 }
 
 // inProgress takes the first conflict of the concurrent check, or of up to
@@ -270,13 +337,14 @@ func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
 				statuses = append(statuses, strconv.Itoa(a.status))
 			}
 		}
-		ev = append(ev, fmt.Sprintf("burst %d: key %s sent %d times at once: %s", b, showKey(key), c.n,
+		ev = append(ev, fmt.Sprintf("burst %d: key %s sent %d times at once: %s",
+			b, showKey(key), c.n,
 			strings.Join(statuses, ", ")))
 	}
 	if len(conflicts) == 0 {
-		return Skip, fmt.Sprintf("unverified: no conflict seen in %d bursts of %d duplicates sent at once "+
-			"(each got the effect or its replay), so what a client that retries while the work runs "+
-			"gets is unknown; a target whose work takes longer shows it", bursts, c.n), ev
+		return Skip, fmt.Sprintf("unverified: no conflict seen in %d bursts of %d duplicates sent "+
+			"at once (each got the effect or its replay), so what a client that retries while the "+
+			"work runs gets is unknown; a target whose work takes longer shows it", bursts, c.n), ev
 	}
 	cf := conflicts[0]
 	code := cmp.Or(problemCode(cf.body), "no problem code")
@@ -301,14 +369,14 @@ func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
 	case a.err != nil:
 		return Fail, c.noAnswer(a), ev
 	case conflict(a.status):
-		return Fail, fmt.Sprintf("a client that honours the conflict's Retry-After does not get its answer: "+
-			"%s; still %d after %d retries", seen, a.status, inProgressTries), ev
+		return Fail, fmt.Sprintf("a client that honours the conflict's Retry-After does not get "+
+			"its answer: %s; still %d after %d retries", seen, a.status, inProgressTries), ev
 	case !success(a.status):
-		return Fail, fmt.Sprintf("a client that retries %s after the conflict gets %d instead of the "+
-			"replay: %s", c.route, a.status, seen), ev
+		return Fail, fmt.Sprintf("a client that retries %s after the conflict gets %d instead of "+
+			"the replay: %s", c.route, a.status, seen), ev
 	case effect != "" && c.effect(a) != effect:
-		return Fail, fmt.Sprintf("a client that retries %s after the conflict creates a second effect: "+
-			"%s; the retry made %s", c.route, seen, c.showEffect(a)), ev
+		return Fail, fmt.Sprintf("a client that retries %s after the conflict creates a second "+
+			"effect: %s; the retry made %s", c.route, seen, c.showEffect(a)), ev
 	}
 	c.byEffect = true
 	detail := fmt.Sprintf("conflict %s; the retry after it got the replay (%d, %s)", seen, a.status,
@@ -328,28 +396,55 @@ func (c *checker) mismatch(ctx context.Context) (Result, string, []string) {
 	switch {
 	case a.err != nil:
 		return Fail, c.noAnswer(a), ev
-	case success(a.status) && (bytes.Equal(a.body, c.first.body) || c.effect(a) == c.effect(c.first)):
-		return Fail, fmt.Sprintf("a client that reuses a key for another request (a bug, or a key derived "+
-			"from too little) gets the first request's answer and believes its own took effect: "+
-			"the altered body got the first answer (%d, %s)", a.status, c.showEffect(a)), ev
+	case success(a.status) && c.sameEffect(a, c.first):
+		return Fail, fmt.Sprintf("a client that reuses a key for another request (a bug, or a key "+
+			"derived from too little) gets the first request's answer and believes its own took "+
+			"effect: the altered body got the first answer (%d, %s)", a.status, c.showEffect(a)), ev
 	case success(a.status):
-		return Fail, fmt.Sprintf("a key does not bind its request: a client whose retry differs from its "+
-			"first attempt (a re-serialised or re-priced body) runs it again under the same key: "+
-			"the altered body made %s", c.showEffect(a)), ev
+		return Fail, fmt.Sprintf("a key does not bind its request: a client whose retry differs "+
+			"from its first attempt (a re-serialised or re-priced body) runs it again under the "+
+			"same key: the altered body made %s", c.showEffect(a)), ev
 	case !clientError(a.status):
-		return Fail, fmt.Sprintf("a client that reuses a key for another request gets %d, retries in vain "+
-			"and never learns that the key is the problem (a 4xx is expected)", a.status), ev
+		return Fail, fmt.Sprintf("a client that reuses a key for another request gets %d, retries "+
+			"in vain and never learns that the key is the problem (a 4xx is expected)",
+			a.status), ev
+	}
+	seen := fmt.Sprintf("%d %s", a.status, cmp.Or(problemCode(a.body), "without a problem code"))
+	// The 4xx is about the body only if the unchanged body, under the same
+	// key, still gets the first answer.
+	same := c.send(ctx, c.first.key, c.cfg.Body, c.header)
+	ev = append(ev, evidence("first key, unchanged body", same))
+	switch {
+	case same.err != nil:
+		return Fail, c.noAnswer(same), ev
+	case success(same.status) && c.sameEffect(same, c.first):
+		c.byEffect = true
+	case success(same.status):
+		c.byEffect = true
+		return Fail, fmt.Sprintf("a client's retry that comes after another request reused its "+
+			"key runs its request again: after the altered body got %s, the unchanged body under "+
+			"the same key made %s after %s", seen, c.showEffect(same), c.showEffect(c.first)), ev
+	case clientError(same.status):
+		return Skip, fmt.Sprintf("unverified: the target refuses every reuse of the key, whatever "+
+			"the body (the unchanged body under the same key got %d %s too), so its %s to the "+
+			"altered body does not show that it compares bodies; a client's retry of a completed "+
+			"request gets that refusal too",
+			same.status, cmp.Or(problemCode(same.body), "without a problem code"), seen), ev
+	default:
+		return Fail, fmt.Sprintf("a client's retry that comes after another request reused its "+
+			"key gets %d instead of the first answer", same.status), ev
 	}
 	control := c.send(ctx, newKey("mismatch"), alt, c.header)
 	ev = append(ev, evidence("altered body, fresh key "+showKey(control.key), control))
-	seen := fmt.Sprintf("%d %s", a.status, cmp.Or(problemCode(a.body), "without a problem code"))
 	if control.err != nil || !success(control.status) {
-		return Skip, fmt.Sprintf("the target refuses the altered body under a fresh key too, so its %s "+
-			"may be validation, not key reuse", seen), ev
+		return Skip, fmt.Sprintf("the target refuses the altered body under a fresh key too, so "+
+			"its %s may be validation, not key reuse", seen), ev
 	}
 	c.fresh = append(c.fresh, control)
-	return Pass, fmt.Sprintf("the first key with an altered body got %s, not the first answer; "+
-		"under a fresh key the altered body succeeded (%d)", seen, control.status), ev
+	return Pass, fmt.Sprintf("the first key with an altered body got %s, not the first answer, "+
+		"and the unchanged body under it the replay; under a fresh key the altered body succeeded "+
+		"(%d)", seen,
+		control.status), ev
 }
 
 // leak starts the detail of a failed scope check.
@@ -370,8 +465,8 @@ func (c *checker) scope(ctx context.Context) (Result, string, []string) {
 	case a.err != nil:
 		return Fail, c.noAnswer(a), ev
 	case a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
-		return Skip, fmt.Sprintf("the target refused the second principal (%d): give it credentials "+
-			"the target accepts", a.status), ev
+		return Skip, fmt.Sprintf("the target refused the second principal (%d): give it "+
+			"credentials the target accepts", a.status), ev
 	case a.header.Get(replayedHeader) == "true" && c.first.header.Get(replayedHeader) != "true":
 		// The marker tells replays apart (the first execution had none).
 		return Fail, leak + "the second principal got a replay (" + replayedHeader + ": true)", ev
@@ -384,12 +479,13 @@ func (c *checker) scope(ctx context.Context) (Result, string, []string) {
 		return Pass, fmt.Sprintf("the second principal's request ran in its own scope: %d, %s",
 			a.status, c.showEffect(a)), ev
 	case clientError(a.status):
-		return Info, fmt.Sprintf("the second principal got %d %s, not the first principal's answer; "+
-			"keys seem shared across principals, so one caller's key can block another's request",
+		return Info, fmt.Sprintf("the second principal got %d %s, not the first principal's "+
+			"answer; keys seem shared across principals, so one caller's key can block another's "+
+			"request",
 			a.status, cmp.Or(problemCode(a.body), "without a problem code")), ev
 	}
-	return Fail, fmt.Sprintf("a second caller whose key happens to equal another's gets %d and retries "+
-		"in vain", a.status), ev
+	return Fail, fmt.Sprintf("a second caller whose key happens to equal another's gets %d and "+
+		"retries in vain", a.status), ev
 }
 
 // invalidKey sends a key with a control character and a key of 256 bytes;
@@ -421,9 +517,9 @@ func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
 				cmp.Or(problemCode(a.body), "without a problem code")))
 			continue
 		case !success(a.status):
-			fail(fmt.Sprintf("a client whose key is malformed gets %d and retries with the same key; if "+
-				"the effect ran before the key was checked, every retry runs it again: %s got %d "+
-				"(a 4xx is expected)", a.status, k.what, a.status), false)
+			fail(fmt.Sprintf("a client whose key is malformed gets %d and retries with the same "+
+				"key; if the effect ran before the key was checked, every retry runs it again: %s "+
+				"got %d (a 4xx is expected)", a.status, k.what, a.status), false)
 			continue
 		}
 		// Accepted: the key must still de-duplicate, as it was sent.
@@ -438,17 +534,20 @@ func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
 			fail(c.noAnswer(r), false)
 			continue
 		case success(r.status) && c.effect(r) != c.effect(a):
-			fail(fmt.Sprintf("a client whose key the server accepts but does not de-duplicate runs "+
-				"its request again on every retry: %s was accepted (%d, %s) and its retry made %s",
+			fail(fmt.Sprintf("a client whose key the server accepts but does not de-duplicate "+
+				"runs its request again on every retry: %s was accepted (%d, %s) and its retry "+
+				"made %s",
 				k.what, a.status, c.showEffect(a), c.showEffect(r)), false)
 			continue
 		case r.status == a.status && bytes.Equal(r.body, a.body):
 			if res != Fail {
 				c.byEffect = true // "the replay": told by the answers
 			}
-			seen = append(seen, fmt.Sprintf("%s: accepted (%d), its retry got the replay", k.what, a.status))
+			seen = append(seen, fmt.Sprintf("%s: accepted (%d), its retry got the replay",
+				k.what, a.status))
 		default:
-			seen = append(seen, fmt.Sprintf("%s: accepted (%d), its retry got %d", k.what, a.status, r.status))
+			seen = append(seen, fmt.Sprintf("%s: accepted (%d), its retry got %d", k.what, a.status,
+				r.status))
 		}
 		if k.key != long {
 			continue
@@ -460,11 +559,13 @@ func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
 		case p.err != nil:
 			fail(c.noAnswer(p), false)
 		case success(p.status) && (bytes.Equal(p.body, a.body) || c.effect(p) == c.effect(a)):
-			fail(fmt.Sprintf("keys are cut to 255 bytes, so two keys that differ after that share one "+
-				"scope: a client's request gets another's stored answer and never runs; the 255-byte prefix "+
-				"of %s got its answer (%d, %s)", k.what, p.status, c.showEffect(p)), true)
+			fail(fmt.Sprintf("keys are cut to 255 bytes, so two keys that differ after that share "+
+				"one scope: a client's request gets another's stored answer and never runs; the "+
+				"255-byte prefix of %s got its answer (%d, %s)",
+				k.what, p.status, c.showEffect(p)), true)
 		case success(p.status):
-			seen = append(seen, fmt.Sprintf("its first 255 bytes are another key (%d, %s)", p.status,
+			seen = append(seen, fmt.Sprintf("its first 255 bytes are another key (%d, %s)",
+				p.status,
 				c.showEffect(p)))
 		default:
 			seen = append(seen, fmt.Sprintf("its first 255 bytes got %d", p.status))
@@ -474,8 +575,9 @@ func (c *checker) invalidKey(ctx context.Context) (Result, string, []string) {
 	case Pass:
 		detail = "both malformed keys were refused with a 4xx (" + strings.Join(seen, "; ") + ")"
 	case Info:
-		detail = "a malformed key was accepted and de-duplicated as sent (" + strings.Join(seen, "; ") +
-			"); a 4xx is safer: a client cannot tell whether such a key is what the server enforces"
+		detail = "a malformed key was accepted and de-duplicated as sent (" +
+			strings.Join(seen, "; ") + "); a 4xx is safer: a client cannot tell whether such a " +
+			"key is what the server enforces"
 	}
 	return res, detail, ev
 }
@@ -500,9 +602,10 @@ func (c *checker) marker(ctx context.Context) (Result, string, []string) {
 	for _, a := range c.fresh {
 		if a.header.Get(replayedHeader) == "true" {
 			ev = append(ev, evidence("first execution, key "+showKey(a.key), a))
-			return Fail, "a client that trusts " + replayedHeader + " takes a new effect for the replay of " +
-				"an earlier one (and may skip its own follow-up work): the first answer to a fresh key " +
-				"carried " + replayedHeader + ": true", ev
+			c.byEffect = false // the header tells, whatever the answers identify
+			return Fail, "a client that trusts " + replayedHeader + " takes a new effect for " +
+				"the replay of an earlier one (and may skip its own follow-up work): the first " +
+				"answer to a fresh key carried " + replayedHeader + ": true", ev
 		}
 	}
 	return Info, strings.Join(notes, "; "), ev
@@ -517,7 +620,8 @@ func (c *checker) keyForm(ctx context.Context, what, sent, retry string, ev *[]s
 	case a.err != nil:
 		return what + ": no answer"
 	case !success(a.status):
-		return strings.TrimSpace(fmt.Sprintf("%s: refused (%d %s", what, a.status, problemCode(a.body))) + ")"
+		refused := fmt.Sprintf("%s: refused (%d %s", what, a.status, problemCode(a.body))
+		return strings.TrimSpace(refused) + ")"
 	}
 	c.fresh = append(c.fresh, a)
 	c.samples = append(c.samples, a)
@@ -531,6 +635,7 @@ func (c *checker) keyForm(ctx context.Context, what, sent, retry string, ev *[]s
 	case r.err != nil:
 		return fmt.Sprintf("%s: accepted (%d), %s got no answer", what, a.status, again)
 	case r.status == a.status && bytes.Equal(r.body, a.body):
+		c.byEffect = true // "the replay": told by the answers
 		return fmt.Sprintf("%s: accepted (%d), %s got the replay", what, a.status, again)
 	case success(r.status) && c.effect(r) != c.effect(a):
 		return fmt.Sprintf("%s: accepted (%d), but %s made another effect", what, a.status, again)

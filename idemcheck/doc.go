@@ -8,7 +8,10 @@
 //	rep, err := idemcheck.Run(ctx, idemcheck.Config{
 //		URL:     srv.URL + "/payments",
 //		Body:    []byte(`{"amount":4200}`),
-//		Header:  http.Header{"Authorization": {"Bearer acct_1"}, "Content-Type": {"application/json"}},
+//		Header: http.Header{
+//			"Authorization": {"Bearer acct_1"},
+//			"Content-Type":  {"application/json"},
+//		},
 //		Other:   http.Header{"Authorization": {"Bearer acct_2"}},
 //		IDField: "id",
 //	})
@@ -18,7 +21,12 @@
 // # The checks
 //
 // Each check is named in the report, with the requests and answers that
-// support its result ([Check.Evidence]):
+// support its result ([Check.Evidence]), and judged as it finishes
+// ([Config.OnCheck]): [Pass], [Fail], [Skip] (unverified: the check could
+// not run, or what it saw is no evidence either way) or [Info] (neither:
+// what the target chose where the contract leaves a choice, for a person
+// to judge). Before the checks, the request is sent under two fresh keys
+// (the second to see whether answers identify their effect).
 //
 //   - replay: one key and one body twice, one after the other. The second
 //     answer must equal the first (status and body): no second effect.
@@ -37,9 +45,12 @@
 //     bug would alter it: in a JSON object the first number member (in
 //     sorted order) is increased by one, or a member "idemcheck" is added;
 //     a form gets a field idemcheck=1; other bodies get " idemcheck"
-//     appended. The altered body is then sent once under a fresh key, which
-//     must succeed: otherwise the 4xx may be the target's validation and
-//     the check is skipped.
+//     appended. The unchanged body is then sent again under the first key,
+//     and must get the replay: a target that refuses every reuse of a key,
+//     whatever the body, shows nothing about bodies with its 4xx, and the
+//     check is skipped. Last, the altered body is sent once under a fresh
+//     key, which must succeed: otherwise the 4xx may be the target's
+//     validation and the check is skipped.
 //   - scope: the first key and body under a second principal ([Config.Other])
 //     must not get the first principal's answer: its effect, or a replay
 //     (Idempotent-Replayed: true, when first executions carry none).
@@ -63,14 +74,18 @@
 //
 // # What the target must allow
 //
-// A run makes 11 requests plus N (up to 2N more when the first burst sees
-// no conflict, up to three retries after a conflict, and three more when
-// the target accepts malformed keys) and creates six effects (five without
-// Other; one more per extra burst and per malformed key accepted): point
-// it at a sandbox or staging endpoint where that is harmless. The
-// request ([Config.Method], [Config.Body], [Config.Header]) must succeed
-// (2xx) under a fresh key every time, as a new logical request, since every
-// check but replay uses a key of its own.
+// A run makes 13 requests plus N (up to 2N more when the first burst sees
+// no conflict, up to three retries after a conflict, three more when the
+// target accepts malformed keys, and one more per transient answer) and
+// creates seven effects (six without Other; one more per extra burst and
+// per malformed key accepted): point it at a sandbox or staging endpoint
+// where that is harmless. The request ([Config.Method], [Config.Body],
+// [Config.Header]) must succeed (2xx) under a fresh key every time, as a
+// new logical request, since every check but replay uses a key of its
+// own. A transient 502, 503 or 504 is sent again once, after its
+// Retry-After (at most [Config.MaxRetryAfter]) or 100 ms, as a retrying
+// client would; the second answer is the one judged, and the evidence
+// and the detail say so.
 //
 // # Telling effects apart
 //
@@ -78,11 +93,15 @@
 // answers when it is set, and by the whole success body otherwise. Two
 // things can go wrong, and a run guards against the first:
 //
-//   - The answer does not identify its effect (a 204, or a constant
-//     {"status":"accepted"}): a replay and a second effect look alike. The
-//     run sees it when two requests under fresh keys with the same body
-//     (the first request, the concurrent check's key, the marker check's
-//     keys) get the same answer; replay, concurrent and scope are then
+//   - The answer does not identify its effect (a 204, a constant
+//     {"status":"accepted"}, or an answer that only echoes what the request
+//     sent: its key, its account): a replay and a second effect look alike.
+//     The run sees it when two requests under fresh keys with the same body
+//     (the first two, the concurrent check's key, the marker check's keys)
+//     get the same answer, or answers that differ only by the key each
+//     echoes (the key as sent, its bare form, its random part, their URL
+//     escapes). Every check whose result rests on telling effects apart
+//     (replay, concurrent, mismatch, scope, invalid_key's replays) is then
 //     skipped with that reason, never passed or failed, and in_progress
 //     and marker say that what they report is unverified.
 //   - The body carries something else that varies from answer to answer

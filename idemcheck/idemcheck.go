@@ -13,24 +13,20 @@ import (
 	"github.com/saferetry/saferetry/keygen"
 )
 
-// Defaults of Config.
+// The values of Config's zero fields.
 const (
-	// DefaultN is the number of concurrent duplicates of the concurrent
-	// check.
-	DefaultN = 8
-	// DefaultTimeout bounds each request, its answer's body included.
-	DefaultTimeout = 10 * time.Second
-	// DefaultMaxRetryAfter caps each wait on a Retry-After.
-	DefaultMaxRetryAfter = 5 * time.Second
-	// DefaultKeyHeader is the header that carries the key.
-	DefaultKeyHeader = "Idempotency-Key"
+	defaultN             = 8
+	defaultTimeout       = 10 * time.Second
+	defaultMaxRetryAfter = 5 * time.Second
+	defaultKeyHeader     = "Idempotency-Key"
 )
 
 // maxN bounds Config.N, so that a typo cannot open thousands of connections.
 const maxN = 256
 
-// Config says what to check and how. Only URL is required; zero fields take
-// the defaults. Run does not modify it (the headers are cloned).
+// Config says what to check and how. Only URL is required; a zero field
+// takes the default its doc states. Run does not modify it (the headers
+// are cloned).
 type Config struct {
 	// URL is the endpoint, for example "https://staging.example.com/v1/payments".
 	URL string
@@ -52,18 +48,25 @@ type Config struct {
 	// reaches into nested objects. Empty: effects are told apart by the
 	// whole success body.
 	IDField string
-	// KeyHeader is the header that carries the key (DefaultKeyHeader).
+	// KeyHeader is the header that carries the key (default
+	// "Idempotency-Key").
 	KeyHeader string
-	// N is the number of concurrent duplicates (DefaultN; at most 256).
+	// N is the number of concurrent duplicates (default 8; at most 256).
 	N int
 	// Timeout bounds each request, from sending it to the end of its answer's
-	// body (DefaultTimeout). The context passed to Run bounds the whole run.
+	// body (default 10 s). The context passed to Run bounds the whole run.
 	Timeout time.Duration
-	// MaxRetryAfter caps each wait on a conflict's Retry-After before the
-	// in_progress check retries (DefaultMaxRetryAfter): a longer Retry-After
-	// is waited this long only, and a retry that comes too early counts as
-	// one of the three tries.
+	// MaxRetryAfter caps each wait on a Retry-After (default 5 s): before
+	// the in_progress check retries after a conflict, where a longer
+	// Retry-After is waited this long only and a retry that comes too early
+	// counts as one of the three tries, and before a request that got a
+	// transient 502, 503 or 504 is sent again.
 	MaxRetryAfter time.Duration
+	// OnCheck, when set, is called with each check's result as soon as the
+	// check finishes, in the order of the report, on Run's goroutine (the
+	// command prints each verdict this way). The result is final: Run
+	// never changes it afterwards.
+	OnCheck func(Check)
 	// Transport sends the requests; a client certificate or a custom CA goes
 	// here (for an httptest TLS server: srv.Client().Transport). Nil: a
 	// transport of Run's own (net/http's defaults, proxies from the
@@ -81,10 +84,16 @@ const (
 	// Fail: the target did something that harms a retrying client; the
 	// check's Detail says what the client would suffer.
 	Fail Result = "fail"
-	// Skip: the check could not run (no second principal, say); Detail
-	// says why.
+	// Skip: unverified. The check could not run (no second principal,
+	// say), or what it saw is no evidence either way (answers that do not
+	// identify their effect); Detail says why.
 	Skip Result = "skip"
-	// Info: the check reports what it saw, for a person to judge.
+	// Info: neither a pass nor a failure. The check reports what it saw
+	// where the contract leaves a choice to the target (in_progress: the
+	// conflict's status and Retry-After; marker: the replay marker and the
+	// key forms accepted; invalid_key: a malformed key accepted but
+	// de-duplicated; scope: keys shared across principals), for a person
+	// to judge.
 	Info Result = "info"
 )
 
@@ -115,6 +124,37 @@ type Report struct {
 	Checks []Check `json:"checks"`
 }
 
+// String returns the check as text: a line "RESULT name: detail", then its
+// evidence, one line each, indented.
+func (c Check) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-4s %s: %s\n", strings.ToUpper(string(c.Result)), c.Name, c.Detail)
+	for _, e := range c.Evidence {
+		fmt.Fprintf(&b, "       %s\n", e)
+	}
+	return b.String()
+}
+
+// Summary returns the report's last line: how many checks failed, and how
+// many of each result.
+func (r Report) Summary() string {
+	counts := map[Result]int{}
+	for _, c := range r.Checks {
+		counts[c.Result]++
+	}
+	var parts []string
+	for _, res := range []Result{Pass, Fail, Skip, Info} {
+		if n := counts[res]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, res))
+		}
+	}
+	seen := strings.Join(parts, ", ")
+	if counts[Fail] == 0 {
+		return fmt.Sprintf("no check failed (%d checks: %s)", len(r.Checks), cmp.Or(seen, "none"))
+	}
+	return fmt.Sprintf("%d of %d checks failed (%s)", counts[Fail], len(r.Checks), seen)
+}
+
 // Failed reports whether a check failed.
 func (r Report) Failed() bool {
 	for _, c := range r.Checks {
@@ -125,27 +165,15 @@ func (r Report) Failed() bool {
 	return false
 }
 
-// String returns the report as text: a heading, then per check a line
-// "RESULT name: detail" followed by its evidence, indented, and a last
-// line counting the failures.
+// String returns the report as text: a heading, each check (Check.String)
+// and the Summary line.
 func (r Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "idemcheck %s\n", r.Target)
-	failed := 0
 	for _, c := range r.Checks {
-		if c.Result == Fail {
-			failed++
-		}
-		fmt.Fprintf(&b, "%-4s %s: %s\n", strings.ToUpper(string(c.Result)), c.Name, c.Detail)
-		for _, e := range c.Evidence {
-			fmt.Fprintf(&b, "       %s\n", e)
-		}
+		b.WriteString(c.String())
 	}
-	if failed == 0 {
-		fmt.Fprintf(&b, "no check failed (%d checks)\n", len(r.Checks))
-	} else {
-		fmt.Fprintf(&b, "%d of %d checks failed\n", failed, len(r.Checks))
-	}
+	b.WriteString(r.Summary() + "\n")
 	return b.String()
 }
 
@@ -171,12 +199,13 @@ func newChecker(cfg Config) (*checker, error) {
 		return nil, fmt.Errorf("idemcheck: bad URL: %w", err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("idemcheck: bad URL %q: want http:// or https:// and a host", cfg.URL)
+		return nil, fmt.Errorf("idemcheck: bad URL %q: want http:// or https:// and a host",
+			cfg.URL)
 	}
 	c := &checker{
 		cfg:           cfg,
 		method:        cmp.Or(cfg.Method, http.MethodPost),
-		keyHeader:     http.CanonicalHeaderKey(cmp.Or(cfg.KeyHeader, DefaultKeyHeader)),
+		keyHeader:     http.CanonicalHeaderKey(cmp.Or(cfg.KeyHeader, defaultKeyHeader)),
 		n:             cfg.N,
 		timeout:       cfg.Timeout,
 		maxRetryAfter: cfg.MaxRetryAfter,
@@ -186,16 +215,16 @@ func newChecker(cfg Config) (*checker, error) {
 		c.header = http.Header{}
 	}
 	if c.n <= 0 {
-		c.n = DefaultN
+		c.n = defaultN
 	}
 	if c.n > maxN {
 		return nil, fmt.Errorf("idemcheck: N %d is above %d", cfg.N, maxN)
 	}
 	if c.timeout <= 0 {
-		c.timeout = DefaultTimeout
+		c.timeout = defaultTimeout
 	}
 	if c.maxRetryAfter <= 0 {
-		c.maxRetryAfter = DefaultMaxRetryAfter
+		c.maxRetryAfter = defaultMaxRetryAfter
 	}
 	if !validToken(c.method) {
 		return nil, fmt.Errorf("idemcheck: bad method %q", c.method)
@@ -209,7 +238,8 @@ func newChecker(cfg Config) (*checker, error) {
 		}
 	}
 	if c.header.Get(c.keyHeader) != "" || (cfg.Other != nil && cfg.Other.Get(c.keyHeader) != "") {
-		return nil, errors.New("idemcheck: the headers set " + c.keyHeader + ": the checker sets the key itself")
+		return nil, errors.New("idemcheck: the headers set " + c.keyHeader +
+			": the checker sets the key itself")
 	}
 	if cfg.Other != nil {
 		c.other = c.header.Clone()
@@ -225,8 +255,10 @@ func newChecker(cfg Config) (*checker, error) {
 		transport = t
 	}
 	c.client = &http.Client{
-		Transport:     transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Transport: transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
 	}
 	c.target = u.String()
 	c.route = c.method + " " + cmp.Or(u.EscapedPath(), "/")
@@ -259,7 +291,8 @@ func validHeader(h http.Header) error {
 			return fmt.Errorf("idemcheck: bad header name %q", name)
 		}
 		for _, v := range vals {
-			if strings.ContainsFunc(v, func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
+			bad := func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }
+			if strings.ContainsFunc(v, bad) {
 				return fmt.Errorf("idemcheck: header %s has a control character", name)
 			}
 		}

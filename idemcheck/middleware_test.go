@@ -29,7 +29,7 @@ func principal(r *http.Request) (string, error) {
 	if a, ok := accounts[r.Header.Get("Authorization")]; ok {
 		return a, nil
 	}
-	return "", fmt.Errorf("unknown credentials")
+	return "", fmt.Errorf("unknown credentials: %w", idempotency.ErrPrincipalRefused)
 }
 
 // holdConcurrent makes the conflicts of the concurrent check certain: the
@@ -147,7 +147,7 @@ func TestMiddlewarePassesEveryCheck(t *testing.T) {
 	t.Log("\n" + rep.String())
 	require.Equal(t, want, results(rep))
 	require.False(t, rep.Failed())
-	require.Contains(t, rep.String(), "no check failed (7 checks)")
+	require.Contains(t, rep.String(), "no check failed (7 checks: 5 pass, 2 info)")
 
 	byName := map[string]idemcheck.Check{}
 	for _, c := range rep.Checks {
@@ -167,11 +167,12 @@ func TestMiddlewarePassesEveryCheck(t *testing.T) {
 	require.Contains(t, byName["marker"].Detail, "an sf-string key: accepted (201), its bare form")
 	require.Contains(t, byName["marker"].Detail, "got the replay")
 
-	// The effects the run made: the first request, the concurrent key, the
-	// mismatch control, the second principal and the two marker keys.
-	require.Equal(t, int64(6), effects.Load())
-	// The requests: 11, the n duplicates and the one retry after a conflict.
-	require.Equal(t, int64(11+n+1), hold.requests.Load())
+	// The effects the run made: the first request and the second under a
+	// fresh key, the concurrent key, the mismatch control, the second
+	// principal and the two marker keys.
+	require.Equal(t, int64(7), effects.Load())
+	// The requests: 13, the n duplicates and the one retry after a conflict.
+	require.Equal(t, int64(13+n+1), hold.requests.Load())
 }
 
 func TestRunAgainUsesFreshKeys(t *testing.T) {
@@ -181,7 +182,7 @@ func TestRunAgainUsesFreshKeys(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, rep.Failed(), rep.String())
 	}
-	require.Equal(t, int64(12), effects.Load(), "the second run replayed nothing of the first")
+	require.Equal(t, int64(14), effects.Load(), "the second run replayed nothing of the first")
 }
 
 // When the concurrent check's burst sees no conflict (the work is quicker

@@ -12,8 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/saferetry/saferetry/internal/wait"
 )
 
 // maxAnswer bounds the body of an answer read by the checker: a larger one
@@ -35,13 +38,14 @@ type checker struct {
 	n                      int
 	timeout, maxRetryAfter time.Duration
 
-	first, second answer   // the replay check's two answers
-	fresh         []answer // first answers under fresh keys, for the marker
-	samples       []answer // first answers under fresh keys with the request's body and principal
-	byEffect      bool     // the running check's result rests on telling effects apart
-	concKey       string   // the concurrent check's key
-	concEffect    string   // the one effect it saw ("" when none)
-	conflicts     []answer // conflicts seen by the concurrent check
+	first, second answer       // the replay check's two answers
+	fresh         []answer     // first answers under fresh keys, for the marker
+	samples       []answer     // first answers under fresh keys, the request's body and principal
+	byEffect      bool         // the running check's result rests on telling effects apart
+	transients    atomic.Int32 // transient answers retried during the running check
+	concKey       string       // the concurrent check's key
+	concEffect    string       // the one effect it saw ("" when none)
+	conflicts     []answer     // conflicts seen by the concurrent check
 }
 
 func (c *checker) close() {
@@ -52,16 +56,53 @@ func (c *checker) close() {
 
 // answer is one request and what came back.
 type answer struct {
-	key    string // the key header's value as sent
-	status int
-	header http.Header
-	body   []byte
-	err    error // no answer: a transport error, a timeout, a body too large
+	key       string // the key header's value as sent
+	status    int
+	header    http.Header
+	body      []byte
+	err       error // no answer: a transport error, a timeout, a body too large
+	transient int   // the status of a first try that was transient (502, 503, 504) and sent again
 }
 
-// send makes one request with the key header set to keyValue, bounded by
-// c.timeout, and reads at most maxAnswer bytes of the answer.
-func (c *checker) send(ctx context.Context, keyValue string, body []byte, header http.Header) answer {
+// transient reports whether status is a gateway's or a server's passing
+// failure (502, 503, 504): a client retries it with the same key.
+func transient(status int) bool {
+	return status == http.StatusBadGateway || status == http.StatusServiceUnavailable ||
+		status == http.StatusGatewayTimeout
+}
+
+// firstTransientPause is the pause before sending again a request whose
+// answer was transient and had no Retry-After.
+const firstTransientPause = 100 * time.Millisecond
+
+// send makes one request with the key header set to keyValue (sendOnce)
+// and, when its answer is a transient 502, 503 or 504, sends it once more
+// after the answer's Retry-After (or 100 ms), at most c.maxRetryAfter, as
+// a retrying client would: the second answer is the one the check judges,
+// and it records the first (answer.transient).
+func (c *checker) send(ctx context.Context, keyValue string, body []byte,
+	header http.Header) answer {
+	a := c.sendOnce(ctx, keyValue, body, header)
+	if a.err != nil || !transient(a.status) {
+		return a
+	}
+	pause, ok := retryAfter(a.header.Get("Retry-After"), time.Now())
+	if !ok {
+		pause = firstTransientPause
+	}
+	if wait.Sleep(ctx, min(pause, c.maxRetryAfter)) != nil {
+		return a
+	}
+	c.transients.Add(1)
+	again := c.sendOnce(ctx, keyValue, body, header)
+	again.transient = a.status
+	return again
+}
+
+// sendOnce makes one request with the key header set to keyValue, bounded
+// by c.timeout, and reads at most maxAnswer bytes of the answer.
+func (c *checker) sendOnce(ctx context.Context, keyValue string, body []byte,
+	header http.Header) answer {
 	a := answer{key: keyValue}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -99,7 +140,8 @@ func success(status int) bool { return status >= 200 && status <= 299 }
 // conflict reports whether status asks the client to come back later with
 // the same key: 409 (in progress), 425 (too early), 429.
 func conflict(status int) bool {
-	return status == http.StatusConflict || status == http.StatusTooEarly || status == http.StatusTooManyRequests
+	return status == http.StatusConflict || status == http.StatusTooEarly ||
+		status == http.StatusTooManyRequests
 }
 
 func clientError(status int) bool { return status >= 400 && status <= 499 }
@@ -277,6 +319,9 @@ func bump(n json.Number) json.Number {
 
 // evidence is one line for a request and its answer.
 func evidence(what string, a answer) string {
+	if a.transient != 0 {
+		what += fmt.Sprintf(" (a transient %d first, sent again)", a.transient)
+	}
 	if a.err != nil {
 		return what + ": no answer: " + a.err.Error()
 	}
@@ -292,6 +337,15 @@ func evidence(what string, a answer) string {
 	}
 	fmt.Fprintf(&b, ", %s", showBytes(a.body))
 	return b.String()
+}
+
+// showAnswer is an answer for a person: its status and the start of its
+// body, or why there is none.
+func showAnswer(a answer) string {
+	if a.err != nil {
+		return "no answer (" + a.err.Error() + ")"
+	}
+	return fmt.Sprintf("%d %s: %s", a.status, http.StatusText(a.status), showBytes(a.body))
 }
 
 // showKey is a key for a person: Go-quoted, cut after 40 bytes when longer
@@ -320,7 +374,8 @@ func showBytes(b []byte) string {
 		}
 	}
 	out := string(s)
-	if !utf8.Valid(s) || strings.ContainsFunc(out, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+	control := func(r rune) bool { return r < 0x20 || r == 0x7f }
+	if !utf8.Valid(s) || strings.ContainsFunc(out, control) {
 		out = strconv.Quote(out)
 	}
 	if cut {

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
 // capture buffers a handler's whole response, so that the record commits
-// before the client sees any of it: a guarded handler cannot stream. A
+// before the client sees any of it: a guarded handler cannot stream. The
+// stored response's body is this buffer (a store keeps the bytes it is
+// given, see Store), and bytes once written to it are never changed. A
 // Flush is deferred until the response is released, 1xx responses are
 // dropped, and Hijack fails with an error wrapping http.ErrNotSupported
 // (bytes written to a hijacked connection could never be replayed); Unwrap
@@ -40,7 +43,25 @@ func (c *capture) Write(p []byte) (int, error) {
 	if !c.wroteHeader {
 		c.WriteHeader(http.StatusOK)
 	}
+	if c.body.Cap() == 0 {
+		c.body.Grow(c.declared())
+	}
 	return c.body.Write(p)
+}
+
+// maxPresize bounds the buffer that a declared Content-Length reserves.
+const maxPresize = 64 << 20
+
+// declared returns the Content-Length the handler set, when it is a number
+// from 1 to maxPresize, else 0: the buffer then holds the body in one
+// allocation, and the store keeps that very buffer (the body's one copy).
+// A body of unknown length grows as written.
+func (c *capture) declared() int {
+	n, err := strconv.ParseInt(c.header.Get("Content-Length"), 10, 64)
+	if err != nil || n <= 0 || n > maxPresize {
+		return 0
+	}
+	return int(n)
 }
 
 // Flush records the request to flush; the flush happens after the commit.
@@ -48,7 +69,8 @@ func (c *capture) Flush() { c.flushed = true }
 
 // Hijack refuses.
 func (c *capture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	return nil, nil, fmt.Errorf("idempotency: the connection of a guarded request cannot be hijacked: %w",
+	return nil, nil, fmt.Errorf(
+		"idempotency: the connection of a guarded request cannot be hijacked: %w",
 		http.ErrNotSupported)
 }
 
@@ -68,10 +90,11 @@ func (c *capture) statusCode() int {
 // must not make a first execution look like a replay.
 func (c *capture) release() {
 	dst := c.w.Header()
+	const prefix = http.TrailerPrefix
 	for k, v := range c.header {
 		name := k
-		if len(k) > len(http.TrailerPrefix) && strings.EqualFold(k[:len(http.TrailerPrefix)], http.TrailerPrefix) {
-			name = k[len(http.TrailerPrefix):]
+		if len(k) > len(prefix) && strings.EqualFold(k[:len(prefix)], prefix) {
+			name = k[len(prefix):]
 		}
 		switch {
 		case strings.EqualFold(name, ReplayedHeader):

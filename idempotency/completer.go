@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/saferetry/saferetry/internal/wait"
 )
 
 // Completer drives abandoned requests to completion in the background: the
@@ -22,11 +20,16 @@ import (
 // at the claim (method, URL, host, content type and body: no credentials)
 // and runs its route's handler through the middleware's own execution:
 // phases resume after the last committed one, and the response is stored
-// for the client's retry to replay. Handlers it runs take the principal
-// from Run.Scope, not from the request.
+// for the client's retry to replay. Handlers take the principal from
+// Run.Scope (FromContext), live and on resume alike, never from the
+// request's headers. A 401 or 403 that a resumed handler answers (it, or
+// an auth layer in front of it, looked for credentials) is never stored:
+// the record is kept, its lease ended, for the client's retry to take over
+// with its credentials (OutcomeNeedsCredentials, logged at Warn).
 //
-// It backs off from a record it fails to finish (kept, panicked, lost its
-// lease, met a store failure): after n failures in a row it skips the
+// It backs off from a record it fails to finish (kept, refused for want of
+// credentials, panicked, lost its lease, met a store failure): after n
+// failures in a row it skips the
 // record for min(2^n minutes, 1 hour), counted in memory per Completer. A
 // record whose route has no handler, or whose request cannot be rebuilt,
 // is reported once ("unresumable") and left for the Reaper. Several
@@ -77,21 +80,37 @@ func (m *Middleware) Completer(routes map[string]http.Handler) *Completer {
 // CompleterReport is what one Completer run did. Every record it listed is
 // counted once, in exactly one of the fields after Found.
 type CompleterReport struct {
-	Found     int // abandoned records listed (lease expired, still in progress)
-	Completed int // taken over and driven to a stored response
-	Released  int // ran to an answer that is not stored, with no phase committed: the key was released
-	Kept      int // ran to an answer that is not stored after a committed phase: kept for a resume
-	Skipped   int // not run: unresumable, backing off, over the batch, or taken by someone else first
-	Failed    int // the handler panicked, the lease was lost, or the store failed during the run
+	// Found counts the abandoned records listed (lease expired, still in
+	// progress).
+	Found int
+	// Completed: taken over and driven to a stored response.
+	Completed int
+	// Released: ran to an answer that is not stored, with no phase
+	// committed; the key was released.
+	Released int
+	// Kept: ran to an answer that is not stored after a committed phase;
+	// kept for a resume.
+	Kept int
+	// NeedCredentials: the handler answered 401 or 403; not resumable
+	// without credentials, kept for the client's retry.
+	NeedCredentials int
+	// Skipped: not run (unresumable, backing off, over the batch, or taken
+	// by someone else first).
+	Skipped int
+	// Failed: the handler panicked, the lease was lost, or the store failed
+	// during the run.
+	Failed int
 }
 
 // RunOnce lists the abandoned records (up to 100 to take over, plus those it
 // remembers it cannot resume or is backing off from, so that they do not
 // starve the others), takes each over in turn, runs it to an outcome, and
-// returns what it did. A store error at the listing or at a claim stops the
-// run and is returned, wrapped, with the report so far; ctx's end stops it
-// between records (and cancels the running handler's context). Failures of
-// single records are reported to the observers and counted, not returned.
+// returns what it did. It yields to live traffic: after each record it
+// waits as long as that record took (at most a minute) before the next. A
+// store error at the listing or at a claim stops the run and is returned,
+// wrapped, with the report so far; ctx's end stops it between records (and
+// cancels the running handler's context). Failures of single records are
+// reported to the observers and counted, not returned.
 // Without a store (New(nil)) every run fails.
 func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 	rep, err := c.runOnce(ctx)
@@ -107,9 +126,12 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 	c.mu.Lock()
 	extra := min(len(c.unresumable)+len(c.backoff), 10*completeBatch)
 	c.mu.Unlock()
-	sctx, cancel := storeCtx(ctx)
-	recs, err := c.m.store.Abandoned(sctx, time.Now(), completeBatch+extra)
-	cancel()
+	var recs []Record
+	err := c.m.call(ctx, OpAbandoned, Scope{}, func(ctx context.Context) error {
+		var err error
+		recs, err = c.m.store.Abandoned(ctx, time.Now(), completeBatch+extra)
+		return err
+	})
 	if err != nil {
 		return rep, fmt.Errorf("idempotency: completer: listing abandoned records: %w", err)
 	}
@@ -125,10 +147,12 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 			rep.Skipped++
 			continue
 		}
+		start := time.Now()
 		outcome, err := c.resume(ctx, rec)
 		if err != nil {
 			return rep, err
 		}
+		_ = yield(ctx, time.Since(start)) // ctx's end stops the loop at its top
 		c.record(rec.Scope, outcome)
 		switch outcome {
 		case "", OutcomeUnresumable:
@@ -140,6 +164,8 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 			rep.Released++
 		case OutcomeKept, OutcomeIncomplete:
 			rep.Kept++
+		case OutcomeNeedsCredentials:
+			rep.NeedCredentials++
 		default:
 			rep.Failed++
 		}
@@ -213,18 +239,17 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 		c.mu.Lock()
 		c.unresumable[rec.Scope] = rec.Generation
 		c.mu.Unlock()
-		c.m.obs.executed(ctx, Event{Scope: rec.Scope, Outcome: OutcomeUnresumable, Generation: rec.Generation,
-			RecoveryPoint: rec.RecoveryPoint, Err: err, Background: true})
+		c.m.obs.executed(ctx, Event{Scope: rec.Scope, Outcome: OutcomeUnresumable,
+			Generation: rec.Generation, RecoveryPoint: rec.RecoveryPoint, Err: err,
+			Background: true})
 		return OutcomeUnresumable, nil
 	}
 	// A takeover only: a completed record is never restarted and one that
 	// vanished is not recreated.
-	sctx, cancel := storeCtx(ctx)
-	res, err := c.m.store.Claim(sctx, Claim{
+	res, err := c.m.claim(ctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
 		Owner: uuid.NewString(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
 	})
-	cancel()
 	if err != nil {
 		return "", fmt.Errorf("idempotency: completer: claim: %w", err)
 	}
@@ -232,10 +257,12 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 		return "", nil // resumed, completed or taken by someone else meanwhile
 	}
 	req := request{scope: rec.Scope, fp: rec.Fingerprint, input: fingerprintInput{
-		method: rec.Scope.Method, route: rec.Scope.Route, path: r.URL.EscapedPath(), rawQuery: r.URL.RawQuery,
+		method: rec.Scope.Method, route: rec.Scope.Route, path: r.URL.EscapedPath(),
+		rawQuery:    r.URL.RawQuery,
 		contentType: r.Header.Get("Content-Type"), body: r.body,
 	}}
-	return c.execute(&resumption{h: &handler{m: c.m, next: c.routes[rec.Scope.Route]}, req: req, res: res}, r.Request), nil
+	e := &resumption{h: &handler{m: c.m, next: c.routes[rec.Scope.Route]}, req: req, res: res}
+	return c.execute(e, r.Request), nil
 }
 
 // rebuiltRequest is a request rebuilt from a record, with its body.
@@ -299,7 +326,7 @@ type resumption struct {
 
 func (e *resumption) do(w http.ResponseWriter, r *http.Request) {
 	e.ran = true
-	e.outcome = e.h.run(w, r, context.WithoutCancel(r.Context()), r.Context(), e.req, e.res, true)
+	e.outcome = e.h.run(w, r, e.req, e.res, true)
 }
 
 // discardWriter is the response writer of a resumption: it has no client.
@@ -319,7 +346,8 @@ func (c *Completer) execute(e *resumption, r *http.Request) (outcome Outcome) {
 		}
 	}()
 	if mux := c.muxes[e.req.scope.Route]; mux != nil {
-		mux.ServeHTTP(&discardWriter{header: make(http.Header)}, r.WithContext(context.WithValue(r.Context(), resumptionKey{}, e)))
+		rctx := context.WithValue(r.Context(), resumptionKey{}, e)
+		mux.ServeHTTP(&discardWriter{header: make(http.Header)}, r.WithContext(rctx))
 	}
 	if !e.ran {
 		// Not a pattern, or the stored request does not match it (the mux
@@ -342,24 +370,4 @@ func (c *Completer) Start(ctx context.Context, interval time.Duration) (stop fun
 		_, _ = c.RunOnce(ctx)
 		return interval
 	})
-}
-
-// every runs f in a goroutine at once and then again after the pause f
-// returns, until ctx ends or stop is called; stop cancels f's context and
-// waits for the goroutine to return.
-func every(ctx context.Context, f func(ctx context.Context) (pause time.Duration)) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			if wait.Sleep(ctx, f(ctx)) != nil {
-				return
-			}
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
 }

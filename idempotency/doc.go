@@ -27,6 +27,9 @@
 //   - another fingerprint: 422 CodeKeyReused;
 //   - no key: pass through (400 CodeKeyMissing with WithKeyRequired); a bad
 //     key: 400 CodeKeyInvalid; no principal: 401 CodePrincipalMissing;
+//     credentials refused (ErrPrincipalRefused): 401 CodePrincipalRefused;
+//     the principal function failed otherwise: 503
+//     CodePrincipalUnavailable;
 //   - the store down: 503 CodeStoreUnavailable; full: 503 CodeStoreFull.
 //
 // 2xx, 3xx and 4xx answers but 408, 409, 425 and 429 are stored; the others,
@@ -35,6 +38,18 @@
 // the retry resumes. While an External call's outcome is unknown nothing is
 // stored: 503 CodeRequestIncomplete. Every answer of the middleware's own
 // is RFC 9457 problem+json with a stable code.
+//
+// # The principal
+//
+// WithPrincipal's function names the authenticated caller of a request, the
+// first part of its scope. A handler takes it from the library, never from
+// the request: FromContext(ctx) returns the Run, and Run.Scope.Principal is
+// that value, live and when the Completer resumes the request alike. A
+// resumed request carries the method, URL, host, content type and body
+// saved at the claim and no other header: no credentials, no cookies, no
+// key. A 401 or 403 that a resumed handler (or an auth layer in front of
+// it) answers is therefore never stored: the record waits for the client's
+// retry, which has its credentials (see Completer).
 //
 // # Policy
 //

@@ -11,61 +11,92 @@ import (
 )
 
 // execution is the middleware's side of one run of a handler that owns its
-// record, which the handler never sees: its response capture and the
-// heartbeat of its lease.
+// record, which the handler never sees: the handler's context, its response
+// capture and the heartbeat of its lease. end is the one place that cleans
+// up after it, whichever way the handler returned.
 type execution struct {
 	m          *Middleware
 	run        *Run
-	bg         context.Context // not canceled with the client: the store calls after the handler use it
 	req        request
 	start      time.Time
 	background bool // the Completer's
 	cw         capture
 	hb         heartbeat
+	ctx        context.Context // the handler's
+	cancel     func()          // ends ctx and releases what it holds
+	code       Code            // CodeResponseNotReplayable: the stored response has no body
 }
 
-// run executes the handler as the owner of res.Record and answers through
-// w, and returns the outcome (see Observer.Executed). bg is r's context
-// without its cancellation. parent is the context the handler's derives
-// from: for the middleware, detach's (the client going away does not end
-// it); for the Completer, its own. The handler's context carries the Run
-// and is also canceled on a lost lease (cause ErrLeaseLost) and, under
-// WithShutdown, when that context ends.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, bg, parent context.Context, req request,
-	res ClaimResult, background bool) Outcome {
-	m := h.m
-	rec := res.Record
-	run := m.newRun(bg, req, res)
-	hctx, cancel := context.WithCancelCause(withRun(parent, run))
-	defer cancel(nil)
-	if sd := m.cfg.shutdown; sd != nil && sd.Done() != nil {
-		stop := context.AfterFunc(sd, func() { cancel(context.Cause(sd)) })
-		defer stop()
-	}
-	run.cancel = cancel
-	x := &execution{m: m, run: run, bg: bg, req: req, start: time.Now(), background: background,
-		cw: capture{w: w, header: make(http.Header)}}
-	x.hb.start(m, run, bg, cancel)
-	r2 := r.WithContext(hctx)
+// run executes the handler as the owner of res.Record, answers through w,
+// and returns the outcome (see Observer.Executed). The handler's context
+// carries the Run; for a client's request it survives the client (it keeps
+// only the request's deadline), for the Completer's it is r's. It is also
+// canceled on a lost lease (cause ErrLeaseLost) and, under WithShutdown,
+// when that context ends.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, res ClaimResult,
+	background bool) Outcome {
+	x := h.m.newExecution(w, r.Context(), req, res, background)
+	r2 := r.WithContext(x.ctx)
 	r2.Body = io.NopCloser(bytes.NewReader(req.input.body))
 	r2.ContentLength = int64(len(req.input.body))
-
 	returned := false
 	defer func() {
 		if !returned {
 			// The handler (or an observer) panicked, or called
 			// runtime.Goexit: give the key up, or keep it for a resume,
 			// and let the panic go on to net/http.
-			s := x.end(nil)
-			x.report(OutcomePanicked, context.Cause(hctx), s.err)
+			x.end(false)
 		}
 	}()
-	m.obs.claimed(bg, Event{Scope: req.scope, Claim: res.Outcome, Generation: rec.Generation,
-		RecoveryPoint: rec.RecoveryPoint, Background: background})
+	h.m.obs.claimed(x.run.bg, Event{Scope: req.scope, Claim: res.Outcome,
+		Generation: res.Record.Generation, RecoveryPoint: res.Record.RecoveryPoint,
+		Background: background})
 	h.next.ServeHTTP(&x.cw, r2)
 	returned = true
-	outcome, err := x.finish()
-	x.report(outcome, context.Cause(hctx), err)
+	return x.end(true)
+}
+
+// newExecution returns the execution of a request whose context is ctx,
+// with its handler's context made and its heartbeat started.
+func (m *Middleware) newExecution(w http.ResponseWriter, ctx context.Context, req request,
+	res ClaimResult, background bool) *execution {
+	bg := context.WithoutCancel(ctx)
+	parent, release := ctx, func() {} // the Completer's: stopping it cancels the handler
+	if !background {
+		parent = bg
+		if d, ok := ctx.Deadline(); ok {
+			parent, release = context.WithDeadline(bg, d)
+		}
+	}
+	run := m.newRun(bg, req, res)
+	hctx, cancel := context.WithCancelCause(withRun(parent, run))
+	stop := func() bool { return false }
+	if sd := m.cfg.shutdown; sd != nil && sd.Done() != nil {
+		stop = context.AfterFunc(sd, func() { cancel(context.Cause(sd)) })
+	}
+	run.cancel = cancel
+	x := &execution{m: m, run: run, req: req, start: time.Now(), background: background,
+		cw: capture{w: w, header: make(http.Header)}, ctx: hctx,
+		cancel: func() { stop(); cancel(nil); release() }}
+	x.hb.start(m, run)
+	return x
+}
+
+// end ends the execution, whichever way the handler returned (returned
+// false: it panicked or called runtime.Goexit), and returns the outcome:
+// it settles the record and, when the handler returned, answers its
+// client (settle, finish); then it ends the handler's context and tells
+// the observers how the execution ended.
+func (x *execution) end(returned bool) Outcome {
+	outcome, err := OutcomePanicked, error(nil)
+	if returned {
+		outcome, err = x.finish()
+	} else {
+		err = x.settle(nil, false).err
+	}
+	cause := context.Cause(x.ctx)
+	x.cancel()
+	x.report(outcome, cause, err)
 	return outcome
 }
 
@@ -76,19 +107,10 @@ func (x *execution) report(outcome Outcome, cause, err error) {
 	if err == nil && errors.Is(cause, ErrLeaseLost) {
 		err = cause
 	}
-	x.m.obs.executed(x.bg, Event{Scope: x.req.scope, Outcome: outcome, Status: x.cw.statusCode(),
-		Generation: x.run.Lease.Generation, RecoveryPoint: x.run.currentPoint(), Duration: time.Since(x.start),
-		Err: err, Background: x.background})
-}
-
-// detach returns the context in which the handler of a claimed request
-// runs: bg (the request's context ctx without its cancellation) with ctx's
-// deadline, if it has one. The caller calls cancel when the handler returns.
-func detach(ctx, bg context.Context) (context.Context, context.CancelFunc) {
-	if d, ok := ctx.Deadline(); ok {
-		return context.WithDeadline(bg, d)
-	}
-	return bg, func() {}
+	x.m.obs.executed(x.run.bg, Event{Scope: x.req.scope, Outcome: outcome,
+		Status: x.cw.statusCode(), Code: x.code, Generation: x.run.Lease.Generation,
+		RecoveryPoint: x.run.currentPoint(), Duration: time.Since(x.start), Err: err,
+		Background: x.background})
 }
 
 // finish settles the record of a handler that returned, answers its client
@@ -100,12 +122,15 @@ func (x *execution) finish() (Outcome, error) {
 	// (a 409, a 500) would make the client give up while the call may have
 	// gone through.
 	incomplete := strings.HasPrefix(x.run.currentPoint(), intentPrefix)
+	// A resumed request carries no credentials: a refusal is the resume's,
+	// not the client's. The client's retry, which has them, takes over.
+	refused := x.background && (status == http.StatusUnauthorized || status == http.StatusForbidden)
 	var resp *Response
-	if !incomplete && x.m.stores(status) {
+	if !incomplete && !refused && x.m.stores(status) {
 		r := x.response()
 		resp = &r
 	}
-	s := x.end(resp)
+	s := x.settle(resp, refused)
 	switch {
 	case errors.Is(s.err, ErrLeaseLost):
 		x.answerLost()
@@ -118,28 +143,33 @@ func (x *execution) finish() (Outcome, error) {
 		return OutcomeFailed, s.err
 	case incomplete:
 		writeProblem(x.cw.w, http.StatusServiceUnavailable, CodeRequestIncomplete,
-			"a call to another service made for this request has an unknown outcome; retry with the same key to finish it", 0)
+			"a call to another service made for this request has an unknown outcome; "+
+				"retry with the same key to finish it", 0)
 		return OutcomeIncomplete, nil
 	}
 	x.cw.release()
 	switch {
 	case resp != nil:
+		if resp.Header.Get(notReplayableHeader) != "" {
+			x.code = CodeResponseNotReplayable
+		}
 		return OutcomeCompleted, nil
+	case refused:
+		return OutcomeNeedsCredentials, nil
 	case s.kept:
 		return OutcomeKept, nil
 	}
 	return OutcomeReleased, nil
 }
 
-// settled is how end left the record.
+// settled is how settle left the record.
 type settled struct {
 	kept   bool  // the key was given up by ending the lease: a recovery point is kept
 	err    error // the store's error that stopped it (ErrLeaseLost: a successor owns the record)
 	undone bool  // nothing of the handler's unit committed: its answer must not be sent
 }
 
-// end ends the execution, whatever the path (a panic, an answer that is
-// not stored, one that is, a lost lease, a failed store), in this order:
+// settle settles the record after the handler, in this order:
 //
 //  1. the heartbeat stops: no beat starts after it;
 //  2. the Run closes: Phase, External and Unit fail from now on, and the
@@ -152,8 +182,9 @@ type settled struct {
 //  4. otherwise the unit is rolled back, a beat still in flight is waited
 //     for (it would extend again the lease that 5 ends), and
 //  5. the key is given up: Release, or EndLease when the record holds a
-//     recovery point, so that a retry takes it over and resumes.
-func (x *execution) end(resp *Response) settled {
+//     recovery point or keep is set, so that a retry takes it over and
+//     resumes.
+func (x *execution) settle(resp *Response, keep bool) settled {
 	x.hb.stop()
 	unit, err := x.run.close()
 	if err != nil {
@@ -168,13 +199,13 @@ func (x *execution) end(resp *Response) settled {
 		s.undone = unit != nil
 	}
 	if unit != nil {
-		_ = unit.Rollback()
+		x.m.rollback(x.run.bg, x.req.scope, unit)
 	}
 	if errors.Is(s.err, ErrLeaseLost) {
 		return s // a successor owns the record: nothing to give up
 	}
 	x.hb.settle()
-	kept, err := x.giveUp()
+	kept, err := x.giveUp(keep)
 	s.kept = kept
 	if err != nil {
 		s.err = err
@@ -184,54 +215,60 @@ func (x *execution) end(resp *Response) settled {
 
 // complete stores resp as the record's response, fenced on the lease: in
 // the request's unit when the handler began one (an error then means that
-// nothing of it committed), else with Store.Complete, one conditional write.
+// nothing of it committed), else with Store.Complete, one conditional write
+// tried again within its bound after a failure (fenced). When whether it
+// applied is unknown (a lost connection, a commit whose answer was lost),
+// the record says: completed by this lease's owner and generation, it is
+// this execution's completion.
 func (x *execution) complete(unit Unit, resp Response) error {
-	ctx, cancel := storeCtx(x.bg)
-	defer cancel()
-	start := time.Now()
 	lease := x.run.Lease
-	var err error
-	if unit == nil {
-		err = x.m.store.Complete(ctx, lease, resp, time.Now())
-	} else if err = unit.Complete(ctx, resp, time.Now()); err == nil {
-		err = unit.Commit()
+	done := func(rec Record, err error) bool {
+		return err == nil && rec.State == Completed && ownedBy(rec, lease)
 	}
-	x.m.obs.storeCall(x.bg, OpComplete, lease.Scope, start, err)
-	return err
+	if unit == nil {
+		return x.m.fenced(x.run.bg, OpComplete, lease, func(ctx context.Context) error {
+			return x.m.store.Complete(ctx, lease, resp, time.Now())
+		}, done)
+	}
+	return x.m.commit(x.run.bg, OpComplete, lease, unit, func(ctx context.Context) error {
+		return unit.Complete(ctx, resp, time.Now())
+	}, done)
 }
 
 // giveUp gives the key up after an answer that is not stored: Release,
-// unless the record holds a recovery point, whose lease is then ended at
-// once so that a retry takes it over and resumes. It reports whether the
-// record was kept, and ErrLeaseLost when a successor owns the record.
-func (x *execution) giveUp() (kept bool, err error) {
-	ctx, cancel := storeCtx(x.bg)
-	defer cancel()
-	lease, keep := x.run.Lease, x.run.currentPoint() != ""
+// unless the record holds a recovery point or keep is set; the record's
+// lease is then ended at once so that a retry takes it over and resumes.
+// It reports whether the record was kept, and ErrLeaseLost when a
+// successor owns the record.
+func (x *execution) giveUp(keep bool) (kept bool, err error) {
+	bg := x.run.bg
+	lease := x.run.Lease
+	keep = keep || x.run.currentPoint() != ""
 	if !keep {
 		// A phase may have committed with a write whose answer was lost:
 		// the store knows.
-		rec, err := x.m.store.Get(ctx, lease.Scope)
+		rec, err := x.m.get(bg, lease.Scope)
 		switch {
 		case errors.Is(err, ErrNotFound):
 			return false, nil
 		case err != nil:
 			keep = true // cannot tell: ending the lease is safe either way
-		case rec.State != InProgress || rec.Owner != lease.Owner || rec.Generation != lease.Generation:
+		case rec.State != InProgress || !ownedBy(rec, lease):
 			return false, ErrLeaseLost // no longer ours
 		default:
 			keep = rec.RecoveryPoint != ""
 		}
 	}
-	start := time.Now()
-	op := OpRelease
 	if keep {
-		op = OpEndLease
-		err = x.m.store.EndLease(ctx, lease, time.Now())
+		err = x.m.fenced(bg, OpEndLease, lease, func(ctx context.Context) error {
+			return x.m.store.EndLease(ctx, lease, time.Now())
+		}, nil)
 	} else {
-		err = x.m.store.Release(ctx, lease)
+		released := func(_ Record, err error) bool { return errors.Is(err, ErrNotFound) }
+		err = x.m.fenced(bg, OpRelease, lease, func(ctx context.Context) error {
+			return x.m.store.Release(ctx, lease)
+		}, released)
 	}
-	x.m.obs.storeCall(x.bg, op, lease.Scope, start, err)
 	if errors.Is(err, ErrLeaseLost) {
 		return false, err
 	}
@@ -241,10 +278,9 @@ func (x *execution) giveUp() (kept bool, err error) {
 // answerLost answers the client of an execution that lost its lease: the
 // successor's stored response if it completed, else 409 in progress.
 func (x *execution) answerLost() {
-	ctx, cancel := storeCtx(x.bg)
-	defer cancel()
-	rec, err := x.m.store.Get(ctx, x.req.scope)
-	if err == nil && rec.State == Completed && x.m.answer(x.bg, x.cw.w, x.req, rec) {
+	bg := x.run.bg
+	rec, err := x.m.get(bg, x.req.scope)
+	if err == nil && rec.State == Completed && x.m.answer(bg, x.cw.w, x.req, rec) {
 		return
 	}
 	writeProblem(x.cw.w, http.StatusConflict, CodeInProgress,

@@ -102,7 +102,8 @@ func (st *fpState) fieldString(s string) {
 
 func (st *fpState) put() {
 	st.h.Reset()
-	if cap(st.tmp) > maxPooledBuffer || cap(st.out) > maxPooledBuffer || st.parser.Large(maxPooledBuffer) {
+	if cap(st.tmp) > maxPooledBuffer || cap(st.out) > maxPooledBuffer ||
+		st.parser.Large(maxPooledBuffer) {
 		return
 	}
 	st.parser.Release()

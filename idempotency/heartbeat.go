@@ -15,10 +15,8 @@ import (
 // with a cause that wraps ErrLeaseLost and the store's error, and mark the
 // run expired (no phase may start), before a successor can take over.
 type heartbeat struct {
-	m      *Middleware
-	run    *Run
-	bg     context.Context
-	cancel context.CancelCauseFunc
+	m   *Middleware
+	run *Run
 
 	mu       sync.Mutex
 	timer    *time.Timer
@@ -26,8 +24,8 @@ type heartbeat struct {
 	inFlight sync.WaitGroup // a beat that started before stop
 }
 
-func (hb *heartbeat) start(m *Middleware, run *Run, bg context.Context, cancel context.CancelCauseFunc) {
-	hb.m, hb.run, hb.bg, hb.cancel = m, run, bg, cancel
+func (hb *heartbeat) start(m *Middleware, run *Run) {
+	hb.m, hb.run = m, run
 	hb.mu.Lock() // the first beat reschedules through hb.timer: set it first
 	hb.timer = time.AfterFunc(m.cfg.lease/3, hb.beat)
 	hb.mu.Unlock()
@@ -73,30 +71,28 @@ func (hb *heartbeat) beat() {
 	m, run := hb.m, hb.run
 	third := m.cfg.lease / 3
 	start := time.Now()
+	until := start.Add(m.cfg.lease)
 	// Half the margin: a beat that hangs gives up while the lease still has
 	// time left for the next one.
-	ctx, cancel := context.WithTimeout(hb.bg, third/2)
-	until := start.Add(m.cfg.lease)
-	err := m.store.Heartbeat(ctx, run.Lease, until)
+	ctx, cancel := context.WithTimeout(run.bg, third/2)
+	err := m.call(ctx, OpHeartbeat, run.Lease.Scope, func(ctx context.Context) error {
+		return m.store.Heartbeat(ctx, run.Lease, until)
+	})
 	cancel()
 	if hb.isStopped() {
 		// The handler is done: this late beat changes nothing, and a lease
 		// it finds gone (the record completed or given up meanwhile) is no
-		// loss to report.
-		if !errors.Is(err, ErrLeaseLost) {
-			m.obs.storeCall(hb.bg, OpHeartbeat, run.Lease.Scope, start, err)
-		}
+		// loss.
 		return
 	}
-	m.obs.storeCall(hb.bg, OpHeartbeat, run.Lease.Scope, start, err)
 	switch {
 	case err == nil:
 		run.extend(until)
 	case errors.Is(err, ErrLeaseLost):
-		hb.cancel(ErrLeaseLost)
+		run.cancel(ErrLeaseLost)
 		return
 	case run.expiring(time.Now(), third):
-		hb.cancel(fmt.Errorf("%w: %w", errLeaseExpired, err))
+		run.cancel(fmt.Errorf("%w: %w", errLeaseExpired, err))
 		return
 	}
 	// Fixed rate from the beat's start, so that a slow beat does not eat

@@ -173,7 +173,7 @@ func TestEveryStoreCallIsBoundedInTime(t *testing.T) {
 			require.Equal(t, http.StatusServiceUnavailable, a.Code, "nothing of the unit committed")
 			var pe *idempotency.PhaseError
 			require.ErrorAs(t, phaseErr, &pe)
-			require.Equal(t, "begin", pe.Op)
+			require.Equal(t, "begin", pe.Step)
 			require.ErrorIs(t, phaseErr, context.DeadlineExceeded)
 			require.ErrorIs(t, unitErr, context.DeadlineExceeded)
 			require.Equal(t, 2*bound, took)

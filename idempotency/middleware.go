@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,41 +22,6 @@ const ReplayedHeader = "Idempotent-Replayed"
 // stored-body cap: its replays answer CodeResponseNotReplayable. It never
 // reaches a client.
 const notReplayableHeader = "Saferetry-Not-Replayable"
-
-// storeTimeout bounds each store call the library makes on its own behalf
-// (storeCtx), and the wait for a unit of work to begin (begin).
-const storeTimeout = 10 * time.Second
-
-// storeCtx returns the context of a store call the library makes on its own
-// behalf: ctx, with at most storeTimeout left, so that a hung store (a lock,
-// a network partition, an exhausted pool) never stops a request or a job
-// for good. Callers that must outlive their client pass a context without
-// its cancellation.
-func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, storeTimeout)
-}
-
-// errBeginTimeout ends the wait of begin.
-var errBeginTimeout = fmt.Errorf("idempotency: the store did not begin a unit of work within %v: %w",
-	storeTimeout, context.DeadlineExceeded)
-
-// begin begins a unit of work for l on ctx without its cancellation,
-// waiting at most storeTimeout for the store to begin it. The unit lives
-// until its Commit or Rollback, however long the work in it takes, so its
-// context (which a SQL transaction keeps for its whole life) is not given
-// a deadline: a timer cancels it only while Begin has not returned.
-func (m *Middleware) begin(ctx context.Context, l Lease) (Unit, context.Context, error) {
-	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	timer := time.AfterFunc(storeTimeout, func() { cancel(errBeginTimeout) })
-	u, uctx, err := m.tx.Begin(bctx, l)
-	if !timer.Stop() { // the wait ran out: bctx is canceled, and the unit with it
-		if err == nil {
-			_ = u.Rollback()
-		}
-		return nil, ctx, errBeginTimeout
-	}
-	return u, uctx, err
-}
 
 // pollInterval is how often a request waiting on a record in progress reads
 // it (WithMaxInProgressWait).
@@ -91,7 +55,8 @@ func New(store Store, opts ...Option) *Middleware {
 			o(&cfg)
 		}
 	}
-	m := &Middleware{cfg: cfg, store: store, horizon: max(cfg.horizon, cfg.replayWindow+cfg.lease)}
+	horizon := max(cfg.horizon, addSat(cfg.replayWindow, cfg.lease))
+	m := &Middleware{cfg: cfg, store: store, horizon: horizon}
 	m.tx, _ = store.(Transactor)
 	if cfg.logger != nil {
 		m.obs = append(m.obs, newLogObserver(cfg.logger))
@@ -126,10 +91,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
+	ctx, unscoped := r.Context(), Scope{Method: method} // the refusals before a scope
 	vals := r.Header.Values(m.cfg.header)
 	if len(vals) == 0 {
 		if m.cfg.required {
-			m.refuse(r.Context(), w, Scope{Method: method}, http.StatusBadRequest, CodeKeyMissing,
+			m.refuse(ctx, w, unscoped, http.StatusBadRequest, CodeKeyMissing,
 				"this endpoint requires the "+m.cfg.header+" header", nil)
 			return
 		}
@@ -138,17 +104,23 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key, err := keygen.ParseHeader(vals)
 	if err != nil {
-		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusBadRequest, CodeKeyInvalid, m.cfg.header+": "+err.Error(), nil)
+		m.refuse(ctx, w, unscoped, http.StatusBadRequest, CodeKeyInvalid,
+			m.cfg.header+": "+err.Error(), nil)
 		return
 	}
 	principal, err := m.cfg.principal(r)
-	if err != nil {
-		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusUnauthorized, CodePrincipalUnavailable, "", err)
+	switch {
+	case errors.Is(err, ErrPrincipalRefused):
+		m.refuse(ctx, w, unscoped, http.StatusUnauthorized, CodePrincipalRefused, "", err)
+		return
+	case err != nil:
+		m.refuse(ctx, w, unscoped, http.StatusServiceUnavailable, CodePrincipalUnavailable,
+			"the server could not identify the caller; retry later with the same key", err)
 		return
 	}
 	if principal == "" && !m.cfg.anonymous {
 		// Fail closed: anonymous callers would share one namespace of keys.
-		m.refuse(r.Context(), w, Scope{Method: method}, http.StatusUnauthorized, CodePrincipalMissing,
+		m.refuse(ctx, w, unscoped, http.StatusUnauthorized, CodePrincipalMissing,
 			"a request with an idempotency key must identify its caller", nil)
 		return
 	}
@@ -192,7 +164,8 @@ func (h *handler) route(r *http.Request) string {
 
 // refuse answers with a problem of the middleware's own, before any handler
 // ran, and reports it.
-func (m *Middleware) refuse(ctx context.Context, w http.ResponseWriter, s Scope, status int, code Code, detail string, err error) {
+func (m *Middleware) refuse(ctx context.Context, w http.ResponseWriter, s Scope, status int,
+	code Code, detail string, err error) {
 	m.obs.refused(ctx, Event{Scope: s, Status: status, Code: code, Err: err})
 	writeProblem(w, status, code, detail, 0)
 }
@@ -207,7 +180,8 @@ func (m *Middleware) refuseStore(ctx context.Context, w http.ResponseWriter, s S
 			"this request is too large for the server's idempotency store", err)
 	case errors.Is(err, ErrStoreFull):
 		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodeStoreFull,
-			"the server holds as many idempotency records as it can; retry later with the same key", err)
+			"the server holds as many idempotency records as it can; "+
+				"retry later with the same key", err)
 	default:
 		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodeStoreUnavailable, "", err)
 	}
@@ -250,9 +224,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			// The key is ours: the handler runs to its end even if the
 			// client goes away, so that its response is stored and the
 			// client's retry replays it instead of running the work again.
-			hctx, cancel := detach(ctx, bg)
-			defer cancel() // also when the handler panics
-			h.run(w, r, bg, hctx, req, res, false)
+			h.run(w, r, req, res, false)
 			return
 		}
 		rec := res.Record
@@ -269,20 +241,17 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 			left := waitUntil.Sub(now)
 			if left <= 0 {
 				m.refuse(ctx, w, req.scope, http.StatusConflict, CodeInProgress,
-					"a request with this idempotency key is being processed; retry later with the same key", nil)
+					"a request with this idempotency key is being processed; "+
+						"retry later with the same key", nil)
 				return
 			}
 			if wait.Sleep(ctx, min(left, pollInterval)) != nil {
 				return // the client went away while it waited: nobody to answer
 			}
-			start := time.Now()
-			gctx, cancel := storeCtx(ctx)
-			rec, err = m.store.Get(gctx, req.scope)
-			cancel()
+			rec, err = m.get(ctx, req.scope)
 			if ctx.Err() != nil {
 				return // the client went away: not a store outage
 			}
-			m.obs.storeCall(ctx, OpGet, req.scope, start, err)
 			if errors.Is(err, ErrNotFound) && claims < 3 {
 				break // released: claim again
 			}
@@ -303,16 +272,6 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 	}
 }
 
-// claim claims c.Scope, bounded by storeTimeout.
-func (m *Middleware) claim(bg context.Context, c Claim) (ClaimResult, error) {
-	ctx, cancel := storeCtx(bg)
-	defer cancel()
-	start := time.Now()
-	res, err := m.store.Claim(ctx, c)
-	m.obs.storeCall(bg, OpClaim, c.Scope, start, err)
-	return res, err
-}
-
 // sameRequest reports whether rec was made by the request req: its
 // fingerprint, in the record's version, is req's.
 func sameRequest(req request, rec Record) bool {
@@ -325,11 +284,13 @@ func sameRequest(req request, rec Record) bool {
 
 // answer answers from a record the request does not own when it is
 // completed or belongs to a different request, and reports whether it did.
-func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, req request, rec Record) bool {
+func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, req request,
+	rec Record) bool {
 	switch {
 	case rec.State != Absent && !sameRequest(req, rec):
 		m.refuse(ctx, w, req.scope, m.cfg.mismatchStatus, CodeKeyReused,
-			"this idempotency key was already used for a different request; use a new key for a new request", nil)
+			"this idempotency key was already used for a different request; "+
+				"use a new key for a new request", nil)
 		return true
 	case rec.State == Completed:
 		m.replay(ctx, w, req.scope, rec)
@@ -342,14 +303,16 @@ func (m *Middleware) replay(ctx context.Context, w http.ResponseWriter, s Scope,
 	resp := rec.Response
 	switch {
 	case resp == nil:
-		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodeStoreUnavailable, "the stored record has no response",
+		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodeStoreUnavailable,
+			"the stored record has no response",
 			errors.New("idempotency: a completed record without a response"))
 		return
 	case resp.Header.Get(notReplayableHeader) != "":
-		m.obs.refused(ctx, Event{Scope: s, Status: http.StatusConflict, Code: CodeResponseNotReplayable})
+		m.obs.refused(ctx, Event{Scope: s, Status: http.StatusConflict,
+			Code: CodeResponseNotReplayable})
 		writeProblem(w, http.StatusConflict, CodeResponseNotReplayable,
-			"the request with this idempotency key completed, but its response was too large to store; it is not executed again",
-			resp.Status)
+			"the request with this idempotency key completed, but its response was too large "+
+				"to store; it is not executed again", resp.Status)
 		return
 	}
 	dst := w.Header()

@@ -230,13 +230,48 @@ func TestWithAnonymousKeysSharesOneScope(t *testing.T) {
 	require.EqualValues(t, 2, h.n.Load())
 }
 
-func TestPrincipalError(t *testing.T) {
-	h := &payments{}
-	srv := serve(t, memstore.New(), h, idempotency.WithPrincipal(func(*http.Request) (string, error) {
-		return "", errStore
-	}))
-	requireProblem(t, post(t, srv, "k", `{}`), http.StatusUnauthorized, idempotency.CodePrincipalUnavailable)
-	require.Zero(t, h.n.Load())
+// The principal function tells a refusal from an outage: an error wrapping
+// ErrPrincipalRefused (bad credentials) is 401 CodePrincipalRefused, which
+// a client does not retry; any other error (the authentication backend is
+// down) is a server failure, 503 CodePrincipalUnavailable with
+// Retry-After: 1, which a client retries with the same key, logged at
+// Error. Nothing runs either way, and the observers get the error.
+func TestPrincipalRefusalAndOutage(t *testing.T) {
+	refused := fmt.Errorf("token expired: %w", idempotency.ErrPrincipalRefused)
+	for _, tc := range []struct {
+		err    error
+		status int
+		code   idempotency.Code
+		log    string
+	}{
+		{refused, http.StatusUnauthorized, idempotency.CodePrincipalRefused, ""},
+		{errStore, http.StatusServiceUnavailable, idempotency.CodePrincipalUnavailable,
+			`level=ERROR msg="idempotency: the principal function failed; guarded requests are refused with 503"`},
+	} {
+		t.Run(string(tc.code), func(t *testing.T) {
+			h := &payments{}
+			s := &seen{}
+			log, buf := bufLogger()
+			srv := serve(t, memstore.New(), h, idempotency.WithPrincipal(func(*http.Request) (string, error) {
+				return "", tc.err
+			}), idempotency.WithObserver(s.observer()), idempotency.WithLogger(log))
+			a := post(t, srv, "k", `{}`)
+			requireProblem(t, a, tc.status, tc.code)
+			if tc.status == http.StatusServiceUnavailable {
+				require.Equal(t, "1", a.Header.Get("Retry-After"))
+			} else {
+				require.Empty(t, a.Header.Get("Retry-After"))
+			}
+			require.Zero(t, h.n.Load())
+			_, by := s.take()
+			require.ErrorIs(t, by["refused"][0].Err, tc.err)
+			if tc.log != "" {
+				require.Contains(t, buf.String(), tc.log)
+			} else {
+				require.NotContains(t, buf.String(), "level=ERROR")
+			}
+		})
+	}
 }
 
 // Key formats.
@@ -476,7 +511,7 @@ func TestBeginFailure(t *testing.T) {
 			require.ErrorIs(t, unitErr.Load().(error), errStore)
 			var pe *idempotency.PhaseError
 			require.ErrorAs(t, phaseErr.Load().(error), &pe)
-			require.Equal(t, "begin", pe.Op)
+			require.Equal(t, "begin", pe.Step)
 			require.ErrorIs(t, pe, errStore)
 		})
 	}
@@ -790,16 +825,21 @@ func (failingComplete) Complete(context.Context, idempotency.Lease, idempotency.
 }
 
 // A handler that never asked for its unit is completed with Store.Complete
-// (no transaction). If that fails, the work was done all the same: its
-// response is sent, and the record stays in progress until its lease
-// expires (a retry meanwhile gets 409 in progress, never a second run).
+// (no transaction), tried again for 10 s while it fails. If it fails all
+// that time, the work was done all the same: its response is sent, and the
+// record stays in progress until its lease expires (a retry meanwhile gets
+// 409 in progress, never a second run).
 func TestCompleteFailureWithoutAUnitSendsTheResponse(t *testing.T) {
-	store := failingComplete{memstore.New()}
-	h := &payments{}
-	srv := serve(t, store, h, idempotency.WithMaxInProgressWait(0))
-	a := post(t, srv, "k", `{}`)
-	require.Equal(t, http.StatusCreated, a.Status)
-	require.Contains(t, a.Body, `"payment":1`)
-	requireProblem(t, post(t, srv, "k", `{}`), http.StatusConflict, idempotency.CodeInProgress)
-	require.Equal(t, int64(1), h.n.Load(), "the handler ran once")
+	synctest.Test(t, func(t *testing.T) {
+		store := failingComplete{memstore.New()}
+		h := &payments{}
+		g := idempotency.New(store, idempotency.WithLogger(quiet), idempotency.WithAnonymousKeys(true)).Wrap(h)
+		start := time.Now()
+		a := send(t, g, "k", `{}`)
+		require.Equal(t, 10*time.Second, time.Since(start), "the completion was tried for its bound")
+		require.Equal(t, http.StatusCreated, a.Code)
+		require.Contains(t, a.Body.String(), `"payment":1`)
+		require.Equal(t, http.StatusConflict, send(t, g, "k", `{}`).Code)
+		require.Equal(t, int64(1), h.n.Load(), "the handler ran once")
+	})
 }

@@ -21,18 +21,23 @@ type Observer struct {
 	// Status is the handler's, Duration from its start to the settled
 	// record; Err is also set, to the cause, when the middleware canceled
 	// the handler's context (a lost lease, or heartbeats that failed until
-	// the lease was about to run out).
+	// the lease was about to run out). Code is CodeResponseNotReplayable
+	// when the response completed the record without its body, which was
+	// over WithMaxStoredBody: its replays answer that code.
 	Executed func(ctx context.Context, e Event)
 	// Replayed: a stored response was replayed with Status.
 	Replayed func(ctx context.Context, e Event)
 	// Refused: the middleware answered a guarded request with a problem of
 	// its own before any handler ran: Status, Code (a Code* constant), and
 	// for CodeStoreUnavailable and CodeStoreFull the store's error (Err),
-	// for CodePrincipalUnavailable the principal function's.
+	// for CodePrincipalUnavailable and CodePrincipalRefused the principal
+	// function's.
 	Refused func(ctx context.Context, e Event)
-	// StoreCall: a store call of the request path ended: Op (an Op*
-	// constant), Duration its latency, Err its error. ErrNotFound, ErrLeaseLost,
-	// ErrStoreFull and ErrRecordTooLarge are answers, not failures.
+	// StoreCall: a store call that the middleware, its Completer or its
+	// Reaper made ended (every call each makes): Op (an Op* constant),
+	// Scope (zero for OpAbandoned and OpDeleteBefore), Duration its
+	// latency, Err its error. ErrNotFound, ErrLeaseLost, ErrStoreFull and
+	// ErrRecordTooLarge are answers, not failures.
 	StoreCall func(ctx context.Context, e Event)
 	// Unfinished: the Reaper is about to delete rec, an in-progress record
 	// whose lease ended before the cleanup horizon: its request started and
@@ -84,23 +89,36 @@ const (
 	// OutcomeFailed: a store call failed (Err); a unit's writes did not
 	// commit (503), or a response made outside one was sent unstored.
 	OutcomeFailed Outcome = "failed"
+	// OutcomeNeedsCredentials (Completer only): the resumed handler
+	// answered 401 or 403. A resumed request carries no credentials, so
+	// that answer is never stored: the record stays in progress, its lease
+	// ended, for the client's retry (which has them) to take over and
+	// resume; the Completer backs off from it.
+	OutcomeNeedsCredentials Outcome = "needs_credentials"
 	// OutcomeUnresumable (Completer only): no handler for the record's
 	// route, or its stored request cannot be rebuilt (Err); it was not run.
 	OutcomeUnresumable Outcome = "unresumable"
 )
 
-// Op is a store call of the request path, in Event.Op of
-// Observer.StoreCall: a snake_case label for logs and metrics.
+// Op is a store call, in Event.Op of Observer.StoreCall: a snake_case
+// label for logs and metrics. Each Store, Transactor and Unit method the
+// library calls has its own; a Unit's Commit is part of the write it
+// commits.
 type Op string
 
-// The store calls of the request path.
+// The store calls.
 const (
-	OpClaim     Op = "claim"
-	OpGet       Op = "get" // waiting on a record in progress
-	OpHeartbeat Op = "heartbeat"
-	OpEndLease  Op = "end_lease"
-	OpComplete  Op = "complete" // with a unit: its completion and commit
-	OpRelease   Op = "release"
+	OpClaim            Op = "claim"
+	OpGet              Op = "get"
+	OpHeartbeat        Op = "heartbeat"
+	OpEndLease         Op = "end_lease"
+	OpComplete         Op = "complete" // with a unit: its completion and commit
+	OpRelease          Op = "release"
+	OpSetRecoveryPoint Op = "set_recovery_point" // with a unit: the phase's and its commit
+	OpBegin            Op = "begin"
+	OpRollback         Op = "rollback"
+	OpAbandoned        Op = "abandoned"
+	OpDeleteBefore     Op = "delete_before"
 )
 
 // observers calls every Observer in order.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -18,6 +20,20 @@ const (
 	defaultLease          = 30 * time.Second
 	defaultCleanupHorizon = 72 * time.Hour
 )
+
+// addSat returns a + b, saturating at the bounds of time.Duration: every
+// sum of configured durations goes through it, so that "forever"
+// (math.MaxInt64) plus a lease is still forever, not a negative duration.
+func addSat(a, b time.Duration) time.Duration {
+	s := a + b
+	switch {
+	case b > 0 && s < a:
+		return math.MaxInt64
+	case b < 0 && s > a:
+		return math.MinInt64
+	}
+	return s
+}
 
 // minLease is the shortest lease (WithLease): its heartbeat, every third
 // of it, is then 1 ms apart.
@@ -41,6 +57,12 @@ var neverReplayed = map[string]bool{
 	"Keep-Alive": true, "Trailer": true, "Upgrade": true, "Proxy-Connection": true,
 	ReplayedHeader: true, notReplayableHeader: true,
 }
+
+// ErrPrincipalRefused is what a principal function (WithPrincipal) returns,
+// wrapped or bare, to refuse a request's credentials: the middleware
+// answers 401 CodePrincipalRefused. Any other error of the function means
+// the caller could not be identified for now (503).
+var ErrPrincipalRefused = errors.New("idempotency: credentials refused")
 
 // Option configures New. Options are applied in order; a later one wins.
 type Option func(*config)
@@ -99,9 +121,9 @@ func authorizationPrincipal(r *http.Request) (string, error) {
 // is one of them alone carries no credential.
 var authSchemes = map[string]bool{
 	"basic": true, "bearer": true, "concealed": true, "digest": true, "dpop": true, "gnap": true,
-	"hoba": true, "mutual": true, "negotiate": true, "ntlm": true, "oauth": true, "privatetoken": true,
-	"scram-sha-1": true, "scram-sha-256": true, "vapid": true, "token": true, "apikey": true,
-	"aws4-hmac-sha256": true,
+	"hoba": true, "mutual": true, "negotiate": true, "ntlm": true, "oauth": true,
+	"privatetoken": true, "scram-sha-1": true, "scram-sha-256": true, "vapid": true, "token": true,
+	"apikey": true, "aws4-hmac-sha256": true,
 }
 
 // hasCredential reports whether an Authorization value carries a
@@ -124,10 +146,15 @@ func headerSet(names []string) map[string]bool {
 // WithPrincipal sets the function that returns the authenticated identity of
 // a request, the first part of every key's scope: one principal never sees
 // another's stored response. Return what the server's authentication
-// verified (an account ID), never a value the client sets freely. An error
-// is answered 401 CodePrincipalUnavailable; "" means no principal (see
-// WithAnonymousKeys). f must be safe for concurrent use; nil keeps the
-// default.
+// verified (an account ID), never a value the client sets freely; handlers
+// read it back from Run.Scope.Principal (FromContext), live and on a
+// resume. An error wrapping ErrPrincipalRefused (credentials that are
+// wrong, expired or revoked) is answered 401 CodePrincipalRefused, which a
+// client does not retry; any other error (the authentication backend is
+// unreachable) is a server failure, answered 503 CodePrincipalUnavailable
+// with Retry-After: 1, which a client retries with the same key; nothing
+// runs either way. "" means no principal (see WithAnonymousKeys). f must
+// be safe for concurrent use; nil keeps the default.
 //
 // Default: the SHA-256 of the Authorization header, which is no
 // authentication (anyone holding the same header shares the scope, and a
@@ -205,8 +232,9 @@ func WithLease(d time.Duration) Option {
 
 // WithReplayWindow sets how long a completed response is replayed (default
 // 24 h); after it a reused key is a new request. Set it above the longest
-// retry chain (dead-letter replays, scheduled re-runs). Values <= 0 keep the
-// default.
+// retry chain (dead-letter replays, scheduled re-runs); math.MaxInt64 means
+// forever (the Reaper then deletes no completed record). Values <= 0 keep
+// the default.
 func WithReplayWindow(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {
@@ -218,7 +246,8 @@ func WithReplayWindow(d time.Duration) Option {
 // WithCleanupHorizon sets how long after its last update the Reaper keeps a
 // record (default 72 h). The Reaper never uses less than the replay window
 // plus the lease, so that it never deletes a record that can still be
-// replayed: a shorter horizon (or <= 0) means that sum.
+// replayed: a shorter horizon (or <= 0) means that sum, which saturates at
+// math.MaxInt64 (forever).
 func WithCleanupHorizon(d time.Duration) Option {
 	return func(c *config) { c.horizon = d }
 }
@@ -298,8 +327,12 @@ func WithShutdown(ctx context.Context) Option {
 // Reaper (default slog.Default()); nil means no logging. The records are
 // written by a logging Observer that runs before those of WithObserver;
 // they name a request by method, route and key digest, never the raw key.
-// Refusals for a store that is unavailable or full are logged at most once
-// a second for each.
+// What an operator must see is at Warn or above: a store unavailable or
+// full, and a principal function that fails (each at most once a second),
+// a key reused for a different request (a client bug), a response too
+// large to be stored for replay, a handler that panicked, a lost lease, a
+// store that failed at the end of a request; replays, in-progress
+// conflicts and a request's own errors are at Debug.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }

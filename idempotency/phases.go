@@ -1,11 +1,13 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // recoveryVersion is the version of the recovery data format that Phase
@@ -14,6 +16,15 @@ const recoveryVersion = 1
 
 // maxPhaseName is the longest phase name, in bytes.
 const maxPhaseName = 128
+
+// validPhaseName reports whether name can be a phase's (and an External
+// call's) name: 1 to maxPhaseName bytes of valid UTF-8. The recovery data
+// is JSON, in which every such string round-trips byte for byte and any
+// other would not (invalid UTF-8 becomes U+FFFD), so that a committed
+// phase would be run again, or a pending call never found.
+func validPhaseName(name string) bool {
+	return name != "" && len(name) <= maxPhaseName && utf8.ValidString(name)
+}
 
 // recovery is the decoded Record.RecoveryData that Phase and External keep:
 // the committed phases in order and, at most one at a time, an External
@@ -47,7 +58,8 @@ type recoveryWire struct {
 var errBadRecoveryData = errors.New("idempotency: malformed recovery data")
 
 func (rec recovery) encode() []byte {
-	b, _ := json.Marshal(recoveryWire{Version: recoveryVersion, recovery: rec}) // strings and bytes only
+	// Strings and bytes only: it cannot fail.
+	b, _ := json.Marshal(recoveryWire{Version: recoveryVersion, recovery: rec})
 	return b
 }
 
@@ -63,17 +75,20 @@ func decodeRecovery(data []byte) (recovery, error) {
 		return recovery{}, errors.Join(errBadRecoveryData, err)
 	}
 	if w.Version != recoveryVersion {
-		return recovery{}, fmt.Errorf("%w: version %d, want %d", errBadRecoveryData, w.Version, recoveryVersion)
+		return recovery{}, fmt.Errorf("%w: version %d, want %d", errBadRecoveryData, w.Version,
+			recoveryVersion)
 	}
 	seen := make(map[string]bool, len(w.Phases))
 	for _, p := range w.Phases {
 		if p.Name == "" || seen[p.Name] {
-			return recovery{}, fmt.Errorf("%w: empty or repeated phase name %q", errBadRecoveryData, p.Name)
+			return recovery{}, fmt.Errorf("%w: empty or repeated phase name %q", errBadRecoveryData,
+				p.Name)
 		}
 		seen[p.Name] = true
 	}
 	if w.Pending != nil && (w.Pending.Phase == "" || seen[w.Pending.Phase]) {
-		return recovery{}, fmt.Errorf("%w: pending call for phase %q", errBadRecoveryData, w.Pending.Phase)
+		return recovery{}, fmt.Errorf("%w: pending call for phase %q", errBadRecoveryData,
+			w.Pending.Phase)
 	}
 	return w.recovery, nil
 }
@@ -98,7 +113,7 @@ func (rec recovery) with(p committedPhase) recovery {
 // intentPrefix starts the recovery point of a recorded intent.
 const intentPrefix = "intent:"
 
-// PhaseError reports a phase that did not commit. Op is where it stopped:
+// PhaseError reports a phase that did not commit. Step is where it stopped:
 // "use" (misuse: wraps ErrMisuse), "decode" (the record's recovery data is
 // not Phase's), "lease" (the lease was lost or ran out before the phase:
 // wraps ErrLeaseLost), "begin" (the store's Begin), "run" (fn returned
@@ -108,13 +123,13 @@ const intentPrefix = "intent:"
 // ErrLeaseLost: nothing of the phase committed.
 type PhaseError struct {
 	Phase string
-	Op    string
+	Step  string
 	Err   error
 }
 
-// Error returns "idempotency: phase <name>: <op>: <cause>".
+// Error returns "idempotency: phase <name>: <step>: <cause>".
 func (e *PhaseError) Error() string {
-	return fmt.Sprintf("idempotency: phase %q: %s: %v", e.Phase, e.Op, e.Err)
+	return fmt.Sprintf("idempotency: phase %q: %s: %v", e.Phase, e.Step, e.Err)
 }
 
 // Unwrap returns the cause.
@@ -134,7 +149,8 @@ type phaseCtx struct {
 // caller must call leave.
 func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, error) {
 	misuse := func(format string, a ...any) (recovery, error) {
-		return recovery{}, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: "+format, append([]any{ErrMisuse}, a...)...)}
+		err := fmt.Errorf("%w: "+format, append([]any{ErrMisuse}, a...)...)
+		return recovery{}, &PhaseError{Phase: name, Step: "use", Err: err}
 	}
 	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r {
 		return misuse("called inside another phase")
@@ -143,11 +159,11 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	defer r.mu.Unlock()
 	switch {
 	case r.done:
-		return recovery{}, &PhaseError{Phase: name, Op: "use", Err: errRunDone}
+		return recovery{}, &PhaseError{Phase: name, Step: "use", Err: errRunDone}
 	case r.expired:
-		return recovery{}, &PhaseError{Phase: name, Op: "lease", Err: errLeaseExpired}
-	case name == "" || len(name) > maxPhaseName:
-		return misuse("a phase name has 1 to %d bytes", maxPhaseName)
+		return recovery{}, &PhaseError{Phase: name, Step: "lease", Err: errLeaseExpired}
+	case !validPhaseName(name):
+		return misuse("a phase name is 1 to %d bytes of valid UTF-8, got %q", maxPhaseName, name)
 	case r.inPhase:
 		return misuse("another phase is running")
 	case r.unit != nil || r.unitErr != nil || r.beginning:
@@ -158,13 +174,15 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	if r.rec == nil {
 		rec, err := decodeRecovery(r.recoveryData)
 		if err != nil {
-			return recovery{}, &PhaseError{Phase: name, Op: "decode", Err: err}
+			return recovery{}, &PhaseError{Phase: name, Step: "decode", Err: err}
 		}
 		r.rec = &rec
 	}
 	rec := *r.rec
-	if _, done := rec.committed(name); !done && rec.Pending != nil && (rec.Pending.Phase != name || !external) {
-		return misuse("the outcome of external phase %q is unknown; call External(%q) first", rec.Pending.Phase, rec.Pending.Phase)
+	_, done := rec.committed(name)
+	if p := rec.Pending; !done && p != nil && (p.Phase != name || !external) {
+		return misuse("the outcome of external phase %q is unknown; call External(%q) first",
+			p.Phase, p.Phase)
 	}
 	if r.seen == nil {
 		r.seen = make(map[string]bool)
@@ -174,16 +192,30 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	return rec, nil
 }
 
+// leave ends the running phase: its unit, if it has one that did not
+// commit (fn failed or panicked, or the commit failed), is rolled back.
 func (r *Run) leave() {
 	r.mu.Lock()
-	r.inPhase, r.phase = false, ""
+	u := r.phaseUnit
+	r.inPhase, r.phase, r.phaseUnit = false, "", nil
+	r.mu.Unlock()
+	if u != nil {
+		r.m.rollback(r.bg, r.Scope, u)
+	}
+}
+
+// openPhaseUnit records u as the running phase's unit, for leave.
+func (r *Run) openPhaseUnit(u Unit) {
+	r.mu.Lock()
+	r.phaseUnit = u
 	r.mu.Unlock()
 }
 
-// saved records a commit of the recovery data.
+// saved records a commit of the recovery data: the running phase's unit,
+// if any, committed with it.
 func (r *Run) saved(rec recovery, point string) {
 	r.mu.Lock()
-	r.rec, r.point = &rec, point
+	r.rec, r.point, r.phaseUnit = &rec, point, nil
 	r.mu.Unlock()
 }
 
@@ -206,10 +238,13 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 	if !force && now.Before(until) {
 		return nil
 	}
-	sctx, cancel := storeCtx(context.WithoutCancel(ctx)) // on when the client goes away, as commit's
-	defer cancel()
 	next := now.Add(r.m.cfg.lease)
-	if err := r.m.store.Heartbeat(sctx, r.Lease, next); err != nil {
+	// On when the client goes away, as commit's.
+	bg := context.WithoutCancel(ctx)
+	err := r.m.call(bg, OpHeartbeat, r.Scope, func(ctx context.Context) error {
+		return r.m.store.Heartbeat(ctx, r.Lease, next)
+	})
+	if err != nil {
 		r.lost(err)
 		return err
 	}
@@ -230,15 +265,18 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 //
 // fn must be deterministic in what it commits and must not call services
 // that cannot be rolled back (External is for those). Phases come in the
-// same order in every execution, with names of 1 to 128 bytes unique
-// within it, one at a time and before the request's unit is begun; outputs
-// are kept in the record, so keep them small.
+// same order in every execution, with names of 1 to 128 bytes of valid
+// UTF-8 unique within it (any other name is refused, ErrMisuse, before
+// anything runs), one at a time and before the request's unit is begun;
+// names and outputs round-trip byte for byte through the record, so keep
+// outputs small.
 //
-// Errors are *PhaseError; Op "run" wraps fn's own error. After an error
+// Errors are *PhaseError; Step "run" wraps fn's own error. After an error
 // answer with a status that is not stored (5xx): the record stays in
 // progress at its recovery point, its lease ended at once, so that a retry
 // or the Completer resumes.
-func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+func (r *Run) Phase(ctx context.Context, name string,
+	fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	rec, err := r.enter(ctx, name, false)
 	if err != nil {
 		return nil, err
@@ -248,18 +286,19 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 		return out, nil
 	}
 	if fn == nil {
-		return nil, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: nil function", ErrMisuse)}
+		return nil, &PhaseError{Phase: name, Step: "use",
+			Err: fmt.Errorf("%w: nil function", ErrMisuse)}
 	}
 	if err := r.checkLease(ctx, false); err != nil {
-		return nil, &PhaseError{Phase: name, Op: "lease", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "lease", Err: err}
 	}
 	pc := &phaseCtx{run: r}
 	if r.m.tx != nil {
 		u, uctx, err := r.m.begin(ctx, r.Lease)
 		if err != nil {
-			return nil, &PhaseError{Phase: name, Op: "begin", Err: err}
+			return nil, &PhaseError{Phase: name, Step: "begin", Err: err}
 		}
-		defer func() { _ = u.Rollback() }() // a no-op after Commit
+		r.openPhaseUnit(u) // leave rolls it back unless it committed
 		pc.unit, pc.ctx = u, uctx
 	}
 	fctx := context.WithValue(ctx, phaseKey{}, pc)
@@ -268,11 +307,11 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 	}
 	out, err := fn(fctx)
 	if err != nil {
-		return nil, &PhaseError{Phase: name, Op: "run", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "run", Err: err}
 	}
 	next := rec.with(committedPhase{Name: name, Output: out})
 	if err := r.commit(ctx, pc.unit, name, next); err != nil {
-		return nil, &PhaseError{Phase: name, Op: "commit", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "commit", Err: err}
 	}
 	return out, nil
 }
@@ -282,16 +321,21 @@ func (r *Run) Phase(ctx context.Context, name string, fn func(ctx context.Contex
 func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery) error {
 	// The record's writes go on when the client goes away: the work is
 	// done, and recording it is what makes a retry safe.
-	sctx, cancel := storeCtx(context.WithoutCancel(ctx))
-	defer cancel()
-	data, now := rec.encode(), time.Now()
+	// A write that may have applied is settled by the record: this lease's,
+	// at this point with this data, the write is this one.
+	bg, data, now := context.WithoutCancel(ctx), rec.encode(), time.Now()
 	var err error
-	if unit != nil {
-		if err = unit.SetRecoveryPoint(sctx, point, data, now); err == nil {
-			err = unit.Commit()
-		}
+	if unit == nil {
+		err = r.m.fenced(bg, OpSetRecoveryPoint, r.Lease, func(ctx context.Context) error {
+			return r.m.store.SetRecoveryPoint(ctx, r.Lease, point, data, now)
+		}, nil)
 	} else {
-		err = r.m.store.SetRecoveryPoint(sctx, r.Lease, point, data, now)
+		err = r.m.commit(bg, OpSetRecoveryPoint, r.Lease, unit, func(ctx context.Context) error {
+			return unit.SetRecoveryPoint(ctx, point, data, now)
+		}, func(got Record, err error) bool {
+			return err == nil && got.State == InProgress && ownedBy(got, r.Lease) &&
+				got.RecoveryPoint == point && bytes.Equal(got.RecoveryData, data)
+		})
 	}
 	if err != nil {
 		r.lost(err)
@@ -318,11 +362,12 @@ func (r *Run) commit(ctx context.Context, unit Unit, point string, rec recovery)
 // definitive answer (a declined card) is a result. While an intent has no
 // outcome, no other new phase may start, and the request's answer is never
 // stored: the middleware answers 503 CodeRequestIncomplete and keeps the
-// record for a resume. Errors are *PhaseError (Op "intent", "lookup",
-// "call", "commit", or one of Phase's).
+// record for a resume. name follows Phase's rules. Errors are *PhaseError
+// (Step "intent", "lookup", "call", "commit", or one of Phase's).
 func (r *Run) External(ctx context.Context, name string,
 	call func(ctx context.Context, downstreamKey string) ([]byte, error),
-	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error)) ([]byte, error) {
+	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error),
+) ([]byte, error) {
 	rec, err := r.enter(ctx, name, true)
 	if err != nil {
 		return nil, err
@@ -332,7 +377,8 @@ func (r *Run) External(ctx context.Context, name string,
 		return out, nil
 	}
 	if call == nil {
-		return nil, &PhaseError{Phase: name, Op: "use", Err: fmt.Errorf("%w: nil call", ErrMisuse)}
+		return nil, &PhaseError{Phase: name, Step: "use",
+			Err: fmt.Errorf("%w: nil call", ErrMisuse)}
 	}
 	key := r.DownstreamKey(name)
 	resumed := rec.Pending != nil // enter checked it is this phase's
@@ -340,36 +386,38 @@ func (r *Run) External(ctx context.Context, name string,
 		key = rec.Pending.DownstreamKey // as recorded: the key the first call used
 		// Prove ownership (and renew the lease) before anything irreversible.
 		if err := r.checkLease(ctx, true); err != nil {
-			return nil, &PhaseError{Phase: name, Op: "lease", Err: err}
+			return nil, &PhaseError{Phase: name, Step: "lease", Err: err}
 		}
 		if lookup != nil {
 			out, found, err := lookup(ctx, key)
 			if err != nil {
-				return nil, &PhaseError{Phase: name, Op: "lookup", Err: err}
+				return nil, &PhaseError{Phase: name, Step: "lookup", Err: err}
 			}
 			if found {
 				return r.settle(ctx, name, key, rec, out)
 			}
 		}
 	} else {
-		intent := recovery{Phases: rec.Phases, Pending: &pendingCall{Phase: name, DownstreamKey: key}}
+		pending := &pendingCall{Phase: name, DownstreamKey: key}
+		intent := recovery{Phases: rec.Phases, Pending: pending}
 		if err := r.commit(ctx, nil, intentPrefix+name, intent); err != nil {
-			return nil, &PhaseError{Phase: name, Op: "intent", Err: err}
+			return nil, &PhaseError{Phase: name, Step: "intent", Err: err}
 		}
 		rec = intent
 	}
 	out, err := call(ctx, key)
 	if err != nil {
-		return nil, &PhaseError{Phase: name, Op: "call", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "call", Err: err}
 	}
 	return r.settle(ctx, name, key, rec, out)
 }
 
 // settle commits the outcome of an External phase.
-func (r *Run) settle(ctx context.Context, name, key string, rec recovery, out []byte) ([]byte, error) {
+func (r *Run) settle(ctx context.Context, name, key string, rec recovery,
+	out []byte) ([]byte, error) {
 	next := rec.with(committedPhase{Name: name, Output: out, DownstreamKey: key})
 	if err := r.commit(ctx, nil, name, next); err != nil {
-		return nil, &PhaseError{Phase: name, Op: "commit", Err: err}
+		return nil, &PhaseError{Phase: name, Step: "commit", Err: err}
 	}
 	return out, nil
 }

@@ -247,7 +247,7 @@ func TestExternalIntentIsLookedUpOnResume(t *testing.T) {
 		require.NoError(t, keygen.Validate(key))
 		var pe *idempotency.PhaseError
 		require.ErrorAs(t, s.errs[0], &pe)
-		require.Equal(t, "call", pe.Op)
+		require.Equal(t, "call", pe.Step)
 		require.ErrorIs(t, s.errs[0], errLostAnswer)
 
 		time.Sleep(time.Millisecond)
@@ -373,9 +373,9 @@ func TestPhaseFencing(t *testing.T) {
 				require.ErrorIs(t, err, idempotency.ErrLeaseLost)
 				require.Equal(t, "charge", pe.Phase)
 				if where == "before the phase" {
-					require.Equal(t, "lease", pe.Op, "A renews its expired lease before starting and finds it lost")
+					require.Equal(t, "lease", pe.Step, "A renews its expired lease before starting and finds it lost")
 				} else {
-					require.Equal(t, "commit", pe.Op, "the fence holds at the commit")
+					require.Equal(t, "commit", pe.Step, "the fence holds at the commit")
 				}
 				a := <-aDone
 				require.Equal(t, http.StatusCreated, a.Code, "A lost its record: its client gets B's stored answer")
@@ -517,7 +517,7 @@ func TestPhaseMisuse(t *testing.T) {
 			require.ErrorIs(t, err, idempotency.ErrMisuse)
 			var pe *idempotency.PhaseError
 			require.ErrorAs(t, err, &pe)
-			require.Equal(t, "use", pe.Op)
+			require.Equal(t, "use", pe.Step)
 		})
 	}
 
@@ -553,7 +553,7 @@ func TestPhaseMisuse(t *testing.T) {
 			require.ErrorIs(t, err, idempotency.ErrBadRecoveryData)
 			var pe *idempotency.PhaseError
 			require.ErrorAs(t, err, &pe)
-			require.Equal(t, "decode", pe.Op)
+			require.Equal(t, "decode", pe.Step)
 		})
 	})
 }
@@ -579,7 +579,7 @@ func TestPhaseFunctionError(t *testing.T) {
 		require.ErrorIs(t, err, boom)
 		var pe *idempotency.PhaseError
 		require.ErrorAs(t, err, &pe)
-		require.Equal(t, idempotency.PhaseError{Phase: "order", Op: "run", Err: boom}, *pe)
+		require.Equal(t, idempotency.PhaseError{Phase: "order", Step: "run", Err: boom}, *pe)
 		require.Equal(t, `idempotency: phase "order": run: insufficient stock`, err.Error())
 		require.False(t, committed.Load())
 		require.Zero(t, mem.Len(), "nothing committed: the 409 released the key")

@@ -36,8 +36,13 @@ const (
 	CodeRequestTooLarge Code = "idempotency_request_too_large"
 	// CodeRequestUnreadable (400): reading the request body failed.
 	CodeRequestUnreadable Code = "idempotency_request_unreadable"
-	// CodePrincipalUnavailable (401): the principal function failed.
+	// CodePrincipalUnavailable (503, Retry-After: 1): the principal function
+	// failed (the authentication backend is down, say): a server failure,
+	// nothing ran. Retry with the same key.
 	CodePrincipalUnavailable Code = "idempotency_principal_unavailable"
+	// CodePrincipalRefused (401): the principal function refused the
+	// request's credentials (ErrPrincipalRefused). Do not retry as is.
+	CodePrincipalRefused Code = "idempotency_principal_refused"
 	// CodePrincipalMissing (401): a key but no principal, without
 	// WithAnonymousKeys.
 	CodePrincipalMissing Code = "idempotency_principal_missing"
@@ -73,13 +78,15 @@ var problemTitles = map[Code]string{
 	CodeRequestTooLarge:       "The request body is too large",
 	CodeRequestUnreadable:     "The request body could not be read",
 	CodePrincipalUnavailable:  "The caller could not be identified",
+	CodePrincipalRefused:      "The caller's credentials were refused",
 	CodePrincipalMissing:      "A request with an idempotency key must identify its caller",
 	CodeResponseNotReplayable: "The stored response cannot be replayed",
 	CodeRequestIncomplete:     "The request could not be finished yet",
 }
 
 // writeProblem writes a problem+json answer with Cache-Control: no-store,
-// and Retry-After: 1 for the codes a client retries after a pause.
+// and Retry-After: 1 for the codes a client retries after a pause (in
+// progress, store full, principal unavailable).
 // originalStatus is set for CodeResponseNotReplayable only.
 func writeProblem(w http.ResponseWriter, status int, code Code, detail string, originalStatus int) {
 	body, _ := json.Marshal(problem{
@@ -90,7 +97,7 @@ func writeProblem(w http.ResponseWriter, status int, code Code, detail string, o
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	if code == CodeInProgress || code == CodeStoreFull {
+	if code == CodeInProgress || code == CodeStoreFull || code == CodePrincipalUnavailable {
 		h.Set("Retry-After", "1")
 	}
 	w.WriteHeader(status)

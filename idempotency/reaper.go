@@ -58,9 +58,11 @@ type ReaperReport struct {
 // past the horizon, 100 at a time, and reports each before anything could
 // delete it; it deletes in batches of 500, only below the lease end of the
 // last unfinished record listed while more may be unlisted, for at most 100
-// batches. On a store error it stops and returns the report so far with the
-// error, wrapped; ctx's end stops it between calls. Without a store
-// (New(nil)) every run fails.
+// batches. It yields to live traffic: after a full batch it waits as long
+// as the batch took before the next one, so that it keeps at most half of
+// the store's time, less when the store is slow (no knob). On a store error
+// it stops and returns the report so far with the error, wrapped; ctx's end
+// stops it between calls. Without a store (New(nil)) every run fails.
 func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (ReaperReport, error) {
 	rep, err := r.reapOnce(ctx, now)
 	r.m.obs.reaperRun(ctx, rep, err)
@@ -80,9 +82,12 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		sctx, cancel := storeCtx(ctx)
-		page, err := r.m.store.Abandoned(sctx, rep.Horizon, limit)
-		cancel()
+		var page []Record
+		err := r.m.call(ctx, OpAbandoned, Scope{}, func(ctx context.Context) error {
+			var err error
+			page, err = r.m.store.Abandoned(ctx, rep.Horizon, limit)
+			return err
+		})
 		if err != nil {
 			return rep, fmt.Errorf("idempotency: reaper: listing unfinished records: %w", err)
 		}
@@ -119,9 +124,13 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
-			sctx, cancel := storeCtx(ctx)
-			n, err := r.m.store.DeleteBefore(sctx, cut, reapBatch)
-			cancel()
+			var n int
+			start := time.Now()
+			err := r.m.call(ctx, OpDeleteBefore, Scope{}, func(ctx context.Context) error {
+				var err error
+				n, err = r.m.store.DeleteBefore(ctx, cut, reapBatch)
+				return err
+			})
 			if err != nil {
 				return rep, fmt.Errorf("idempotency: reaper: deleting: %w", err)
 			}
@@ -131,6 +140,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 			if !lastFull {
 				break
 			}
+			_ = yield(ctx, time.Since(start)) // ctx's end stops the loop at its top
 		}
 		if rep.Batches >= reapMaxBatches && lastFull {
 			rep.More = true
@@ -146,9 +156,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 	}
 
 	for _, rec := range rep.Unfinished {
-		sctx, cancel := storeCtx(ctx)
-		_, err := r.m.store.Get(sctx, rec.Scope)
-		cancel()
+		_, err := r.m.get(ctx, rec.Scope)
 		switch {
 		case err == nil:
 			rep.Skipped++

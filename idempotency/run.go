@@ -20,6 +20,10 @@ import (
 // fail with ErrMisuse.
 type Run struct {
 	// Scope is the record's scope (principal, method, route, key).
+	// Scope.Principal is what WithPrincipal's function returned for the
+	// client's request: the way a handler learns its caller, live and on a
+	// resume by the Completer alike (a resumed request carries no
+	// credentials).
 	Scope Scope
 	// Lease is the owner token and fencing generation of this execution.
 	Lease Lease
@@ -29,11 +33,13 @@ type Run struct {
 	RecoveryPoint string
 
 	m            *Middleware
-	recoveryData []byte                  // the record's at the claim
-	bg           context.Context         // not canceled with the client: the request's unit lives in it
-	execID       string                  // storedRequest.ID: the base of downstream keys
-	created      time.Time               // the record's CreatedAt: the base without an ID
-	cancel       context.CancelCauseFunc // cancels the handler's context
+	recoveryData []byte // the record's at the claim
+	// bg is the request's context without its cancellation, the one holder
+	// of it: the execution's store calls, and the request's unit, use it.
+	bg      context.Context
+	execID  string                  // storedRequest.ID: the base of downstream keys
+	created time.Time               // the record's CreatedAt: the base without an ID
+	cancel  context.CancelCauseFunc // cancels the handler's context
 
 	beginMu sync.Mutex // held by Unit while it begins the request's unit
 
@@ -46,6 +52,7 @@ type Run struct {
 	done       bool            // the handler returned
 	expired    bool            // the lease ran out while heartbeats failed: no new phase may start
 	inPhase    bool
+	phaseUnit  Unit      // the running phase's unit until it commits
 	phase      string    // the running phase's name, while inPhase
 	rec        *recovery // decoded lazily from recoveryData
 	point      string    // the current recovery point
@@ -58,7 +65,8 @@ type Run struct {
 func (m *Middleware) newRun(bg context.Context, req request, res ClaimResult) *Run {
 	rec := res.Record
 	run := &Run{
-		Scope: req.scope, Lease: Lease{Scope: req.scope, Owner: rec.Owner, Generation: rec.Generation},
+		Scope: req.scope, Lease: Lease{Scope: req.scope, Owner: rec.Owner,
+			Generation: rec.Generation},
 		RecoveryPoint: rec.RecoveryPoint, m: m, recoveryData: rec.RecoveryData, bg: bg,
 		created: rec.CreatedAt, leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
 	}
@@ -96,7 +104,7 @@ var errLeaseExpired = fmt.Errorf("%w: it ran out while heartbeats failed", ErrLe
 //
 // The handler must not Commit or Roll back either unit. Errors: one
 // wrapping errors.ErrUnsupported when the store is not a Transactor;
-// ErrMisuse after the handler returned, and a *PhaseError (Op "use") when
+// ErrMisuse after the handler returned, and a *PhaseError (Step "use") when
 // asked for the request's unit with another context while a phase runs;
 // the store's Begin error, after which the request answers 503
 // CodeStoreUnavailable whatever the handler writes.
@@ -105,7 +113,8 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 		return p.unit, mergeValues(ctx, p.ctx), nil
 	}
 	if r.m.tx == nil {
-		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work (not a Transactor): %w", errors.ErrUnsupported)
+		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work "+
+			"(not a Transactor): %w", errors.ErrUnsupported)
 	}
 	// One Unit call at a time begins the unit, without holding r.mu while
 	// the store begins it: a heartbeat and the phases' checks go on.
@@ -120,8 +129,9 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 		// ctx is not the phase's: the request's unit would take the
 		// phase's writes out of the phase.
 		r.mu.Unlock()
-		return nil, ctx, &PhaseError{Phase: r.phase, Op: "use", Err: fmt.Errorf(
-			"%w: the request's unit asked for while phase %q runs; use the context the phase gave its function", ErrMisuse, r.phase)}
+		return nil, ctx, &PhaseError{Phase: r.phase, Step: "use", Err: fmt.Errorf(
+			"%w: the request's unit asked for while phase %q runs; "+
+				"use the context the phase gave its function", ErrMisuse, r.phase)}
 	case r.unitErr != nil:
 		r.mu.Unlock()
 		return nil, ctx, r.unitErr
@@ -143,7 +153,7 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	case r.done:
 		// The handler returned while the unit began (Unit was called by
 		// a goroutine of its own): the completion never sees this unit.
-		_ = u.Rollback()
+		r.m.rollback(r.bg, r.Scope, u)
 		return nil, ctx, errRunDone
 	}
 	r.unit, r.unitCtx = u, uctx
@@ -199,8 +209,9 @@ func (r *Run) extend(until time.Time) {
 func (r *Run) DownstreamKey(phase string) string {
 	id := r.execID
 	if id == "" {
-		sum := sha256.Sum256([]byte(r.Scope.Principal + "\x00" + r.Scope.Method + "\x00" + r.Scope.Route + "\x00" + r.Scope.Key +
-			"\x00" + strconv.FormatInt(r.created.UnixNano(), 10)))
+		s := r.Scope
+		sum := sha256.Sum256([]byte(s.Principal + "\x00" + s.Method + "\x00" + s.Route + "\x00" +
+			s.Key + "\x00" + strconv.FormatInt(r.created.UnixNano(), 10)))
 		id = hex.EncodeToString(sum[:8])
 	}
 	return keygen.Event(r.Scope.Key, phase, id)

@@ -181,7 +181,11 @@ var (
 // Store keeps idempotency records. Implementations must be safe for
 // concurrent use by many goroutines and, for shared stores, many processes.
 // Every method takes the current time as an argument where it matters; stores
-// never read a clock of their own.
+// never read a clock of their own. A response body is immutable once given
+// to a store: a store may keep the Response.Body given to Complete (or
+// Unit.Complete) as it is, and return those very bytes from Claim and Get to
+// every caller, so neither the caller that gave them nor one that got them
+// may modify them (the middleware never does).
 type Store interface {
 	// Claim atomically decides who runs a request and says what it did.
 	// With no record (or a completed one out of the replay window:
@@ -211,8 +215,11 @@ type Store interface {
 	// of an in-progress record.
 	EndLease(ctx context.Context, l Lease, now time.Time) error
 
-	// Complete stores resp and marks the record completed at now.
-	// ErrLeaseLost if l is not the current owner of an in-progress record.
+	// Complete stores resp and marks the record completed at now, keeping
+	// l's Owner and Generation in the record: they tell, when the answer
+	// to a Complete (or to a Unit's Commit) is lost, whose completion the
+	// record holds. ErrLeaseLost if l is not the current owner of an
+	// in-progress record.
 	Complete(ctx context.Context, l Lease, resp Response, now time.Time) error
 
 	// Release deletes an in-progress record so that the next request with the
@@ -271,13 +278,15 @@ type Unit interface {
 	// an ErrLeaseLost the Unit can never commit.
 	SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error
 	// Complete stores resp and marks the record completed at now, to apply
-	// at Commit. Its errors are SetRecoveryPoint's.
+	// at Commit, keeping the lease's Owner and Generation as
+	// Store.Complete does. Its errors are SetRecoveryPoint's.
 	Complete(ctx context.Context, resp Response, now time.Time) error
 	// Commit makes every write of the Unit visible at once (the handler's
 	// own writes in the same transaction included), or none of them. It
 	// fails with ErrLeaseLost when the lease was lost (nothing applied), or
-	// with the store's error (then whether it applied is the store's to say:
-	// the SQL stores follow their database). A second Commit fails.
+	// with the store's error; then whether it applied is the database's to
+	// say (a connection lost after the COMMIT went out), and the middleware
+	// reads the record to find out. A second Commit fails.
 	Commit() error
 	// Rollback discards every write of the Unit. It is safe to call after
 	// Commit (then a no-op that does not undo it) and more than once; its

@@ -54,12 +54,13 @@ func TestLinearizable(t *testing.T) {
 					t.Log("no network between this process and the store: short deadlines are the only fault")
 				}
 				inject := func(ctx context.Context) string { return injectFaults(ctx, b) }
+				all := &runStats{}
 				for round := range max(b.faultRounds, 1) {
 					w := faulty
 					w.seed += uint64(round) * 10
-					st := runPhase(t, b, w, b.faulty, inject)
-					requireCoverage(t, st, network)
+					all.add(runPhase(t, b, w, b.faulty, inject))
 				}
+				requireCoverage(t, all, network)
 			})
 			switch {
 			case sc.reopen == nil:

@@ -40,6 +40,7 @@ var stores = []storeCase{
 	{name: "memory", open: openMemory},
 	{name: "sqlite", open: openSQLite, reopen: reopenSQLite},
 	{name: "postgres", open: openPostgres, reopen: reopenPostgres},
+	{name: "mysql", open: openMySQL, reopen: reopenMySQL},
 	{name: "redis", open: openRedis, reopen: reopenRedis},
 	{name: "redis-cluster", open: openRedisCluster, reopen: reopenRedis},
 }
@@ -65,9 +66,10 @@ type backend struct {
 	shared string
 
 	// faultRounds is how many times the faults phase runs, each on fresh
-	// keys and checked on its own (0 means once): a store whose calls take
-	// tens of microseconds gets through one in a fraction of a second,
-	// with few faults.
+	// keys, its history checked on its own and its coverage counted with
+	// the others' (0 means once): a store whose calls take tens of
+	// microseconds gets through one in a fraction of a second, with few
+	// faults.
 	faultRounds int
 }
 

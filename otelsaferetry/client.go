@@ -22,13 +22,19 @@ import (
 // Attribute keys of this package, outside the semantic conventions.
 const (
 	// AttemptClassKey is the class of an attempt's outcome (a retry.Class:
-	// "ok", "status_503", "conn_refused", ...).
+	// "ok", "status_503", "conn_refused", ...), absent on an attempt that
+	// lost to a hedge, whose outcome is never read.
 	AttemptClassKey = attribute.Key("saferetry.attempt.class")
 	// AttemptOutcomeKey is what the loop did after an attempt (a
-	// saferetry.Outcome: "retry", "final" or "stopped").
+	// saferetry.Outcome: "retry", "final", "stopped", and for hedged
+	// requests "lost" or "discarded").
 	AttemptOutcomeKey = attribute.Key("saferetry.attempt.outcome")
+	// AttemptHedgeKey is true on the span and the attempts of a hedge
+	// (saferetry.WithHedging), and absent on every other attempt.
+	AttemptHedgeKey = attribute.Key("saferetry.attempt.hedge")
 	// RetryClassKey is the class of the outcome that a retry retries, or
-	// that the budget refused to retry.
+	// that the budget refused to retry; absent on a hedge, which retries
+	// nothing.
 	RetryClassKey = attribute.Key("saferetry.retry.class")
 	// StopReasonKey is why the loop stopped (a retry.Reason:
 	// "max_attempts", "budget_denied", "deadline", "retry_after_too_long",
@@ -134,7 +140,13 @@ func (cl *client) attemptStart(ctx context.Context, a saferetry.AttemptStartInfo
 	}
 	attrs = append(attrs, semconv.URLFull(redactedURL(r.URL)))
 	if a.Attempt > 1 {
-		attrs = append(attrs, semconv.HTTPRequestResendCount(a.Attempt-1), RetryClassKey.String(string(a.Retrying)))
+		attrs = append(attrs, semconv.HTTPRequestResendCount(a.Attempt-1))
+	}
+	if a.Retrying != "" {
+		attrs = append(attrs, RetryClassKey.String(string(a.Retrying)))
+	}
+	if a.Hedge {
+		attrs = append(attrs, AttemptHedgeKey.Bool(true))
 	}
 	if a.Key != "" {
 		attrs = append(attrs, KeyDigestKey.String(keygen.Digest(a.Key)))
@@ -151,11 +163,16 @@ func (cl *client) attemptDone(ctx context.Context, a saferetry.AttemptDoneInfo) 
 	r := a.Request
 	host := semconv.ServerAddress(r.URL.Hostname())
 	method := semconv.HTTPRequestMethodKey.String(methodAttr(r.Method))
-	class := AttemptClassKey.String(string(a.Decision.Class))
-	outcome := AttemptOutcomeKey.String(string(a.Outcome))
-	attrs := []attribute.KeyValue{method, host, class, outcome}
+	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs = append(attrs, method, host, AttemptOutcomeKey.String(string(a.Outcome)))
+	if a.Decision.Class != "" {
+		attrs = append(attrs, AttemptClassKey.String(string(a.Decision.Class)))
+	}
 	if a.Outcome == saferetry.OutcomeStopped {
 		attrs = append(attrs, StopReasonKey.String(string(a.Stop)))
+	}
+	if a.Hedge {
+		attrs = append(attrs, AttemptHedgeKey.Bool(true))
 	}
 	cl.attempts.Add(ctx, 1, metric.WithAttributes(attrs...))
 	switch {
@@ -171,7 +188,7 @@ func (cl *client) attemptDone(ctx context.Context, a saferetry.AttemptDoneInfo) 
 	if !ok {
 		return
 	}
-	span.SetAttributes(attrs[2:]...) // class, outcome and the stop reason
+	span.SetAttributes(attrs[2:]...) // outcome, class, the stop reason, the hedge flag
 	switch {
 	case a.Response != nil:
 		code := a.Response.StatusCode

@@ -164,6 +164,48 @@ func TestClientMetrics(t *testing.T) {
 	assert.Equal(t, uint64(3), n)
 }
 
+// A hedge's span and its attempt in the metrics carry
+// saferetry.attempt.hedge=true, and no retry class (it retries nothing);
+// the attempt that lost carries the outcome "lost" and no class (its
+// outcome is never read).
+func TestClientHedges(t *testing.T) {
+	tel := newTelemetry(t)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Request-Attempt") == "1" {
+			<-r.Context().Done() // the loser: canceled when the hedge wins
+			return
+		}
+		w.WriteHeader(200)
+	}))
+	defer ts.Close()
+	hedging := saferetry.WithHedging(saferetry.Hedging{Delay: 5 * time.Millisecond})
+	tr := saferetry.NewTransport(nil, append(quick(hedging), ClientOptions(tel.options()...)...)...)
+	resp, err := tr.RoundTrip(mustGet(t, ts.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	byOutcome := map[string]map[attribute.Key]attribute.Value{}
+	for _, s := range tel.spans.Ended() {
+		a := attrMap(s.Attributes())
+		byOutcome[a[AttemptOutcomeKey].AsString()] = a
+	}
+	require.Len(t, byOutcome, 2)
+	hedge, lost := byOutcome["final"], byOutcome["lost"]
+	assert.True(t, hedge[AttemptHedgeKey].AsBool())
+	_, retrying := hedge[RetryClassKey]
+	assert.False(t, retrying, "a hedge retries nothing")
+	assert.Equal(t, int64(1), hedge[semconv.HTTPRequestResendCountKey].AsInt64())
+	_, hedged := lost[AttemptHedgeKey]
+	assert.False(t, hedged, "attempt 1 is no hedge")
+	_, classified := lost[AttemptClassKey]
+	assert.False(t, classified, "the loser's outcome is never read")
+
+	m := tel.collect(t)
+	assert.Equal(t, map[string]int64{"": 1, "true": 1}, counts(t, m[ClientAttempts], AttemptHedgeKey))
+	assert.Equal(t, map[string]int64{"": 1, "ok": 1}, counts(t, m[ClientAttempts], AttemptClassKey))
+	assert.Equal(t, map[string]int64{"lost": 1, "final": 1}, counts(t, m[ClientAttempts], AttemptOutcomeKey))
+}
+
 // Propagators that inject nothing leave the headers alone: the spans and
 // metrics are still recorded.
 func TestNoPropagatorInjectsNothing(t *testing.T) {

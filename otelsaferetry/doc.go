@@ -20,7 +20,8 @@
 // Spans follow the OpenTelemetry semantic conventions for HTTP clients: one
 // span of kind client per attempt (a resend is a new span), child of the
 // caller's span, named after the method, with http.request.resend_count on
-// resends. The idempotency key never appears: only its digest
+// resends (a hedge is one, with saferetry.attempt.hedge). The idempotency
+// key never appears: only its digest
 // (keygen.Digest). Metric and attribute names outside the conventions are
 // under "saferetry.".
 package otelsaferetry

@@ -7,11 +7,15 @@
 //
 //	idemcheck [flags] URL
 //
-// Run it with -h for the flags. Exit status: 0 when no check failed, 1 when
-// one failed, 2 when the target could not be checked (unreachable, or its
+// Run it with -h for the flags. Each check's verdict is printed as the
+// check finishes: PASS, FAIL, SKIP (unverified: the check could not tell)
+// or INFO (what the target chose where the contract leaves a choice, for a
+// person to judge). Exit status: 0 when no check failed, 1 when one
+// failed, 2 when the target could not be checked (unreachable, or its
 // first answer is not a success) or the command line is wrong. The error
 // goes to stderr; with -json, stdout holds the report all the same, with
-// the checks that ran (maybe none).
+// the checks that ran (maybe none) and the error in its "error" member,
+// and the verdicts go to stderr as they come.
 package main
 
 import (
@@ -39,17 +43,31 @@ const maxBodyFile = 10 << 20
 const usage = `usage: idemcheck [flags] URL
 
 Checks that the endpoint at URL honours the Idempotency-Key header. It sends
-the request (-X, -d, -H) under fresh keys, 11 times plus -n (up to 2n more
+the request (-X, -d, -H) under fresh keys, 13 times plus -n (up to 2n more
 when the first burst of -n sees no conflict, up to 3 retries after a
-conflict, 3 more when malformed keys are accepted), and reports the checks
+conflict, 3 more when malformed keys are accepted, one more for each
+transient 502, 503 or 504, which is sent again once), and reports the checks
 replay, concurrent, in_progress, mismatch, scope, invalid_key and marker.
 The request must succeed under a fresh key every time, and the run creates
-six effects (up to eleven): point it at a sandbox or staging API.
+seven effects (up to twelve): point it at a sandbox or staging API.
+
+Each check's verdict is printed as the check finishes:
+  PASS  the target did what a retrying client needs;
+  FAIL  it did something that harms a retrying client: the line says what;
+  SKIP  unverified: the check could not run (no -other), or what it saw is
+        no evidence either way (answers that do not identify their effect,
+        or only echo what the request sent: set -id-field);
+  INFO  neither: what the target chose where the contract leaves a choice
+        (in_progress: the conflict's status and Retry-After; marker: the
+        replay header and the key forms accepted; invalid_key: a malformed
+        key accepted but de-duplicated; scope: keys shared by principals),
+        for a person to judge.
 
 Exit status: 0 when no check failed, 1 when one failed, 2 when the target
 could not be checked (unreachable, or its first answer is not a 2xx) or the
 command line is wrong; the error goes to stderr, and with -json stdout
-holds the report all the same, with the checks that ran (maybe none).
+holds the report all the same, with the checks that ran (maybe none) and
+the error in its "error" member, and the verdicts go to stderr.
 
 Example:
   idemcheck -H 'Authorization: Bearer tok_1' -H 'Content-Type: application/json' \
@@ -77,13 +95,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"Content-Type (repeatable)")
 	fs.Var(&other, "other", "a header of a second principal, `'Name: value'`, such as another\n"+
 		"Authorization (repeatable); it replaces the same -H header and runs the scope check")
-	fs.StringVar(&cfg.IDField, "id-field", "", "the JSON `member` of a success answer that identifies the effect\n"+
-		"it created (a.b reaches into objects); without it effects are told apart by their bodies,\n"+
-		"and a body that varies by answer (a timestamp) makes a replay look like a new effect")
-	fs.IntVar(&cfg.N, "n", idemcheck.DefaultN, "concurrent duplicates (at most 256)")
+	fs.StringVar(&cfg.IDField, "id-field", "", "the JSON `member` of a success answer that "+
+		"identifies the effect\nit created (a.b reaches into objects); without it effects are "+
+		"told apart by their bodies,\nand a body that varies by answer (a timestamp) makes a "+
+		"replay look like a new effect")
+	fs.IntVar(&cfg.N, "n", 0, "concurrent duplicates, at most 256 (0: 8)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	fs.StringVar(&cfg.KeyHeader, "key-header", idemcheck.DefaultKeyHeader, "the `header` that carries the key")
-	fs.DurationVar(&cfg.Timeout, "timeout", idemcheck.DefaultTimeout, "bound on each request, its answer included")
+	fs.StringVar(&cfg.KeyHeader, "key-header", "",
+		"the `header` that carries the key (empty: Idempotency-Key)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0,
+		"bound on each request, its answer included (0: 10s)")
 	maxTime := fs.Duration("max-time", 2*time.Minute, "bound on the whole run")
 	wait := fs.Duration("wait", 0, "wait up to this long for the target to accept connections\n"+
 		"(a server starting in the background); 0 checks at once")
@@ -99,45 +120,65 @@ func run(args []string, stdout, stderr io.Writer) int {
 		_, _ = out.WriteTo(stderr)
 		return 2
 	}
-	printed := false
-	report := func(rep idemcheck.Report) {
-		printed = true
+	// report prints the end of the report: the summary line, or with
+	// -json the whole report (and err, if the run could not finish).
+	report := func(rep idemcheck.Report, err error) {
 		if !*asJSON {
-			fmt.Fprint(stdout, rep.String())
+			if len(rep.Checks) > 0 {
+				fmt.Fprintln(stdout, rep.Summary())
+			}
 			return
 		}
-		if rep.Target == "" {
-			rep.Target = cfg.URL
+		out := jsonReport{Report: rep}
+		if out.Target == "" {
+			out.Target = cfg.URL
 		}
-		if rep.Checks == nil {
-			rep.Checks = []idemcheck.Check{} // JSON: a list, never null
+		if out.Checks == nil {
+			out.Checks = []idemcheck.Check{} // JSON: a list, never null
+		}
+		if err != nil {
+			out.Error = err.Error()
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
+		_ = enc.Encode(out)
 	}
 	// fail reports an error that stops the run: on stderr, and with -json
-	// the report so far (maybe no check) on stdout, which stays JSON.
-	fail := func(err error) int {
-		if *asJSON && !printed {
-			report(idemcheck.Report{})
-		}
+	// in the report so far (maybe no check) on stdout, which stays JSON.
+	fail := func(rep idemcheck.Report, err error) int {
+		report(rep, err)
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
+	var none idemcheck.Report
 	if fs.NArg() != 1 {
-		return fail(errors.New("idemcheck: give one URL (idemcheck -h for help)"))
+		return fail(none, errors.New("idemcheck: give one URL (idemcheck -h for help)"))
 	}
 	cfg.URL = fs.Arg(0)
 	cfg.Header, cfg.Other = header.h, other.h
 	if *maxTime <= 0 {
-		return fail(errors.New("idemcheck: -max-time must be positive"))
+		return fail(none, errors.New("idemcheck: -max-time must be positive"))
 	}
 	body, err := readBody(*data)
 	if err != nil {
-		return fail(err)
+		return fail(none, err)
 	}
 	cfg.Body = body
+	// Each verdict as its check finishes: the whole check on stdout, or
+	// with -json its line on stderr (stdout holds the JSON).
+	heading := false
+	cfg.OnCheck = func(c idemcheck.Check) {
+		if *asJSON {
+			line, _, _ := strings.Cut(c.String(), "\n")
+			fmt.Fprintln(stderr, line)
+			return
+		}
+		if !heading {
+			heading = true
+			fmt.Fprintf(stdout, "idemcheck %s\n", cfg.URL)
+		}
+		fmt.Fprint(stdout, c.String())
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), *maxTime)
 	defer cancel()
@@ -145,20 +186,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	if *wait > 0 {
 		if err := waitFor(ctx, cfg.URL, *wait); err != nil {
-			return fail(err)
+			return fail(none, err)
 		}
 	}
 	rep, err := idemcheck.Run(ctx, cfg)
-	if err == nil || len(rep.Checks) > 0 {
-		report(rep)
-	}
 	switch {
 	case err != nil:
-		return fail(err)
+		return fail(rep, err)
 	case rep.Failed():
+		report(rep, nil)
 		return 1
 	}
+	report(rep, nil)
 	return 0
+}
+
+// jsonReport is the report as -json prints it: the package's, plus the
+// error that stopped the run ("error", absent when the run finished).
+type jsonReport struct {
+	idemcheck.Report
+	Error string `json:"error,omitempty"`
 }
 
 // readBody returns the -d value, or the file it names after '@' (at most
@@ -210,7 +257,8 @@ func waitFor(ctx context.Context, rawURL string, d time.Duration) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("idemcheck: nothing accepted connections at %s within %v (-wait): %w", addr, d, err)
+			return fmt.Errorf("idemcheck: nothing accepted connections at %s within %v (-wait): %w",
+				addr, d, err)
 		case <-t.C:
 		}
 	}

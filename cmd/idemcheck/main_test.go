@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -116,8 +117,8 @@ func TestTargetDownExitsTwo(t *testing.T) {
 }
 
 // With -json, stdout holds the report even when the target could not be
-// checked: {"target": ..., "checks": []}, the error on stderr, so that a
-// CI step that saves stdout gets JSON.
+// checked: {"target": ..., "checks": [], "error": ...}, the error on stderr
+// too, so that a CI step that saves stdout gets JSON with the reason.
 func TestJSONWhenTheTargetCannotBeChecked(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -128,9 +129,10 @@ func TestJSONWhenTheTargetCannotBeChecked(t *testing.T) {
 		require.Equal(t, 2, code, args)
 		var rep map[string]any
 		require.NoError(t, json.Unmarshal([]byte(stdout), &rep), "%v: stdout %q", args, stdout)
-		require.Equal(t, []string{"checks", "target"}, keys(rep))
+		require.Equal(t, []string{"checks", "error", "target"}, keys(rep))
 		require.Equal(t, []any{}, rep["checks"])
-		require.NotEmpty(t, stderr)
+		require.NotEmpty(t, rep["error"])
+		require.Equal(t, rep["error"].(string)+"\n", stderr, "the reason, in the JSON and on stderr")
 	}
 	_, stdout, stderr := runCmd("-json", url)
 	require.Contains(t, stdout, `"target": "`+url+`"`)
@@ -154,7 +156,7 @@ func TestMiddlewareExitsZero(t *testing.T) {
 	for _, name := range []string{"replay", "concurrent", "in_progress", "mismatch", "scope", "invalid_key", "marker"} {
 		require.Regexp(t, `(?m)^(PASS|INFO|SKIP) `+name+`: `, stdout)
 	}
-	require.Contains(t, stdout, "no check failed (7 checks)")
+	require.Contains(t, stdout, "no check failed (7 checks: ")
 }
 
 func TestBrokenServerExitsOne(t *testing.T) {
@@ -257,4 +259,91 @@ func FuzzParseHeader(f *testing.F) {
 			t.Fatalf("parseHeader does not read back %q: %q", s, name+": "+value)
 		}
 	})
+}
+
+// syncBuffer is a bytes.Buffer that a server's goroutine may read while the
+// command writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Each check's verdict is printed as the check finishes, not at the end of
+// the run: when the scope check's request (the second principal's)
+// arrives, the verdicts of replay to mismatch are already out, on stdout,
+// or with -json on stderr (stdout then holds the JSON alone, at the end).
+func TestVerdictsArePrintedAsChecksFinish(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		t.Run(fmt.Sprint("json=", asJSON), func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			var atScope atomic.Value
+			var effects atomic.Int64
+			h := idempotency.New(newStore(), idempotency.WithLogger(slog.New(slog.DiscardHandler))).
+				Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if r.Header.Get("Authorization") == "Bearer tok_2" {
+						atScope.CompareAndSwap(nil, stdout.String()+"\x00"+stderr.String())
+					}
+					w.WriteHeader(http.StatusCreated)
+					fmt.Fprintf(w, `{"id":"eff_%d"}`, effects.Add(1))
+				}))
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			args := append([]string{}, flags...)
+			if asJSON {
+				args = append(args, "-json")
+			}
+			require.Equal(t, 0, run(append(args, srv.URL), &stdout, &stderr), stdout.String()+stderr.String())
+			out, errOut, _ := strings.Cut(atScope.Load().(string), "\x00")
+			seen := out
+			if asJSON {
+				require.Empty(t, out, "stdout holds the JSON alone, at the end")
+				seen = errOut
+			}
+			for _, name := range []string{"replay", "concurrent", "in_progress", "mismatch"} {
+				require.Regexp(t, `(?m)^(PASS|INFO|SKIP) `+name+`: `, seen, "printed before the scope check ran")
+			}
+			require.NotContains(t, seen, " scope: ")
+		})
+	}
+}
+
+// -json reports an error that cuts a run short in its "error" member, with
+// the checks that finished before it.
+func TestJSONCarriesTheErrorOfARunCutShort(t *testing.T) {
+	hang := make(chan struct{})
+	var effects atomic.Int64
+	h := idempotency.New(newStore(), idempotency.WithLogger(slog.New(slog.DiscardHandler))).
+		Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.Header.Get("Idempotency-Key"), "idemcheck-concurrent-") {
+				<-hang // the concurrent check's execution answers after the run's end
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":"eff_%d"}`, effects.Add(1))
+		}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	defer close(hang) // before the server closes: its handler waits for it
+	code, stdout, stderr := runCmd(append([]string{"-json", "-max-time", "1s"}, append(flags, srv.URL)...)...)
+	require.Equal(t, 2, code, stdout+stderr)
+	var rep struct {
+		Checks []struct{ Name string }
+		Error  string
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	require.Contains(t, rep.Error, "the run was cut short during the concurrent check")
+	require.Len(t, rep.Checks, 2, "replay, and the concurrent check it cut short")
+	require.Contains(t, stderr, rep.Error)
 }

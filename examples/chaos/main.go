@@ -12,9 +12,10 @@
 //	go run ./examples/chaos -store postgres -dsn postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 //	go run ./examples/chaos -store redis -dsn 127.0.0.1:6379
 //	go run ./examples/chaos -store redis-cluster -dsn 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
+//	go run ./examples/chaos -store mysql -dsn 'root@tcp(127.0.0.1:3306)/test'
 //
-// Everything runs in one process on loopback; the PostgreSQL and Redis
-// stores need a server running (the demo starts none).
+// Everything runs in one process on loopback; the PostgreSQL, MySQL and
+// Redis stores need a server running (the demo starts none).
 package main
 
 import (
@@ -42,8 +43,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	faults := fs.String("faults", defaultFaults, "fault mix (see below)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the chaos phase (the whole run takes a few seconds more)")
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, each with its own connection pool and Transport")
-	fs.StringVar(&cfg.Store, "store", cfg.Store, "idempotency store: memory, sqlite (a file in a temp dir), postgres, redis or redis-cluster")
-	fs.StringVar(&cfg.DSN, "dsn", "", "postgres: connection string (default $SAFERETRY_PG_DSN); sqlite: a database file path (default: a new temp dir); "+
+	fs.StringVar(&cfg.Store, "store", cfg.Store, "idempotency store: memory, sqlite (a file in a temp dir), postgres, mysql (MySQL or MariaDB), redis or redis-cluster")
+	fs.StringVar(&cfg.DSN, "dsn", "", "postgres: connection string (default $SAFERETRY_PG_DSN); mysql: go-sql-driver DSN (default $SAFERETRY_MYSQL_DSN); "+
+		"sqlite: a database file path (default: a new temp dir); "+
 		"redis: host:port (default $SAFERETRY_REDIS_ADDR, else 127.0.0.1:6379); redis-cluster: comma-separated addresses (default $SAFERETRY_REDIS_CLUSTER_ADDRS)")
 	fs.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", cfg.AttemptTimeout, "the clients' per-attempt timeout (saferetry.WithAttemptTimeout)")
 	fs.IntVar(&cfg.MaxAttempts, "attempts", cfg.MaxAttempts, "attempts per logical request, first included (saferetry.WithMaxAttempts)")
@@ -51,7 +53,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.Verbose, "v", false, "print the server's warnings (store failures, lost leases) as they happen")
 	fs.DurationVar(&cfg.Think, "think", cfg.Think, "mean pause between two logical requests of a client")
 	fs.StringVar(&cfg.Metrics, "metrics", "", "write the run's OpenTelemetry metrics (client and server, otelsaferetry) to this file as JSON (stdout exporter)")
-	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temporary SQLite file (or the PostgreSQL schema) after the run, to inspect it")
+	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temporary SQLite file (or the PostgreSQL schema, or the MySQL database) after the run, to inspect it")
 	fs.BoolVar(&cfg.Unsafe, "unsafe-no-idempotency", false, "the contrast: run without the "+
 		"idempotency middleware, so that retries repeat payments (duplicates, exit 1)")
 	fs.Usage = func() {
@@ -101,6 +103,9 @@ Flags:
 	if cfg.Store == "postgres" && cfg.DSN == "" {
 		cfg.DSN = os.Getenv("SAFERETRY_PG_DSN")
 	}
+	if cfg.Store == "mysql" && cfg.DSN == "" {
+		cfg.DSN = os.Getenv("SAFERETRY_MYSQL_DSN")
+	}
 	if cfg.Store == "redis" && cfg.DSN == "" {
 		cfg.DSN = cmp.Or(os.Getenv("SAFERETRY_REDIS_ADDR"), "127.0.0.1:6379")
 	}
@@ -108,9 +113,9 @@ Flags:
 		cfg.DSN = os.Getenv("SAFERETRY_REDIS_CLUSTER_ADDRS")
 	}
 	switch {
-	case cfg.Store != "memory" && cfg.Store != "sqlite" && cfg.Store != "postgres" && cfg.Store != "redis" &&
-		cfg.Store != "redis-cluster":
-		return cfg, fmt.Errorf("-store %q: want memory, sqlite, postgres, redis or redis-cluster", cfg.Store)
+	case cfg.Store != "memory" && cfg.Store != "sqlite" && cfg.Store != "postgres" && cfg.Store != "mysql" &&
+		cfg.Store != "redis" && cfg.Store != "redis-cluster":
+		return cfg, fmt.Errorf("-store %q: want memory, sqlite, postgres, mysql, redis or redis-cluster", cfg.Store)
 	case cfg.Duration <= 0 || cfg.Duration > time.Hour:
 		return cfg, errors.New("-duration must be between 0 and 1h")
 	case cfg.Clients <= 0 || cfg.Clients > 1000:

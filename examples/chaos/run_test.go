@@ -90,6 +90,23 @@ func TestRunPostgres(t *testing.T) {
 	require.Contains(t, out, "store postgres")
 }
 
+// TestRunMySQL runs the demo against the MySQL or MariaDB server of
+// SAFERETRY_MYSQL_DSN, in a database of its own.
+func TestRunMySQL(t *testing.T) {
+	dsn := os.Getenv("SAFERETRY_MYSQL_DSN")
+	if dsn == "" {
+		if os.Getenv("SAFERETRY_REQUIRE_MYSQL") != "" {
+			t.Fatal("SAFERETRY_MYSQL_DSN not set but SAFERETRY_REQUIRE_MYSQL is")
+		}
+		t.Skip("SAFERETRY_MYSQL_DSN not set: skipping MySQL tests")
+	}
+	cfg := shortConfig(t, 2500*time.Millisecond)
+	cfg.Store, cfg.DSN = "mysql", dsn
+	sum, out := runOK(t, cfg)
+	requireGuarantee(t, sum, out)
+	require.Contains(t, out, "store mysql")
+}
+
 func TestRunMemory(t *testing.T) {
 	cfg := shortConfig(t, 2500*time.Millisecond)
 	cfg.Store = "memory"
@@ -182,7 +199,7 @@ func TestParseFlags(t *testing.T) {
 	require.Contains(t, help.String(), "  -keep\n", "a boolean flag's line has its name alone")
 
 	for _, args := range [][]string{
-		{"-store", "mysql"}, {"-duration", "0s"}, {"-clients", "0"}, {"-attempt-timeout", "-1s"},
+		{"-store", "oracle"}, {"-duration", "0s"}, {"-clients", "0"}, {"-attempt-timeout", "-1s"},
 		{"-attempts", "0"}, {"-faults", "nope=1"}, {"extra"},
 	} {
 		_, err := parseFlags(args, &bytes.Buffer{})

@@ -80,10 +80,12 @@ func openBackend(ctx context.Context, kind, dsn string, keep bool) (*backend, er
 		return openSQLite(ctx, dsn, keep)
 	case "postgres":
 		return openPostgres(ctx, dsn, keep)
+	case "mysql":
+		return openMySQL(ctx, dsn, keep)
 	case "redis", "redis-cluster":
 		return openRedis(ctx, dsn, kind == "redis-cluster", keep)
 	}
-	return nil, fmt.Errorf("unknown store %q (want memory, sqlite, postgres, redis or redis-cluster)", kind)
+	return nil, fmt.Errorf("unknown store %q (want memory, sqlite, postgres, mysql, redis or redis-cluster)", kind)
 }
 
 func openSQLite(ctx context.Context, path string, keep bool) (*backend, error) {
@@ -304,7 +306,7 @@ func newAPI(b *backend) *api {
 	return &api{b: b, insert: q}
 }
 
-var errNoAccount = errors.New("no bearer token")
+var errNoAccount = fmt.Errorf("no bearer token: %w", idempotency.ErrPrincipalRefused)
 
 // account is the authenticated principal: the bearer token names the
 // account (a demo stand-in for real authentication).
@@ -347,6 +349,10 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	if a.b.redis != nil {
 		a.createInRedis(w, r, key, p)
+		return
+	}
+	if a.b.dialect == sqlstore.MySQL {
+		a.createInMySQL(w, r, key, acct, p)
 		return
 	}
 	var row *sql.Row

@@ -307,12 +307,13 @@ func simulateChain(c ChainConfig, v ChainVariant) ChainResult {
 				continue
 			}
 			marked := v.Pushback && e.val == chMarked
-			// The Transport's own decision, the same function.
-			step := decide.Decide(loop, decide.Input{
+			// The Transport's own decision and its commit step, the same
+			// functions.
+			step := decide.Grant(b, now, decide.Decide(loop, decide.Input{
 				Outcome: unavailable, Attempt: cl.attempt, Marked: marked, Now: now,
 				Deadline: epoch.Add(cl.start + c.MaxElapsed), PrevWait: cl.prevWait,
-				Rand: jit.Float64, Budget: b,
-			})
+				Rand: jit.Float64,
+			}))
 			if step.Stop != "" {
 				decide.End(b, now, http.StatusServiceUnavailable, cl.cost)
 				finish(e.who, t, false, step.Stop, marked)

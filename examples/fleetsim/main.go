@@ -12,7 +12,8 @@
 //     N = 10 to 190 step 10, averaged over 100 runs.
 //  2. An outage: a fleet of client instances, each deciding its retries with
 //     the Transport's own decision function (internal/decide.Decide, which
-//     the saferetry Transport calls after every attempt, and its budget
+//     the saferetry Transport calls after every attempt, then the commit
+//     step that takes a retry's cost, decide.Grant, and its budget
 //     bookkeeping, decide.Begin and decide.End) and a budget of package
 //     budget, on a simulated clock, against a server that answers
 //     503 to everything for a while and then recovers:

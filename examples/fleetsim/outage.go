@@ -204,12 +204,13 @@ func simulateOutage(c OutageConfig, p Policy) OutageResult {
 				res.Succeeded++
 				continue
 			}
-			// The Transport's own decision, the same function.
-			step := decide.Decide(loop, decide.Input{
+			// The Transport's own decision and its commit step, the same
+			// functions.
+			step := decide.Grant(b, now, decide.Decide(loop, decide.Input{
 				Outcome: unavailable, Attempt: r.attempt, Now: now,
 				Deadline: epoch.Add(r.start + c.MaxElapsed), PrevWait: r.prevWait,
-				Rand: jit.Float64, Budget: b,
-			})
+				Rand: jit.Float64,
+			}))
 			if step.Stop != "" {
 				decide.End(b, now, http.StatusServiceUnavailable, r.retryCost)
 				continue

@@ -421,10 +421,12 @@ func newApp(ctx context.Context, dir string, out *printer, down int, delay time.
 	// freely (an "X-Account" header would let anyone who knows or guesses
 	// a key read another account's stored payment). Here a fixed table of
 	// bearer tokens stands in for real authentication (sessions, OAuth,
-	// mTLS); a request with no or an unknown token gets 401 and runs
-	// nothing. (A principal function that returned "" would get 401 too:
-	// the middleware refuses a key without a principal unless the server
-	// opts in to one shared anonymous scope with WithAnonymousKeys.)
+	// mTLS); a request with no or an unknown token is refused
+	// (ErrPrincipalRefused: 401) and runs nothing, while an authentication
+	// backend that fails would return its own error (503, which clients
+	// retry). (A principal function that returned "" would get 401 too: the
+	// middleware refuses a key without a principal unless the server opts
+	// in to one shared anonymous scope with WithAnonymousKeys.)
 	tokens := map[string]string{"tok_demo_acct_1": "acct_1", "tok_demo_acct_2": "acct_2"}
 	mw := idempotency.New(store,
 		idempotency.WithPrincipal(func(r *http.Request) (string, error) {
@@ -432,7 +434,7 @@ func newApp(ctx context.Context, dir string, out *printer, down int, delay time.
 			if account := tokens[token]; ok && account != "" {
 				return account, nil
 			}
-			return "", errors.New("no valid bearer token")
+			return "", fmt.Errorf("no valid bearer token: %w", idempotency.ErrPrincipalRefused)
 		}),
 		idempotency.WithKeyRequired(true),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))

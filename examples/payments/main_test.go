@@ -145,7 +145,7 @@ func TestServeIsAnIdemcheckTarget(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 	require.Contains(t, out.String(), "payments: serving POST http://"+ln.Addr().String()+"/payments")
-	// The first request, the concurrent key, the mismatch control, the
-	// second account and the two marker keys: six payments.
-	require.Contains(t, out.String(), "payments: stopped; 6 orders, 6 charges")
+	// The first two requests, the concurrent key, the mismatch control,
+	// the second account and the two marker keys: seven payments.
+	require.Contains(t, out.String(), "payments: stopped; 7 orders, 7 charges")
 }

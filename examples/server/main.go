@@ -11,8 +11,8 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"flag"
+	"fmt"
 	"log"
 	"net"
 	"net/http"
@@ -165,7 +165,7 @@ func principal(ctx context.Context) (string, bool) {
 func authenticate(r *http.Request) (string, error) {
 	account, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || account == "" {
-		return "", errors.New("no bearer token")
+		return "", fmt.Errorf("no bearer token: %w", idempotency.ErrPrincipalRefused)
 	}
 	return account, nil
 }

@@ -51,6 +51,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"Abandoned", testAbandoned},
 		{"DeleteBefore", testDeleteBefore},
 		{"Boundaries", testBoundaries},
+		{"DurationsAtTheirLimits", testDurationLimits},
 		{"RequestBytes", testRequestBytes},
 		{"CompleterClaim", testCompleterClaim},
 		{"ClaimTakeoverOnly", testTakeoverOnly},
@@ -352,6 +353,10 @@ func testCompleteAndReplay(t *testing.T, s idempotency.Store) {
 	got := mustGet(t, s, sc)
 	if got.State != idempotency.Completed {
 		t.Fatalf("state after Complete = %v", got.State)
+	}
+	if got.Owner != "a" || got.Generation != 1 {
+		t.Fatalf("a completed record keeps the owner and generation that completed it: owner %q gen %d",
+			got.Owner, got.Generation)
 	}
 	wantTime(t, "CompletedAt", got.CompletedAt, at(2))
 	wantResponse(t, got, resp)
@@ -694,6 +699,10 @@ func testUnitCommit(t *testing.T, s idempotency.Store) {
 	if got.State != idempotency.Completed || got.RecoveryPoint != "phase-1" || string(got.RecoveryData) != "d1" {
 		t.Fatalf("after Commit: state %v rp %q data %q", got.State, got.RecoveryPoint, got.RecoveryData)
 	}
+	if got.Owner != "a" || got.Generation != a.Generation {
+		t.Fatalf("a record completed in a unit keeps its owner and generation: owner %q gen %d",
+			got.Owner, got.Generation)
+	}
 	wantResponse(t, got, response("u"))
 	_ = u.Rollback() // safe after Commit; must not undo it
 	if got := mustGet(t, s, sc); got.State != idempotency.Completed {
@@ -874,4 +883,44 @@ func testTakeoverOnly(t *testing.T, s idempotency.Store) {
 	if got.Owner != "completer" || got.Generation != 2 || !bytes.Equal(got.Request, orig.Request) {
 		t.Fatalf("TakeoverOnly takeover: owner %q gen %d request %q; want completer 2 %q", got.Owner, got.Generation, got.Request, orig.Request)
 	}
+}
+
+// maxDuration is the longest time.Duration: the middleware passes it as
+// LeaseFor or ReplayWindow for "forever".
+const maxDuration = time.Duration(1<<63 - 1)
+
+// A lease and a replay window of the longest Duration (and the horizon
+// the middleware then uses, now - that Duration) mean forever: the lease
+// never expires, the record is never restarted, listed or deleted, and
+// nothing overflows into the past.
+func testDurationLimits(t *testing.T, s idempotency.Store) {
+	sc := scope("limits")
+	c := claimOf(sc, "a", "fp", at(0))
+	c.LeaseFor, c.ReplayWindow = maxDuration, maxDuration
+	res, err := s.Claim(ctx(t), c) // a store may keep the lease's end to its own limit (year 2262, say)
+	noErr(t, "Claim", err)
+	a := res.Record
+	if res.Outcome != idempotency.ClaimCreated || !a.LeaseUntil.After(at(0).Add(200*365*24*time.Hour)) {
+		t.Fatalf("a claim with a lease of the longest Duration: outcome %v, lease until %v", res.Outcome, a.LeaseUntil)
+	}
+	later := at(0).Add(200 * 365 * 24 * time.Hour) // before 2262
+	c2 := claimOf(sc, "b", "fp", later)
+	c2.LeaseFor, c2.ReplayWindow = maxDuration, maxDuration
+	if got := mustClaim(t, s, c2, idempotency.ClaimExisting); got.Owner != "a" {
+		t.Fatalf("a lease of the longest Duration was taken over 200 years later: owner %q", got.Owner)
+	}
+	recs, err := s.Abandoned(ctx(t), later, 10)
+	noErr(t, "Abandoned", err)
+	if len(recs) != 0 {
+		t.Fatalf("Abandoned listed a record whose lease is the longest Duration")
+	}
+	noErr(t, "Complete", s.Complete(ctx(t), a.Lease(), response("forever"), at(1)))
+	if got := mustClaim(t, s, c2, idempotency.ClaimExisting); got.State != idempotency.Completed || got.Owner != "a" {
+		t.Fatalf("a record completed under the longest replay window was restarted 200 years later: state %v owner %q",
+			got.State, got.Owner)
+	}
+	if n, err := s.DeleteBefore(ctx(t), later.Add(-maxDuration), 10); err != nil || n != 0 {
+		t.Fatalf("DeleteBefore(now - the longest Duration) = %d, %v; want 0", n, err)
+	}
+	wantResponse(t, mustGet(t, s, sc), response("forever"))
 }

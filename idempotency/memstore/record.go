@@ -31,10 +31,12 @@ const recordOverhead = 600
 
 // measure returns the size of r as the store counts it: recordOverhead plus
 // the length of every string and byte slice it holds (16 bytes more per
-// header string, for the string itself).
+// header string, for the string itself), and the capacity of the response
+// body, which the store keeps as it was given.
 func (r *memRecord) measure() int64 {
-	n := recordOverhead + len(r.Scope.Principal) + len(r.Scope.Method) + len(r.Scope.Route) + len(r.Scope.Key) +
-		len(r.Fingerprint) + len(r.Owner) + len(r.RecoveryPoint) + len(r.RecoveryData) + len(r.Request) + len(r.resp.body)
+	n := recordOverhead + len(r.Scope.Principal) + len(r.Scope.Method) + len(r.Scope.Route) +
+		len(r.Scope.Key) + len(r.Fingerprint) + len(r.Owner) + len(r.RecoveryPoint) +
+		len(r.RecoveryData) + len(r.Request) + cap(r.resp.body)
 	for _, v := range r.resp.pairs {
 		n += 16 + len(v)
 	}
@@ -78,15 +80,16 @@ func (q *expiryQueue) Pop() any {
 type memResponse struct {
 	set    bool // the record has a response
 	status int
-	pairs  []string    // name, value, name, value...: a name's values in a row; nil for a nil Header
+	pairs  []string    // name, value, ...: a name's values in a row; nil for a nil Header
 	odd    http.Header // instead of pairs, a copy of a Header that has a name without values
 	body   []byte
 }
 
-// keep sets the response to a copy of resp: a copy of its body, and of its
-// header only the strings, never a slice or map of the caller's.
+// keep sets the response to resp: its body as it is (a Store keeps the
+// bytes it is given, which no one changes: see idempotency.Store), and of
+// its header only the strings, never a slice or map of the caller's.
 func (r *memResponse) keep(resp *idempotency.Response) {
-	*r = memResponse{set: true, status: resp.Status, body: bytes.Clone(resp.Body)}
+	*r = memResponse{set: true, status: resp.Status, body: resp.Body}
 	if resp.Header == nil {
 		return
 	}
@@ -106,13 +109,18 @@ func (r *memResponse) keep(resp *idempotency.Response) {
 	}
 }
 
-// response returns a copy of the response (as Header.Clone and
-// bytes.Clone copy), or nil when there is none.
+// response returns the response, or nil when there is none: a header of
+// its own (as Header.Clone copies), and the stored body itself, whose
+// capacity ends at its length, so that an append copies it.
 func (r *memResponse) response() *idempotency.Response {
 	if !r.set {
 		return nil
 	}
-	out := &idempotency.Response{Status: r.status, Body: bytes.Clone(r.body), Header: r.odd.Clone()}
+	body := r.body
+	if body != nil {
+		body = body[:len(body):len(body)]
+	}
+	out := &idempotency.Response{Status: r.status, Body: body, Header: r.odd.Clone()}
 	if r.pairs != nil {
 		sv := make([]string, len(r.pairs)/2) // one backing array for every value
 		out.Header = make(http.Header, len(sv))
@@ -151,8 +159,14 @@ func existing(rec *memRecord) idempotency.Record {
 // part of the request line), which the record must not keep alive.
 func newMemRecord(c idempotency.Claim, gen int64) *memRecord {
 	var b strings.Builder
-	b.Grow(len(c.Scope.Principal) + len(c.Scope.Method) + len(c.Scope.Route) + len(c.Scope.Key) + len(c.Fingerprint) + len(c.Owner))
-	for _, v := range [...]string{c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key, c.Fingerprint, c.Owner} {
+	parts := [...]string{c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
+		c.Fingerprint, c.Owner}
+	n := 0
+	for _, v := range parts {
+		n += len(v)
+	}
+	b.Grow(n)
+	for _, v := range parts {
 		b.WriteString(v)
 	}
 	all := b.String()

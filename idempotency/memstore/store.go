@@ -30,7 +30,9 @@ const (
 // not survive a restart and are not shared between processes. Make one
 // with New; every method takes one mutex, so it is safe for concurrent use
 // and its claims are atomic. It copies what it is given and what it
-// returns.
+// returns, except a response body: it keeps the one Complete is given and
+// returns those very bytes from every Claim and Get, which no one may
+// modify (see idempotency.Store).
 type Store struct {
 	mu         sync.Mutex
 	records    map[idempotency.Scope]*memRecord
@@ -123,11 +125,12 @@ func (m *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 	gen := int64(1)
 	if ok {
 		switch {
-		case rec.State == idempotency.Completed && !c.TakeoverOnly && c.ReplayWindow > 0 && c.Now.Sub(rec.CompletedAt) > c.ReplayWindow:
+		case rec.State == idempotency.Completed && !c.TakeoverOnly && c.ReplayWindow > 0 &&
+			c.Now.Sub(rec.CompletedAt) > c.ReplayWindow:
 			gen = rec.Generation + 1 // out of the replay window: a new request
 			m.remove(rec)
-		case rec.State == idempotency.InProgress && rec.LeaseUntil.Before(c.Now) && rec.Fingerprint == c.Fingerprint &&
-			rec.FingerprintVersion == c.FingerprintVersion:
+		case rec.State == idempotency.InProgress && rec.LeaseUntil.Before(c.Now) &&
+			rec.Fingerprint == c.Fingerprint && rec.FingerprintVersion == c.FingerprintVersion:
 			rec.Owner = strings.Clone(c.Owner)
 			rec.Generation++
 			rec.LeaseUntil = c.Now.Add(c.LeaseFor)
@@ -137,7 +140,7 @@ func (m *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 			taken.Response = nil
 			return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: taken}, nil
 		default:
-			return idempotency.ClaimResult{Outcome: idempotency.ClaimExisting, Record: existing(rec)}, nil
+			return idempotency.ClaimResult{Record: existing(rec)}, nil // ClaimExisting
 		}
 	}
 	rec = newMemRecord(c, gen)
@@ -157,7 +160,8 @@ func (m *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 // m.mu must be held.
 func (m *Store) makeRoom(size int64, now time.Time) error {
 	if size > m.maxBytes {
-		return fmt.Errorf("%w: a new record of %d bytes, at most %d", idempotency.ErrRecordTooLarge, size, m.maxBytes)
+		return fmt.Errorf("%w: a new record of %d bytes, at most %d",
+			idempotency.ErrRecordTooLarge, size, m.maxBytes)
 	}
 	for range sweepPerClaim {
 		if !m.evictExpired(now) {
@@ -166,7 +170,8 @@ func (m *Store) makeRoom(size int64, now time.Time) error {
 	}
 	for len(m.records) >= m.maxRecords || size > m.maxBytes-m.bytes {
 		if !m.evictExpired(now) {
-			return fmt.Errorf("%w: %d records of at most %d, %d bytes of at most %d, a new record of %d bytes",
+			return fmt.Errorf("%w: %d records of at most %d, %d bytes of at most %d, "+
+				"a new record of %d bytes",
 				idempotency.ErrStoreFull, len(m.records), m.maxRecords, m.bytes, m.maxBytes, size)
 		}
 	}
@@ -201,7 +206,7 @@ func (m *Store) resize(rec *memRecord) {
 	rec.size = size
 }
 
-// settle completes rec with resp (the store's own copy) at now: its request
+// settle completes rec with resp (the store's own form of it) at now: its request
 // is dropped (only a resume reads it), and it joins the expiry queue when
 // it has a replay window. m.mu must be held.
 func (m *Store) settle(rec *memRecord, resp memResponse, now time.Time) {
@@ -241,7 +246,8 @@ func (m *Store) Get(ctx context.Context, s idempotency.Scope) (idempotency.Recor
 // owned returns the in-progress record that l owns; m.mu must be held.
 func (m *Store) owned(l idempotency.Lease) (*memRecord, error) {
 	rec, ok := m.records[l.Scope]
-	if !ok || rec.State != idempotency.InProgress || rec.Owner != l.Owner || rec.Generation != l.Generation {
+	if !ok || rec.State != idempotency.InProgress || rec.Owner != l.Owner ||
+		rec.Generation != l.Generation {
 		return nil, idempotency.ErrLeaseLost
 	}
 	return rec, nil
@@ -275,7 +281,8 @@ func (m *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time
 
 // Complete implements idempotency.Store.Complete. It drops the record's stored request
 // and never fails for lack of room.
-func (m *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
+func (m *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response,
+	now time.Time) error {
 	var kept memResponse
 	kept.keep(&resp)
 	return m.fenced(ctx, l, func(rec *memRecord) { m.settle(rec, kept, now) })
@@ -288,7 +295,8 @@ func (m *Store) Release(ctx context.Context, l idempotency.Lease) error {
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint. It never fails for
 // lack of room.
-func (m *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string, data []byte, now time.Time) error {
+func (m *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string,
+	data []byte, now time.Time) error {
 	data = bytes.Clone(data)
 	return m.fenced(ctx, l, func(rec *memRecord) { m.setPoint(rec, point, data, now) })
 }
@@ -296,7 +304,8 @@ func (m *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point
 // Abandoned implements idempotency.Store.Abandoned: in-progress records whose lease
 // ended before now (LeaseUntil < now, strictly), ordered by LeaseUntil, then
 // CreatedAt. A limit <= 0 returns nothing.
-func (m *Store) Abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
+func (m *Store) Abandoned(ctx context.Context, now time.Time, limit int) (
+	[]idempotency.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -334,7 +343,8 @@ func (m *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) 
 		if !rec.UpdatedAt.Before(horizon) {
 			continue
 		}
-		if rec.State == idempotency.Completed || (rec.State == idempotency.InProgress && rec.LeaseUntil.Before(horizon)) {
+		if rec.State == idempotency.Completed ||
+			(rec.State == idempotency.InProgress && rec.LeaseUntil.Before(horizon)) {
 			victims = append(victims, rec)
 		}
 	}

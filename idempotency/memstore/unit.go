@@ -14,7 +14,8 @@ var errUnitDone = errors.New("memstore: unit already committed or rolled back")
 
 // Begin implements idempotency.Transactor.Begin. The returned context is ctx: the memory
 // store has no transaction handle of its own to carry.
-func (m *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
+func (m *Store) Begin(ctx context.Context, l idempotency.Lease) (
+	idempotency.Unit, context.Context, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, ctx, err
 	}
@@ -51,7 +52,8 @@ func (u *memoryUnit) add(op memoryOp) error {
 	return nil
 }
 
-func (u *memoryUnit) SetRecoveryPoint(_ context.Context, point string, data []byte, now time.Time) error {
+func (u *memoryUnit) SetRecoveryPoint(_ context.Context, point string, data []byte,
+	now time.Time) error {
 	return u.add(memoryOp{point: point, data: bytes.Clone(data), now: now})
 }
 
@@ -72,7 +74,8 @@ func OnCommit(u idempotency.Unit, f func()) error {
 	mu, ok := u.(*memoryUnit)
 	switch {
 	case !ok:
-		return fmt.Errorf("memstore: OnCommit: the unit (%T) is not a memory Store's: %w", u, errors.ErrUnsupported)
+		return fmt.Errorf("memstore: OnCommit: the unit (%T) is not a memory Store's: %w",
+			u, errors.ErrUnsupported)
 	case mu.done:
 		return errUnitDone
 	case f != nil:

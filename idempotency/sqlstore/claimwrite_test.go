@@ -26,6 +26,9 @@ func countUpdates(t *testing.T, db *sql.DB, d sqlstore.Dialect) func() int {
 			$$ BEGIN UPDATE row_updates SET n = n + 1; RETURN NEW; END $$`,
 			`CREATE TRIGGER count_update AFTER UPDATE ON `+sqlstore.DefaultTable+`
 			FOR EACH ROW EXECUTE FUNCTION count_update()`)
+	} else if d == sqlstore.MySQL {
+		stmts = append(stmts, `CREATE TRIGGER count_update AFTER UPDATE ON `+sqlstore.DefaultTable+`
+			FOR EACH ROW UPDATE row_updates SET n = n + 1`)
 	} else {
 		stmts = append(stmts, `CREATE TRIGGER count_update AFTER UPDATE ON `+sqlstore.DefaultTable+`
 			BEGIN UPDATE row_updates SET n = n + 1; END`)

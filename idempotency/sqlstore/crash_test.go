@@ -59,6 +59,10 @@ func forEachCrashDB(t *testing.T, f func(t *testing.T, d crashDB)) {
 		require.NoError(t, db.QueryRow(`SELECT current_schema()`).Scan(&schema))
 		f(t, crashDB{driver: "pgx", dsn: withParam(pgDSN(t), "search_path", schema), db: db})
 	})
+	t.Run("mysql", func(t *testing.T) {
+		cfg := mysqlDatabaseConfig(t)
+		f(t, crashDB{driver: "mysql", dsn: cfg.FormatDSN(), db: openMySQLConfig(t, cfg, nil)})
+	})
 }
 
 // cardProcessor is the fake external service: it de-duplicates charges by
@@ -261,8 +265,8 @@ func requireOnePayment(t *testing.T, db *sql.DB, key string, orderPID int) {
 	require.Equal(t, 1, count(t, db, `SELECT COUNT(*) FROM receipts r JOIN orders o ON o.id = r.order_id WHERE o.idem_key = '`+key+`'`), "one receipt")
 }
 
-// The crash-recovery gate, on SQLite and
-// PostgreSQL, with real processes killed by SIGKILL:
+// The crash-recovery gate, on SQLite,
+// PostgreSQL and MySQL, with real processes killed by SIGKILL:
 //
 //  1. killed between the order phase and the charge: a client retry on a
 //     fresh process resumes at the charge; the processor saw one call;
@@ -448,7 +452,7 @@ func TestPhaseFencingSQL(t *testing.T) {
 		var pe *idempotency.PhaseError
 		require.ErrorAs(t, err, &pe)
 		require.Equal(t, "charge", pe.Phase)
-		require.Equal(t, "commit", pe.Op, "the fence holds at the phase's commit")
+		require.Equal(t, "commit", pe.Step, "the fence holds at the phase's commit")
 		require.Equal(t, 1, countOrders(t, db), "the fenced phase's write rolled back")
 		got, err := s.Get(t.Context(), rec.Scope)
 		require.NoError(t, err)

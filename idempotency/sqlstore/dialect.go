@@ -10,7 +10,7 @@ import (
 )
 
 // Dialect selects the SQL flavour the Store speaks. The zero value is not a
-// valid dialect: use Postgres or SQLite.
+// valid dialect: use Postgres, SQLite or MySQL.
 type Dialect int
 
 const (
@@ -22,36 +22,49 @@ const (
 	// store for one process. Tested with the pure-Go modernc.org/sqlite
 	// driver (driver name "sqlite"); open it with the DSN from SQLiteDSN.
 	SQLite
+	// MySQL is MySQL 8.0 or later or MariaDB 10.6 or later, with InnoDB
+	// tables, for a fleet of servers sharing one store. Tested with the
+	// github.com/go-sql-driver/mysql driver (driver name "mysql"); see the
+	// package documentation, "MySQL and MariaDB".
+	MySQL
 )
 
-// String returns "postgres", "sqlite" or "Dialect(n)" for an invalid value.
+// String returns "postgres", "sqlite", "mysql" or "Dialect(n)" for an
+// invalid value.
 func (d Dialect) String() string {
 	switch d {
 	case Postgres:
 		return "postgres"
 	case SQLite:
 		return "sqlite"
+	case MySQL:
+		return "mysql"
 	}
 	return fmt.Sprintf("Dialect(%d)", int(d))
 }
 
-func (d Dialect) valid() bool { return d == Postgres || d == SQLite }
+func (d Dialect) valid() bool { return d == Postgres || d == SQLite || d == MySQL }
 
 // DialectError is returned by Open when the database behind the *sql.DB is
 // not the one the Dialect names: a SQLite pool declared Postgres, a
-// PostgreSQL pool declared SQLite, or a database that is neither.
+// PostgreSQL or MySQL pool declared SQLite, and so on, or a database that is
+// none of them.
 type DialectError struct {
 	Declared Dialect // the Dialect given to Open
-	Found    Dialect // the database found: Postgres, SQLite, or 0 when neither
-	Server   string  // what the database reported, such as "PostgreSQL 15.2" or "SQLite 3.50.4"
+	Found    Dialect // the database found: Postgres, SQLite, MySQL, or 0 when none
+	// Server is what the database reported, such as "PostgreSQL 15.2",
+	// "SQLite 3.50.4" or "MariaDB 10.11.6".
+	Server string
 }
 
 // Error names both dialects.
 func (e *DialectError) Error() string {
 	if e.Found.valid() {
-		return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is %s (%s)", e.Declared, e.Found, e.Server)
+		return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is %s (%s)",
+			e.Declared, e.Found, e.Server)
 	}
-	return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is not %s (it reports %q)", e.Declared, e.Declared, e.Server)
+	return fmt.Sprintf("sqlstore: Open with dialect %s, but the database is not %s (it reports %q)",
+		e.Declared, e.Declared, e.Server)
 }
 
 // openTimeout bounds the queries Open runs to check the database.
@@ -59,20 +72,21 @@ const openTimeout = 10 * time.Second
 
 // checkDialect identifies the database behind db with the query of the
 // declared dialect d, and when that fails or names another database, with
-// the other dialect's, so that a *DialectError names what was found. When
-// neither query answers, it returns the declared query's error as an
-// *OpError with Op "open".
+// the other dialects', so that a *DialectError names what was found. When
+// no query answers, it returns the declared query's error as an *OpError
+// with Op "open".
 func checkDialect(ctx context.Context, db *sql.DB, d Dialect) error {
 	found, server, err := identify(ctx, db, d)
 	if err == nil && found == d {
 		return nil
 	}
-	other := Postgres
-	if d == Postgres {
-		other = SQLite
-	}
-	if f, s, oerr := identify(ctx, db, other); oerr == nil && f == other {
-		return &DialectError{Declared: d, Found: other, Server: s}
+	for _, other := range []Dialect{Postgres, SQLite, MySQL} {
+		if other == d {
+			continue
+		}
+		if f, s, oerr := identify(ctx, db, other); oerr == nil && f == other {
+			return &DialectError{Declared: d, Found: other, Server: s}
+		}
 	}
 	if err != nil {
 		return opErr("open", err)
@@ -82,9 +96,13 @@ func checkDialect(ctx context.Context, db *sql.DB, d Dialect) error {
 
 // identify asks db what it is with d's query: SQLite answers
 // sqlite_version(), PostgreSQL answers version() with "PostgreSQL <version>
-// ...". It returns the dialect found (0 when the answer names neither) and
-// the database's name and version.
+// ...", MySQL and MariaDB answer @@version (identifyMySQL). It returns the
+// dialect found (0 when the answer names none) and the database's name and
+// version.
 func identify(ctx context.Context, db *sql.DB, d Dialect) (Dialect, string, error) {
+	if d == MySQL {
+		return identifyMySQL(ctx, db)
+	}
 	var v string
 	if d == SQLite {
 		if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&v); err != nil {
@@ -116,16 +134,25 @@ func (d Dialect) blobType() string {
 // has no row locks (and no FOR UPDATE).
 func (d Dialect) skipLocked() string {
 	if d == Postgres {
-		return "\n\tFOR UPDATE SKIP LOCKED"
+		return " FOR UPDATE SKIP LOCKED"
 	}
 	return ""
 }
 
+// placeholder is a $N placeholder.
+var placeholder = regexp.MustCompile(`\$[0-9]+`)
+
 // rebind turns the $N placeholders the queries are written with into the
-// dialect's own: PostgreSQL keeps $N, SQLite gets its numbered ?N form.
+// dialect's own: PostgreSQL keeps $N, SQLite gets its numbered ?N form and
+// MySQL a bare ?, which binds by position: every statement MySQL runs names
+// its placeholders in the order of the text, each once (the internal test
+// TestMySQLPlaceholdersAreInTextOrder checks them).
 func (d Dialect) rebind(q string) string {
-	if d == Postgres {
+	switch d {
+	case Postgres:
 		return q
+	case MySQL:
+		return placeholder.ReplaceAllString(q, "?")
 	}
 	return strings.ReplaceAll(q, "$", "?")
 }
@@ -133,14 +160,14 @@ func (d Dialect) rebind(q string) string {
 // DefaultTable is the table name used when WithTable is not given.
 const DefaultTable = "idempotency_records"
 
-// maxTableLen keeps the derived index names ("<table>_lease_idx") within
-// PostgreSQL's 63-byte identifier limit.
+// maxTableLen keeps the derived index names ("<table>_pending_idx") within
+// PostgreSQL's 63-byte identifier limit (MySQL's is 64).
 const maxTableLen = 48
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// validTable reports whether name is an unquoted SQL identifier that both
-// dialects accept as it is: ASCII letters, digits and underscores, not
+// validTable reports whether name is an unquoted SQL identifier that every
+// dialect accepts as it is: ASCII letters, digits and underscores, not
 // starting with a digit, 1 to 48 characters.
 func validTable(name string) bool {
 	return len(name) > 0 && len(name) <= maxTableLen && identRE.MatchString(name)
@@ -152,17 +179,36 @@ const columns = `principal, method, route, idem_key, state, fingerprint, fingerp
 	owner, generation, lease_until, recovery_point, recovery_data, request,
 	response_status, response_header, response_body, created_at, updated_at, completed_at`
 
-// schema returns the DDL for table in dialect d. Every statement is
-// idempotent (IF NOT EXISTS). The primary key is scope_hash, the SHA-256 of
-// the length-prefixed scope parts (see scopeHash): 32 bytes whatever the
-// parts hold, so that any bytes of any length work as a principal, method,
-// route or key (PostgreSQL refuses invalid UTF-8 and NUL in TEXT, and B-tree
-// index rows over 2704 bytes). The parts are kept as bytes beside it, and so
-// is the recovery point. Times are INTEGER/BIGINT nanoseconds since the Unix
-// epoch, UTC, so that comparisons are exact in both dialects; 0 means "not
-// set" (completed_at of an in-progress record).
+// schema returns the DDL for table in dialect d (MySQL's is mysqlSchema).
+// Every statement is idempotent (IF NOT EXISTS). The primary key is
+// scope_hash, the SHA-256 of the length-prefixed scope parts (see
+// scopeHash): 32 bytes whatever the parts hold, so that any bytes of any
+// length work as a principal, method, route or key (PostgreSQL refuses
+// invalid UTF-8 and NUL in TEXT, and B-tree index rows over 2704 bytes).
+// The parts are kept as bytes beside it, and so is the recovery point.
+// Times are INTEGER/BIGINT nanoseconds since the Unix epoch, UTC, so that
+// comparisons are exact in every dialect; 0 means "not set" (completed_at
+// of an in-progress record).
+//
+// Two partial indexes serve the background jobs and nothing else: the
+// records in progress by lease end (the Completer's and the Reaper's
+// Abandoned), and the completed records by completion time (the Reaper's
+// DeleteBefore). A record is in one of them at a time, so a claim adds two
+// index entries (the primary key's and the first index's) and a completion
+// two (the primary key's and the second's). No other column is indexed: a
+// recovery point (and, with it, updated_at) changes no index, and on
+// PostgreSQL it is a HOT update, kept on its page by a fillfactor of 80. A
+// completion cannot be HOT, since the state it changes is the partial
+// indexes' predicate (a HOT update changes no indexed column, predicates
+// included), and a heartbeat or a takeover changes lease_until.
 func schema(d Dialect, table string) string {
-	blob := d.blobType()
+	if d == MySQL {
+		return mysqlSchema(table)
+	}
+	blob, with := d.blobType(), ""
+	if d == Postgres {
+		with = " WITH (fillfactor = " + fillFactor + ")"
+	}
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
 	scope_hash          %[2]s    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
 	principal           %[2]s    NOT NULL,
@@ -184,24 +230,42 @@ func schema(d Dialect, table string) string {
 	created_at          BIGINT   NOT NULL,
 	updated_at          BIGINT   NOT NULL,
 	completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
-);
-CREATE INDEX IF NOT EXISTS %[1]s_lease_idx ON %[1]s (state, lease_until);
-CREATE INDEX IF NOT EXISTS %[1]s_updated_idx ON %[1]s (updated_at);
-`, table, blob)
+)%[3]s;
+CREATE INDEX IF NOT EXISTS %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
+CREATE INDEX IF NOT EXISTS %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2;
+`, table, blob, with)
 }
 
-// queries holds the statements of one Store, built once at Open.
+// fillFactor is the PostgreSQL table's fillfactor: inserts leave a fifth of
+// each page free, for the row versions its updates write.
+const fillFactor = "80"
+
+// oldIndexes are the names of the indexes of earlier layouts that Migrate
+// drops: (state, lease_until) and (updated_at), which every update but a
+// heartbeat changed.
+func oldIndexes(table string) []string {
+	return []string{table + "_lease_idx", table + "_updated_idx"}
+}
+
+// queries holds the statements of one Store, built once at Open. The
+// fenced writes, the reads and Abandoned are one text for every dialect;
+// claim, takeover, restart and deleteBefore are PostgreSQL's and SQLite's,
+// and mysql holds the statements MySQL runs in their place.
 type queries struct {
-	claim, takeover, existing, get, heartbeat, complete, release, setPoint, abandoned, deleteBefore string
+	get, existing, heartbeat, complete, release, setPoint, abandoned string
+	claim, takeover, restart, deleteBefore                           string
+
+	mysql mysqlQueries
 }
 
-// Every claim statement returns at most one row of fifteen columns: an
-// outcome (rowExisting, rowCreated, rowTakenOver, rowOtherScope), the
-// generation, then the columns only a takeover needs (recovery point, its
-// data, the request, created_at) and those only an existing record needs
-// (state, fingerprint and version, owner, lease, completion time, response).
-// The columns an outcome does not need are NULL; a created record's other
-// fields are the claim's own. scanClaim reads the row.
+// Every statement that decides a claim, and the read of the record a claim
+// did not win, returns at most one row of fifteen columns: an outcome
+// (rowExisting, rowCreated, rowTakenOver, rowOtherScope), the generation,
+// then the columns only a takeover needs (recovery point, its data, the
+// request, created_at) and those only an existing record needs (state,
+// fingerprint and version, owner, lease, completion time, response). The
+// columns an outcome does not need are NULL (or, for a created record,
+// ignored: its other fields are the claim's own). scanClaim reads the row.
 const (
 	rowExisting   = 0
 	rowCreated    = 1
@@ -209,159 +273,208 @@ const (
 	rowOtherScope = 3 // the row under the scope's digest holds other scope parts
 )
 
-// wonRow is the row of a claim that created or took over the record, from
-// the columns of the row it wrote; now is the claim time's placeholder. A
-// record whose created_at is the claim's time was created by it (a takeover
-// keeps an earlier one: the lease it took over ended before now).
-func wonRow(now string) string {
-	return fmt.Sprintf(`CASE WHEN created_at = %[1]s THEN %[2]d ELSE %[3]d END, generation, recovery_point, recovery_data,
-	CASE WHEN created_at = %[1]s THEN NULL ELSE request END, created_at,
-	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`, now, rowCreated, rowTakenOver)
+// won is what the statement that wins a record returns after its outcome;
+// nineNulls completes the row.
+const (
+	won       = `generation, recovery_point, recovery_data, request, created_at`
+	nineNulls = `NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`
+)
+
+// existingRow is the row of a record a claim did not win, read from the
+// row under the scope's digest and compared with the scope parts p (four
+// placeholders).
+func existingRow(p ...string) string {
+	return fmt.Sprintf(`CASE
+	WHEN principal = %s AND method = %s AND route = %s AND idem_key = %s THEN %d ELSE %d END,
+	generation, NULL, NULL, NULL, NULL,
+	state, fingerprint, fingerprint_version, owner, lease_until, completed_at,
+	response_status, response_header, response_body`, p[0], p[1], p[2], p[3],
+		rowExisting, rowOtherScope)
 }
 
-// takenOverRow is wonRow for the takeover-only claim, which never creates.
-var takenOverRow = fmt.Sprintf(`%d, generation, recovery_point, recovery_data, request, created_at,
-	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`, rowTakenOver)
-
-// existingRow is the row of a claim that changed nothing, read from a
-// record selected by $1 (the digest); $2 to $5 are the scope parts it is
-// compared with.
-var existingRow = fmt.Sprintf(`CASE WHEN principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
-	THEN %d ELSE %d END, generation, NULL, NULL, NULL, NULL,
-	state, fingerprint, fingerprint_version, owner, lease_until, completed_at,
-	response_status, response_header, response_body`, rowExisting, rowOtherScope)
-
-// claimSQL returns the claim statement. Its core is one INSERT ... ON
-// CONFLICT DO UPDATE whose WHERE lets the claim win an existing row only if
-// the row holds the claim's own scope parts (a digest collision never
-// overwrites another scope's record) and either it completed before the
-// replay window's cutoff ($12) or its lease ended before now ($11) with the
-// same fingerprint and version. A restart of a completed record clears it
-// and takes the new request; a takeover keeps the recovery point, its data,
-// the request and created_at. RETURNING gives wonRow when it wrote.
+// The parameters of the statements that decide a claim (claimArgs): $1 the
+// digest, $2 to $5 the scope parts, $6 and $7 the fingerprint and its
+// version, $8 the owner, $9 the lease end, $10 now, $11 the request, $12
+// the replay window's cutoff. The takeover uses $1 to $10 only.
 //
-// On PostgreSQL the core runs in a CTE and the statement returns, when the
-// core wrote nothing, the existing row, read FOR SHARE: under READ COMMITTED
-// a locking read returns the row's latest committed version (a claim that
-// waited for another transaction answers what that one left), and it never
-// waits, since ON CONFLICT holds the row's lock already. The one case where
-// it returns no row is a conflicting row inserted by a transaction that
-// committed after the statement began (ON CONFLICT sees it, the snapshot
-// does not).
-//
-// SQLite has no data-modifying CTE, and RETURNING gives only the rows a
-// statement wrote, so the statement is the core alone: a claim that loses
-// writes nothing and returns no row, and Claim reads the existing row with a
-// second statement (queries.existing).
-func claimSQL(d Dialect, table string) string {
-	core := fmt.Sprintf(`INSERT INTO %[1]s AS t (scope_hash, principal, method, route, idem_key, state, fingerprint,
-	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
-	response_status, response_header, response_body, created_at, updated_at, completed_at)
-VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10, NULL, NULL, NULL, $11, $11, 0)
-ON CONFLICT (scope_hash) DO UPDATE SET
-	state = 1,
-	owner = excluded.owner,
-	generation = t.generation + 1,
-	lease_until = excluded.lease_until,
-	updated_at = excluded.updated_at,
-	fingerprint = excluded.fingerprint,
-	fingerprint_version = excluded.fingerprint_version,
-	recovery_point = CASE WHEN t.state = 2 THEN excluded.recovery_point ELSE t.recovery_point END,
-	recovery_data = CASE WHEN t.state = 2 THEN NULL ELSE t.recovery_data END,
-	request = CASE WHEN t.state = 2 THEN excluded.request ELSE t.request END,
-	created_at = CASE WHEN t.state = 2 THEN excluded.created_at ELSE t.created_at END,
-	response_status = NULL,
-	response_header = NULL,
-	response_body = NULL,
-	completed_at = 0
-WHERE t.principal = excluded.principal AND t.method = excluded.method
-	AND t.route = excluded.route AND t.idem_key = excluded.idem_key
-	AND ((t.state = 2 AND t.completed_at < $12)
-	  OR (t.state = 1 AND t.lease_until < $11 AND t.fingerprint = excluded.fingerprint
-	      AND t.fingerprint_version = excluded.fingerprint_version))
-RETURNING `, table)
-	if d == SQLite {
-		return core + wonRow("$11")
-	}
-	return fmt.Sprintf(`WITH claimed AS (
-%[2]sgeneration, recovery_point, recovery_data, request, created_at
+// A claim wins an existing row only if the row holds the claim's own scope
+// parts (a digest collision never overwrites another scope's record), and
+// then in one of two ways, each its own statement or CTE, so that the
+// outcome is the statement's and never inferred from what the row holds
+// afterwards: it takes over a record in progress whose lease ended before
+// now with the same fingerprint and version (takeoverWhere), keeping its
+// recovery point, its data, its request and created_at (takeoverSet); or it
+// restarts a record that completed before the replay window's cutoff
+// (restartWhere), as a fresh record with the next generation (restartSet).
+const (
+	takeoverSet   = `owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10`
+	takeoverWhere = `principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
+	AND state = 1 AND lease_until < $10 AND fingerprint = $6 AND fingerprint_version = $7`
+	restartSet = `state = 1, owner = $8, generation = generation + 1, lease_until = $9,
+	updated_at = $10, fingerprint = $6, fingerprint_version = $7, recovery_point = '',
+	recovery_data = NULL, request = $11, created_at = $10,
+	response_status = NULL, response_header = NULL, response_body = NULL, completed_at = 0`
+	restartWhere = `principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
+	AND state = 2 AND completed_at < $12`
 )
-SELECT %[3]s
-FROM claimed
+
+// insertCols and insertVals are the columns and values of a new record.
+const (
+	insertCols = `scope_hash, principal, method, route, idem_key, state, fingerprint,
+	fingerprint_version, owner, generation, lease_until, recovery_point, recovery_data, request,
+	response_status, response_header, response_body, created_at, updated_at, completed_at`
+	insertVals = `$1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $11,
+	NULL, NULL, NULL, $10, $10, 0`
+)
+
+// claimSQL returns the first statement of a claim on PostgreSQL or SQLite
+// (see claimArgs for its parameters).
+//
+// On PostgreSQL it is one statement that reads before it writes and
+// decides every claim: a CTE reads the row under the digest from the
+// statement's snapshot (a plain read: no lock, no transaction ID); one
+// UPDATE restarts that row and another takes it over, each only under its
+// condition (at most one of them matches a row); an INSERT ... ON CONFLICT
+// DO NOTHING creates the record only when the snapshot holds no row. The
+// statement returns the row it wrote, tagged by the CTE that wrote it, or
+// else the row it read (existingRow). A replay or an in-progress conflict
+// therefore writes nothing and waits for no one: its UPDATEs match no row
+// of the snapshot and its INSERT has no input, so no tuple is locked and no
+// WAL is written. Only a claim that would win waits for a row another
+// transaction holds, and then re-checks its condition on the row's latest
+// version (READ COMMITTED). It returns no row when its INSERT met a row
+// committed after its snapshot, and the row of its snapshot when its UPDATE
+// found the row changed or gone: Claim then reads the record again (see
+// Claim).
+//
+// SQLite has no data-modifying CTE, and its RETURNING gives only the rows a
+// statement wrote, as they are after it. The statement is an INSERT ... ON
+// CONFLICT DO UPDATE SET takeoverSet WHERE takeoverWhere: it creates the
+// record or takes it over, and the generation it returns tells which (an
+// INSERT writes generation 1, a takeover the next one after a generation of
+// at least 1). A claim that does neither writes nothing and returns no row;
+// Claim then reads the existing row, and restarts a completed record past
+// the window with a second statement (queries.restart). Its parameters are
+// $1 to $11.
+func claimSQL(d Dialect, table string) string {
+	if d == SQLite {
+		return fmt.Sprintf(`INSERT INTO %[1]s (%[2]s)
+VALUES (%[3]s)
+ON CONFLICT (scope_hash) DO UPDATE SET %[4]s
+WHERE %[5]s
+RETURNING CASE generation WHEN 1 THEN %[6]d ELSE %[7]d END, %[8]s, %[9]s`,
+			table, insertCols, insertVals, takeoverSet, takeoverWhere, rowCreated,
+			rowTakenOver, won, nineNulls)
+	}
+	return fmt.Sprintf(`WITH cur AS (
+	SELECT principal, method, route, idem_key, generation, state, fingerprint, fingerprint_version,
+		owner, lease_until, completed_at, response_status, response_header, response_body
+	FROM %[1]s WHERE scope_hash = $1
+), restarted AS (
+	UPDATE %[1]s SET %[4]s
+	WHERE scope_hash = $1 AND %[5]s
+	RETURNING %[8]d, %[10]s
+), taken AS (
+	UPDATE %[1]s SET %[6]s
+	WHERE scope_hash = $1 AND %[7]s
+	RETURNING %[9]d, %[10]s
+), created AS (
+	INSERT INTO %[1]s (%[2]s)
+	SELECT %[3]s WHERE NOT EXISTS (SELECT 1 FROM cur)
+	ON CONFLICT (scope_hash) DO NOTHING
+	RETURNING %[8]d, %[10]s
+)
+SELECT w.*, %[11]s
+FROM (SELECT * FROM restarted UNION ALL SELECT * FROM taken UNION ALL SELECT * FROM created) w
 UNION ALL
-SELECT %[4]s
-FROM (SELECT principal, method, route, idem_key, generation, state, fingerprint, fingerprint_version,
-	owner, lease_until, completed_at, response_status, response_header, response_body
-	FROM %[1]s WHERE scope_hash = $1 AND NOT EXISTS (SELECT 1 FROM claimed) FOR SHARE) cur`,
-		table, core, wonRow("$11"), existingRow)
+SELECT %[12]s FROM cur
+WHERE NOT EXISTS (SELECT 1 FROM restarted) AND NOT EXISTS (SELECT 1 FROM taken)`,
+		table, insertCols, insertVals, restartSet, restartWhere, takeoverSet, takeoverWhere,
+		rowCreated, rowTakenOver, won, nineNulls, existingRow("$2", "$3", "$4", "$5"))
 }
 
 func buildQueries(d Dialect, table string) queries {
 	q := queries{
-		claim: claimSQL(d, table),
-
-		// A takeover-only claim (idempotency.Claim.TakeoverOnly): one
-		// conditional UPDATE with the takeover branch of the claim's
-		// condition (same scope parts, in progress, lease ended before now
-		// ($10), same fingerprint and version). It never inserts and never
-		// restarts a completed record.
-		takeover: fmt.Sprintf(`UPDATE %[1]s SET owner = $8, generation = generation + 1, lease_until = $9, updated_at = $10
-WHERE scope_hash = $1 AND principal = $2 AND method = $3 AND route = $4 AND idem_key = $5
-	AND state = 1 AND lease_until < $10 AND fingerprint = $6 AND fingerprint_version = $7
-RETURNING %[2]s`, table, takenOverRow),
-
-		// The record a claim did not win, read when its statement returned
-		// no row.
-		existing: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, existingRow),
-
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, columns),
 
-		heartbeat: fmt.Sprintf(`UPDATE %[1]s SET lease_until = $2
-WHERE scope_hash = $1 AND owner = $3 AND generation = $4 AND state = 1`, table),
+		// The record a claim did not win, read when its first statement
+		// returned no row or one it would have won.
+		existing: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $5`,
+			table, existingRow("$1", "$2", "$3", "$4")),
 
-		complete: fmt.Sprintf(`UPDATE %[1]s SET state = 2, response_status = $2, response_header = $3,
-	response_body = $4, completed_at = $5, updated_at = $5
-WHERE scope_hash = $1 AND owner = $6 AND generation = $7 AND state = 1`, table),
+		// The fenced writes: each changes the record only while the lease
+		// (owner and generation) holds it in progress.
+		heartbeat: fmt.Sprintf(`UPDATE %[1]s SET lease_until = $1
+WHERE scope_hash = $2 AND owner = $3 AND generation = $4 AND state = 1`, table),
+
+		complete: fmt.Sprintf(`UPDATE %[1]s
+SET state = 2, response_status = $1, response_header = $2, response_body = $3,
+	completed_at = $4, updated_at = $5
+WHERE scope_hash = $6 AND owner = $7 AND generation = $8 AND state = 1`, table),
 
 		release: fmt.Sprintf(`DELETE FROM %[1]s
 WHERE scope_hash = $1 AND owner = $2 AND generation = $3 AND state = 1`, table),
 
-		setPoint: fmt.Sprintf(`UPDATE %[1]s SET recovery_point = $2, recovery_data = $3, updated_at = $4
-WHERE scope_hash = $1 AND owner = $5 AND generation = $6 AND state = 1`, table),
+		setPoint: fmt.Sprintf(`UPDATE %[1]s
+SET recovery_point = $1, recovery_data = $2, updated_at = $3
+WHERE scope_hash = $4 AND owner = $5 AND generation = $6 AND state = 1`, table),
 
 		abandoned: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
 WHERE state = 1 AND lease_until < $1
 ORDER BY lease_until, created_at, scope_hash
 LIMIT $2`, table, columns),
-
-		// Bounded: at most $2 rows per statement, chosen by primary key. The
-		// conditions are repeated on the DELETE itself: on PostgreSQL under
-		// READ COMMITTED, a row that a concurrent claim, heartbeat or
-		// completion changed after the subquery saw it is re-checked against
-		// the DELETE's own WHERE only, so without them the reaper would
-		// delete a record that was just taken over or completed. On
-		// PostgreSQL the subquery also locks its rows and skips the ones a
-		// running write holds (FOR UPDATE SKIP LOCKED): the reaper never
-		// waits for a claim, and a claim waiting for a row the reaper locked
-		// inserts afresh once it is gone. SQLite serialises writers, so no
-		// row changes under the statement there; the outer conditions are
-		// kept for the same meaning.
-		deleteBefore: fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
-	SELECT scope_hash FROM %[1]s
-	WHERE updated_at < $1 AND (state = 2 OR lease_until < $1)
-	ORDER BY updated_at
-	LIMIT $2%[2]s)
-  AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table, d.skipLocked()),
 	}
-	q.claim = d.rebind(q.claim)
-	q.takeover = d.rebind(q.takeover)
-	q.existing = d.rebind(q.existing)
-	q.get = d.rebind(q.get)
-	q.heartbeat = d.rebind(q.heartbeat)
-	q.complete = d.rebind(q.complete)
-	q.release = d.rebind(q.release)
-	q.setPoint = d.rebind(q.setPoint)
-	q.abandoned = d.rebind(q.abandoned)
-	q.deleteBefore = d.rebind(q.deleteBefore)
+	if d == MySQL {
+		q.mysql = buildMySQLQueries(table)
+	} else {
+		q.claim = claimSQL(d, table)
+
+		// A takeover-only claim (idempotency.Claim.TakeoverOnly), and the
+		// takeover of a record that a claim read after its first
+		// statement: one conditional UPDATE. It never inserts and never
+		// restarts a completed record.
+		q.takeover = fmt.Sprintf(`UPDATE %[1]s SET %[2]s
+WHERE scope_hash = $1 AND %[3]s
+RETURNING %[4]d, %[5]s, %[6]s`, table, takeoverSet, takeoverWhere, rowTakenOver, won, nineNulls)
+
+		// The restart of a completed record past the replay window that a
+		// claim read after its first statement.
+		q.restart = fmt.Sprintf(`UPDATE %[1]s SET %[2]s
+WHERE scope_hash = $1 AND %[3]s
+RETURNING %[4]d, %[5]s, %[6]s`, table, restartSet, restartWhere, rowCreated, won, nineNulls)
+
+		// Bounded: at most $2 rows per statement, chosen by primary key
+		// from the two partial indexes: completed records first, oldest
+		// completion first (for a completed record updated_at is
+		// completed_at), then records in progress whose lease and last
+		// update are both past the horizon. The conditions are repeated on
+		// the DELETE itself: on PostgreSQL under READ COMMITTED, a row that
+		// a concurrent claim, heartbeat or completion changed after the
+		// subquery saw it is re-checked against the DELETE's own WHERE
+		// only, so without them the reaper would delete a record that was
+		// just taken over or completed. On PostgreSQL the subqueries also
+		// lock their rows and skip the ones a running write holds (FOR
+		// UPDATE SKIP LOCKED): the reaper never waits for a claim, and a
+		// claim waiting for a row the reaper locked inserts afresh once it
+		// is gone. SQLite serialises writers, so no row changes under the
+		// statement there; the outer conditions are kept for the same
+		// meaning.
+		q.deleteBefore = fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 2 AND completed_at < $1 AND updated_at < $1
+		ORDER BY completed_at LIMIT $2%[2]s) done
+	UNION ALL
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 1 AND lease_until < $1 AND updated_at < $1
+		ORDER BY lease_until LIMIT $2%[2]s) unfinished
+	LIMIT $2)
+  AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table, d.skipLocked())
+	}
+	m := &q.mysql
+	for _, p := range []*string{&q.get, &q.existing, &q.heartbeat, &q.complete, &q.release,
+		&q.setPoint, &q.abandoned, &q.claim, &q.takeover, &q.restart, &q.deleteBefore,
+		&m.insert, &m.locked, &m.takeover, &m.restart, &m.held, &m.stale, &m.deleteBefore} {
+		*p = d.rebind(*p)
+	}
 	return q
 }

@@ -35,7 +35,6 @@ func TestOpenRefusesAMismatchedDialect(t *testing.T) {
 
 			s, err := sqlstore.Open(db, tc.found)
 			require.NoError(t, err)
-			require.Equal(t, tc.found, s.Dialect())
 			require.NoError(t, s.Migrate(t.Context()))
 			if tc.found == sqlstore.Postgres {
 				require.Contains(t, s.Schema(), "scope_hash          BYTEA    NOT NULL PRIMARY KEY")

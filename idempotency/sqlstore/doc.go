@@ -1,14 +1,16 @@
 // Package sqlstore keeps idempotency records in a relational database through
-// database/sql: PostgreSQL for a fleet of servers sharing one store, SQLite
-// for an embedded store in one process. Its Store implements
-// idempotency.Store and idempotency.Transactor. The package imports only
-// database/sql; bring your own driver (tested with
-// github.com/jackc/pgx/v5/stdlib, driver "pgx", and modernc.org/sqlite,
-// driver "sqlite"):
+// database/sql: PostgreSQL or MySQL/MariaDB for a fleet of servers sharing
+// one store, SQLite for an embedded store in one process. Its Store
+// implements idempotency.Store and idempotency.Transactor. Beside the
+// standard library it imports package idempotency only, and no SQL driver:
+// bring your own (tested with github.com/jackc/pgx/v5/stdlib, driver "pgx",
+// modernc.org/sqlite, driver "sqlite", and github.com/go-sql-driver/mysql,
+// driver "mysql"):
 //
-//	db, err := sql.Open("pgx", dsn)      // or sql.Open("sqlite", sqlstore.SQLiteDSN(path))
-//	store, err := sqlstore.Open(db, sqlstore.Postgres) // or sqlstore.SQLite
-//	err = store.Migrate(ctx)             // creates the table or upgrades an old one
+//	db, err := sql.Open("pgx", dsn) // or sql.Open("sqlite", sqlstore.SQLiteDSN(path)),
+//	                                // or sql.Open("mysql", dsn)
+//	store, err := sqlstore.Open(db, sqlstore.Postgres) // or sqlstore.SQLite, sqlstore.MySQL
+//	err = store.Migrate(ctx)        // creates the table or upgrades an old one
 //	mw := idempotency.New(store, idempotency.WithPrincipal(accountID))
 //
 // # Schema
@@ -17,7 +19,7 @@
 // migration tool). For PostgreSQL and the default table:
 //
 //	CREATE TABLE IF NOT EXISTS idempotency_records (
-//		scope_hash          BYTEA    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
+//		scope_hash          BYTEA    NOT NULL PRIMARY KEY, -- SHA-256 of the scope parts
 //		principal           BYTEA    NOT NULL,
 //		method              BYTEA    NOT NULL,
 //		route               BYTEA    NOT NULL,
@@ -37,14 +39,22 @@
 //		created_at          BIGINT   NOT NULL,
 //		updated_at          BIGINT   NOT NULL,
 //		completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
-//	);
-//	CREATE INDEX IF NOT EXISTS idempotency_records_lease_idx
-//		ON idempotency_records (state, lease_until);
-//	CREATE INDEX IF NOT EXISTS idempotency_records_updated_idx
-//		ON idempotency_records (updated_at);
+//	) WITH (fillfactor = 80);
+//	CREATE INDEX IF NOT EXISTS idempotency_records_pending_idx
+//		ON idempotency_records (lease_until) WHERE state = 1;
+//	CREATE INDEX IF NOT EXISTS idempotency_records_done_idx
+//		ON idempotency_records (completed_at) WHERE state = 2;
 //
-// SQLite's is the same with BLOB for BYTEA. Times are the callers' times as
-// integer nanoseconds, never a database clock. Principal, method, route, key
+// SQLite's is the same with BLOB for BYTEA and without the fillfactor;
+// MySQL's is in "MySQL and MariaDB" below. The two partial indexes are the
+// only ones beside the primary key, one for each background job: records
+// in progress by lease end (the Completer and the Reaper's list of
+// unfinished records) and completed records by completion time (the
+// Reaper's deletes). A claim adds two index entries, a completion two; a
+// recovery point changes no indexed column (on PostgreSQL a HOT update,
+// kept on its page by the fillfactor). A completion is not a HOT update:
+// the state it changes is the indexes' predicate. Times are the callers'
+// times as integer nanoseconds, never a database clock. Principal, method, route, key
 // and recovery point are bytes of any length, and a replay returns the
 // stored status, headers and body byte for byte. The primary key is, in
 // PostgreSQL 11 or later terms,
@@ -54,40 +64,74 @@
 //	       int8send(octet_length(route)) || route ||
 //	       int8send(octet_length(idem_key)) || idem_key)
 //
-// Migrate upgrades the layouts of earlier releases in one transaction: a
-// table keyed on the TEXT scope parts is renamed to <table>_v1 (drop it once
-// you no longer need it) and its records are copied into a new table; on
-// PostgreSQL a TEXT recovery_point becomes BYTEA in place (the table is
-// locked and rewritten). Run it from one process before this release's
-// servers serve. A connection that prepared a statement before the change
-// fails it once. Servers of the previous release keep working on the
-// upgraded table (a recovery point containing a backslash is refused to
-// them); servers of the TEXT-keyed release fail closed (503).
+// Migrate upgrades the layouts of earlier releases in one transaction: a table
+// keyed on the TEXT scope parts is renamed to <table>_v1 (drop it once you no
+// longer need it) and its records are copied into a new table; on PostgreSQL a
+// TEXT recovery_point becomes BYTEA in place (the table is locked and
+// rewritten); the indexes on (state, lease_until) and (updated_at) are
+// replaced in place by the two partial indexes (writes to the table wait while
+// they are built; on a large table, build them first with CREATE INDEX
+// CONCURRENTLY under Schema's names), and on PostgreSQL the table gets its
+// fillfactor, for the pages written from then on. Run it from one process
+// before this release's servers serve. A connection that prepared a statement
+// before the change fails it once. Servers of the previous release keep
+// working on the upgraded table (a recovery point containing a backslash is
+// refused to them); servers of the TEXT-keyed release fail closed (503).
 //
 // # Claims and fences
 //
-// A claim is one statement, INSERT ... ON CONFLICT DO UPDATE ... WHERE, that
-// wins an existing row only if the row holds the claim's own scope parts
-// (a digest collision never overwrites another scope's record) and either
-// completed before the replay window or holds an expired lease with the
-// same fingerprint. Every later write (heartbeat, recovery point,
-// completion, release) is conditional on owner, generation and the
-// in-progress state, and returns idempotency.ErrLeaseLost when it changed
-// nothing.
+// A claim wins an existing row only if the row holds the claim's own scope
+// parts (a digest collision never overwrites another scope's record) and
+// either completed before the replay window (it restarts the record as a
+// fresh one, ClaimCreated) or holds an expired lease with the same
+// fingerprint (it takes the record over, ClaimTakenOver, keeping its
+// recovery point). Which of the two happened is the statement's, never
+// read off the row's times afterwards. Every later write (heartbeat,
+// recovery point, completion, release) is conditional on owner, generation
+// and the in-progress state, and returns idempotency.ErrLeaseLost when it
+// changed nothing.
+//
+// On PostgreSQL the claim is one statement that reads before it writes: a
+// replay or an in-progress conflict is a plain read of the statement's
+// snapshot, which locks nothing, takes no transaction ID, writes no WAL and
+// never waits for another transaction (it answers the record as last
+// committed). Only a claim that would win waits for a row another
+// transaction holds, and re-checks the row's latest version. On SQLite the
+// claim is an upsert that creates the record or takes it over, whose
+// condition keeps the row otherwise: a replay or a conflict changes no page
+// (the WAL does not grow), but takes the database's write lock for the
+// statement, as every SQLite write does, so it waits for a writer that
+// holds it. MySQL's claim is below ("MySQL and MariaDB").
 //
 // Statements per guarded request, beyond the handler's own: a fresh key is
 // two, the claim and the completion (in the handler's transaction when it
 // asked for one, with its BEGIN and COMMIT). A replay or an in-progress
-// conflict writes nothing: on PostgreSQL it is one statement, which returns
-// the existing record; on SQLite two, since SQLite's RETURNING reports only
-// rows a statement wrote: the claim, which changes nothing, and a read.
+// conflict is one statement on PostgreSQL, which returns the existing
+// record; on SQLite and MySQL two, since SQLite's RETURNING reports only
+// rows a statement wrote and MySQL has none: the claim, which changes
+// nothing, and a read. A takeover is one statement on PostgreSQL and
+// SQLite; a restart past the window one on PostgreSQL, three on SQLite
+// (the upsert, the read, a conditional UPDATE). When the claim's statement
+// returns no record to answer from and the read then finds one the claim
+// wins (it changed since the statement: a row committed after a
+// PostgreSQL statement began, an EndLease or a Release and a new claim in
+// between), the claim wins it with a conditional UPDATE (on MySQL the
+// locking transaction below), and starts over if that finds the record
+// changed again, at most three rounds: every answer is the record as one
+// statement saw it, never a record the claim would have won.
 //
 // # Transactions
 //
-// Store.Begin starts a unit of work whose context carries the *sql.Tx; a
+// Store.Begin starts a unit of work whose context leads to its *sql.Tx; a
 // handler gets it with Tx(r.Context()) and writes its business rows in it,
 // so that they commit or roll back together with the stored response.
-// Inside an atomic phase, Tx returns the phase's own transaction.
+// Inside an atomic phase, Tx returns the phase's own transaction. The
+// transaction begins at the first Tx call: a unit that never needs one
+// (a phase that writes nothing through Tx) holds no connection while its
+// work runs, and writes its record with one stand-alone statement at
+// Commit. Between its own statements in a transaction the Store waits for
+// nothing (no lock, no other connection, no timer): a connection idle in a
+// transaction waits for the handler, or for its goroutine to run.
 //
 // The fences assume READ COMMITTED on PostgreSQL, so a unit's transaction
 // is begun READ COMMITTED whatever the server's default. Under a default of
@@ -105,6 +149,87 @@
 // whose clock runs ahead takes over a live lease early (the fence then
 // stops the old owner's writes, but two executions overlapped).
 //
+// # MySQL and MariaDB
+//
+// The MySQL dialect runs on MySQL 8.0 or later and MariaDB 10.6 or later
+// (tested on MariaDB 10.11), with InnoDB tables, in the SQL both servers
+// share: MySQL has no RETURNING, MariaDB's INSERT has one and its UPDATE
+// none, so no statement relies on it. Open identifies the server by
+// @@version. The table (Migrate runs Schema, one CREATE TABLE IF NOT EXISTS;
+// no earlier release had a MySQL layout to upgrade):
+//
+//	CREATE TABLE IF NOT EXISTS idempotency_records (
+//		scope_hash          BINARY(32) NOT NULL PRIMARY KEY,
+//		principal, method, route, idem_key, fingerprint, owner, recovery_point
+//		                    LONGBLOB   NOT NULL,
+//		recovery_data, request, response_header, response_body LONGBLOB,
+//		... the integer columns as above ...,
+//		INDEX idempotency_records_pending_idx (state, lease_until),
+//		INDEX idempotency_records_done_idx (state, completed_at)
+//	) ENGINE = InnoDB
+//
+// Every string is a LONGBLOB, compared byte for byte (a TEXT column would
+// compare under a collation that folds case). The primary key is
+// UNHEX(SHA2(CONCAT(UNHEX(LPAD(HEX(LENGTH(principal)), 16, '0')),
+// principal, ... idem_key), 256)), the same digest as above. MySQL has no
+// partial index, so the two indexes put the state first: (state,
+// lease_until) finds the records in progress by lease end (the Completer,
+// the Reaper's unfinished records), (state, completed_at) the completed
+// ones by completion time (the Reaper's deletes), each as a range of its
+// index in the order the job reads. Every record has an entry in both, so
+// a claim adds three index entries and a completion moves two; a recovery
+// point changes none (updated_at, which it sets, is indexed nowhere), a
+// heartbeat one. InnoDB has no per-table fill factor: an update that fits
+// rewrites the row in place.
+//
+// A claim is one INSERT, which creates the record or fails on the
+// duplicate key; when it fails, one plain read gets the record to answer
+// from (a replay or a 409: two statements, nothing written). Only a claim
+// whose read shows a record it would win (an expired lease, or a completed
+// record past the replay window) runs a short transaction that locks the
+// row (SELECT ... FOR UPDATE), decides again on what it locked and updates
+// it, fenced on the generation: a takeover is BEGIN, read, UPDATE, COMMIT
+// after the first two. An ON DUPLICATE KEY UPDATE has no WHERE, its
+// IF()-per-column form depends on the order assignments are evaluated in
+// (MariaDB's SIMULTANEOUS_ASSIGNMENT mode changes it), and it cannot
+// report what it did without a second statement anyway.
+//
+// MySQL reports the rows an UPDATE changed, not those it matched: a
+// heartbeat or recovery point that changes nothing is followed by a
+// locking read that tells whether the lease still holds, so the Store
+// works with and without the driver's clientFoundRows. It prepares its
+// stand-alone statements once per connection (one round trip each; a unit
+// that never began its transaction writes its record with one of them);
+// statements inside a unit's transaction run unprepared, one round trip
+// with the driver's interpolateParams=true, two without (prepare and
+// execute), so set interpolateParams=true in the DSN. parseTime and multiStatements
+// play no part (times are integers; one statement per call).
+//
+// Isolation: the Store needs no particular level. Its fences are
+// conditional UPDATEs and locking reads, which InnoDB runs on each row's
+// latest committed version at every level, and a unit's transaction runs
+// at the session's level (REPEATABLE READ by default; the tests run READ
+// COMMITTED, REPEATABLE READ and SERIALIZABLE). REPEATABLE READ and
+// SERIALIZABLE also lock gaps of the indexes a statement searches, and
+// concurrent claims of one key deadlock in InnoDB where two checked the key
+// for duplicates behind a DELETE of its record: a stand-alone statement
+// that fails with a deadlock (1213) or a lock wait timeout (1205) is run
+// again, up to three times; one that still fails, or one inside a unit, is
+// an *OpError matching ErrSerialization (the middleware answers 503; the
+// client retries). The Reaper's DeleteBefore reads its candidates with a
+// plain SELECT and deletes them by primary key, so it locks rows in the
+// same order as every other write and never deadlocks with a unit; unlike
+// PostgreSQL's, it waits for a row that a running write holds.
+//
+// In a unit, a failed statement does not end a MySQL transaction, and a
+// deadlock rolls it back whole, after which statements on the same
+// *sql.Tx run and commit one by one: a handler must stop at its first
+// failed write (return a 5xx), as the middleware then rolls the unit back
+// and gives the key up. Business tables must be InnoDB to commit with the
+// record. A response body or recovery data larger than the server's
+// max_allowed_packet cannot be stored (the store answers 503): raise it, or
+// the middleware's WithMaxStoredBody below it.
+//
 // # PostgreSQL through pgx's native pool
 //
 // An application that holds a *pgxpool.Pool gives the Store a *sql.DB over
@@ -115,14 +240,17 @@
 // Open SQLite with SQLiteDSN and keep more than one open connection; Open
 // refuses a database without a busy timeout or with deferred transactions.
 // One writer at a time holds SQLite's lock: a unit of work holds it from its
-// first statement to its commit, and other requests' writes (claims too)
-// wait for it up to the busy timeout, then fail with 503. Keep
+// first Tx call to its commit, and other requests' writes (claims, replays
+// and in-progress conflicts too, whose claim is an upsert) wait for it up to
+// the busy timeout, then fail with 503. Keep
 // transactional handlers short on SQLite, or use PostgreSQL, which locks
 // only the record's row. Several processes on one host may share the file.
 //
 // # Cleanup
 //
 // The claim path never deletes records: run the idempotency package's
-// Reaper over the store. Its DELETE is bounded, re-checks the horizon on
-// every row, and on PostgreSQL skips rows that a running write holds.
+// Reaper over the store. Its DELETE is bounded (the Reaper yields between
+// batches), finds its rows through the two indexes (partial on PostgreSQL
+// and SQLite), re-checks the horizon on every row, and on PostgreSQL skips
+// rows that a running write holds (on MySQL it waits for them).
 package sqlstore

@@ -12,7 +12,7 @@ import (
 )
 
 // FuzzWithTable checks that any table name either is rejected with
-// ErrInvalidTable or is a plain identifier that appears verbatim in the
+// ErrInvalidConfig or is a plain identifier that appears verbatim in the
 // DDL, so that no name can smuggle SQL into the statements.
 func FuzzWithTable(f *testing.F) {
 	for _, s := range []string{"idempotency_records", "", "a;b", "x y", `"q"`, "s.t", "_1", "1a", "é", strings.Repeat("z", 60)} {
@@ -26,8 +26,8 @@ func FuzzWithTable(f *testing.F) {
 	f.Fuzz(func(t *testing.T, name string) {
 		s, err := sqlstore.Open(db, sqlstore.SQLite, sqlstore.WithTable(name))
 		if err != nil {
-			if !errors.Is(err, sqlstore.ErrInvalidTable) {
-				t.Fatalf("Open(%q): %v, want ErrInvalidTable", name, err)
+			if !errors.Is(err, sqlstore.ErrInvalidConfig) {
+				t.Fatalf("Open(%q): %v, want ErrInvalidConfig", name, err)
 			}
 			return
 		}

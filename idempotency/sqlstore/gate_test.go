@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"io"
 	"net/http"
 	"os"
@@ -20,7 +21,7 @@ import (
 )
 
 // TestGateCrossProcessOneKey is the cross-process concurrency gate: 4 server processes (internal/gateserver, built here) share one
-// PostgreSQL database; 400 concurrent requests with one key are spread over
+// PostgreSQL or MySQL database; 400 concurrent requests with one key are spread over
 // them. Exactly one business row exists afterwards, the handler ran once
 // (its non-transactional side effect is counted too: fencing and the
 // transaction alone would keep the row count at one even if two executions
@@ -30,26 +31,40 @@ func TestGateCrossProcessOneKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs 4 server processes")
 	}
-	dsn := pgDSN(t)
+	bin := buildGateServer(t)
+	t.Run("postgres", func(t *testing.T) {
+		dsn := pgDSN(t)
+		db := openPG(t)
+		var schema string
+		require.NoError(t, db.QueryRow(`SELECT current_schema()`).Scan(&schema))
+		gate(t, bin, db, sqlstore.Postgres, "pgx", withParam(dsn, "search_path", schema),
+			`CREATE TABLE charges (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL, pid INTEGER NOT NULL)`)
+	})
+	t.Run("mysql", func(t *testing.T) {
+		cfg := mysqlDatabaseConfig(t)
+		gate(t, bin, openMySQLConfig(t, cfg, nil), sqlstore.MySQL, "mysql", cfg.FormatDSN(),
+			`CREATE TABLE charges (id BIGINT AUTO_INCREMENT PRIMARY KEY, idem_key TEXT NOT NULL, pid INTEGER NOT NULL)`)
+	})
+}
+
+// gate runs the gate on db, which gateserver processes of driver open with
+// dsn; chargesDDL creates the business table in the database's dialect d.
+func gate(t *testing.T, bin string, db *sql.DB, d sqlstore.Dialect, driver, dsn, chargesDDL string) {
 	const (
 		processes = 4
 		requests  = 400
 	)
-	db := openPG(t)
-	var schema string
-	require.NoError(t, db.QueryRow(`SELECT current_schema()`).Scan(&schema))
-	s, err := sqlstore.Open(db, sqlstore.Postgres)
+	s, err := sqlstore.Open(db, d)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(t.Context()))
-	_, err = db.Exec(`CREATE TABLE charges (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL, pid INTEGER NOT NULL)`)
+	_, err = db.Exec(chargesDDL)
 	require.NoError(t, err)
 	_, err = db.Exec(`CREATE TABLE executions (idem_key TEXT NOT NULL, pid INTEGER NOT NULL)`)
 	require.NoError(t, err)
 
-	bin := buildGateServer(t)
 	var urls []string
 	for range processes {
-		urls = append(urls, startGateServer(t, bin, withParam(dsn, "search_path", schema)))
+		urls = append(urls, startGateServer(t, bin, driver, dsn))
 	}
 
 	type result struct {
@@ -172,9 +187,9 @@ func buildGateServer(t *testing.T) string {
 
 // startGateServer starts one process, waits for its "listening on" line and
 // registers its kill at cleanup. It returns the base URL.
-func startGateServer(t *testing.T, bin, dsn string) string {
+func startGateServer(t *testing.T, bin, driver, dsn string) string {
 	t.Helper()
-	cmd := exec.Command(bin, "-dsn", dsn, "-work", "1500ms", "-conns", "10")
+	cmd := exec.Command(bin, "-driver", driver, "-dsn", dsn, "-work", "1500ms", "-conns", "10")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr

@@ -5,6 +5,7 @@ go 1.25.0
 replace github.com/saferetry/saferetry => ../..
 
 require (
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/saferetry/saferetry v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
@@ -13,6 +14,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

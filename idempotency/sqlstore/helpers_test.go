@@ -29,6 +29,7 @@ type backend struct {
 var backends = []backend{
 	{name: "sqlite", dialect: sqlstore.SQLite, open: openSQLite},
 	{name: "postgres", dialect: sqlstore.Postgres, open: openPG},
+	{name: "mysql", dialect: sqlstore.MySQL, open: openMySQL}, // MariaDB in CI
 }
 
 // forEach runs f once per dialect in a subtest, each on its own database.

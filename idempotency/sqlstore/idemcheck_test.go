@@ -26,7 +26,7 @@ func TestIdemcheckPassesOnSQLStores(t *testing.T) {
 	const n = 8
 	forEach(t, func(t *testing.T, b backend) {
 		store, db := newStore(t, b)
-		_, err := db.Exec(`CREATE TABLE effects (id TEXT PRIMARY KEY)`)
+		_, err := db.Exec(`CREATE TABLE effects (id VARCHAR(255) PRIMARY KEY)`)
 		require.NoError(t, err)
 
 		accounts := map[string]string{"Bearer tok_1": "acct_1", "Bearer tok_2": "acct_2"}
@@ -35,7 +35,7 @@ func TestIdemcheckPassesOnSQLStores(t *testing.T) {
 				if a, ok := accounts[r.Header.Get("Authorization")]; ok {
 					return a, nil
 				}
-				return "", fmt.Errorf("unknown credentials")
+				return "", fmt.Errorf("unknown credentials: %w", idempotency.ErrPrincipalRefused)
 			}),
 			idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 		var next atomic.Int64
@@ -84,11 +84,11 @@ func TestIdemcheckPassesOnSQLStores(t *testing.T) {
 			"marker": idemcheck.Info,
 		}, got)
 
-		// The first request, the concurrent key, the mismatch control, the
-		// second principal and the two marker keys: six rows, one each.
+		// The first two requests, the concurrent key, the mismatch control,
+		// the second principal and the two marker keys: seven rows, one each.
 		var rows int
 		require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM effects`).Scan(&rows))
-		require.Equal(t, 6, rows)
+		require.Equal(t, 7, rows)
 	})
 }
 

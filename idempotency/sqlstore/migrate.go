@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/saferetry/saferetry/idempotency"
 )
@@ -18,6 +19,9 @@ import (
 // (never losing a record; run it again). Errors are *OpError with Op
 // "migrate".
 func (s *Store) Migrate(ctx context.Context) error {
+	if s.dialect == MySQL {
+		return s.mysqlMigrate(ctx)
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return opErr("migrate", err)
@@ -28,21 +32,21 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return opErr("migrate", err)
 	}
+	var stmts []string
 	if v1 {
-		for _, stmt := range []string{
-			"ALTER TABLE " + s.table + " RENAME TO " + old,
-			"DROP INDEX IF EXISTS " + s.table + "_lease_idx",
-			"DROP INDEX IF EXISTS " + s.table + "_updated_idx",
-		} {
-			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				return opErr("migrate", err)
-			}
-		}
+		stmts = append(stmts, "ALTER TABLE "+s.table+" RENAME TO "+old)
 	}
-	for _, stmt := range splitStatements(s.Schema()) {
+	for _, idx := range oldIndexes(s.table) {
+		stmts = append(stmts, "DROP INDEX IF EXISTS "+idx)
+	}
+	stmts = append(stmts, splitStatements(s.Schema())...)
+	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return opErr("migrate", err)
 		}
+	}
+	if err := s.setFillFactor(ctx, tx); err != nil {
+		return opErr("migrate", err)
 	}
 	if v1 {
 		if err := s.copyV1(ctx, tx, old); err != nil {
@@ -55,6 +59,22 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return opErr("migrate", tx.Commit())
 }
 
+// setFillFactor gives a PostgreSQL table of an earlier layout the
+// fillfactor of Schema's (it applies to the pages written from then on).
+func (s *Store) setFillFactor(ctx context.Context, tx *sql.Tx) error {
+	if s.dialect != Postgres {
+		return nil
+	}
+	var opts string
+	err := tx.QueryRowContext(ctx, `SELECT coalesce(array_to_string(reloptions, ','), '')
+FROM pg_class WHERE oid = to_regclass($1)`, s.table).Scan(&opts)
+	if err != nil || strings.Contains(","+opts+",", ",fillfactor="+fillFactor+",") {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, "ALTER TABLE "+s.table+" SET (fillfactor = "+fillFactor+")")
+	return err
+}
+
 // recoveryPointAsBytes turns a PostgreSQL table's TEXT recovery_point into
 // BYTEA, each value its UTF-8 bytes (what the Store wrote). SQLite keeps any
 // bytes in a TEXT column as they were: it needs nothing.
@@ -64,7 +84,8 @@ func (s *Store) recoveryPointAsBytes(ctx context.Context, tx *sql.Tx) error {
 	}
 	var typ string
 	err := tx.QueryRowContext(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-WHERE attrelid = to_regclass($1) AND attname = 'recovery_point' AND NOT attisdropped`, s.table).Scan(&typ)
+WHERE attrelid = to_regclass($1) AND attname = 'recovery_point' AND NOT attisdropped`,
+		s.table).Scan(&typ)
 	if err != nil || typ == "bytea" {
 		return err
 	}
@@ -105,7 +126,8 @@ const v1Page = 500
 // copyV1 copies every record of the v1-layout table old into the Store's
 // table, page by page in primary-key order.
 func (s *Store) copyV1(ctx context.Context, tx *sql.Tx, old string) error {
-	first := fmt.Sprintf(`SELECT %[2]s FROM %[1]s ORDER BY principal, method, route, idem_key LIMIT %[3]d`, old, columns, v1Page)
+	first := fmt.Sprintf(`SELECT %[2]s FROM %[1]s
+ORDER BY principal, method, route, idem_key LIMIT %[3]d`, old, columns, v1Page)
 	next := s.dialect.rebind(fmt.Sprintf(`SELECT %[2]s FROM %[1]s
 WHERE (principal, method, route, idem_key) > ($1, $2, $3, $4)
 ORDER BY principal, method, route, idem_key LIMIT %[3]d`, old, columns, v1Page))
@@ -151,7 +173,8 @@ ON CONFLICT (scope_hash) DO NOTHING`, s.table, columns))
 		}
 		// The keyset: the last row's TEXT parts, as the old table holds them.
 		p := page[len(page)-1]
-		last = []any{string(p[1].([]byte)), string(p[2].([]byte)), string(p[3].([]byte)), string(p[4].([]byte))}
+		last = []any{string(p[1].([]byte)), string(p[2].([]byte)), string(p[3].([]byte)),
+			string(p[4].([]byte))}
 	}
 }
 
@@ -167,8 +190,9 @@ func scanV1(rows *sql.Rows) ([]any, error) {
 		header                                   sql.NullString
 		created, updated, completed              int64
 	)
-	if err := rows.Scan(&principal, &method, &route, &key, &state, &fingerprint, &fpVersion, &owner, &generation,
-		&leaseUntil, &point, &recoveryData, &request, &status, &header, &body, &created, &updated, &completed); err != nil {
+	if err := rows.Scan(&principal, &method, &route, &key, &state, &fingerprint, &fpVersion,
+		&owner, &generation, &leaseUntil, &point, &recoveryData, &request, &status, &header,
+		&body, &created, &updated, &completed); err != nil {
 		return nil, err
 	}
 	var h http.Header
@@ -183,7 +207,8 @@ func scanV1(rows *sql.Rows) ([]any, error) {
 		st = status.Int64
 	}
 	sc := idempotency.Scope{Principal: principal, Method: method, Route: route, Key: key}
-	return []any{scopeHash(sc), []byte(principal), []byte(method), []byte(route), []byte(key), state, fingerprint,
-		fpVersion, owner, generation, leaseUntil, []byte(point), nullBytes(recoveryData), nullBytes(request), st,
-		nullBytes(encodeHeader(h)), nullBytes(body), created, updated, completed}, nil
+	return []any{scopeHash(sc), []byte(principal), []byte(method), []byte(route), []byte(key),
+		state, fingerprint, fpVersion, owner, generation, leaseUntil, []byte(point),
+		nullBytes(recoveryData), nullBytes(request), st, nullBytes(encodeHeader(h)),
+		nullBytes(body), created, updated, completed}, nil
 }

@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"database/sql"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +48,7 @@ CREATE INDEX %[1]s_updated_idx ON %[1]s (updated_at)`
 // replay and a takeover work on the copied records, and that the old table
 // is kept as <table>_v1.
 func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
-	forEach(t, func(t *testing.T, b backend) {
+	forEachUpgradable(t, func(t *testing.T, b backend) {
 		ctx := t.Context()
 		db := b.open(t)
 		blob := "BLOB"
@@ -130,7 +131,7 @@ func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
 // every record; a server that starts after it replays, takes over with the
 // recovery point, and stores a recovery point of any bytes.
 func TestMigrateTurnsATextRecoveryPointIntoBytes(t *testing.T) {
-	forEach(t, func(t *testing.T, b backend) {
+	forEachUpgradable(t, func(t *testing.T, b backend) {
 		ctx := t.Context()
 		var dsn string
 		open := openSQLite
@@ -195,5 +196,168 @@ func TestMigrateTurnsATextRecoveryPointIntoBytes(t *testing.T) {
 		got, err := s.Get(ctx, scope("busy"))
 		require.NoError(t, err)
 		require.Equal(t, odd, got.RecoveryPoint)
+	})
+}
+
+// indexedSchema is the DDL of the scope-digest layout with indexes on
+// (state, lease_until) and (updated_at), which every completion and every
+// recovery point changed (%[1]s the table, %[2]s the blob type).
+const indexedSchema = `CREATE TABLE %[1]s (
+	scope_hash          %[2]s    NOT NULL PRIMARY KEY,
+	principal           %[2]s    NOT NULL,
+	method              %[2]s    NOT NULL,
+	route               %[2]s    NOT NULL,
+	idem_key            %[2]s    NOT NULL,
+	state               SMALLINT NOT NULL CHECK (state IN (1, 2)),
+	fingerprint         TEXT     NOT NULL,
+	fingerprint_version INTEGER  NOT NULL,
+	owner               TEXT     NOT NULL,
+	generation          BIGINT   NOT NULL,
+	lease_until         BIGINT   NOT NULL,
+	recovery_point      %[2]s    NOT NULL DEFAULT '',
+	recovery_data       %[2]s,
+	request             %[2]s,
+	response_status     INTEGER,
+	response_header     %[2]s,
+	response_body       %[2]s,
+	created_at          BIGINT   NOT NULL,
+	updated_at          BIGINT   NOT NULL,
+	completed_at        BIGINT   NOT NULL DEFAULT 0
+);
+CREATE INDEX %[1]s_lease_idx ON %[1]s (state, lease_until);
+CREATE INDEX %[1]s_updated_idx ON %[1]s (updated_at)`
+
+// indexesOf lists the indexes of the store's table, by name (SQLite's
+// automatic index of the primary key as "pkey").
+// forEachUpgradable is forEach over the dialects that had a layout in an
+// earlier release: PostgreSQL and SQLite (the MySQL dialect came later;
+// TestMySQLMigrateTwiceAndConcurrently covers its Migrate).
+func forEachUpgradable(t *testing.T, f func(t *testing.T, b backend)) {
+	for _, b := range backends {
+		if b.dialect != sqlstore.MySQL {
+			t.Run(b.name, func(t *testing.T) { f(t, b) })
+		}
+	}
+}
+
+func indexesOf(t *testing.T, db *sql.DB, d sqlstore.Dialect) []string {
+	t.Helper()
+	q := `SELECT CASE WHEN name LIKE 'sqlite_autoindex_%' THEN 'pkey' ELSE name END
+FROM sqlite_master WHERE type = 'index' AND tbl_name = ? ORDER BY 1`
+	if d == sqlstore.Postgres {
+		q = `SELECT CASE WHEN indexname LIKE '%_pkey' THEN 'pkey' ELSE indexname END FROM pg_indexes
+WHERE schemaname = current_schema() AND tablename = $1 ORDER BY 1`
+	}
+	rows, err := db.Query(q, sqlstore.DefaultTable)
+	require.NoError(t, err)
+	defer func() { _ = rows.Close() }()
+	var out []string
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		out = append(out, n)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// TestMigrateUpgradesTheIndexesInPlace fills a table of the layout indexed
+// on (state, lease_until) and (updated_at) with records written through the
+// Store (completed ones past and inside the cleanup horizon, one in
+// progress with an expired lease and a recovery point, one live), runs
+// Migrate twice, and checks that the table is the same (no copy), every
+// record reads back as it was, the indexes are Schema's two partial ones
+// (and on PostgreSQL the fillfactor is set), and the background jobs and
+// the claims work on it.
+func TestMigrateUpgradesTheIndexesInPlace(t *testing.T) {
+	forEachUpgradable(t, func(t *testing.T, b backend) {
+		ctx := t.Context()
+		db := b.open(t)
+		blob := "BLOB"
+		if b.dialect == sqlstore.Postgres {
+			blob = "BYTEA"
+		}
+		for _, stmt := range strings.Split(fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob), ";") {
+			_, err := db.Exec(stmt)
+			require.NoError(t, err)
+		}
+		require.Equal(t, []string{"idempotency_records_lease_idx", "idempotency_records_updated_idx", "pkey"},
+			indexesOf(t, db, b.dialect))
+		s, err := sqlstore.Open(db, b.dialect)
+		require.NoError(t, err)
+
+		old, recent := t0, t0.Add(100*time.Hour)
+		const many = 300
+		var scopes []idempotency.Scope
+		for i := range many {
+			at := old
+			if i%2 == 1 {
+				at = recent
+			}
+			sc := scope(fmt.Sprintf("done-%03d", i))
+			rec, won, err := claimed(s.Claim(ctx, claimAt(sc, "A", "fp", at)))
+			require.NoError(t, err)
+			require.True(t, won)
+			require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201,
+				Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(sc.Key)}, at))
+			scopes = append(scopes, sc)
+		}
+		stale, _, err := claimed(s.Claim(ctx, claimAt(scope("stale"), "A", "fp", recent)))
+		require.NoError(t, err)
+		require.NoError(t, s.SetRecoveryPoint(ctx, stale.Lease(), "charged", []byte("ch_1"), recent))
+		live := recent.Add(time.Minute)
+		_, _, err = claimed(s.Claim(ctx, claimAt(scope("live"), "A", "fp", live)))
+		require.NoError(t, err)
+		scopes = append(scopes, scope("stale"), scope("live"))
+		before := map[idempotency.Scope]idempotency.Record{}
+		for _, sc := range scopes {
+			rec, err := s.Get(ctx, sc)
+			require.NoError(t, err)
+			before[sc] = rec
+		}
+		var oid string
+		if b.dialect == sqlstore.Postgres {
+			require.NoError(t, db.QueryRow(`SELECT $1::regclass::oid::text`, sqlstore.DefaultTable).Scan(&oid))
+		}
+
+		require.NoError(t, s.Migrate(ctx))
+		require.NoError(t, s.Migrate(ctx), "a second Migrate changes nothing")
+
+		require.Equal(t, []string{"idempotency_records_done_idx", "idempotency_records_pending_idx", "pkey"},
+			indexesOf(t, db, b.dialect))
+		if b.dialect == sqlstore.Postgres {
+			var after, opts string
+			require.NoError(t, db.QueryRow(`SELECT oid::text, array_to_string(reloptions, ',') FROM pg_class
+WHERE oid = $1::regclass`, sqlstore.DefaultTable).Scan(&after, &opts))
+			require.Equal(t, oid, after, "the same table, upgraded in place")
+			require.Equal(t, "fillfactor=80", opts)
+		}
+		require.Equal(t, len(scopes), count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable))
+		for _, sc := range scopes {
+			rec, err := s.Get(ctx, sc)
+			require.NoError(t, err)
+			require.Equal(t, before[sc], rec, "record %q", sc.Key)
+		}
+
+		// The jobs and the claims on the upgraded table.
+		now := live.Add(time.Second)
+		abandoned, err := s.Abandoned(ctx, now, 10)
+		require.NoError(t, err)
+		require.Len(t, abandoned, 1)
+		require.Equal(t, scope("stale"), abandoned[0].Scope)
+		n, err := s.DeleteBefore(ctx, old.Add(time.Hour), 1000)
+		require.NoError(t, err)
+		require.Equal(t, many/2, n, "the completed records past the horizon")
+		replay, err := s.Claim(ctx, claimAt(scope("done-001"), "B", "fp", now))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.ClaimExisting, replay.Outcome)
+		require.Equal(t, "done-001", string(replay.Record.Response.Body))
+		taken, err := s.Claim(ctx, claimAt(scope("stale"), "B", "fp", now))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.ClaimTakenOver, taken.Outcome)
+		require.Equal(t, "charged", taken.Record.RecoveryPoint)
+		busy, err := s.Claim(ctx, claimAt(scope("live"), "B", "fp", now))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.ClaimExisting, busy.Outcome)
 	})
 }

@@ -84,8 +84,9 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 		name string
 		// setup leaves a record "k" past the horizon.
 		setup func(t *testing.T, s *sqlstore.Store) idempotency.Record
-		// write makes the concurrent write in tx (or in a unit it returns,
-		// whose Commit ends it) and returns what commits it.
+		// write makes the concurrent write in tx (or in a unit whose
+		// transaction it began, whose Commit ends it) and returns what
+		// commits it.
 		write func(t *testing.T, s *sqlstore.Store, db *sql.DB, stale idempotency.Record) (commit func() error)
 		// check asserts the record after the commit.
 		check func(t *testing.T, rec idempotency.Record)
@@ -162,9 +163,11 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 				return rec
 			},
 			write: func(t *testing.T, s *sqlstore.Store, _ *sql.DB, stale idempotency.Record) func() error {
-				u, _, err := s.Begin(t.Context(), stale.Lease())
+				u, uctx, err := s.Begin(t.Context(), stale.Lease())
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = u.Rollback() })
+				_, began := sqlstore.Tx(uctx) // as a handler that writes: the unit's transaction is open
+				require.True(t, began)
 				require.NoError(t, u.Complete(t.Context(), idempotency.Response{Status: 201, Body: []byte("done")}, now))
 				return u.Commit
 			},
@@ -182,9 +185,11 @@ func TestPostgresReaperSparesARecordAConcurrentWriteRevives(t *testing.T) {
 				return rec
 			},
 			write: func(t *testing.T, s *sqlstore.Store, _ *sql.DB, stale idempotency.Record) func() error {
-				u, _, err := s.Begin(t.Context(), stale.Lease())
+				u, uctx, err := s.Begin(t.Context(), stale.Lease())
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = u.Rollback() })
+				_, began := sqlstore.Tx(uctx) // as a handler that writes: the unit's transaction is open
+				require.True(t, began)
 				require.NoError(t, u.SetRecoveryPoint(t.Context(), "charged", []byte("ch_1"), now))
 				return u.Commit
 			},

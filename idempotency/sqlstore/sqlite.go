@@ -16,17 +16,18 @@ const SQLiteBusyTimeoutMillis = 10000
 // SQLiteDSN returns the recommended modernc.org/sqlite data source name for a
 // database file at path:
 //
-//	file:<path>?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate
+//	file:<path>?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)
+//		&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate
 //
-// WAL lets readers run beside the one writer; busy_timeout makes a writer
-// wait for the lock instead of failing at once; _txlock=immediate makes every
-// transaction BEGIN IMMEDIATE, taking the write lock up front so that a
-// transaction that reads and then writes can never fail half-way with
-// SQLITE_BUSY (the unit of work that Begin starts does exactly that);
-// foreign_keys is on because SQLite leaves it off. Characters of path that
-// are special in a URI ('%', '?', '#') are percent-escaped. The result is for
-// sql.Open("sqlite", ...); other SQLite drivers spell their parameters
-// differently.
+// (one line, without the break and the indent). WAL lets readers run beside
+// the one writer; busy_timeout makes a writer wait for the lock instead of
+// failing at once; _txlock=immediate makes every transaction BEGIN IMMEDIATE,
+// taking the write lock up front so that a transaction that reads and then
+// writes can never fail half-way with SQLITE_BUSY (the unit of work that Begin
+// starts does exactly that); foreign_keys is on because SQLite leaves it off.
+// Characters of path that are special in a URI ('%', '?', '#') are
+// percent-escaped. The result is for sql.Open("sqlite", ...); other SQLite
+// drivers spell their parameters differently.
 //
 // Keep several open connections (database/sql's default is unlimited; a
 // small number such as 4 to 8 via db.SetMaxOpenConns is plenty): with
@@ -45,8 +46,8 @@ const SQLiteBusyTimeoutMillis = 10000
 // another connection writes. Use this DSN.
 func SQLiteDSN(path string) string {
 	r := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
-	return "file:" + r.Replace(path) +
-		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate"
+	return "file:" + r.Replace(path) + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)" +
+		"&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate"
 }
 
 // checkSQLite refuses a SQLite pool whose connections would fail under
@@ -79,7 +80,7 @@ func checkSQLite(ctx context.Context, db *sql.DB) error {
 			return opErr("open", err)
 		}
 		if ms < MinSQLiteBusyTimeoutMillis {
-			return fmt.Errorf("%w (busy_timeout is %d ms on a connection of the pool, at least %d needed)",
+			return fmt.Errorf("%w (busy_timeout is %d ms on a connection of the pool, at least %d)",
 				ErrSQLiteBusyTimeout, ms, MinSQLiteBusyTimeoutMillis)
 		}
 	}
@@ -106,7 +107,8 @@ func checkImmediate(ctx context.Context, a, b *sql.Conn) error {
 	if _, err := b.ExecContext(ctx, "PRAGMA busy_timeout = 0"); err != nil {
 		return opErr("open", err)
 	}
-	defer func() { _, _ = b.ExecContext(context.Background(), "PRAGMA busy_timeout = "+strconv.FormatInt(ms, 10)) }()
+	restore := "PRAGMA busy_timeout = " + strconv.FormatInt(ms, 10)
+	defer func() { _, _ = b.ExecContext(context.Background(), restore) }()
 	if _, err := b.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		return nil // a holds the write lock: its transactions begin immediate
 	}

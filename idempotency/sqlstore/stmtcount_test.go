@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -23,9 +25,33 @@ import (
 
 // stmtLog records every statement a database handle sends: each Exec and
 // Query, and BEGIN, COMMIT and ROLLBACK, which cost a round trip as well.
+// With a hook set (afterNext), it also runs code of the test's own right
+// after a statement has run.
 type stmtLog struct {
 	mu    sync.Mutex
 	stmts []string
+	after func() // run once after the next statement (a query's once its rows are closed)
+}
+
+// afterNext makes f run once, on the goroutine that sent it, right after
+// the next statement any connection of the handle runs: between two
+// statements of one Store call, where another client's write can land.
+// f's own statements do not trigger it again.
+func (l *stmtLog) afterNext(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.after = f
+}
+
+// ran is called by the connections after each statement.
+func (l *stmtLog) ran() {
+	l.mu.Lock()
+	f := l.after
+	l.after = nil
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 func (l *stmtLog) add(q string) {
@@ -48,7 +74,8 @@ func (l *stmtLog) since(m int) []string {
 }
 
 // pgTracer counts the statements of a pgx connection (pgx traces BEGIN and
-// COMMIT as the statements they are).
+// COMMIT as the statements they are). pgx ends a query's trace when its
+// rows are closed.
 type pgTracer struct{ log *stmtLog }
 
 func (p pgTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -56,7 +83,7 @@ func (p pgTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQ
 	return ctx
 }
 
-func (pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (p pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) { p.log.ran() }
 
 // openCounted opens a fresh database of b's dialect whose statements are
 // recorded: on PostgreSQL through a pgx QueryTracer (pgx.ParseConfig, the
@@ -65,6 +92,9 @@ func (pgTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData)
 func openCounted(t *testing.T, b backend) (*sql.DB, *stmtLog) {
 	t.Helper()
 	log := &stmtLog{}
+	if b.dialect == sqlstore.MySQL {
+		return openMySQLConfig(t, mysqlDatabaseConfig(t), log), log
+	}
 	var db *sql.DB
 	if b.dialect == sqlstore.Postgres {
 		cfg, err := pgx.ParseConfig(pgSchemaDSN(t))
@@ -120,12 +150,31 @@ type countingStmt struct {
 
 func (s countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	s.log.add(s.q)
+	defer s.log.ran()
 	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 }
 
 func (s countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	s.log.add(s.q)
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	rows, err := s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	if err != nil {
+		s.log.ran()
+		return nil, err
+	}
+	return countingRows{Rows: rows, log: s.log}, nil
+}
+
+// countingRows reports its statement as run when it is closed: SQLite
+// holds a writing statement's lock until then.
+type countingRows struct {
+	driver.Rows
+	log *stmtLog
+}
+
+func (r countingRows) Close() error {
+	err := r.Rows.Close()
+	r.log.ran()
+	return err
 }
 
 func (c countingConn) Close() error { return c.conn.Close() }
@@ -145,12 +194,18 @@ func (c countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (drive
 
 func (c countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	c.log.add(q)
+	defer c.log.ran()
 	return c.conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 }
 
 func (c countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
 	c.log.add(q)
-	return c.conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+	rows, err := c.conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+	if err != nil {
+		c.log.ran()
+		return nil, err
+	}
+	return countingRows{Rows: rows, log: c.log}, nil
 }
 
 func (c countingConn) ResetSession(ctx context.Context) error {
@@ -166,6 +221,7 @@ type countingTx struct {
 
 func (t countingTx) Commit() error {
 	t.log.add("COMMIT")
+	defer t.log.ran()
 	return t.tx.Commit()
 }
 
@@ -175,8 +231,9 @@ func (t countingTx) Rollback() error {
 }
 
 // losingClaim checks the statements of a claim that changed nothing: on
-// PostgreSQL one; on SQLite two, the claim (whose RETURNING gives only rows
-// it wrote) and the read of the record to answer from.
+// PostgreSQL one; on SQLite and MySQL two, the claim (SQLite's RETURNING
+// gives only rows it wrote, MySQL has none; MySQL's INSERT fails on the
+// duplicate key) and the read of the record to answer from.
 func losingClaim(t *testing.T, d sqlstore.Dialect, stmts []string, what string) {
 	t.Helper()
 	if d == sqlstore.Postgres {
@@ -190,9 +247,10 @@ func losingClaim(t *testing.T, d sqlstore.Dialect, stmts []string, what string) 
 
 // TestStatementsPerStoreCall counts the statements of the Store's calls on
 // a request's path: a claim that wins is one statement, and so is one that
-// finds a completed record or one in progress on PostgreSQL (two on SQLite,
-// see losingClaim); a completion outside a unit is one conditional UPDATE
-// in autocommit (no BEGIN or COMMIT).
+// finds a completed record or one in progress on PostgreSQL (two on SQLite
+// and MySQL, see losingClaim); a completion outside a unit is one
+// conditional UPDATE in autocommit (no BEGIN or COMMIT); a takeover and a
+// restart past the window are counted per dialect.
 func TestStatementsPerStoreCall(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		db, log := openCounted(t, b)
@@ -228,13 +286,45 @@ func TestStatementsPerStoreCall(t *testing.T) {
 		require.Equal(t, idempotency.InProgress, got.State)
 		require.Equal(t, "A", got.Owner)
 		losingClaim(t, b.dialect, log.since(m), "claim of an in-progress record")
+
+		// A claim that wins an existing record: on MySQL the INSERT, the
+		// read, and the locking transaction; a takeover is one statement
+		// on PostgreSQL and SQLite, a restart one on PostgreSQL and three
+		// on SQLite (the upsert, the read, the UPDATE).
+		later := t0.Add(2 * time.Hour) // past the leases and the 1 h window
+		for _, tc := range []struct {
+			key            string
+			pg, sqlite, my string
+			outcome        idempotency.ClaimOutcome
+		}{
+			{"busy", "WITH", "INSERT", "INSERT SELECT BEGIN SELECT UPDATE COMMIT",
+				idempotency.ClaimTakenOver},
+			{"fresh", "WITH", "INSERT SELECT UPDATE", "INSERT SELECT BEGIN SELECT UPDATE COMMIT",
+				idempotency.ClaimCreated},
+		} {
+			m = log.mark()
+			res, err := s.Claim(ctx, claimAt(scope(tc.key), "C", "fp", later))
+			require.NoError(t, err)
+			require.Equal(t, tc.outcome, res.Outcome, tc.key)
+			want := map[sqlstore.Dialect]string{sqlstore.Postgres: tc.pg, sqlstore.SQLite: tc.sqlite,
+				sqlstore.MySQL: tc.my}[b.dialect]
+			var got []string
+			for _, st := range log.since(m) {
+				got = append(got, strings.Fields(st)[0])
+			}
+			require.Equal(t, want, strings.Join(got, " "), "%s: %q", tc.key, brief(log.since(m)))
+		}
 	})
 }
 
 // TestStatementsPerRequest counts what the middleware sends to each SQL
 // store per guarded request: a fresh key whose handler writes nothing is
-// two statements (claim and completion); a replay and an in-progress 409
-// are one statement each on PostgreSQL, two on SQLite (see losingClaim).
+// two statements (claim and completion); one whose handler writes through
+// Tx adds BEGIN and COMMIT around its own statements and the completion; a
+// phase adds its recovery point, one statement when its function writes
+// nothing through Tx, in the phase's BEGIN and COMMIT when it does; a
+// replay and an in-progress 409 are one statement each on PostgreSQL, two
+// on SQLite and MySQL (see losingClaim).
 func TestStatementsPerRequest(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		db, log := openCounted(t, b)
@@ -242,11 +332,38 @@ func TestStatementsPerRequest(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, s.Migrate(t.Context()))
 
+		_, err = db.Exec(`CREATE TABLE notes (id TEXT)`)
+		require.NoError(t, err)
+		note := func(ctx context.Context) error {
+			tx, ok := sqlstore.Tx(ctx)
+			if !ok {
+				return errors.New("no transaction")
+			}
+			_, err := tx.ExecContext(ctx, `INSERT INTO notes (id) VALUES ('n')`)
+			return err
+		}
 		entered, release := make(chan struct{}, 1), make(chan struct{})
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Query().Has("block") {
+			q := r.URL.Query()
+			if q.Has("block") {
 				entered <- struct{}{}
 				<-release
+			}
+			if q.Has("phase") {
+				run, _ := idempotency.FromContext(r.Context())
+				if _, err := run.Phase(r.Context(), "p", func(ctx context.Context) ([]byte, error) {
+					if q.Get("phase") == "tx" {
+						return nil, note(ctx)
+					}
+					return nil, nil
+				}); err != nil {
+					w.WriteHeader(http.StatusInternalServerError)
+					return
+				}
+			}
+			if q.Has("tx") && note(r.Context()) != nil {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
 			}
 			w.WriteHeader(http.StatusCreated)
 			_, _ = io.WriteString(w, `{"id":"pay_1"}`)
@@ -287,6 +404,25 @@ func TestStatementsPerRequest(t *testing.T) {
 		// fenced UPDATE in autocommit (no BEGIN, no COMMIT).
 		require.Len(t, fresh, 2, "fresh key, handler writes nothing: %q", brief(fresh))
 		require.True(t, strings.HasPrefix(fresh[1], "UPDATE "), "fresh key: %q", brief(fresh))
+
+		for _, tc := range []struct{ query, want string }{
+			{"?tx", "claim BEGIN INSERT UPDATE COMMIT"},
+			{"?phase", "claim UPDATE UPDATE"},
+			{"?phase=tx", "claim BEGIN INSERT UPDATE COMMIT UPDATE"},
+			{"?phase=tx&tx", "claim BEGIN INSERT UPDATE COMMIT BEGIN INSERT UPDATE COMMIT"},
+		} {
+			m = log.mark()
+			require.Equal(t, http.StatusCreated, send(tc.query, "k"+tc.query))
+			var got []string
+			for i, st := range log.since(m) {
+				if i == 0 {
+					got = append(got, "claim")
+					continue
+				}
+				got = append(got, strings.ToUpper(strings.Fields(st)[0]))
+			}
+			require.Equal(t, tc.want, strings.Join(got, " "), "%s: %q", tc.query, brief(log.since(m)))
+		}
 	})
 }
 

@@ -16,33 +16,33 @@ import (
 
 // Errors returned by Open and by the Store's methods.
 var (
-	// ErrNilDB is returned by Open when db is nil.
-	ErrNilDB = errors.New("sqlstore: nil *sql.DB")
-	// ErrUnknownDialect is returned by Open for a Dialect other than
-	// Postgres or SQLite.
-	ErrUnknownDialect = errors.New("sqlstore: unknown dialect")
-	// ErrInvalidTable is returned by Open when the WithTable name is not a
-	// plain identifier of 1 to 48 ASCII letters, digits or underscores that
-	// does not start with a digit.
-	ErrInvalidTable = errors.New("sqlstore: invalid table name")
+	// ErrInvalidConfig is matched (errors.Is) by the error Open returns for
+	// arguments it cannot use, whose message names the argument: a nil
+	// *sql.DB, a Dialect other than Postgres, SQLite or MySQL, or a
+	// WithTable name that is not a plain identifier of 1 to 48 ASCII
+	// letters, digits or underscores that does not start with a digit.
+	ErrInvalidConfig = errors.New("sqlstore: invalid config")
 	// ErrSerialization is matched (errors.Is) by an *OpError whose cause is
 	// a PostgreSQL serialization failure (SQLSTATE 40001) or deadlock
-	// (40P01): a retryable store error, not a lost lease, since nothing of
-	// the statement's transaction committed. The Store runs a stand-alone
-	// statement up to three times before returning it; a Unit returns it at
-	// once (its transaction is gone).
+	// (40P01), or a MySQL deadlock (1213) or lock wait timeout (1205): a
+	// retryable store error, not a lost lease, since nothing of the
+	// statement committed. The Store runs a stand-alone statement up to
+	// three times before returning it; a Unit returns it at once (its
+	// transaction is gone).
 	ErrSerialization = errors.New("sqlstore: serialization failure or deadlock")
 	// ErrSQLiteBusyTimeout is returned by Open for a SQLite database whose
 	// connection waits less than MinSQLiteBusyTimeoutMillis for the write
 	// lock (SQLite's default, and database/sql's with a bare file name, is
 	// 0: fail at once). Such a store answers 503 to a share of concurrent
 	// requests with SQLITE_BUSY as soon as two of them write at once.
-	ErrSQLiteBusyTimeout = errors.New(`sqlstore: SQLite database without a busy timeout; open it with sql.Open("sqlite", sqlstore.SQLiteDSN(path))`)
+	ErrSQLiteBusyTimeout = errors.New("sqlstore: SQLite database without a busy timeout; " +
+		`open it with sql.Open("sqlite", sqlstore.SQLiteDSN(path))`)
 	// ErrSQLiteDeferredTx is returned by Open for a SQLite database whose
 	// transactions begin deferred (without _txlock=immediate in the DSN):
 	// a unit that reads before it writes then fails with SQLITE_BUSY, not
 	// waiting for the busy timeout, as soon as another connection writes.
-	ErrSQLiteDeferredTx = errors.New(`sqlstore: SQLite transactions begin deferred; open the database with sql.Open("sqlite", sqlstore.SQLiteDSN(path)) (_txlock=immediate)`)
+	ErrSQLiteDeferredTx = errors.New("sqlstore: SQLite transactions begin deferred; " +
+		`open the database with sql.Open("sqlite", sqlstore.SQLiteDSN(path)) (_txlock=immediate)`)
 )
 
 // MinSQLiteBusyTimeoutMillis is the smallest busy_timeout Open accepts on a
@@ -73,12 +73,16 @@ func (e *OpError) Is(target error) bool {
 }
 
 // isSerialization reports whether err is a database error with SQLSTATE
-// 40001 (serialization_failure) or 40P01 (deadlock_detected). Drivers expose
-// it through a SQLState method (pgx's *pgconn.PgError, lib/pq's *pq.Error);
-// the package imports no driver.
+// 40001 (serialization_failure) or 40P01 (deadlock_detected), or a MySQL
+// deadlock or lock wait timeout (isMySQLRetryable). PostgreSQL drivers
+// expose the SQLSTATE through a SQLState method (pgx's *pgconn.PgError,
+// lib/pq's *pq.Error); the package imports no driver.
 func isSerialization(err error) bool {
 	if err == nil {
 		return false
+	}
+	if isMySQLRetryable(err) {
+		return true
 	}
 	var se interface{ SQLState() string }
 	if !errors.As(err, &se) {
@@ -97,9 +101,11 @@ const statementTries = 3
 // REPEATABLE READ or SERIALIZABLE, a conditional write that waited for a row
 // a concurrent takeover changed fails with SQLSTATE 40001 instead of seeing
 // the new row, and running it again on a fresh snapshot gives the READ
-// COMMITTED answer (usually ErrLeaseLost). Nothing of a rolled-back
-// statement committed, so running it again is safe. Statements of a Unit are
-// never retried here.
+// COMMITTED answer (usually ErrLeaseLost); on MySQL, claims of one key
+// deadlock in InnoDB's duplicate check, and a statement that waited for a
+// row lock longer than innodb_lock_wait_timeout fails. Nothing of a
+// rolled-back statement committed, so running it again is safe. Statements
+// of a Unit are never retried here.
 func retried[T any](f func() (T, error)) (T, error) {
 	var (
 		v   T
@@ -136,18 +142,18 @@ type config struct {
 
 // WithTable sets the table name (default DefaultTable, "idempotency_records").
 // The name must be a plain unquoted identifier: 1 to 48 ASCII letters,
-// digits or underscores, not starting with a digit; Open returns
-// ErrInvalidTable otherwise. Two Stores with different tables in one database
-// are independent.
+// digits or underscores, not starting with a digit; Open returns an error
+// matching ErrInvalidConfig otherwise. Two Stores with different tables in
+// one database are independent.
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
 }
 
 // Store is an idempotency.Store and idempotency.Transactor over database/sql.
-// It is safe for concurrent use by many goroutines and, with PostgreSQL (or
-// SQLite on one host, through the file's locks), by many processes sharing
-// the same table. It never reads a clock: every time comes from its
-// arguments.
+// It is safe for concurrent use by many goroutines and, with PostgreSQL or
+// MySQL (or SQLite on one host, through the file's locks), by many
+// processes sharing the same table. It never reads a clock: every time
+// comes from its arguments.
 type Store struct {
 	db      *sql.DB
 	stmts   *stmtCache // runs the stand-alone statements on db
@@ -162,25 +168,26 @@ var (
 )
 
 // Open returns a Store over db, whose driver must speak d (for example
-// sql.Open("pgx", dsn) or sql.Open("sqlite", SQLiteDSN(path))). It does not
-// change the database: call Migrate (or run Schema's DDL yourself) before
-// use. It runs one query to identify the database and refuses one that d
-// does not name (*DialectError). On SQLite it checks the pool's connections
-// (those open and a new one): a busy timeout under
-// MinSQLiteBusyTimeoutMillis is refused with ErrSQLiteBusyTimeout (a PRAGMA
-// run through the *sql.DB reaches one connection only: set it in the DSN),
-// transactions that begin deferred with ErrSQLiteDeferredTx; SQLiteDSN sets
-// both right. On SQLite the Store prepares its statements on db once: keep
-// one Store per table. Errors: ErrNilDB, ErrUnknownDialect,
-// ErrInvalidTable, *DialectError, ErrSQLiteBusyTimeout, ErrSQLiteDeferredTx,
-// or an *OpError with Op "open" when a check cannot run (each is bounded by
-// 10 seconds).
+// sql.Open("pgx", dsn), sql.Open("sqlite", SQLiteDSN(path)) or
+// sql.Open("mysql", dsn)). It does not change the database: call Migrate
+// (or run Schema's DDL yourself) before use. It runs one query to identify
+// the database and refuses one that d does not name (*DialectError). On
+// SQLite it checks the pool's connections (those open and a new one): a
+// busy timeout under MinSQLiteBusyTimeoutMillis is refused with
+// ErrSQLiteBusyTimeout (a PRAGMA run through the *sql.DB reaches one
+// connection only: set it in the DSN), transactions that begin deferred
+// with ErrSQLiteDeferredTx; SQLiteDSN sets both right. On SQLite and MySQL
+// the Store prepares its statements on db once: keep one Store per table.
+// Errors: one matching ErrInvalidConfig (a nil db, an unknown dialect, a
+// bad table name), *DialectError, ErrSQLiteBusyTimeout,
+// ErrSQLiteDeferredTx, or an *OpError with Op "open" when a check cannot
+// run (each is bounded by 10 seconds).
 func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, ErrNilDB
+		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidConfig)
 	}
 	if !d.valid() {
-		return nil, fmt.Errorf("%w: %v", ErrUnknownDialect, d)
+		return nil, fmt.Errorf("%w: unknown dialect %v", ErrInvalidConfig, d)
 	}
 	c := config{table: DefaultTable}
 	for _, o := range opts {
@@ -189,7 +196,8 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		}
 	}
 	if !validTable(c.table) {
-		return nil, fmt.Errorf("%w: %q", ErrInvalidTable, c.table)
+		return nil, fmt.Errorf("%w: table name %q is not a plain identifier of 1 to %d characters",
+			ErrInvalidConfig, c.table, maxTableLen)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
@@ -201,21 +209,19 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	return &Store{db: db, stmts: &stmtCache{db: db, prepare: d == SQLite}, dialect: d, table: c.table, q: buildQueries(d, c.table)}, nil
+	return &Store{
+		db: db, stmts: &stmtCache{db: db, prepare: d != Postgres},
+		dialect: d, table: c.table, q: buildQueries(d, c.table),
+	}, nil
 }
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
 // table: one CREATE TABLE IF NOT EXISTS whose primary key is scope_hash (the
 // SHA-256 of the scope's parts, which are kept beside it) and two CREATE
-// INDEX IF NOT EXISTS (for the completer's and the reaper's scans). Times
-// are integer Unix nanoseconds (UTC) in both dialects.
+// INDEX IF NOT EXISTS (for the completer's and the reaper's scans; on
+// MySQL, two INDEX clauses of the CREATE TABLE, which is the whole DDL).
+// Times are integer Unix nanoseconds (UTC) in every dialect.
 func (s *Store) Schema() string { return schema(s.dialect, s.table) }
-
-// Table returns the table name the Store uses.
-func (s *Store) Table() string { return s.table }
-
-// Dialect returns the Store's dialect.
-func (s *Store) Dialect() Dialect { return s.dialect }
 
 // splitStatements splits the DDL on its semicolons (the schema has none
 // inside a statement).
@@ -229,56 +235,91 @@ func splitStatements(ddl string) []string {
 	return out
 }
 
-// Claim implements idempotency.Store.Claim with one statement that decides
-// the claim (see the package documentation, "Claims and fences"): it
-// creates, restarts or takes over the record only if the row under the
-// scope's digest holds the same scope parts, and otherwise changes nothing.
-// When that statement returns no row (on SQLite, every claim that changes
-// nothing; on PostgreSQL, a record inserted by a transaction that committed
-// after the statement began) a second statement reads the record to answer
-// from. A row under the digest that holds another scope (a SHA-256
-// collision) is never changed: the claim fails. Errors are *OpError with Op
-// "claim".
+// Claim implements idempotency.Store.Claim (see the package documentation,
+// "Claims and fences"). It creates, restarts or takes over the record only
+// if the row under the scope's digest holds the same scope parts, and
+// otherwise changes nothing; every answer is the record as one statement
+// saw it, at a moment between the call and its return. Its first statement
+// decides the claim on PostgreSQL unless a concurrent write changed the
+// record under it; on SQLite it creates the record or takes it over, and
+// on MySQL it creates it. When that statement returns no record to answer
+// from (on SQLite and MySQL, every claim that meets a record it does not
+// win; on PostgreSQL, a record committed after the statement began) a read
+// fetches the record; when the claim wins that record (it changed since
+// the first statement, or the first statement could not win it: a restart
+// on SQLite, any takeover or restart on MySQL), one more step wins it: a
+// conditional UPDATE, or on MySQL a short locking transaction. A record
+// that changes under each of these again makes the claim start over, at
+// most three rounds. A row under the digest that holds another scope (a
+// SHA-256 collision) is never changed: the claim fails. Errors are
+// *OpError with Op "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
-	// The loop only repeats when the record that beat the claim vanished
-	// (released or reaped) before it could be read: then it claims again.
-	for range 3 {
-		res, err := retried(func() (idempotency.ClaimResult, error) { return s.claimOnce(ctx, s.stmts, c) })
-		if err == nil && (res.Acquired() || !wouldWin(res.Record, c)) {
-			return res, nil
-		}
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+	for range claimRounds {
+		res, decided, err := s.claimRound(ctx, c)
+		if err != nil {
 			return idempotency.ClaimResult{}, opErr("claim", err)
 		}
-		// The statement changed nothing and returned no row, or (on
-		// PostgreSQL) a version of the record it would have won, older than
-		// the one its conflict check saw. This read decides nothing: it
-		// only fetches what to answer.
-		res, err = retried(func() (idempotency.ClaimResult, error) {
-			return scanClaim(s.stmts.QueryRowContext(ctx, s.q.existing, scopeArgs(c.Scope)...), c)
-		})
-		if err == nil {
+		if decided {
 			return res, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return idempotency.ClaimResult{}, opErr("claim", err)
-		}
-		if c.TakeoverOnly {
-			return idempotency.ClaimResult{}, nil // nothing to take over
 		}
 	}
-	return idempotency.ClaimResult{}, opErr("claim", errors.New("record kept vanishing between claim and read"))
+	return idempotency.ClaimResult{}, opErr("claim", errKeptChanging)
 }
 
-// wouldWin reports whether c wins rec by the claim statement's condition. A
-// record that a claim returned without winning it, yet satisfies the
-// condition, is an older version than the one the statement's conflict
-// check saw: another claim won it meanwhile.
+// claimRounds bounds the rounds of a claim.
+const claimRounds = 3
+
+var errKeptChanging = errors.New("the record kept changing between the claim's statements")
+
+// claimRound runs one round of c: it reports the answer and true, or false
+// when the record changed between its statements in a way that leaves c
+// undecided (the claim then starts over).
+func (s *Store) claimRound(ctx context.Context, c idempotency.Claim) (
+	idempotency.ClaimResult, bool, error) {
+	res, err := retried(func() (idempotency.ClaimResult, error) {
+		return s.claimOnce(ctx, s.stmts, c)
+	})
+	switch {
+	case err == nil && (res.Acquired() || !wouldWin(res.Record, c)):
+		return res, true, nil
+	case err != nil && !errors.Is(err, sql.ErrNoRows):
+		return idempotency.ClaimResult{}, false, err
+	}
+	// The statement returned no row, or (on PostgreSQL) the version of the
+	// record its snapshot held, which it would have won but found changed.
+	res, err = retried(func() (idempotency.ClaimResult, error) {
+		return scanClaim(s.stmts.QueryRowContext(ctx, s.q.existing, existingArgs(c.Scope)...), c)
+	})
+	switch {
+	case errors.Is(err, sql.ErrNoRows): // released or reaped meanwhile
+		return idempotency.ClaimResult{}, c.TakeoverOnly, nil // nothing to take over
+	case err != nil:
+		return idempotency.ClaimResult{}, false, err
+	case !wouldWin(res.Record, c):
+		return res, true, nil
+	}
+	rec := res.Record
+	res, err = retried(func() (idempotency.ClaimResult, error) { return s.win(ctx, c, rec) })
+	switch {
+	case errors.Is(err, sql.ErrNoRows): // it changed again
+		return idempotency.ClaimResult{}, false, nil
+	case err != nil:
+		return idempotency.ClaimResult{}, false, err
+	}
+	return res, true, nil
+}
+
+// wouldWin reports whether c wins rec by the claim's conditions: rec is in
+// progress with a lease that ended before c.Now and c's fingerprint and
+// version, or (unless c is takeover-only) completed before the replay
+// window's cutoff. A record that a claim read without winning it, yet
+// satisfies them, changed since the statement that decided not to win it.
 func wouldWin(rec idempotency.Record, c idempotency.Claim) bool {
 	now := nanos(c.Now)
 	switch rec.State {
 	case idempotency.Completed:
-		return c.ReplayWindow > 0 && nanos(rec.CompletedAt) < subSat(now, c.ReplayWindow)
+		return !c.TakeoverOnly && c.ReplayWindow > 0 &&
+			nanos(rec.CompletedAt) < subSat(now, c.ReplayWindow)
 	case idempotency.InProgress:
 		return nanos(rec.LeaseUntil) < now && rec.Fingerprint == c.Fingerprint &&
 			rec.FingerprintVersion == c.FingerprintVersion
@@ -286,33 +327,82 @@ func wouldWin(rec idempotency.Record, c idempotency.Claim) bool {
 	return false
 }
 
-// rowQueryer is what the claim statement needs: *sql.DB or *sql.Tx.
+// rowQueryer is what a read needs: *sql.Tx or the Store's stmtCache.
 type rowQueryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// execer is what the conditional writes need: *sql.Tx or the Store's
+// stmtCache (MySQL's writes may read after they write, see fenced).
+type execer interface {
+	rowQueryer
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // scopeArgs are the arguments $1 to $5 of the claim statements: the digest
 // and the four parts.
 func scopeArgs(sc idempotency.Scope, more ...any) []any {
-	return append([]any{scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route), []byte(sc.Key)}, more...)
+	return append([]any{scopeHash(sc), []byte(sc.Principal), []byte(sc.Method), []byte(sc.Route),
+		[]byte(sc.Key)}, more...)
 }
 
-// claimOnce runs the claim statement once on q (the takeover-only UPDATE
-// when c.TakeoverOnly) and reads its row: sql.ErrNoRows when it returned
-// none.
-func (s *Store) claimOnce(ctx context.Context, q rowQueryer, c idempotency.Claim) (idempotency.ClaimResult, error) {
+// existingArgs are the arguments of queries.existing: the four parts, then
+// the digest.
+func existingArgs(sc idempotency.Scope) []any {
+	return []any{[]byte(sc.Principal), []byte(sc.Method), []byte(sc.Route), []byte(sc.Key),
+		scopeHash(sc)}
+}
+
+// claimArgs are the twelve arguments of the statements that decide c on
+// PostgreSQL and SQLite (see claimSQL): the restart and PostgreSQL's claim
+// take them all, SQLite's claim the first sqliteClaimArgs, the takeover the
+// first takeoverArgs.
+func claimArgs(c idempotency.Claim) []any {
 	now := nanos(c.Now)
-	leaseUntil := nanos(c.Now.Add(c.LeaseFor))
-	if c.TakeoverOnly {
-		return scanClaim(q.QueryRowContext(ctx, s.q.takeover, scopeArgs(c.Scope,
-			c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, now)...), c)
-	}
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = subSat(now, c.ReplayWindow)
 	}
-	return scanClaim(q.QueryRowContext(ctx, s.q.claim, scopeArgs(c.Scope,
-		c.Fingerprint, int64(c.FingerprintVersion), c.Owner, leaseUntil, nullBytes(c.Request), now, cutoff)...), c)
+	return scopeArgs(c.Scope, c.Fingerprint, int64(c.FingerprintVersion), c.Owner,
+		nanos(c.Now.Add(c.LeaseFor)), now, nullBytes(c.Request), cutoff)
+}
+
+const (
+	takeoverArgs    = 10
+	sqliteClaimArgs = 11
+)
+
+// claimOnce runs the first statement of a claim once on q and reads its
+// row: sql.ErrNoRows when it returned none. It is the takeover-only UPDATE
+// when c.TakeoverOnly; on MySQL, the INSERT (a duplicate key is
+// sql.ErrNoRows), and nothing for a takeover-only claim.
+func (s *Store) claimOnce(ctx context.Context, q execer, c idempotency.Claim) (
+	idempotency.ClaimResult, error) {
+	switch {
+	case s.dialect == MySQL:
+		return s.mysqlInsert(ctx, q, c)
+	case c.TakeoverOnly:
+		return scanClaim(q.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:takeoverArgs]...), c)
+	case s.dialect == SQLite:
+		return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)[:sqliteClaimArgs]...), c)
+	}
+	return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)...), c)
+}
+
+// win takes over or restarts rec, the record c read and wins, if it is
+// still one c wins: one conditional UPDATE (queries.takeover or
+// queries.restart, chosen by rec's state and checked by its condition), or
+// on MySQL a transaction (mysqlWin). sql.ErrNoRows when the record changed
+// so that the UPDATE matched nothing.
+func (s *Store) win(ctx context.Context, c idempotency.Claim, rec idempotency.Record) (
+	idempotency.ClaimResult, error) {
+	switch {
+	case s.dialect == MySQL:
+		return s.mysqlWin(ctx, c)
+	case rec.State == idempotency.Completed:
+		return scanClaim(s.stmts.QueryRowContext(ctx, s.q.restart, claimArgs(c)...), c)
+	}
+	return scanClaim(s.stmts.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:takeoverArgs]...), c)
 }
 
 // scanClaim reads the row of a claim statement (see rowExisting) into the
@@ -329,21 +419,16 @@ func scanClaim(row scanner, c idempotency.Claim) (idempotency.ClaimResult, error
 		fingerprint, owner                      sql.NullString
 	)
 	if err := row.Scan(&outcome, &generation, &point, &data, &request, &created,
-		&state, &fingerprint, &fpVersion, &owner, &lease, &compl, &status, &header, &body); err != nil {
+		&state, &fingerprint, &fpVersion, &owner, &lease, &compl, &status, &header,
+		&body); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	switch outcome {
-	case rowCreated, rowTakenOver:
-		now := fromNanos(nanos(c.Now))
-		r := idempotency.Record{
-			Scope: c.Scope, State: idempotency.InProgress, Fingerprint: c.Fingerprint,
-			FingerprintVersion: c.FingerprintVersion, Owner: c.Owner, Generation: generation,
-			LeaseUntil: fromNanos(nanos(c.Now.Add(c.LeaseFor))), CreatedAt: now, UpdatedAt: now,
-		}
-		if outcome == rowCreated {
-			r.Request = c.Request
-			return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated, Record: r}, nil
-		}
+	case rowCreated:
+		return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated,
+			Record: claimedRecord(c, generation)}, nil
+	case rowTakenOver:
+		r := claimedRecord(c, generation)
 		r.RecoveryPoint, r.RecoveryData, r.Request = string(point), data, request
 		r.CreatedAt = fromNanos(created.Int64)
 		return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: r}, nil
@@ -363,6 +448,18 @@ func scanClaim(row scanner, c idempotency.Claim) (idempotency.ClaimResult, error
 		return idempotency.ClaimResult{Record: r}, nil
 	}
 	return idempotency.ClaimResult{}, errScopeMismatch
+}
+
+// claimedRecord is the record that claim c created with generation gen: the
+// claim's own values.
+func claimedRecord(c idempotency.Claim, gen int64) idempotency.Record {
+	now := fromNanos(nanos(c.Now))
+	return idempotency.Record{
+		Scope: c.Scope, State: idempotency.InProgress, Fingerprint: c.Fingerprint,
+		FingerprintVersion: c.FingerprintVersion, Owner: c.Owner, Generation: gen,
+		LeaseUntil: fromNanos(nanos(c.Now.Add(c.LeaseFor))), CreatedAt: now, UpdatedAt: now,
+		Request: c.Request,
+	}
 }
 
 // Get implements idempotency.Store.Get. It returns idempotency.ErrNotFound
@@ -395,37 +492,38 @@ func (s *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time
 
 // Complete implements idempotency.Store.Complete outside any transaction.
 // idempotency.ErrLeaseLost when l does not own an in-progress record.
-func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
+func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response,
+	now time.Time) error {
 	return retriedErr(func() error { return s.complete(ctx, s.stmts, l, resp, now) })
 }
 
 // Release implements idempotency.Store.Release: it deletes the in-progress
 // record l owns. idempotency.ErrLeaseLost when l does not own it.
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
-	return retriedErr(func() error {
-		res, err := s.stmts.ExecContext(ctx, s.q.release, scopeHash(l.Scope), l.Owner, l.Generation)
-		return changed("release", res, err)
-	})
+	return retriedErr(func() error { return s.release(ctx, s.stmts, l) })
 }
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint outside any
 // transaction. idempotency.ErrLeaseLost when l does not own an in-progress
 // record.
-func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string, data []byte, now time.Time) error {
+func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string,
+	data []byte, now time.Time) error {
 	return retriedErr(func() error { return s.setPoint(ctx, s.stmts, l, point, data, now) })
 }
 
 // Abandoned implements idempotency.Store.Abandoned: up to limit in-progress
 // records whose lease ended before now, the longest-expired first. A limit
 // of 0 or less returns nothing.
-func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
+func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) (
+	[]idempotency.Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	return retried(func() ([]idempotency.Record, error) { return s.abandoned(ctx, now, limit) })
 }
 
-func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
+func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) (
+	[]idempotency.Record, error) {
 	rows, err := s.db.QueryContext(ctx, s.q.abandoned, nanos(now), int64(limit))
 	if err != nil {
 		return nil, opErr("abandoned", err)
@@ -451,11 +549,17 @@ func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) ([]idem
 // skips records that a concurrent write holds locked rather than wait for
 // them (a later run finds them if they are still stale), and re-checks the
 // conditions on each row it deletes, so a record taken over, heartbeated or
-// completed meanwhile survives. A limit of 0 or less deletes nothing.
-// Errors are *OpError with Op "delete_before".
+// completed meanwhile survives. On MySQL it is two statements, a plain read
+// of the candidates and a DELETE of those by primary key that re-checks
+// them, and it waits for a record a running write holds (see the package
+// documentation, "MySQL and MariaDB"). A limit of 0 or less deletes
+// nothing. Errors are *OpError with Op "delete_before".
 func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
+	}
+	if s.dialect == MySQL {
+		return s.mysqlDeleteBefore(ctx, horizon, limit)
 	}
 	return retried(func() (int, error) {
 		res, err := s.db.ExecContext(ctx, s.q.deleteBefore, nanos(horizon), int64(limit))
@@ -470,31 +574,53 @@ func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) 
 	})
 }
 
-// execer is what the conditional writes need: *sql.DB or *sql.Tx.
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease,
+	until time.Time) error {
+	res, err := ex.ExecContext(ctx, s.q.heartbeat, nanos(until), scopeHash(l.Scope),
+		s.text(l.Owner), l.Generation)
+	return s.fenced(ctx, ex, "heartbeat", l, res, err)
 }
 
-func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease, until time.Time) error {
-	res, err := ex.ExecContext(ctx, s.q.heartbeat, scopeHash(l.Scope), nanos(until), l.Owner, l.Generation)
-	return changed("heartbeat", res, err)
+func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease,
+	resp idempotency.Response, now time.Time) error {
+	res, err := ex.ExecContext(ctx, s.q.complete, int64(resp.Status),
+		nullBytes(encodeHeader(resp.Header)), nullBytes(resp.Body), nanos(now), nanos(now),
+		scopeHash(l.Scope), s.text(l.Owner), l.Generation)
+	return s.fenced(ctx, ex, "complete", l, res, err)
 }
 
-func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
-	res, err := ex.ExecContext(ctx, s.q.complete, scopeHash(l.Scope),
-		int64(resp.Status), nullBytes(encodeHeader(resp.Header)), nullBytes(resp.Body), nanos(now), l.Owner, l.Generation)
-	return changed("complete", res, err)
+func (s *Store) release(ctx context.Context, ex execer, l idempotency.Lease) error {
+	res, err := ex.ExecContext(ctx, s.q.release, scopeHash(l.Scope), s.text(l.Owner),
+		l.Generation)
+	return s.fenced(ctx, ex, "release", l, res, err)
 }
 
-func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string, data []byte, now time.Time) error {
-	res, err := ex.ExecContext(ctx, s.q.setPoint, scopeHash(l.Scope),
-		[]byte(point), nullBytes(data), nanos(now), l.Owner, l.Generation)
-	return changed("set_recovery_point", res, err)
+func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string,
+	data []byte, now time.Time) error {
+	res, err := ex.ExecContext(ctx, s.q.setPoint, []byte(point), nullBytes(data), nanos(now),
+		scopeHash(l.Scope), s.text(l.Owner), l.Generation)
+	return s.fenced(ctx, ex, "set_recovery_point", l, res, err)
 }
 
-// changed turns the result of a conditional write into nil, ErrLeaseLost (no
-// row matched the fence) or an *OpError.
-func changed(op string, res sql.Result, err error) error {
+// text is the argument for a value of a TEXT column (owner, fingerprint):
+// bytes on MySQL, whose columns are LONGBLOBs compared byte for byte, the
+// string elsewhere (SQLite never finds a BLOB equal to a TEXT).
+func (s *Store) text(v string) any {
+	if s.dialect == MySQL {
+		return []byte(v)
+	}
+	return v
+}
+
+// fenced turns the result of a write fenced on l into nil, ErrLeaseLost (no
+// row matched the fence) or an *OpError. MySQL reports the rows a write
+// changed, not those it matched (unless the DSN sets clientFoundRows), and
+// a heartbeat or recovery point equal to what the record holds changes
+// none: there, a write that changed no row is followed by a locking read on
+// ex (a current read, even in a REPEATABLE READ transaction whose snapshot
+// is older) that tells whether l still holds the record.
+func (s *Store) fenced(ctx context.Context, ex execer, op string, l idempotency.Lease,
+	res sql.Result, err error) error {
 	if err != nil {
 		return opErr(op, err)
 	}
@@ -502,10 +628,19 @@ func changed(op string, res sql.Result, err error) error {
 	if err != nil {
 		return opErr(op, err)
 	}
-	if n == 0 {
+	if n > 0 {
+		return nil
+	}
+	if s.dialect != MySQL {
 		return idempotency.ErrLeaseLost
 	}
-	return nil
+	var one int
+	err = ex.QueryRowContext(ctx, s.q.mysql.held, scopeHash(l.Scope), []byte(l.Owner),
+		l.Generation).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idempotency.ErrLeaseLost
+	}
+	return opErr(op, err)
 }
 
 type scanner interface{ Scan(dest ...any) error }
@@ -513,7 +648,8 @@ type scanner interface{ Scan(dest ...any) error }
 // errScopeMismatch is the cause of the *OpError a read returns when the row
 // found under a scope's digest holds other scope parts: a SHA-256 collision,
 // or a row written by something other than this package.
-var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
+var errScopeMismatch = errors.New(
+	"the stored record's scope differs from the one asked for (digest collision?)")
 
 // scanScope scans a record read by sc's digest and checks that it is sc's.
 func scanScope(sc idempotency.Scope, row scanner) (idempotency.Record, error) {
@@ -556,7 +692,8 @@ func scanRecord(sc scanner) (idempotency.Record, error) {
 	if err != nil {
 		return idempotency.Record{}, err
 	}
-	r.Scope = idempotency.Scope{Principal: string(principal), Method: string(method), Route: string(route), Key: string(key)}
+	r.Scope = idempotency.Scope{Principal: string(principal), Method: string(method),
+		Route: string(route), Key: string(key)}
 	r.State = idempotency.State(state)
 	r.FingerprintVersion = int(fpVersion)
 	r.LeaseUntil = fromNanos(leaseUntil)

@@ -140,3 +140,50 @@ func TestTakeoverOnlyClaimRaceHasOneWinner(t *testing.T) {
 		require.ErrorIs(t, err, idempotency.ErrNotFound, "a takeover-only claim recreated a released record")
 	})
 }
+
+// TestClaimOutcomeIsTheRecordsPreviousState: the outcome of a claim that
+// wins a record is what the record was, whatever its times say. A lease
+// that ended before the record was created (an EndLease or heartbeat into
+// the past, a clock stepped back) lets a claim at exactly CreatedAt take
+// the record over: ClaimTakenOver with the recovery point, its data and
+// the request it kept, on every dialect. A completed record restarted by a
+// claim at its own CreatedAt is ClaimCreated, as a fresh record.
+func TestClaimOutcomeIsTheRecordsPreviousState(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		ctx := t.Context()
+		s, _ := newStore(t, b)
+
+		a, _, err := claimed(s.Claim(ctx, claimAt(scope("taken"), "A", "fp", t0)))
+		require.NoError(t, err)
+		require.NoError(t, s.SetRecoveryPoint(ctx, a.Lease(), "charged", []byte("ch_1"),
+			t0.Add(time.Millisecond)))
+		require.NoError(t, s.EndLease(ctx, a.Lease(), t0.Add(-50*time.Millisecond)))
+		res, err := s.Claim(ctx, claimAt(scope("taken"), "B", "fp", t0))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.ClaimTakenOver, res.Outcome)
+		require.Equal(t, "B", res.Record.Owner)
+		require.Equal(t, a.Generation+1, res.Record.Generation)
+		require.Equal(t, "charged", res.Record.RecoveryPoint)
+		require.Equal(t, "ch_1", string(res.Record.RecoveryData))
+		require.Equal(t, "req-A", string(res.Record.Request))
+		require.True(t, res.Record.CreatedAt.Equal(t0))
+		got, err := s.Get(ctx, scope("taken"))
+		require.NoError(t, err)
+		require.Equal(t, res.Record, got)
+
+		d, _, err := claimed(s.Claim(ctx, claimAt(scope("restarted"), "A", "fp", t0)))
+		require.NoError(t, err)
+		require.NoError(t, s.SetRecoveryPoint(ctx, d.Lease(), "charged", nil, t0))
+		require.NoError(t, s.Complete(ctx, d.Lease(), idempotency.Response{Status: 201},
+			t0.Add(-2*time.Hour))) // past the 1 h window of a claim at t0
+		res, err = s.Claim(ctx, claimAt(scope("restarted"), "B", "fp", t0))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.ClaimCreated, res.Outcome)
+		require.Equal(t, d.Generation+1, res.Record.Generation)
+		require.Empty(t, res.Record.RecoveryPoint)
+		require.Equal(t, "req-B", string(res.Record.Request))
+		got, err = s.Get(ctx, scope("restarted"))
+		require.NoError(t, err)
+		require.Equal(t, res.Record, got)
+	})
+}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
 )
 
-type txKey struct{}
+type unitKey struct{}
 
 // Tx returns the transaction in which the handler's writes at ctx belong,
 // and whether there is one:
@@ -18,9 +20,12 @@ type txKey struct{}
 //     transaction, which commits with the phase's recovery point;
 //   - elsewhere in a guarded handler, the request's transaction, which
 //     commits together with the stored response: both land, or neither does.
-//     The middleware begins it on the first call (Run.Unit), not before the
-//     handler runs, so that a handler holds no transaction (on SQLite, no
-//     write lock) until it writes; call Tx after the handler's last phase.
+//
+// The transaction begins at the first call, not before: a handler or a
+// phase that never calls Tx holds no transaction (on SQLite, no write
+// lock) while it works, and its record write commits on its own. Call Tx
+// when you are about to write, and after the handler's last phase. The
+// first call waits at most 10 seconds for a connection.
 //
 // It returns false outside a guarded handler, with a store other than this
 // package's, or when the transaction could not be begun (the request then
@@ -31,48 +36,56 @@ type txKey struct{}
 // busy timeout and then fails. Tx is safe for concurrent use, but the
 // *sql.Tx itself belongs to the request's goroutine.
 func Tx(ctx context.Context) (*sql.Tx, bool) {
-	if tx, ok := ctx.Value(txKey{}).(*sql.Tx); ok {
-		return tx, tx != nil
-	}
-	run, ok := idempotency.FromContext(ctx)
+	u, ok := ctx.Value(unitKey{}).(*unit)
 	if !ok {
-		return nil, false
+		run, isRun := idempotency.FromContext(ctx)
+		if !isRun {
+			return nil, false
+		}
+		_, uctx, err := run.Unit(ctx)
+		if err != nil {
+			return nil, false
+		}
+		if u, ok = uctx.Value(unitKey{}).(*unit); !ok {
+			return nil, false
+		}
 	}
-	_, uctx, err := run.Unit(ctx)
-	if err != nil {
-		return nil, false
-	}
-	tx, ok := uctx.Value(txKey{}).(*sql.Tx)
-	return tx, ok && tx != nil
+	tx, err := u.begin()
+	return tx, err == nil
 }
 
-// WithTx returns a copy of ctx that carries tx for Tx. Begin does this
-// itself; WithTx exists for code that drives its own transactions (tests,
-// a completer reusing a handler).
-func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
-	return context.WithValue(ctx, txKey{}, tx)
-}
+// beginTimeout bounds the wait of a unit's BEGIN for a connection.
+const beginTimeout = 10 * time.Second
 
-// Begin implements idempotency.Transactor: it starts a database transaction
-// (bound to ctx as database/sql does: cancelling ctx rolls it back) and
-// returns a Unit whose record writes are conditional on l, plus a context
-// derived from ctx from which Tx returns the transaction. Nothing is locked
-// at Begin on PostgreSQL: the fence is checked by the Unit's conditional
-// writes: a lost lease makes them return idempotency.ErrLeaseLost and rolls
-// the whole unit back at once (the handler's writes included; Commit then
-// returns idempotency.ErrLeaseLost as well). On PostgreSQL the transaction
-// is READ COMMITTED whatever the server's default (see the package
-// documentation); a serialization failure or deadlock in a unit's write or
-// commit is an *OpError matching ErrSerialization, after which only
-// Rollback is useful. On SQLite open the database with SQLiteDSN (BEGIN
-// IMMEDIATE): the unit then holds the database's single write lock until
-// Commit or Rollback. Errors are *OpError with Op "begin".
-func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Unit, context.Context, error) {
-	tx, err := s.db.BeginTx(ctx, s.txOptions())
-	if err != nil {
-		return nil, ctx, opErr("begin", err)
-	}
-	return &unit{s: s, tx: tx, lease: l}, WithTx(ctx, tx), nil
+var errBeginTimeout = fmt.Errorf("no connection to begin a transaction on within %v: %w",
+	beginTimeout, context.DeadlineExceeded)
+
+// Begin implements idempotency.Transactor: it returns a Unit whose record
+// writes are conditional on l, plus a context derived from ctx from which
+// Tx returns the unit's transaction. It sends nothing: the transaction
+// begins (bound to ctx as database/sql does: cancelling ctx rolls it back)
+// at the first Tx call. A unit whose transaction never began applies its
+// record write at Commit as one stand-alone conditional statement, and
+// sends nothing at Rollback. Once the transaction has begun, its writes
+// are conditional writes in it (nothing is locked before the first): a lost
+// lease makes them return idempotency.ErrLeaseLost and rolls the whole unit
+// back at once (the handler's writes included; Commit then returns
+// idempotency.ErrLeaseLost as well). On PostgreSQL the transaction is READ
+// COMMITTED whatever the server's default (see the package documentation);
+// a serialization failure or deadlock in a unit's write or commit is an
+// *OpError matching ErrSerialization, after which only Rollback is useful.
+// On MySQL the transaction runs at the session's isolation level, which
+// the fences do not depend on (see the package documentation, "MySQL and
+// MariaDB"), and a deadlock or lock wait timeout matches ErrSerialization
+// too. On SQLite open the database with SQLiteDSN (BEGIN IMMEDIATE): the
+// transaction then holds the database's single write lock until Commit or
+// Rollback. Begin never fails; a BEGIN that fails, or finds no connection
+// within 10 seconds, is an *OpError with Op "begin", returned by the unit's
+// later writes and its Commit.
+func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (
+	idempotency.Unit, context.Context, error) {
+	u := &unit{s: s, ctx: ctx, lease: l}
+	return u, context.WithValue(ctx, unitKey{}, u), nil
 }
 
 // txOptions are the options of a unit's transaction. PostgreSQL units run
@@ -82,7 +95,9 @@ func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (idempotency.Uni
 // where REPEATABLE READ or SERIALIZABLE fail it with SQLSTATE 40001. SQLite
 // transactions are serializable anyway (one writer at a time); the
 // modernc.org/sqlite driver ignores the isolation level, so SQLite keeps the
-// driver's default (nil).
+// driver's default (nil). MySQL's fences are locking reads and conditional
+// writes, which InnoDB runs on the latest row version at every level, so
+// MySQL keeps the session's level (nil), which the application chose.
 func (s *Store) txOptions() *sql.TxOptions {
 	if s.dialect == Postgres {
 		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
@@ -90,49 +105,173 @@ func (s *Store) txOptions() *sql.TxOptions {
 	return nil
 }
 
-// unit is one transaction bound to a lease. When a conditional write finds
-// the lease lost, the unit rolls itself back at once (it can never commit
-// anything useful, and on SQLite it would otherwise keep the write lock that
-// the lease's successor needs); later writes and Commit then return
-// idempotency.ErrLeaseLost too.
+// unit is one transaction bound to a lease, begun at the first Tx call.
+// Until then its record writes wait in pending, for Commit. When a
+// conditional write finds the lease lost, the unit rolls itself back at
+// once (it can never commit anything useful, and on SQLite it would
+// otherwise keep the write lock that the lease's successor needs); later
+// writes and Commit then return idempotency.ErrLeaseLost too.
 type unit struct {
 	s     *Store
-	tx    *sql.Tx
+	ctx   context.Context // Begin's: the transaction's
 	lease idempotency.Lease
-	lost  bool
+
+	mu      sync.Mutex // Tx may begin the transaction from another goroutine
+	tx      *sql.Tx    // nil until begun
+	cancel  context.CancelCauseFunc
+	err     error                // the BEGIN's error, for good
+	pending []func(execer) error // record writes asked for before the transaction began
+	lost    bool
+	done    bool // committed or rolled back
 }
 
+// begin begins the unit's transaction if it has not begun, waiting at most
+// beginTimeout for a connection. The transaction's context is Begin's,
+// canceled only when the unit ends.
+func (u *unit) begin() (*sql.Tx, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	switch {
+	case u.tx != nil || u.err != nil:
+		return u.tx, u.err
+	case u.lost:
+		return nil, idempotency.ErrLeaseLost
+	case u.done:
+		return nil, sql.ErrTxDone
+	}
+	ctx, cancel := context.WithCancelCause(u.ctx)
+	timer := time.AfterFunc(beginTimeout, func() { cancel(errBeginTimeout) })
+	tx, err := u.s.db.BeginTx(ctx, u.s.txOptions())
+	if !timer.Stop() { // the wait ran out: ctx is canceled, and tx with it
+		if err == nil {
+			_ = tx.Rollback()
+		}
+		err = context.Cause(ctx)
+	}
+	if err != nil {
+		cancel(nil)
+		u.err = opErr("begin", err)
+		return nil, u.err
+	}
+	u.tx, u.cancel = tx, cancel
+	return tx, nil
+}
+
+// write runs a conditional record write in the transaction, or keeps it for
+// Commit when the transaction has not begun.
+func (u *unit) write(w func(execer) error) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	switch {
+	case u.lost:
+		return idempotency.ErrLeaseLost
+	case u.err != nil:
+		return u.err
+	case u.done:
+		return sql.ErrTxDone
+	case u.tx == nil:
+		u.pending = append(u.pending, w)
+		return nil
+	}
+	if err := u.flush(); err != nil {
+		return err
+	}
+	return u.fenced(w(u.tx))
+}
+
+// flush runs in the transaction, in order, the writes asked for before it
+// began. u.mu is held and u.tx set.
+func (u *unit) flush() error {
+	for len(u.pending) > 0 {
+		w := u.pending[0]
+		u.pending = u.pending[1:]
+		if err := u.fenced(w(u.tx)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fenced rolls the unit back at its first ErrLeaseLost. u.mu is held.
 func (u *unit) fenced(err error) error {
 	if errors.Is(err, idempotency.ErrLeaseLost) && !u.lost {
 		u.lost = true
-		_ = u.tx.Rollback()
+		u.end(false)
 	}
 	return err
 }
 
-func (u *unit) SetRecoveryPoint(ctx context.Context, point string, data []byte, now time.Time) error {
-	if u.lost {
-		return idempotency.ErrLeaseLost
+// end commits or rolls back the transaction, if it began, and releases its
+// context. u.mu is held.
+func (u *unit) end(commit bool) error {
+	u.done, u.pending = true, nil
+	if u.tx == nil {
+		return nil
 	}
-	return u.fenced(u.s.setPoint(ctx, u.tx, u.lease, point, data, now))
+	defer u.cancel(nil)
+	if commit {
+		return u.tx.Commit()
+	}
+	return u.tx.Rollback()
+}
+
+func (u *unit) SetRecoveryPoint(ctx context.Context, point string, data []byte,
+	now time.Time) error {
+	return u.write(func(ex execer) error {
+		return u.s.setPoint(ctx, ex, u.lease, point, data, now)
+	})
 }
 
 func (u *unit) Complete(ctx context.Context, resp idempotency.Response, now time.Time) error {
-	if u.lost {
-		return idempotency.ErrLeaseLost
-	}
-	return u.fenced(u.s.complete(ctx, u.tx, u.lease, resp, now))
+	return u.write(func(ex execer) error { return u.s.complete(ctx, ex, u.lease, resp, now) })
 }
 
+// Commit commits the transaction, or applies the writes asked for before
+// any began: one as a stand-alone statement (run again after a
+// serialization failure, as the Store's own are), several in a transaction
+// begun now.
 func (u *unit) Commit() error {
-	if u.lost {
+	u.mu.Lock()
+	switch {
+	case u.lost:
+		u.mu.Unlock()
 		return idempotency.ErrLeaseLost
+	case u.err != nil:
+		u.mu.Unlock()
+		return u.err
+	case u.done:
+		u.mu.Unlock()
+		return sql.ErrTxDone
+	case u.tx == nil && len(u.pending) == 1:
+		w := u.pending[0]
+		u.done, u.pending = true, nil
+		u.mu.Unlock()
+		return retriedErr(func() error { return w(u.s.stmts) })
 	}
-	return opErr("commit", u.tx.Commit())
+	several := u.tx == nil && len(u.pending) > 1
+	u.mu.Unlock()
+	if several {
+		if _, err := u.begin(); err != nil {
+			return err
+		}
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.tx != nil {
+		if err := u.flush(); err != nil {
+			return err
+		}
+	}
+	return opErr("commit", u.end(true))
 }
 
 func (u *unit) Rollback() error {
-	err := u.tx.Rollback()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.done {
+		return nil
+	}
+	err := u.end(false)
 	if errors.Is(err, sql.ErrTxDone) {
 		return nil
 	}

@@ -20,6 +20,10 @@ import (
 // fail after every statement of the unit succeeded.
 func createOrders(t testing.TB, db *sql.DB, d sqlstore.Dialect) {
 	t.Helper()
+	if d == sqlstore.MySQL {
+		createOrdersMySQL(t, db)
+		return
+	}
 	stmts := []string{
 		`CREATE TABLE customers (id TEXT PRIMARY KEY)`,
 		`INSERT INTO customers (id) VALUES ('cus_1')`,
@@ -67,8 +71,6 @@ func TestTxIsAbsentFromAPlainContext(t *testing.T) {
 	tx, ok := sqlstore.Tx(context.Background())
 	require.False(t, ok)
 	require.Nil(t, tx)
-	_, ok = sqlstore.Tx(sqlstore.WithTx(context.Background(), nil))
-	require.False(t, ok)
 }
 
 func TestUnitCommitsBusinessRowsWithTheResponse(t *testing.T) {
@@ -191,15 +193,77 @@ func TestUnitFailureAtCommitLeavesNeither(t *testing.T) {
 	})
 }
 
-func TestBeginWithCanceledContextFails(t *testing.T) {
+// A unit begun with a canceled context fails at its first use: Tx finds no
+// transaction, and the unit's writes and its Commit return the *OpError of
+// its BEGIN; the record is left as it was.
+func TestUnitOfACanceledContextFailsAtItsFirstUse(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		s, _ := newStore(t, b)
+		rec, _, err := claimed(s.Claim(t.Context(), claimAt(scope("k"), "A", "fp", t0)))
+		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		_, _, err := s.Begin(ctx, idempotency.Lease{Scope: scope("k"), Owner: "A", Generation: 1})
+		u, uctx, err := s.Begin(ctx, rec.Lease())
+		require.NoError(t, err)
+		tx, ok := sqlstore.Tx(uctx)
+		require.False(t, ok)
+		require.Nil(t, tx)
+		err = u.Complete(t.Context(), idempotency.Response{Status: 201}, t0)
 		var oe *sqlstore.OpError
 		require.ErrorAs(t, err, &oe)
 		require.Equal(t, "begin", oe.Op)
 		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorIs(t, u.Commit(), context.Canceled)
+		require.NoError(t, u.Rollback())
+		got, err := s.Get(t.Context(), scope("k"))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.InProgress, got.State)
+	})
+}
+
+// A unit whose transaction never began (a phase that wrote nothing through
+// Tx) applies its record write at Commit as one stand-alone conditional
+// statement, fenced as any: its recovery point lands, and a unit of a lost
+// lease applies nothing and returns idempotency.ErrLeaseLost at Commit.
+// Rollback of such a unit applies nothing.
+func TestUnitWithoutTransactionWritesAtCommit(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		ctx := t.Context()
+		s, _ := newStore(t, b)
+		a, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
+		require.NoError(t, err)
+
+		u, _, err := s.Begin(ctx, a.Lease())
+		require.NoError(t, err)
+		require.NoError(t, u.SetRecoveryPoint(ctx, "dropped", nil, t0))
+		require.NoError(t, u.Rollback())
+		got, err := s.Get(ctx, scope("k"))
+		require.NoError(t, err)
+		require.Equal(t, "", got.RecoveryPoint, "a rolled-back unit applied its write")
+
+		u, _, err = s.Begin(ctx, a.Lease())
+		require.NoError(t, err)
+		require.NoError(t, u.SetRecoveryPoint(ctx, "order", []byte("o"), t0))
+		got, err = s.Get(ctx, scope("k"))
+		require.NoError(t, err)
+		require.Equal(t, "", got.RecoveryPoint, "nothing is visible before Commit")
+		require.NoError(t, u.Commit())
+		require.Error(t, u.Commit(), "a second Commit fails")
+		got, err = s.Get(ctx, scope("k"))
+		require.NoError(t, err)
+		require.Equal(t, "order", got.RecoveryPoint)
+		require.Equal(t, "o", string(got.RecoveryData))
+
+		b2, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(time.Minute))))
+		require.NoError(t, err)
+		require.True(t, won)
+		u, _, err = s.Begin(ctx, a.Lease())
+		require.NoError(t, err)
+		require.NoError(t, u.Complete(ctx, idempotency.Response{Status: 201}, t0.Add(time.Minute)))
+		require.ErrorIs(t, u.Commit(), idempotency.ErrLeaseLost)
+		got, err = s.Get(ctx, scope("k"))
+		require.NoError(t, err)
+		require.Equal(t, idempotency.InProgress, got.State)
+		require.Equal(t, b2.Owner, got.Owner)
 	})
 }

@@ -1,11 +1,11 @@
 package decide
 
 import (
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/budget"
 	"github.com/saferetry/saferetry/jitter"
@@ -16,17 +16,15 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func half() float64 { return 0.5 }
 
-var errRewind = errors.New("rewind failed")
-
 // cfg has the default backoff: bases 50 ms and 1 s, cap 20 s.
 var cfg = Config{MaxAttempts: 3, MaxRetryAfter: 30 * time.Second}
 
 // input is an attempt 1 that failed with a plain 503, 10 s before the
-// deadline, with an unlimited budget: a retry, unless a test changes it.
+// deadline: a retry, unless a test changes it.
 func input() Input {
 	return Input{
 		Outcome: retry.Decision{Retry: true, Class: "status_503"},
-		Attempt: 1, Now: t0, Deadline: t0.Add(10 * time.Second), Rand: half, Budget: budget.Unlimited(),
+		Attempt: 1, Now: t0, Deadline: t0.Add(10 * time.Second), Rand: half,
 	}
 }
 
@@ -67,17 +65,8 @@ func TestEachStopIsOneCase(t *testing.T) {
 		{"a wait that ends just before it", func(in *Input) { in.Deadline = t0.Add(26 * time.Millisecond) },
 			Result{Wait: 25 * time.Millisecond}},
 		{"no deadline", func(in *Input) { in.Deadline = time.Time{} }, Result{Wait: 25 * time.Millisecond}},
-		{"the budget refuses", func(in *Input) {
-			in.Budget = budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 10})
-		}, Result{Stop: retry.ReasonBudget, Wait: 25 * time.Millisecond, BudgetLeft: 10}},
-		{"the budget grants a throttled retry at its cost", func(in *Input) {
-			in.Outcome.Throttle = true
-			in.Budget = budget.NewTokenBucket(budget.TokenBucketConfig{})
-		}, Result{Wait: 500 * time.Millisecond, Cost: 5}},
-		{"a body that cannot be rewound", func(in *Input) { in.Rewind = func() error { return errRewind } },
-			Result{Stop: retry.ReasonBodyNotRewindable, Wait: 25 * time.Millisecond}},
-		{"a body rewound", func(in *Input) { in.Rewind = func() error { return nil } },
-			Result{Wait: 25 * time.Millisecond}},
+		{"a throttled retry", func(in *Input) { in.Outcome.Throttle = true },
+			Result{Wait: 500 * time.Millisecond, Throttle: true}},
 		{"attempt 2 backs off twice as long", func(in *Input) { in.Attempt = 2 }, Result{Wait: 50 * time.Millisecond}},
 	}
 	for _, tc := range tests {
@@ -89,9 +78,32 @@ func TestEachStopIsOneCase(t *testing.T) {
 	}
 }
 
-// The stops are checked in order, and the budget last: a retry that
-// another rule stops costs nothing.
-func TestTheBudgetIsAskedLast(t *testing.T) {
+// Decide changes nothing: whatever it decides, it takes no budget (it is
+// given none), and the caller's cancellation wins over the attempt limit.
+func TestTheCallersCancellationWinsOverTheAttemptLimit(t *testing.T) {
+	in := input()
+	in.Canceled, in.Attempt = true, 3
+	assert.Equal(t, retry.ReasonCanceled, Decide(cfg, in).Stop)
+}
+
+// Grant, the commit step, takes the retry's cost at its class, and a
+// refusal takes nothing; a stop is returned as it is, and asks nothing.
+func TestGrantTakesTheCostLast(t *testing.T) {
+	b := budget.NewTokenBucket(budget.TokenBucketConfig{})
+	r := Grant(b, t0, Decide(cfg, input()))
+	assert.Equal(t, Result{Wait: 25 * time.Millisecond, Cost: 14}, r)
+	assert.Equal(t, 486, b.Available(t0))
+
+	in := input()
+	in.Outcome.Throttle = true
+	assert.Equal(t, Result{Wait: 500 * time.Millisecond, Throttle: true, Cost: 5}, Grant(b, t0, Decide(cfg, in)))
+	assert.Equal(t, 481, b.Available(t0))
+
+	small := budget.NewTokenBucket(budget.TokenBucketConfig{Capacity: 10})
+	assert.Equal(t, Result{Stop: retry.ReasonBudget, Wait: 25 * time.Millisecond, BudgetLeft: 10},
+		Grant(small, t0, Decide(cfg, input())))
+	assert.Equal(t, 10, small.Available(t0), "a denial takes nothing")
+
 	for name, change := range map[string]func(*Input){
 		"not retryable":  func(in *Input) { in.Outcome.Retry = false },
 		"canceled":       func(in *Input) { in.Canceled = true },
@@ -100,24 +112,17 @@ func TestTheBudgetIsAskedLast(t *testing.T) {
 		"body":           func(in *Input) { in.Body = retry.ReasonBodyNotRewindable },
 		"Retry-After":    func(in *Input) { in.Outcome.RetryAfter, in.Outcome.HasRetryAfter = time.Hour, true },
 		"no time to try": func(in *Input) { in.Deadline = t0 },
-		"rewind fails":   func(in *Input) { in.Rewind = func() error { return errRewind } },
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := budget.NewTokenBucket(budget.TokenBucketConfig{})
 			in := input()
-			in.Budget = b
-			rewound := false
-			in.Rewind = func() error { rewound = true; return nil }
 			change(&in)
-			assert.NotEmpty(t, Decide(cfg, in).Stop)
+			stop := Decide(cfg, in)
+			require.NotEmpty(t, stop.Stop)
+			assert.Equal(t, stop, Grant(b, t0, stop))
 			assert.Equal(t, 500, b.Available(t0), "nothing taken")
-			assert.False(t, rewound, "the body is rewound only for a retry every other check grants")
 		})
 	}
-	// And the caller's cancellation wins over the attempt limit.
-	in := input()
-	in.Canceled, in.Attempt = true, 3
-	assert.Equal(t, retry.ReasonCanceled, Decide(cfg, in).Stop)
 }
 
 // The random value is drawn only when a wait is computed, so that a
@@ -201,4 +206,26 @@ func TestPushBack(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, PushBack(tc.stop, tc.attempts, tc.status, tc.marked), "%+v", tc)
 	}
+}
+
+func TestHedge(t *testing.T) {
+	in := HedgeInput{Sent: 1, InFlight: 1, Now: t0, Deadline: t0.Add(time.Second)}
+	assert.True(t, Hedge(3, 1, in), "one attempt in flight, two left")
+	for name, change := range map[string]func(*HedgeInput){
+		"stopped (pushback, Retry-After, budget)": func(in *HedgeInput) { in.Stopped = true },
+		"canceled":                      func(in *HedgeInput) { in.Canceled = true },
+		"no attempt left":               func(in *HedgeInput) { in.Sent = 3 },
+		"the hedges in flight are many": func(in *HedgeInput) { in.Sent, in.InFlight = 2, 2 },
+		"nothing in flight":             func(in *HedgeInput) { in.InFlight = 0 },
+		"the deadline passed":           func(in *HedgeInput) { in.Now = in.Deadline },
+	} {
+		c := in
+		change(&c)
+		assert.False(t, Hedge(3, 1, c), name)
+	}
+	more := in
+	more.Sent, more.InFlight = 2, 2
+	assert.True(t, Hedge(3, 2, more), "two hedges in flight at once")
+	more.Deadline = time.Time{}
+	assert.True(t, Hedge(3, 2, more), "no deadline")
 }

@@ -1,6 +1,6 @@
 // Command gateserver is the server process of the cross-process concurrency
 // gate (see gate_test.go in package sqlstore): POST /charges guarded by the
-// idempotency middleware over the PostgreSQL store, with a handler that
+// idempotency middleware over the PostgreSQL or MySQL store, with a handler that
 // records one execution outside any transaction (an external side effect
 // that cannot be rolled back) and inserts one business row in the store's
 // transaction. Several processes share one database; the test counts both.
@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -33,27 +34,36 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
-	dsn := flag.String("dsn", "", "PostgreSQL DSN (pgx)")
+	driver := flag.String("driver", "pgx", `database/sql driver: "pgx" (PostgreSQL) or "mysql"`)
+	dsn := flag.String("dsn", "", "data source name for the driver")
 	work := flag.Duration("work", 100*time.Millisecond, "time the handler spends after inserting its row, inside the transaction")
 	conns := flag.Int("conns", 10, "max open database connections")
 	flag.Parse()
-	if err := run(*addr, *dsn, *work, *conns); err != nil {
+	if err := run(*addr, *driver, *dsn, *work, *conns); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(addr, dsn string, work time.Duration, conns int) error {
+func run(addr, driver, dsn string, work time.Duration, conns int) error {
 	if dsn == "" {
 		return errors.New("-dsn is required")
 	}
-	db, err := sql.Open("pgx", dsn)
+	dialect, insertExec, insertCharge := sqlstore.Postgres,
+		`INSERT INTO executions (idem_key, pid) VALUES ($1, $2)`,
+		`INSERT INTO charges (idem_key, pid) VALUES ($1, $2) RETURNING id`
+	if driver == "mysql" {
+		dialect, insertExec, insertCharge = sqlstore.MySQL,
+			`INSERT INTO executions (idem_key, pid) VALUES (?, ?)`,
+			`INSERT INTO charges (idem_key, pid) VALUES (?, ?)` // no RETURNING: LastInsertId
+	}
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
-	store, err := sqlstore.Open(db, sqlstore.Postgres)
+	store, err := sqlstore.Open(db, dialect)
 	if err != nil {
 		return err
 	}
@@ -73,14 +83,20 @@ func run(addr, dsn string, work time.Duration, conns int) error {
 		// An external side effect, outside the transaction (like a call to
 		// a payment processor): it cannot be rolled back, so the gate
 		// counts these to prove the handler ran once.
-		if _, err := db.ExecContext(r.Context(),
-			`INSERT INTO executions (idem_key, pid) VALUES ($1, $2)`, run.Scope.Key, pid); err != nil {
+		if _, err := db.ExecContext(r.Context(), insertExec, run.Scope.Key, pid); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
 		var id int64
-		err := tx.QueryRowContext(r.Context(),
-			`INSERT INTO charges (idem_key, pid) VALUES ($1, $2) RETURNING id`, run.Scope.Key, pid).Scan(&id)
+		var err error
+		if dialect == sqlstore.MySQL {
+			var res sql.Result
+			if res, err = tx.ExecContext(r.Context(), insertCharge, run.Scope.Key, pid); err == nil {
+				id, err = res.LastInsertId()
+			}
+		} else {
+			err = tx.QueryRowContext(r.Context(), insertCharge, run.Scope.Key, pid).Scan(&id)
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return

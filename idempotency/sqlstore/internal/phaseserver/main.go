@@ -2,7 +2,7 @@
 
 // Command phaseserver is the server process of the crash-recovery tests
 // (crash_test.go in package sqlstore): POST /payments guarded by the
-// idempotency middleware over the SQL store (SQLite or PostgreSQL), with the
+// idempotency middleware over the SQL store (SQLite, PostgreSQL or MySQL), with the
 // worked example of atomic phases: "order" (a phase that inserts the order
 // in its own transaction), "charge" (an External phase that calls a card
 // processor with the derived downstream key, and looks the charge up on
@@ -13,7 +13,9 @@
 // the first request: "after-order" (the order phase committed, the charge
 // not started) or "after-charge" (the processor answered, the charge phase
 // not committed). -completer runs a Completer for the route at that
-// interval.
+// interval. -auth makes the handler refuse, with 401, a request without
+// the X-Account header, as a handler that checks credentials itself does
+// (a request the Completer resumes carries none).
 //
 // It migrates the store's table and creates its business tables, prints
 // "listening on HOST:PORT" on stdout once it accepts connections, and runs
@@ -37,9 +39,11 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"syscall"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
@@ -49,32 +53,38 @@ import (
 
 type server struct {
 	db        *sql.DB
+	bind      func(string) string // the driver's placeholders for $N
 	processor string
 	crash     string
+	auth      bool
 	pid       int
 	client    *http.Client
 }
 
 func main() {
-	driver := flag.String("driver", "sqlite", `database/sql driver: "sqlite" or "pgx"`)
+	driver := flag.String("driver", "sqlite", `database/sql driver: "sqlite", "pgx" or "mysql"`)
 	dsn := flag.String("dsn", "", "data source name (for sqlite, a file path)")
 	processor := flag.String("processor", "", "base URL of the card processor")
 	lease := flag.Duration("lease", 30*time.Second, "idempotency lease")
 	crash := flag.String("crash", "", `kill the process with SIGKILL at this point of the first request: "after-order" or "after-charge"`)
 	completer := flag.Duration("completer", 0, "run a completer at this interval (0: none)")
+	auth := flag.Bool("auth", false, "the handler answers 401 to a request without X-Account")
 	flag.Parse()
-	if err := run(*driver, *dsn, *processor, *crash, *lease, *completer); err != nil {
+	if err := run(*driver, *dsn, *processor, *crash, *auth, *lease, *completer); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(driver, dsn, processor, crash string, lease, completer time.Duration) error {
+func run(driver, dsn, processor, crash string, auth bool, lease, completer time.Duration) error {
 	if dsn == "" || processor == "" {
 		return errors.New("-dsn and -processor are required")
 	}
-	dialect := sqlstore.Postgres
-	if driver == "sqlite" {
+	dialect, bind := sqlstore.Postgres, func(q string) string { return q }
+	switch driver {
+	case "sqlite":
 		dialect, dsn = sqlstore.SQLite, sqlstore.SQLiteDSN(dsn)
+	case "mysql":
+		dialect, bind = sqlstore.MySQL, func(q string) string { return placeholder.ReplaceAllString(q, "?") }
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
@@ -92,8 +102,8 @@ func run(driver, dsn, processor, crash string, lease, completer time.Duration) e
 		return err
 	}
 	for _, ddl := range []string{
-		`CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, idem_key TEXT NOT NULL, amount BIGINT NOT NULL, pid INTEGER NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS receipts (order_id TEXT PRIMARY KEY, charge TEXT NOT NULL, pid INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS orders (id VARCHAR(64) PRIMARY KEY, idem_key TEXT NOT NULL, amount BIGINT NOT NULL, pid INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS receipts (order_id VARCHAR(64) PRIMARY KEY, charge TEXT NOT NULL, pid INTEGER NOT NULL)`,
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			return err
@@ -101,8 +111,8 @@ func run(driver, dsn, processor, crash string, lease, completer time.Duration) e
 	}
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s := &server{db: db, processor: processor, crash: crash, pid: os.Getpid(),
-		client: &http.Client{Timeout: 10 * time.Second}}
+	s := &server{db: db, bind: bind, processor: processor, crash: crash, auth: auth,
+		pid: os.Getpid(), client: &http.Client{Timeout: 10 * time.Second}}
 	pay := http.HandlerFunc(s.pay)
 	mw := idempotency.New(store,
 		idempotency.WithPrincipal(func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }),
@@ -132,6 +142,10 @@ func run(driver, dsn, processor, crash string, lease, completer time.Duration) e
 	}
 }
 
+// placeholder matches the $N placeholders the queries are written with;
+// MySQL's are ?, bound in the order they appear.
+var placeholder = regexp.MustCompile(`\$[0-9]+`)
+
 // die is the test-only trigger: the process kills itself, as a crash would,
 // with no deferred function, no rollback and no response.
 func (s *server) die(point string) {
@@ -143,6 +157,10 @@ func (s *server) die(point string) {
 }
 
 func (s *server) pay(w http.ResponseWriter, r *http.Request) {
+	if s.auth && r.Header.Get("X-Account") == "" {
+		http.Error(w, "no credentials", http.StatusUnauthorized)
+		return
+	}
 	ctx := r.Context()
 	run, ok := idempotency.FromContext(ctx)
 	if !ok {
@@ -162,7 +180,7 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 			return nil, errors.New("no transaction")
 		}
 		id := "ord_" + randHex()
-		_, err := tx.ExecContext(ctx, `INSERT INTO orders (id, idem_key, amount, pid) VALUES ($1, $2, $3, $4)`,
+		_, err := tx.ExecContext(ctx, s.bind(`INSERT INTO orders (id, idem_key, amount, pid) VALUES ($1, $2, $3, $4)`),
 			id, run.Scope.Key, amount, s.pid)
 		return []byte(id), err
 	})
@@ -216,7 +234,7 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no transaction", http.StatusServiceUnavailable)
 		return
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO receipts (order_id, charge, pid) VALUES ($1, $2, $3)`,
+	if _, err := tx.ExecContext(ctx, s.bind(`INSERT INTO receipts (order_id, charge, pid) VALUES ($1, $2, $3)`),
 		string(order), string(charge), s.pid); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
