@@ -131,8 +131,8 @@ func openRedisDeployment(t *testing.T, sh redisShared) *backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &backend{store: s, faulty: faulty, proxies: proxies, killConn: kill, shared: string(shared),
-		faultRounds: 8}
+	return &backend{store: s, faulty: faulty, proxies: proxies, killConn: kill,
+		shared: string(shared), faultRounds: 8}
 }
 
 // connSet tracks a client's connections, to find one with a call in flight.

@@ -27,14 +27,16 @@ func doneIndex(k *shardKeys) string  { return k.done }
 // scan lists, in every shard's index that index names, up to limit members
 // scored at most below (µs), in one pipelined round, the lowest scores
 // first.
-func (s *Store) scan(ctx context.Context, index func(*shardKeys) string, below string, limit int) ([]candidate, error) {
+func (s *Store) scan(ctx context.Context, index func(*shardKeys) string, below string,
+	limit int) ([]candidate, error) {
 	ctx, cancel := s.call(ctx)
 	defer cancel()
 	cmds := make([]*redis.ZSliceCmd, shards)
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range shards {
 			cmds[i] = p.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{
-				Key: index(&s.shards[i]), Start: "-inf", Stop: below, ByScore: true, Count: int64(limit),
+				Key: index(&s.shards[i]), Start: "-inf", Stop: below, ByScore: true,
+				Count: int64(limit),
 			})
 		}
 		return nil

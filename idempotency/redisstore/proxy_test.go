@@ -38,7 +38,8 @@ func newFaultProxy(t *testing.T, target string) *faultProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &faultProxy{ln: ln, target: target, conns: map[net.Conn]bool{}, drop: make(chan struct{}, 16)}
+	p := &faultProxy{ln: ln, target: target, conns: map[net.Conn]bool{},
+		drop: make(chan struct{}, 16)}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -159,7 +160,8 @@ func (p *faultProxy) connect(client net.Conn) {
 			n, err := client.Read(buf)
 			if n > 0 {
 				chunk := bytes.ToUpper(buf[:n])
-				if bytes.Contains(chunk, []byte("EVAL")) && p.drops.Load() > 0 && p.drops.Add(-1) >= 0 {
+				script := bytes.Contains(chunk, []byte("EVAL"))
+				if script && p.drops.Load() > 0 && p.drops.Add(-1) >= 0 {
 					armed.Store(true)
 				}
 				if _, werr := server.Write(buf[:n]); werr != nil {

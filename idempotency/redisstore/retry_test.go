@@ -23,28 +23,40 @@ import (
 // found then (its recovery point may have moved on): its retry fails with
 // an *OpError, an outcome the caller must take as unknown.
 func TestRetryAfterTheRecordChanged(t *testing.T) {
-	now := time.Now()
+	type store = *redisstore.Store
+	type result = idempotency.ClaimResult
+	bg, now := context.Background(), time.Now()
 	later := func(d time.Duration) time.Time { return now.Add(d) }
 	lease := testClaim("k", "x", now).LeaseFor
+	none := func(*testing.T, store) idempotency.Lease { return idempotency.Lease{} }
+	created := func(t *testing.T, d store) idempotency.Lease { // a's record, in progress
+		return mustOutcome(t, d, testClaim("k", "a", now), idempotency.ClaimCreated).Record.Lease()
+	}
+	takenBy := func(owner string, at time.Time) func(*testing.T, store, idempotency.Lease) {
+		return func(t *testing.T, d store, _ idempotency.Lease) {
+			mustOutcome(t, d, testClaim("k", owner, at), idempotency.ClaimTakenOver)
+		}
+	}
+	write := func(f func(s store, l idempotency.Lease) error) func(store, idempotency.Lease) (result, error) {
+		return func(s store, l idempotency.Lease) (result, error) { return result{}, f(s, l) }
+	}
 	cases := []struct {
 		name string
 		// setup prepares the record through direct; call is the write
 		// whose reply is lost, on s; change runs before its retry.
-		setup  func(t *testing.T, direct *redisstore.Store) idempotency.Lease
-		call   func(s *redisstore.Store, l idempotency.Lease) (idempotency.ClaimResult, error)
-		change func(t *testing.T, direct *redisstore.Store, l idempotency.Lease)
-		check  func(t *testing.T, res idempotency.ClaimResult, err error)
+		setup  func(t *testing.T, direct store) idempotency.Lease
+		call   func(s store, l idempotency.Lease) (result, error)
+		change func(t *testing.T, direct store, l idempotency.Lease)
+		check  func(t *testing.T, res result, err error)
 	}{
 		{
 			name:  "claim, then taken over",
-			setup: func(*testing.T, *redisstore.Store) idempotency.Lease { return idempotency.Lease{} },
-			call: func(s *redisstore.Store, _ idempotency.Lease) (idempotency.ClaimResult, error) {
-				return s.Claim(context.Background(), testClaim("k", "a", now))
+			setup: none,
+			call: func(s store, _ idempotency.Lease) (result, error) {
+				return s.Claim(bg, testClaim("k", "a", now))
 			},
-			change: func(t *testing.T, d *redisstore.Store, _ idempotency.Lease) {
-				mustOutcome(t, d, testClaim("k", "b", later(lease+time.Second)), idempotency.ClaimTakenOver)
-			},
-			check: func(t *testing.T, res idempotency.ClaimResult, err error) {
+			change: takenBy("b", later(lease+time.Second)),
+			check: func(t *testing.T, res result, err error) {
 				require.NoError(t, err)
 				require.Equal(t, idempotency.ClaimCreated, res.Outcome, "the claim created the record")
 				require.EqualValues(t, 1, res.Record.Generation)
@@ -53,89 +65,73 @@ func TestRetryAfterTheRecordChanged(t *testing.T) {
 		},
 		{
 			name: "takeover, then taken over again",
-			setup: func(t *testing.T, d *redisstore.Store) idempotency.Lease {
-				mustOutcome(t, d, testClaim("k", "a", now), idempotency.ClaimCreated)
+			setup: func(t *testing.T, d store) idempotency.Lease {
+				created(t, d)
 				return idempotency.Lease{}
 			},
-			call: func(s *redisstore.Store, _ idempotency.Lease) (idempotency.ClaimResult, error) {
-				return s.Claim(context.Background(), testClaim("k", "b", later(lease+time.Second)))
+			call: func(s store, _ idempotency.Lease) (result, error) {
+				return s.Claim(bg, testClaim("k", "b", later(lease+time.Second)))
 			},
-			change: func(t *testing.T, d *redisstore.Store, _ idempotency.Lease) {
-				mustOutcome(t, d, testClaim("k", "c", later(3*lease)), idempotency.ClaimTakenOver)
-			},
-			check: func(t *testing.T, res idempotency.ClaimResult, err error) {
+			change: takenBy("c", later(3*lease)),
+			check: func(t *testing.T, res result, err error) {
 				var oe *redisstore.OpError
 				require.ErrorAs(t, err, &oe, "got %v %+v", res.Outcome, res.Record)
 				require.Equal(t, "claim", oe.Op)
 			},
 		},
 		{
-			name: "completion, then restarted past the window",
-			setup: func(t *testing.T, d *redisstore.Store) idempotency.Lease {
-				return mustOutcome(t, d, testClaim("k", "a", now), idempotency.ClaimCreated).Record.Lease()
-			},
-			call: func(s *redisstore.Store, l idempotency.Lease) (idempotency.ClaimResult, error) {
-				return idempotency.ClaimResult{}, s.Complete(context.Background(), l, okResponse, now)
-			},
-			change: func(t *testing.T, d *redisstore.Store, _ idempotency.Lease) {
-				c := testClaim("k", "b", later(25*time.Hour))
-				require.EqualValues(t, 2, mustOutcome(t, d, c, idempotency.ClaimCreated).Record.Generation)
+			name:  "completion, then restarted past the window",
+			setup: created,
+			call: write(func(s store, l idempotency.Lease) error {
+				return s.Complete(bg, l, okResponse, now)
+			}),
+			change: func(t *testing.T, d store, _ idempotency.Lease) {
+				res := mustOutcome(t, d, testClaim("k", "b", later(25*time.Hour)), idempotency.ClaimCreated)
+				require.EqualValues(t, 2, res.Record.Generation)
 			},
 			check: noError,
 		},
 		{
-			name: "release, then claimed anew",
-			setup: func(t *testing.T, d *redisstore.Store) idempotency.Lease {
-				return mustOutcome(t, d, testClaim("k", "a", now), idempotency.ClaimCreated).Record.Lease()
-			},
-			call: func(s *redisstore.Store, l idempotency.Lease) (idempotency.ClaimResult, error) {
-				return idempotency.ClaimResult{}, s.Release(context.Background(), l)
-			},
-			change: func(t *testing.T, d *redisstore.Store, _ idempotency.Lease) {
+			name:  "release, then claimed anew",
+			setup: created,
+			call:  write(func(s store, l idempotency.Lease) error { return s.Release(bg, l) }),
+			change: func(t *testing.T, d store, _ idempotency.Lease) {
 				mustOutcome(t, d, testClaim("k", "b", now), idempotency.ClaimCreated)
 			},
 			check: noError,
 		},
 		{
-			name: "recovery point, then taken over",
-			setup: func(t *testing.T, d *redisstore.Store) idempotency.Lease {
-				return mustOutcome(t, d, testClaim("k", "a", now), idempotency.ClaimCreated).Record.Lease()
-			},
-			call: func(s *redisstore.Store, l idempotency.Lease) (idempotency.ClaimResult, error) {
-				return idempotency.ClaimResult{}, s.SetRecoveryPoint(context.Background(), l, "charged", []byte("c1"), now)
-			},
-			change: func(t *testing.T, d *redisstore.Store, _ idempotency.Lease) {
-				res := mustOutcome(t, d, testClaim("k", "b", later(lease+time.Second)), idempotency.ClaimTakenOver)
+			name:  "recovery point, then taken over",
+			setup: created,
+			call: write(func(s store, l idempotency.Lease) error {
+				return s.SetRecoveryPoint(bg, l, "charged", []byte("c1"), now)
+			}),
+			change: func(t *testing.T, d store, _ idempotency.Lease) {
+				c := testClaim("k", "b", later(lease+time.Second))
+				res := mustOutcome(t, d, c, idempotency.ClaimTakenOver)
 				require.Equal(t, "charged", res.Record.RecoveryPoint, "the first run set the point")
 			},
 			check: noError,
 		},
 		{
-			name: "heartbeat, then taken over",
-			setup: func(t *testing.T, d *redisstore.Store) idempotency.Lease {
-				return mustOutcome(t, d, testClaim("k", "a", now), idempotency.ClaimCreated).Record.Lease()
-			},
-			call: func(s *redisstore.Store, l idempotency.Lease) (idempotency.ClaimResult, error) {
-				return idempotency.ClaimResult{}, s.Heartbeat(context.Background(), l, later(2*lease))
-			},
-			change: func(t *testing.T, d *redisstore.Store, _ idempotency.Lease) {
-				mustOutcome(t, d, testClaim("k", "b", later(lease+time.Second)), idempotency.ClaimExisting)
-				mustOutcome(t, d, testClaim("k", "b", later(3*lease)), idempotency.ClaimTakenOver)
+			name:  "heartbeat, then taken over",
+			setup: created,
+			call: write(func(s store, l idempotency.Lease) error {
+				return s.Heartbeat(bg, l, later(2*lease))
+			}),
+			change: func(t *testing.T, d store, l idempotency.Lease) {
+				c := testClaim("k", "b", later(lease+time.Second))
+				mustOutcome(t, d, c, idempotency.ClaimExisting) // the heartbeat held
+				takenBy("b", later(3*lease))(t, d, l)
 			},
 			check: noError,
 		},
 		{
-			name: "end of lease, then taken over",
-			setup: func(t *testing.T, d *redisstore.Store) idempotency.Lease {
-				return mustOutcome(t, d, testClaim("k", "a", now), idempotency.ClaimCreated).Record.Lease()
-			},
-			call: func(s *redisstore.Store, l idempotency.Lease) (idempotency.ClaimResult, error) {
-				return idempotency.ClaimResult{}, s.EndLease(context.Background(), l, now)
-			},
-			change: func(t *testing.T, d *redisstore.Store, _ idempotency.Lease) {
-				mustOutcome(t, d, testClaim("k", "b", later(time.Millisecond)), idempotency.ClaimTakenOver)
-			},
-			check: noError,
+			name:   "end of lease, then taken over",
+			setup:  created,
+			call:   write(func(s store, l idempotency.Lease) error { return s.EndLease(bg, l, now) }),
+			change: takenBy("b", later(time.Millisecond)),
+			check:  noError,
 		},
 	}
 	for _, tc := range cases {
@@ -143,7 +139,8 @@ func TestRetryAfterTheRecordChanged(t *testing.T) {
 			p := newFaultProxy(t, redisAddr(t))
 			// One connection: the retry needs a fresh one, which the
 			// proxy holds.
-			rdb := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true, PoolSize: 1})
+			rdb := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true,
+				PoolSize: 1})
 			t.Cleanup(func() { _ = rdb.Close() })
 			prefix := freshPrefix(t, rdb)
 			s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
@@ -155,14 +152,14 @@ func TestRetryAfterTheRecordChanged(t *testing.T) {
 			l := tc.setup(t, d)
 			p.dropReplies(1)
 			p.hold()
-			type result struct {
-				res idempotency.ClaimResult
+			type answer struct {
+				res result
 				err error
 			}
-			done := make(chan result, 1)
+			done := make(chan answer, 1)
 			go func() {
 				res, err := tc.call(s, l)
-				done <- result{res, err}
+				done <- answer{res, err}
 			}()
 			p.dropped1(t)
 			tc.change(t, d, l)

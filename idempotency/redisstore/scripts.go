@@ -89,7 +89,7 @@ local prior = redis.call('GET', nonce)
 if prior then
   if prior:sub(1, 1) == 'c' then return {1, tonumber(prior:sub(2))} end
   if st == '1' and f[8] == ARGV[7] and f[9] == prior:sub(2) then return taken() end
-  return redis.error_reply('RETRY the record changed after this takeover and before its call was sent again')
+  return redis.error_reply('RETRY the record changed between this takeover and its retry')
 end
 
 local function create(g)

@@ -145,8 +145,8 @@ var errScopeMismatch = errors.New("the stored record's scope differs from the on
 // sent again after its connection failed, when Redis had run it and another
 // claim took the record before the retry: what the takeover found (its
 // recovery point) is gone, so its outcome is unknown to the caller.
-var errRetryChanged = errors.New("a takeover sent again after a lost reply found the record taken since: " +
-	"its outcome is unknown")
+var errRetryChanged = errors.New("a takeover sent again after a lost reply found the record " +
+	"taken since: its outcome is unknown")
 
 // errCorrupt is the cause of the *OpError of a read of a record whose
 // fields this package did not write.
@@ -277,7 +277,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &Store{rdb: rdb, cfg: cfg, shards: newShards(cfg.prefix), nonceID: hex.EncodeToString(id[:])}, nil
+	return &Store{rdb: rdb, cfg: cfg, shards: newShards(cfg.prefix),
+		nonceID: hex.EncodeToString(id[:])}, nil
 }
 
 // checkBounded refuses a client whose calls have no time limit. A Client's
@@ -380,7 +381,8 @@ func newShards(prefix string) *[shards]shardKeys {
 
 func (s *Store) keysFor(shard int, member string) keys {
 	sk := &s.shards[shard]
-	return keys{tag: sk.tag, rec: sk.tag + "r:" + member, lease: sk.lease, done: sk.done, member: member}
+	return keys{tag: sk.tag, rec: sk.tag + "r:" + member, lease: sk.lease, done: sk.done,
+		member: member}
 }
 
 // nonce returns the key, in k's slot, of a name no other call of any Store
@@ -575,11 +577,13 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 	keep := keepFor(c)
 	ctx, cancel := s.call(ctx)
 	defer cancel()
-	v, err := s.run(ctx, "claim", claimScript, []string{k.rec, k.lease, k.done, s.nonce(k)}, claimWrote,
+	v, err := s.run(ctx, "claim", claimScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
+		claimWrote,
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
 		c.Fingerprint, strconv.Itoa(c.FingerprintVersion), c.Owner, ns(leaseUntil),
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
-		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(), s.nonceTTL())
+		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
+		s.nonceTTL())
 	if err != nil {
 		if redis.HasErrorPrefix(err, "OOM") { // the first write of a new record failed
 			return idempotency.ClaimResult{}, &OpError{Op: "claim", Err: fmt.Errorf("%w: %v", idempotency.ErrStoreFull, err)}
@@ -903,8 +907,8 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 // a retry of a release whose reply was lost: the record is gone).
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 	k := s.keysOf(l.Scope)
-	return s.fenced(ctx, "release", releaseScript, []string{k.rec, k.lease, s.nonce(k)}, l.Owner, gen(l), k.member,
-		s.nonceTTL())
+	return s.fenced(ctx, "release", releaseScript, []string{k.rec, k.lease, s.nonce(k)},
+		l.Owner, gen(l), k.member, s.nonceTTL())
 }
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint.

@@ -194,7 +194,8 @@ func TestRedisExpiresRecords(t *testing.T) {
 		res, err = s.Claim(t.Context(), c)
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(t.Context(), res.Record.Lease(), okResponse, c.Now))
-		near("completed: window and the lease, over a minute", ttl("long-lease"), time.Hour+10*time.Minute)
+		near("completed: window and the lease, over a minute", ttl("long-lease"),
+			time.Hour+10*time.Minute)
 
 		c = testClaim("no-window", "a", now)
 		c.ReplayWindow = 0
@@ -320,17 +321,18 @@ func TestCompletedRecordIsCompact(t *testing.T) {
 		c.Request = bytes.Repeat([]byte("r"), 4096) // over the compact encoding's values
 		res, err := s.Claim(ctx, c)
 		require.NoError(t, err)
-		require.NoError(t, s.SetRecoveryPoint(ctx, res.Record.Lease(), "charged", []byte("ch_1"), now))
-		require.NoError(t, s.Complete(ctx, res.Record.Lease(), okResponse, now))
+		l := res.Record.Lease()
+		require.NoError(t, s.SetRecoveryPoint(ctx, l, "charged", []byte("ch_1"), now))
+		require.NoError(t, s.Complete(ctx, l, okResponse, now))
 		ks := keysLike(t, rdb, prefix, "*}r:*")
 		require.Len(t, ks, 1)
 		fields, err := rdb.HKeys(ctx, ks[0]).Result()
 		require.NoError(t, err)
-		require.ElementsMatch(t, []string{"st", "p", "m", "u", "k", "fp", "fv", "o", "g", "lu", "ca", "co",
-			"rs", "rh", "rb", "rp", "rd"}, fields)
+		require.ElementsMatch(t, []string{"st", "p", "m", "u", "k", "fp", "fv", "o", "g", "lu", "ca",
+			"co", "rs", "rh", "rb", "rp", "rd"}, fields)
 		enc, err := rdb.ObjectEncoding(ctx, ks[0]).Result()
 		require.NoError(t, err)
-		require.Contains(t, []string{"listpack", "ziplist"}, enc, "a completed record of small values")
+		require.Contains(t, []string{"listpack", "ziplist"}, enc, "small values: compact encoding")
 		got, err := s.Get(ctx, c.Scope)
 		require.NoError(t, err)
 		require.Equal(t, "charged", got.RecoveryPoint)

@@ -75,7 +75,8 @@ func BenchmarkRedisWork(b *testing.B) {
 		}
 	}
 	scope := func(key string) idempotency.Scope {
-		return idempotency.Scope{Principal: "bench", Method: http.MethodPost, Route: "/payments", Key: key}
+		return idempotency.Scope{Principal: "bench", Method: http.MethodPost, Route: "/payments",
+			Key: key}
 	}
 	serve(fresh, "done", http.StatusCreated)
 	holding.Go(func() { // answers at cleanup
@@ -85,7 +86,8 @@ func BenchmarkRedisWork(b *testing.B) {
 		held.ServeHTTP(httptest.NewRecorder(), req)
 	})
 	for {
-		if rec, err := s.Get(ctx, scope("held")); err == nil && rec.State == idempotency.InProgress {
+		rec, err := s.Get(ctx, scope("held"))
+		if err == nil && rec.State == idempotency.InProgress {
 			break
 		}
 		time.Sleep(time.Millisecond)
@@ -93,23 +95,29 @@ func BenchmarkRedisWork(b *testing.B) {
 	hand := func(k string) []string { return []string{prefix + "hand:" + k} }
 	handFresh := func(k string) {
 		require.NoError(b, handClaim.Run(ctx, rdb, hand(k), "owner-"+k, 30000).Err())
-		require.NoError(b, handComplete.Run(ctx, rdb, hand(k), "owner-"+k, 201, respBody, 86400000).Err())
+		err := handComplete.Run(ctx, rdb, hand(k), "owner-"+k, 201, respBody, 86400000).Err()
+		require.NoError(b, err)
 	}
 	handFresh("done")
 	require.NoError(b, handClaim.Run(ctx, rdb, hand("held"), "owner-held", 30000).Err())
 
 	// The scripts, by SHA1, as SLOWLOG shows them.
 	names := map[string]string{}
-	for name, sc := range map[string]*redis.Script{"hand-claim": handClaim, "hand-complete": handComplete} {
+	hands := map[string]*redis.Script{"hand-claim": handClaim, "hand-complete": handComplete}
+	for name, sc := range hands {
 		names[sc.Hash()] = name
 	}
 	names[scriptHash(b, rdb, s, prefix)] = "claim"
 	// The phases run interleaved, 64 requests each per round in an order
 	// that rotates, so that a shared machine's drift falls on all alike.
 	phases := []workPhase{
-		{"fresh", map[string]string{"": "complete"}, func() { serve(fresh, "fresh-"+randHex(8), http.StatusCreated) }},
+		{"fresh", map[string]string{"": "complete"}, func() {
+			serve(fresh, "fresh-"+randHex(8), http.StatusCreated)
+		}},
 		{"replay", map[string]string{"claim": "replay"}, func() { serve(fresh, "done", http.StatusCreated) }},
-		{"conflict", map[string]string{"claim": "conflict"}, func() { serve(fresh, "held", http.StatusConflict) }},
+		{"conflict", map[string]string{"claim": "conflict"}, func() {
+			serve(fresh, "held", http.StatusConflict)
+		}},
 		{"hand", nil, func() { handFresh(randHex(8)) }},
 		{"hand-replay", map[string]string{"hand-claim": "hand-replay"}, func() {
 			require.NoError(b, handClaim.Run(ctx, rdb, hand("done"), "x", 30000).Err())
@@ -168,7 +176,8 @@ func BenchmarkRedisWork(b *testing.B) {
 	require.Len(b, recs, 1)
 	b.ReportMetric(float64(rdb.MemoryUsage(ctx, recs[0], 0).Val()), "record-1k-bytes")
 	require.NoError(b, handClaim.Run(ctx, rdb, hand("big"), "owner-big", 30000).Err())
-	require.NoError(b, handComplete.Run(ctx, rdb, hand("big"), "owner-big", 201, big, 86400000).Err())
+	err = handComplete.Run(ctx, rdb, hand("big"), "owner-big", 201, big, 86400000).Err()
+	require.NoError(b, err)
 	b.ReportMetric(float64(rdb.MemoryUsage(ctx, hand("big")[0], 0).Val()), "hand-record-1k-bytes")
 	var indexBytes, members int64
 	for _, k := range rdb.Keys(ctx, prefix+"{*}done").Val() {
@@ -238,8 +247,9 @@ func scriptHash(b *testing.B, rdb *redis.Client, s *redisstore.Store, prefix str
 	ctx := b.Context()
 	require.NoError(b, rdb.SlowLogReset(ctx).Err())
 	_, err := s.Claim(ctx, idempotency.Claim{
-		Scope:       idempotency.Scope{Principal: "p", Method: "POST", Route: "/", Key: "sha-" + randHex(8)},
-		Fingerprint: "fp", FingerprintVersion: 1, Owner: "o", Now: time.Now(), LeaseFor: time.Second,
+		Scope:       idempotency.Scope{Principal: "p", Method: "POST", Route: "/", Key: randHex(8)},
+		Fingerprint: "fp", FingerprintVersion: 1, Owner: "o", Now: time.Now(),
+		LeaseFor:     time.Second,
 		ReplayWindow: time.Hour,
 	})
 	require.NoError(b, err)
