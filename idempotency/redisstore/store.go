@@ -176,7 +176,9 @@ func WithPrefix(prefix string) Option {
 // (default 5 s), within the caller's context: Listings (Abandoned,
 // DeleteBefore) have it per pipelined round. go-redis cuts a call at this
 // deadline only with ContextTimeoutEnabled; otherwise its ReadTimeout and
-// WriteTimeout bound it. Values <= 0 keep the default.
+// WriteTimeout bound it. Each write keeps its answer in a key of about 100
+// bytes for twice this deadline (see the package documentation), so a
+// long deadline holds more of them. Values <= 0 keep the default.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {
