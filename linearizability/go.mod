@@ -4,6 +4,7 @@ go 1.25.0
 
 replace (
 	github.com/saferetry/saferetry => ../
+	github.com/saferetry/saferetry/idempotency/redisstore => ../idempotency/redisstore
 	github.com/saferetry/saferetry/idempotency/sqlstore => ../idempotency/sqlstore
 )
 
@@ -12,7 +13,9 @@ require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/redis/go-redis/v9 v9.22.0
 	github.com/saferetry/saferetry v0.0.0-00010101000000-000000000000
+	github.com/saferetry/saferetry/idempotency/redisstore v0.0.0-00010101000000-000000000000
 	github.com/saferetry/saferetry/idempotency/sqlstore v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.47.0
@@ -22,7 +25,7 @@ require (
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
-	github.com/cespare/xxhash/v2 v2.1.2 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/golang/protobuf v1.5.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
@@ -41,6 +44,7 @@ require (
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/rs/xid v1.4.0 // indirect
 	github.com/rs/zerolog v1.28.0 // indirect
+	go.uber.org/atomic v1.11.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 	golang.org/x/time v0.14.0 // indirect

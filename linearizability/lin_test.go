@@ -54,8 +54,13 @@ func TestLinearizable(t *testing.T) {
 					t.Log("no network between this process and the store: short deadlines are the only fault")
 				}
 				inject := func(ctx context.Context) string { return injectFaults(ctx, b) }
-				st := runPhase(t, b, faulty, b.faulty, inject)
-				requireCoverage(t, st, network)
+				all := &runStats{}
+				for round := range max(b.faultRounds, 1) {
+					w := faulty
+					w.seed += uint64(round) * 10
+					all.add(runPhase(t, b, w, b.faulty, inject))
+				}
+				requireCoverage(t, all, network)
 			})
 			switch {
 			case sc.reopen == nil:
@@ -159,7 +164,7 @@ func injectFaults(ctx context.Context, b *backend) string {
 		errs = append(errs, err.Error())
 		mu.Unlock()
 	}
-	if b.proxy != nil {
+	if len(b.proxies) > 0 {
 		wg.Go(func() {
 			rnd := rand.New(rand.NewPCG(3, 0))
 			for ctx.Err() == nil {
@@ -196,7 +201,7 @@ func injectFaults(ctx context.Context, b *backend) string {
 	return s
 }
 
-// toxicEpisode applies one toxic (or none) to b.proxy for 10 to 40 ms.
+// toxicEpisode applies one toxic (or none) to b.proxies for 10 to 40 ms.
 func toxicEpisode(ctx context.Context, b *backend, rnd *rand.Rand) (string, error) {
 	var kind, js string
 	switch rnd.IntN(5) {
@@ -221,12 +226,16 @@ func toxicEpisode(ctx context.Context, b *backend, rnd *rand.Rand) (string, erro
 		return kind, nil
 	}
 	js = `{"name":"lincheck",` + js + `}`
-	if _, err := b.proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
-		return kind, fmt.Errorf("toxiproxy: adding %s: %w", kind, err)
+	for _, p := range b.proxies {
+		if _, err := p.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+			return kind, fmt.Errorf("toxiproxy: adding %s: %w", kind, err)
+		}
 	}
 	wait(ctx, d)
-	if err := b.proxy.Toxics.RemoveToxic(context.Background(), "lincheck"); err != nil {
-		return kind, fmt.Errorf("toxiproxy: removing %s: %w", kind, err)
+	for _, p := range b.proxies {
+		if err := p.Toxics.RemoveToxic(context.Background(), "lincheck"); err != nil {
+			return kind, fmt.Errorf("toxiproxy: removing %s: %w", kind, err)
+		}
 	}
 	return kind, nil
 }

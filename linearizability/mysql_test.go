@@ -10,6 +10,7 @@ import (
 	"os"
 	"testing"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -95,7 +96,8 @@ func openMySQL(t *testing.T) *backend {
 		}
 		return true, nil
 	}
-	return &backend{store: s, faulty: faulty, proxy: proxy, killConn: kill, shared: shared}
+	return &backend{store: s, faulty: faulty, proxies: []*toxiproxy.Proxy{proxy}, killConn: kill,
+		shared: shared}
 }
 
 func reopenMySQL(dsn string) (idempotency.Store, func(), error) {

@@ -84,6 +84,17 @@ func (s *runStats) String() string {
 	return str
 }
 
+// add adds o's counts to s's (the rounds of one phase, checked together).
+func (s *runStats) add(o *runStats) {
+	for _, c := range []struct{ dst, src *atomic.Int64 }{
+		{&s.calls, &o.calls}, {&s.unknown, &o.unknown}, {&s.created, &o.created},
+		{&s.restarted, &o.restarted}, {&s.takenOver, &o.takenOver}, {&s.existing, &o.existing},
+		{&s.leaseLost, &o.leaseLost}, {&s.notFound, &o.notFound}, {&s.writes, &o.writes},
+	} {
+		c.dst.Add(c.src.Load())
+	}
+}
+
 func (s *runStats) count(in input, out output, err error) {
 	s.calls.Add(1)
 	switch {

@@ -13,14 +13,14 @@ import (
 
 // TestConformance runs the shared Store conformance suite against a
 // standalone Redis and a Redis Cluster, each subtest under a fresh prefix.
-// The suite's times are in 2025, so the records' cleanup horizon is a
-// century: Redis would otherwise expire them at once by its own clock. The
-// Unit subtests skip: the Store is not a Transactor. It runs once more over
-// RESP2, in which Lua's false reaches the client as nil, not as false.
+// Its times are in 2025: Redis counts a record's time to live from the
+// write, whatever the times the write carries. The Unit subtests skip: the
+// Store is not a Transactor. It runs once more over RESP2, in which Lua's
+// false reaches the client as nil, not as false.
 func TestConformance(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		idempotencytest.TestStore(t, func(t *testing.T) idempotency.Store {
-			s, _, _ := newStore(t, b, redisstore.WithCleanupHorizon(century))
+			s, _, _ := newStore(t, b)
 			return s
 		})
 	})
@@ -28,7 +28,7 @@ func TestConformance(t *testing.T) {
 		idempotencytest.TestStore(t, func(t *testing.T) idempotency.Store {
 			rdb := redis.NewClient(&redis.Options{Addr: redisAddr(t), Protocol: 2, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = rdb.Close() })
-			s, err := redisstore.New(rdb, redisstore.WithPrefix(freshPrefix(t, rdb)), redisstore.WithCleanupHorizon(century))
+			s, err := redisstore.New(rdb, redisstore.WithPrefix(freshPrefix(t, rdb)))
 			require.NoError(t, err)
 			return s
 		})

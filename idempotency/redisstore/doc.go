@@ -11,15 +11,16 @@
 // # One script per operation
 //
 // Every operation on a record is one Lua script on one slot: a record's
-// hash and the two indexes of its shard share a hash tag, so the script runs
-// unchanged on a Cluster, and records spread over 256 slots (the shard is
-// the first byte of the SHA-256 of the scope's length-prefixed parts, which
-// also names the record, so scope parts of any bytes and length work). A
-// Get too is a script, so that it reads the primary even through a client
-// that sends reads to replicas. Round trips per guarded request: a new key costs two, the claim
-// and the completion; a replay one, the claim that finds the completed
-// record; an in-progress conflict (409) one. With WithReplicas, each write
-// is followed by WAIT in the same round trip.
+// hash, the two indexes of its shard and a write's nonce key share a hash
+// tag, so the script runs unchanged on a Cluster, and records spread over
+// 256 slots (the shard is the first byte of the SHA-256 of the scope's
+// length-prefixed parts, whose first 16 bytes name the record, so scope
+// parts of any bytes and length work). A Get too is a script, so that it
+// reads the primary even through a client that sends reads to replicas.
+// Round trips per guarded request: a new key costs two, the claim and the
+// completion; a replay one, the claim that finds the completed record; an
+// in-progress conflict (409) one. With WithReplicas, each write is
+// followed by WAIT in the same round trip.
 //
 // # Fenced
 //
@@ -29,32 +30,41 @@
 // the stored request. Every later write (heartbeat, end of lease, recovery
 // point, completion, release) checks owner, generation and the in-progress
 // state inside its script and writes nothing, answering
-// idempotency.ErrLeaseLost, when they do not hold. Each call carries a nonce:
-// a claim or a completion that go-redis sends again after a lost reply (the
-// connection died after Redis ran it) finds its own nonce and answers what
-// it did the first time, so a retried claim is still the claimant's and a
-// retried completion succeeds. A release whose reply was lost answers
-// ErrLeaseLost on its retry (the record is gone), which the middleware takes
-// as "nothing to give up".
+// idempotency.ErrLeaseLost, when they do not hold. Each write keeps its
+// answer for twice its deadline (WithTimeout) under a nonce of its own, a
+// key in the record's slot: go-redis sends a call again on a fresh
+// connection when its connection failed, also after Redis ran it, and the
+// call sent again answers what the first one did, whatever the record went
+// through in between: a claim that created the record is the claimant's, a
+// completion, a release or a heartbeat succeeded. A takeover whose record
+// another claim took in between fails with an *OpError instead (what it
+// found then is gone): its outcome is unknown, as for any failed call.
 //
 // # Expiry, the Completer and the Reaper
 //
-// Records expire in Redis itself (PEXPIREAT): a completed record at its
-// completion plus the longer of the cleanup horizon (WithCleanupHorizon,
-// 72 h) and its claim's replay window, so it is replayed for its whole
-// window without any Reaper; a record in progress at twice the horizon after
-// the later of its last update and its lease end. Each shard keeps a lease
-// index (its records in progress, by lease end) and a done index (its
-// completed records, by completion): Abandoned, which the Completer calls,
-// reads the lease indexes of every shard in one pipelined round (one round
-// trip per primary on a Cluster), never one hot key; members of records that
-// Redis expired leave the indexes as the listings meet them, and a claim
-// trims its shard's members older than the horizon. What the Reaper still
-// does: report each unfinished record (in progress, its lease over, for a
-// person to check its side effects) before it deletes it past the
-// middleware's horizon; Redis drops such a record only a whole horizon
-// later, unreported. Completed records need no Reaper; its DeleteBefore
-// deletes them earlier when the middleware's horizon is shorter.
+// Records expire in Redis itself, by the policy each claim carries (its
+// ReplayWindow and LeaseFor, the middleware's), so the Store takes no
+// policy of its own. Each write sets the record's time to live, which
+// Redis counts from when it runs the write: a completed record lives its
+// replay window plus a margin, the longer of its lease and a minute, so a
+// replay within the window finds it even from a server whose clock is
+// behind by less than that, with no Reaper; a record in progress lives its
+// lease's remaining time, its window and margin, and a 30-day backstop.
+// Each shard keeps a lease index (its records in progress, by lease end)
+// and a done index (its completed records, by completion): Abandoned,
+// which the Completer calls, reads the lease indexes of every shard in one
+// pipelined round (one round trip per primary on a Cluster), never one hot
+// key; members of records that Redis expired leave the indexes as the
+// listings meet them, and a claim trims its shard's members that its own
+// window, margin and backstop place past their record's life. What the
+// Reaper still does: report each unfinished record (in progress, its lease
+// over, for a person to check its side effects) before it deletes it past
+// the middleware's cleanup horizon; Redis drops such a record, unreported,
+// only the backstop after its window and margin, so a horizon under 30
+// days, as the default 72 h is, always sees it first. Completed records
+// need no Reaper; its DeleteBefore deletes the ones Redis still holds past
+// the horizon. A claim with no replay window (ReplayWindow <= 0: never
+// restarted) keeps its completed record for the backstop.
 //
 // # What it cannot promise
 //
@@ -118,17 +128,19 @@
 //
 // # Clocks
 //
-// The Store reads no clock: times come from its callers, and expiry times
-// are computed from them, so the servers and Redis need clocks that agree
-// to well below the lease (NTP), as for every shared store: a server whose
-// clock runs ahead takes over a live lease early (the fence stops the old
-// owner's writes, but two executions overlapped), and Redis expires
-// records by its own clock.
+// The Store reads no clock: times come from its callers, so the servers
+// need clocks that agree to well below the lease (NTP), as for every
+// shared store: a server whose clock runs ahead takes over a live lease
+// early (the fence stops the old owner's writes, but two executions
+// overlapped). Redis counts times to live by its own clock, from each
+// write, whatever the times the write carries.
 //
 // # Keys
 //
 // Under the prefix P (WithPrefix, "saferetry:"): P{xx}r:<digest> the record
-// (a hash), P{xx}lease and P{xx}done the shard's indexes (sorted sets), xx
-// the shard in hex. Delete a store's data with the prefix (SCAN and DEL on
+// (a hash; the digest is the first 16 bytes of the scope's SHA-256, in hex,
+// and xx its first byte, the shard), P{xx}lease and P{xx}done the shard's
+// indexes (sorted sets), and P{xx}n:<nonce> a write's answer for a few
+// seconds. Delete a store's data with the prefix (SCAN and DEL on
 // each primary); never FLUSHALL a Redis that others share.
 package redisstore

@@ -126,7 +126,3 @@ func newStore(t testing.TB, b backend, opts ...redisstore.Option) (*redisstore.S
 	require.NoError(t, err)
 	return s, rdb, prefix
 }
-
-// century is the cleanup horizon of the conformance suite, whose times are
-// fixed in 2025: Redis expires records by its own clock.
-const century = 100 * 365 * 24 * time.Hour

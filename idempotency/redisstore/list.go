@@ -20,17 +20,23 @@ type candidate struct {
 	score  float64
 }
 
-// scan lists, in every shard's index named by which ("lease" or "done"), up
-// to limit members scored at most below (µs), in one pipelined round, the
-// lowest scores first.
-func (s *Store) scan(ctx context.Context, which string, below string, limit int) ([]candidate, error) {
+// leaseIndex and doneIndex name a shard's indexes, for scan.
+func leaseIndex(k *shardKeys) string { return k.lease }
+func doneIndex(k *shardKeys) string  { return k.done }
+
+// scan lists, in every shard's index that index names, up to limit members
+// scored at most below (µs), in one pipelined round, the lowest scores
+// first.
+func (s *Store) scan(ctx context.Context, index func(*shardKeys) string, below string,
+	limit int) ([]candidate, error) {
 	ctx, cancel := s.call(ctx)
 	defer cancel()
 	cmds := make([]*redis.ZSliceCmd, shards)
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range shards {
 			cmds[i] = p.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{
-				Key: s.shardTag(i) + which, Start: "-inf", Stop: below, ByScore: true, Count: int64(limit),
+				Key: index(&s.shards[i]), Start: "-inf", Stop: below, ByScore: true,
+				Count: int64(limit),
 			})
 		}
 		return nil
@@ -98,7 +104,7 @@ func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) ([]idem
 	if limit <= 0 {
 		return nil, nil
 	}
-	cs, err := s.scan(ctx, "lease", micros(now), limit)
+	cs, err := s.scan(ctx, leaseIndex, micros(now), limit)
 	if err != nil {
 		return nil, opErr("abandoned", err)
 	}
@@ -157,8 +163,8 @@ func fetched(c *redis.Cmd) (idempotency.Record, bool, error) {
 // holding many more of the old records than its share waits for the next
 // call) and deletes with one script per record, which checks the
 // conditions again, so a record taken over, heartbeated or completed
-// meanwhile survives. Redis expires records by itself (see
-// WithCleanupHorizon): this deletes them earlier. A limit of 0 or less
+// meanwhile survives. Redis expires records by itself (see the package
+// documentation): this deletes those it still holds. A limit of 0 or less
 // deletes nothing. Errors are *OpError with Op "delete_before".
 func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
 	if limit <= 0 {
@@ -169,11 +175,11 @@ func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) 
 	// shard lists a share of the limit, with room for unevenness, rather
 	// than the whole limit, which would list shards times the limit.
 	per := min(limit, max(8, 4*limit/shards))
-	done, err := s.scan(ctx, "done", below, per)
+	done, err := s.scan(ctx, doneIndex, below, per)
 	if err != nil {
 		return 0, opErr("delete_before", err)
 	}
-	leased, err := s.scan(ctx, "lease", below, per)
+	leased, err := s.scan(ctx, leaseIndex, below, per)
 	if err != nil {
 		return 0, opErr("delete_before", err)
 	}

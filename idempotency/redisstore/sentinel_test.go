@@ -69,7 +69,7 @@ func TestSentinel(t *testing.T) {
 	}
 	idempotencytest.TestStore(t, func(t *testing.T) idempotency.Store {
 		rdb := open(t)
-		s, err := redisstore.New(rdb, redisstore.WithPrefix(freshPrefix(t, rdb)), redisstore.WithCleanupHorizon(century))
+		s, err := redisstore.New(rdb, redisstore.WithPrefix(freshPrefix(t, rdb)))
 		require.NoError(t, err)
 		return s
 	})

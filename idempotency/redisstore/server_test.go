@@ -17,7 +17,7 @@ import (
 // tests that change a server's settings (maxmemory, its policy, renamed
 // commands, replication) use one, never the shared Redis. It skips, or in
 // CI fails, without redis-server on the PATH.
-func startRedis(t *testing.T, args ...string) string {
+func startRedis(t testing.TB, args ...string) string {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {

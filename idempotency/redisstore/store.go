@@ -25,11 +25,24 @@ const (
 	// DefaultPrefix is the key prefix of WithPrefix.
 	DefaultPrefix  = "saferetry:"
 	defaultTimeout = 5 * time.Second
-	defaultHorizon = 72 * time.Hour
 	// 8 MiB: the middleware's default request body (1 MiB) and more.
 	defaultMaxRecordBytes = 8 << 20
 	// newTimeout bounds New's checks.
 	newTimeout = 10 * time.Second
+)
+
+// Expiry (see keepFor): Redis keeps a completed record its replay window
+// plus the longer of its lease and minMargin, and a record in progress a
+// backstop longer.
+const (
+	// minMargin is the least time Redis keeps a completed record past its
+	// replay window: a server whose clock is behind the one that
+	// completed it, by less than the margin, still finds it.
+	minMargin = time.Minute
+	// backstop is how much longer than that Redis keeps a record in
+	// progress, counted from its last write past its lease: a Reaper has
+	// that long past the replay window to report it unfinished.
+	backstop = 30 * 24 * time.Hour
 )
 
 // shards is the number of slots a Store's records spread over: each
@@ -128,6 +141,13 @@ func (e *OpError) Unwrap() error { return e.Err }
 // collision, or a key written by something other than this package.
 var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
 
+// errRetryChanged is the cause of the *OpError of a takeover that go-redis
+// sent again after its connection failed, when Redis had run it and another
+// claim took the record before the retry: what the takeover found (its
+// recovery point) is gone, so its outcome is unknown to the caller.
+var errRetryChanged = errors.New("a takeover sent again after a lost reply found the record " +
+	"taken since: its outcome is unknown")
+
 // errCorrupt is the cause of the *OpError of a read of a record whose
 // fields this package did not write.
 var errCorrupt = errors.New("malformed record")
@@ -138,7 +158,6 @@ type Option func(*config)
 type config struct {
 	prefix      string
 	timeout     time.Duration
-	horizon     time.Duration
 	maxRecord   int64
 	replicas    int
 	waitTimeout time.Duration
@@ -157,26 +176,13 @@ func WithPrefix(prefix string) Option {
 // (default 5 s), within the caller's context: Listings (Abandoned,
 // DeleteBefore) have it per pipelined round. go-redis cuts a call at this
 // deadline only with ContextTimeoutEnabled; otherwise its ReadTimeout and
-// WriteTimeout bound it. Values <= 0 keep the default.
+// WriteTimeout bound it. Each write keeps its answer in a key of about 100
+// bytes for twice this deadline (see the package documentation), so a
+// long deadline holds more of them. Values <= 0 keep the default.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {
 			c.timeout = d
-		}
-	}
-}
-
-// WithCleanupHorizon sets how long after its last update a record is kept
-// (default 72 h, the middleware's default): Redis expires a completed
-// record at its completion plus the longer of this horizon and its claim's
-// replay window, and a record in progress at twice the horizon after the
-// later of its last update and its lease end, so that a Reaper has a whole
-// horizon to report it. Give it the middleware's WithCleanupHorizon.
-// Values <= 0 keep the default.
-func WithCleanupHorizon(d time.Duration) Option {
-	return func(c *config) {
-		if d > 0 {
-			c.horizon = d
 		}
 	}
 }
@@ -222,6 +228,7 @@ func WithLogger(l *slog.Logger) Option {
 type Store struct {
 	rdb     redis.UniversalClient
 	cfg     config
+	shards  *[shards]shardKeys
 	nonceID string        // random, per Store: the base of its calls' nonces
 	nonces  atomic.Uint64 // the calls' nonces
 }
@@ -242,8 +249,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	if rdb == nil {
 		return nil, ErrNilClient
 	}
-	cfg := config{prefix: DefaultPrefix, timeout: defaultTimeout, horizon: defaultHorizon,
-		maxRecord: defaultMaxRecordBytes, logger: slog.Default()}
+	cfg := config{prefix: DefaultPrefix, timeout: defaultTimeout, maxRecord: defaultMaxRecordBytes,
+		logger: slog.Default()}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -272,7 +279,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &Store{rdb: rdb, cfg: cfg, nonceID: hex.EncodeToString(id[:])}, nil
+	return &Store{rdb: rdb, cfg: cfg, shards: newShards(cfg.prefix),
+		nonceID: hex.EncodeToString(id[:])}, nil
 }
 
 // checkBounded refuses a client whose calls have no time limit. A Client's
@@ -334,7 +342,7 @@ func checkEviction(ctx context.Context, rdb redis.UniversalClient, logger *slog.
 // keys are the Redis keys of one scope: its record and its shard's
 // indexes, which share one hash tag; member names the record in them.
 type keys struct {
-	rec, lease, done, member string
+	tag, rec, lease, done, member string
 }
 
 // scopeDigest is the SHA-256 of the scope's four parts, each preceded by its
@@ -349,26 +357,46 @@ func scopeDigest(sc idempotency.Scope) [sha256.Size]byte {
 	return sha256.Sum256(b)
 }
 
+// keysOf names a scope's keys: its shard is the first byte of its digest,
+// its member the first 16 bytes in hex (128 bits: no two scopes of a
+// store meet; if two ever did, the record's stored scope tells them apart
+// and the claim fails, never answering another scope's record).
 func (s *Store) keysOf(sc idempotency.Scope) keys {
 	d := scopeDigest(sc)
-	return s.keysFor(int(d[0]), hex.EncodeToString(d[:]))
+	return s.keysFor(int(d[0]), hex.EncodeToString(d[:16]))
 }
 
-// shardTag returns the hash tag of shard i: "{xx}".
-func (s *Store) shardTag(i int) string {
-	return s.cfg.prefix + "{" + hex.EncodeToString([]byte{byte(i)}) + "}"
+// shardKeys are the names of one shard's keys but its records'.
+type shardKeys struct {
+	tag, lease, done string // P{xx}, P{xx}lease, P{xx}done
+}
+
+// newShards names the keys of every shard under prefix.
+func newShards(prefix string) *[shards]shardKeys {
+	var ks [shards]shardKeys
+	for i := range ks {
+		tag := prefix + "{" + hex.EncodeToString([]byte{byte(i)}) + "}"
+		ks[i] = shardKeys{tag: tag, lease: tag + "lease", done: tag + "done"}
+	}
+	return &ks
 }
 
 func (s *Store) keysFor(shard int, member string) keys {
-	tag := s.shardTag(shard)
-	return keys{rec: tag + "r:" + member, lease: tag + "lease", done: tag + "done", member: member}
+	sk := &s.shards[shard]
+	return keys{tag: sk.tag, rec: sk.tag + "r:" + member, lease: sk.lease, done: sk.done,
+		member: member}
 }
 
-// nonce returns a value no other call of any Store uses: a retried script
-// recognises its own earlier run by it.
-func (s *Store) nonce() string {
-	return s.nonceID + strconv.FormatUint(s.nonces.Add(1), 36)
+// nonce returns the key, in k's slot, of a name no other call of any Store
+// uses: a write's script keeps its answer there, and finds it when go-redis
+// sends the call again (see scripts.go).
+func (s *Store) nonce(k keys) string {
+	return k.tag + "n:" + s.nonceID + strconv.FormatUint(s.nonces.Add(1), 36)
 }
+
+// nonceTTL is how long, in milliseconds, a write's answer is kept under its
+// nonce: twice the call's deadline, past which go-redis sends it no more.
+func (s *Store) nonceTTL() int64 { return max(mulSat(s.cfg.timeout, 2).Milliseconds(), 1) }
 
 // call returns the context of one call to Redis: ctx with at most the
 // WithTimeout deadline left.
@@ -461,8 +489,11 @@ func opErr(op string, err error) error {
 	if errors.As(err, &oe) || errors.As(err, &re) {
 		return err
 	}
-	if redis.HasErrorPrefix(err, "SCOPE") {
+	switch {
+	case redis.HasErrorPrefix(err, "SCOPE"):
 		err = errScopeMismatch
+	case redis.HasErrorPrefix(err, "RETRY"):
+		err = errRetryChanged
 	}
 	return &OpError{Op: op, Err: err}
 }
@@ -499,9 +530,6 @@ func ns(t time.Time) string { return strconv.FormatInt(nanos(t), 10) }
 
 // micros returns t's index score.
 func micros(t time.Time) string { return strconv.FormatInt(nanos(t)/1000, 10) }
-
-// millis returns t in Unix milliseconds.
-func millis(t time.Time) int64 { return nanos(t) / 1e6 }
 
 // addSat returns t + d, saturating at the times nanos can hold.
 func addSat(t time.Time, d time.Duration) time.Time {
@@ -548,20 +576,16 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 	if c.TakeoverOnly {
 		takeoverOnly = "1"
 	}
-	h := s.cfg.horizon
-	expireAt := millis(addSat(laterOf(c.Now, leaseUntil), mulSat(h, 2))) + 1
-	window := int64(0)
-	if c.ReplayWindow > 0 {
-		window = c.ReplayWindow.Milliseconds()
-	}
+	keep := keepFor(c)
 	ctx, cancel := s.call(ctx)
 	defer cancel()
-	v, err := s.run(ctx, "claim", claimScript, []string{k.rec, k.lease, k.done}, claimWrote,
+	v, err := s.run(ctx, "claim", claimScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
+		claimWrote,
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
 		c.Fingerprint, strconv.Itoa(c.FingerprintVersion), c.Owner, ns(leaseUntil),
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
-		k.member, micros(leaseUntil), expireAt, window, s.nonce(),
-		micros(addSat(c.Now, -h)), micros(addSat(c.Now, -mulSat(h, 2))))
+		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
+		s.nonceTTL())
 	if err != nil {
 		if redis.HasErrorPrefix(err, "OOM") { // the first write of a new record failed
 			return idempotency.ClaimResult{}, &OpError{Op: "claim", Err: fmt.Errorf("%w: %v", idempotency.ErrStoreFull, err)}
@@ -580,11 +604,23 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 	return res, nil
 }
 
-func laterOf(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// keepFor is how long Redis keeps the record c creates once completed:
+// its replay window plus the longer of its lease and minMargin, or the
+// backstop for a claim with no window (ReplayWindow <= 0), whose records
+// claims never restart.
+func keepFor(c idempotency.Claim) time.Duration {
+	if c.ReplayWindow <= 0 {
+		return backstop
 	}
-	return b
+	return addDur(c.ReplayWindow, max(c.LeaseFor, minMargin))
+}
+
+// addDur returns a + b for positive durations, saturating.
+func addDur(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // claimWrote reports whether the claim script's answer is of a claim that
@@ -767,8 +803,15 @@ func recordOf(m map[string]string) (idempotency.Record, error) {
 		RecoveryData:       d.bytes(get("rd")),
 		Request:            d.bytes(get("rq")),
 		CreatedAt:          fromNanos(d.int(get("ca"))),
-		UpdatedAt:          fromNanos(d.int(get("ua"))),
 		CompletedAt:        fromNanos(d.optInt(get("co"))),
+	}
+	switch _, updated := m["ua"]; {
+	case r.State == idempotency.Completed:
+		r.UpdatedAt = r.CompletedAt // a completed record's last update
+	case updated:
+		r.UpdatedAt = fromNanos(d.int(get("ua")))
+	default:
+		r.UpdatedAt = r.CreatedAt // never updated since its creation
 	}
 	if r.State != idempotency.InProgress && r.State != idempotency.Completed && d.err == nil {
 		d.err = errCorrupt
@@ -840,12 +883,13 @@ func (s *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time
 
 func (s *Store) lease(ctx context.Context, op string, l idempotency.Lease, until time.Time) error {
 	k := s.keysOf(l.Scope)
-	return s.fenced(ctx, op, heartbeatScript, []string{k.rec, k.lease},
-		l.Owner, gen(l), ns(until), micros(until), k.member, millis(until), mulSat(s.cfg.horizon, 2).Milliseconds())
+	return s.fenced(ctx, op, heartbeatScript, []string{k.rec, k.lease, s.nonce(k)},
+		l.Owner, gen(l), ns(until), micros(until), k.member, s.nonceTTL())
 }
 
 // Complete implements idempotency.Store.Complete: it stores resp, drops the
-// stored request and sets the record's expiry (see WithCleanupHorizon).
+// stored request and sets the record's time to live: its claim's replay
+// window and margin (see the package documentation).
 // idempotency.ErrLeaseLost when l does not own an in-progress record. A
 // retry of the same call after a lost reply succeeds.
 func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
@@ -855,9 +899,9 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 	if resp.Header != nil {
 		header, hasHeader = encodeHeader(resp.Header), "1"
 	}
-	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done},
+	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
 		l.Owner, gen(l), strconv.Itoa(resp.Status), header, hasHeader, resp.Body, ns(now), k.member,
-		micros(now), millis(now), s.cfg.horizon.Milliseconds(), s.nonce())
+		micros(now), s.nonceTTL())
 }
 
 // Release implements idempotency.Store.Release: it deletes the in-progress
@@ -865,7 +909,8 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 // a retry of a release whose reply was lost: the record is gone).
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 	k := s.keysOf(l.Scope)
-	return s.fenced(ctx, "release", releaseScript, []string{k.rec, k.lease}, l.Owner, gen(l), k.member)
+	return s.fenced(ctx, "release", releaseScript, []string{k.rec, k.lease, s.nonce(k)},
+		l.Owner, gen(l), k.member, s.nonceTTL())
 }
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint.
@@ -876,6 +921,6 @@ func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point
 	if data != nil {
 		hasData = "1"
 	}
-	return s.fenced(ctx, "set_recovery_point", pointScript, []string{k.rec},
-		l.Owner, gen(l), point, data, hasData, ns(now), millis(now), mulSat(s.cfg.horizon, 2).Milliseconds())
+	return s.fenced(ctx, "set_recovery_point", pointScript, []string{k.rec, s.nonce(k)},
+		l.Owner, gen(l), point, data, hasData, ns(now), s.nonceTTL())
 }

@@ -3,7 +3,11 @@ package redisstore_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -60,8 +64,8 @@ func keysLike(t *testing.T, rdb redis.UniversalClient, prefix, pattern string) [
 // kind of write after Redis ran it (a proxy closes the connection instead
 // of forwarding the answer). go-redis runs the script again on a fresh
 // connection, and each call still returns what it did: the claim is the
-// claimant's (created, or taken over), the completion succeeded. A
-// release whose reply was lost reports ErrLeaseLost: the record is gone.
+// claimant's (created, or taken over), the completion and the release
+// succeeded.
 func TestRetriedAfterLostReply(t *testing.T) {
 	p := newFaultProxy(t, redisAddr(t))
 	rdb := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true})
@@ -113,9 +117,7 @@ func TestRetriedAfterLostReply(t *testing.T) {
 
 	res, err = s.Claim(ctx, testClaim("r", "c", now))
 	require.NoError(t, err)
-	lost("release", func() {
-		require.ErrorIs(t, s.Release(ctx, res.Record.Lease()), idempotency.ErrLeaseLost)
-	})
+	lost("release", func() { require.NoError(t, s.Release(ctx, res.Record.Lease())) })
 	_, err = s.Get(ctx, testScope("r"))
 	require.ErrorIs(t, err, idempotency.ErrNotFound, "the release happened")
 }
@@ -151,72 +153,88 @@ func TestCallsHaveDeadlines(t *testing.T) {
 	require.Equal(t, idempotency.ClaimExisting, res.Outcome)
 }
 
-// TestRedisExpiresRecords checks the expiry Redis holds for a record: a
-// record in progress at twice the cleanup horizon after its lease end, a
-// completed one at its completion plus the longer of the horizon and its
-// replay window.
+// TestRedisExpiresRecords checks the time to live Redis holds for a record,
+// from the claim's own policy and no other: in progress, its lease plus its
+// replay window and the larger of its lease and a minute, plus the 30-day
+// backstop (a heartbeat counts the lease from it); once completed, the
+// window plus that margin; with no window, the backstop.
 func TestRedisExpiresRecords(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
-		const horizon = 2 * time.Hour
-		s, rdb, prefix := newStore(t, b, redisstore.WithCleanupHorizon(horizon))
-		now := time.Now()
-		expiry := func() time.Time {
-			ks := keysLike(t, rdb, prefix, "*}r:*")
-			require.Len(t, ks, 1)
-			ms, err := rdb.PExpireTime(t.Context(), ks[0]).Result()
-			require.NoError(t, err)
-			return time.UnixMilli(int64(ms / time.Millisecond))
-		}
-		near := func(what string, got, want time.Time) {
+		s, rdb, prefix := newStore(t, b)
+		ttl := func(key string) time.Duration {
 			t.Helper()
-			require.WithinDuration(t, want, got, 10*time.Millisecond, what)
+			ks := keysLike(t, rdb, prefix, "*}r:*")
+			for _, k := range ks {
+				if rdb.HGet(t.Context(), k, "k").Val() == key {
+					d, err := rdb.PTTL(t.Context(), k).Result()
+					require.NoError(t, err)
+					return d
+				}
+			}
+			t.Fatalf("no record of %s", key)
+			return 0
 		}
-		c := testClaim("exp", "a", now)
+		near := func(what string, got, want time.Duration) {
+			t.Helper()
+			require.InDelta(t, want.Seconds(), got.Seconds(), 1, what)
+		}
+		const month = 30 * 24 * time.Hour
+		now := time.Now()
+		c := testClaim("exp", "a", now) // lease 30 s, window 24 h
 		res, err := s.Claim(t.Context(), c)
 		require.NoError(t, err)
-		near("in progress", expiry(), now.Add(c.LeaseFor+2*horizon))
+		near("in progress", ttl("exp"), 30*time.Second+24*time.Hour+time.Minute+month)
 		require.NoError(t, s.Heartbeat(t.Context(), res.Record.Lease(), now.Add(time.Hour)))
-		near("after a heartbeat", expiry(), now.Add(time.Hour+2*horizon))
+		near("after a heartbeat", ttl("exp"), time.Hour+24*time.Hour+time.Minute+month)
 		require.NoError(t, s.Complete(t.Context(), res.Record.Lease(), okResponse, now))
-		near("completed, window 24 h over the horizon", expiry(), now.Add(c.ReplayWindow))
+		near("completed: window and a minute", ttl("exp"), 24*time.Hour+time.Minute)
 
-		s2, rdb2, prefix2 := newStore(t, b, redisstore.WithCleanupHorizon(horizon))
-		c = testClaim("exp", "a", now)
-		c.ReplayWindow = time.Hour
-		res, err = s2.Claim(t.Context(), c)
+		c = testClaim("long-lease", "a", now.Add(-400*24*time.Hour)) // its times far in the past
+		c.LeaseFor, c.ReplayWindow = 10*time.Minute, time.Hour
+		res, err = s.Claim(t.Context(), c)
 		require.NoError(t, err)
-		require.NoError(t, s2.Complete(t.Context(), res.Record.Lease(), okResponse, now))
-		ks := keysLike(t, rdb2, prefix2, "*}r:*")
-		require.Len(t, ks, 1)
-		ms := rdb2.PExpireTime(t.Context(), ks[0]).Val()
-		near("completed, window 1 h under the horizon", time.UnixMilli(int64(ms/time.Millisecond)), now.Add(horizon))
+		require.NoError(t, s.Complete(t.Context(), res.Record.Lease(), okResponse, c.Now))
+		near("completed: window and the lease, over a minute", ttl("long-lease"),
+			time.Hour+10*time.Minute)
+
+		c = testClaim("no-window", "a", now)
+		c.ReplayWindow = 0
+		res, err = s.Claim(t.Context(), c)
+		require.NoError(t, err)
+		require.NoError(t, s.Complete(t.Context(), res.Record.Lease(), okResponse, now))
+		near("completed, no window: the backstop", ttl("no-window"), month)
 	})
 }
 
-// TestExpiredRecordsLeaveTheIndexes makes Redis expire records at once (their
-// times are ten hours old, the horizon one hour) and checks that the
-// listings skip them and take their members out of the indexes, and that a
-// new claim trims members older than the horizon.
+// TestExpiredRecordsLeaveTheIndexes has Redis expire records (the test
+// shortens their time to live to a millisecond, as the passing of their
+// window would) and checks that the listings skip them and take their
+// members out of the indexes, and that a completion trims, in its shard,
+// the done members completed before its own replay window and margin.
 func TestExpiredRecordsLeaveTheIndexes(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
-		s, rdb, prefix := newStore(t, b, redisstore.WithCleanupHorizon(time.Hour))
+		s, rdb, prefix := newStore(t, b)
 		ctx := t.Context()
 		old := time.Now().Add(-10 * time.Hour)
+		within := func(k, owner string, now time.Time) idempotency.Claim {
+			c := testClaim(k, owner, now)
+			c.ReplayWindow = time.Minute
+			return c
+		}
 		for _, k := range []string{"a", "b", "c"} {
 			_, err := s.Claim(ctx, testClaim(k, "o", old))
 			require.NoError(t, err)
 		}
-		within := func(k, owner string) idempotency.Claim { // a replay window under the horizon
-			c := testClaim(k, owner, time.Now())
-			c.ReplayWindow = time.Minute
-			return c
-		}
 		for _, k := range []string{"d", "e"} {
-			res, err := s.Claim(ctx, within(k, "o"))
+			res, err := s.Claim(ctx, within(k, "o", old))
 			require.NoError(t, err)
 			require.NoError(t, s.Complete(ctx, res.Record.Lease(), okResponse, old))
 		}
-		require.Empty(t, keysLike(t, rdb, prefix, "*}r:*"), "Redis expired every record")
+		for _, k := range keysLike(t, rdb, prefix, "*}r:*") {
+			require.NoError(t, rdb.PExpire(ctx, k, time.Millisecond).Err())
+		}
+		require.Eventually(t, func() bool { return len(keysLike(t, rdb, prefix, "*}r:*")) == 0 },
+			10*time.Second, time.Millisecond, "Redis expired every record")
 		members := func(index string) int64 {
 			var n int64
 			for _, k := range keysLike(t, rdb, prefix, "*}"+index) {
@@ -235,14 +253,92 @@ func TestExpiredRecordsLeaveTheIndexes(t *testing.T) {
 		require.Zero(t, n, "nothing left to delete")
 		require.EqualValues(t, 0, members("done"), "DeleteBefore removed the members of expired records")
 
-		// A claim trims, in its shard, done members older than the horizon.
-		res, err := s.Claim(ctx, within("f", "o"))
+		// A completion trims, in its shard, the done members completed
+		// more than its window and margin (a minute each) before it.
+		complete := func(k string, at time.Time) {
+			res, err := s.Claim(ctx, within(k, "o", at))
+			require.NoError(t, err)
+			require.NoError(t, s.Complete(ctx, res.Record.Lease(), okResponse, at))
+		}
+		listed := func(k string) bool {
+			shard, member := digestOf(k)
+			for _, idx := range keysLike(t, rdb, prefix, fmt.Sprintf("{%02x}done", shard)) {
+				if rdb.ZScore(ctx, idx, member).Err() == nil {
+					return true
+				}
+			}
+			return false
+		}
+		complete("f", old)
+		g := sameShard(t, "f")
+		complete(g, old.Add(2*time.Minute))
+		require.True(t, listed("f"), "f completed within the window and margin")
+		complete(sameShard(t, g), old.Add(2*time.Minute+time.Millisecond))
+		require.False(t, listed("f"), "a completion past f's window and margin trimmed it")
+		require.True(t, listed(g))
+	})
+}
+
+// digestOf returns the shard and the index member of testScope(key), as
+// the Store names records: the first byte and the first 16 bytes (in hex)
+// of the SHA-256 of the scope's parts, each preceded by its length.
+func digestOf(key string) (byte, string) {
+	sc := testScope(key)
+	var b []byte
+	for _, p := range []string{sc.Principal, sc.Method, sc.Route, sc.Key} {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	d := sha256.Sum256(b)
+	return d[0], hex.EncodeToString(d[:16])
+}
+
+// sameShard returns a key, other than key, whose record of testScope is in
+// key's shard.
+func sameShard(t *testing.T, key string) string {
+	t.Helper()
+	shard, _ := digestOf(key)
+	for i := range 100000 {
+		k := key + "-" + strconv.Itoa(i)
+		if s, _ := digestOf(k); s == shard {
+			return k
+		}
+	}
+	t.Fatal("no key in the shard")
+	return ""
+}
+
+// TestCompletedRecordIsCompact checks what a completed record keeps in
+// Redis: only what its readers read (no stored request, no time to live of
+// its own, no last update apart from its completion), in Redis's compact
+// encoding when its values are small, whatever its request held; and that
+// its claim's recovery point survives the completion.
+func TestCompletedRecordIsCompact(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		s, rdb, prefix := newStore(t, b)
+		ctx, now := t.Context(), time.Now()
+		c := testClaim("compact", "a", now)
+		c.Request = bytes.Repeat([]byte("r"), 4096) // over the compact encoding's values
+		res, err := s.Claim(ctx, c)
 		require.NoError(t, err)
-		require.NoError(t, s.Complete(ctx, res.Record.Lease(), okResponse, old))
-		require.EqualValues(t, 1, members("done"))
-		_, err = s.Claim(ctx, within("f", "o2"))
+		l := res.Record.Lease()
+		require.NoError(t, s.SetRecoveryPoint(ctx, l, "charged", []byte("ch_1"), now))
+		require.NoError(t, s.Complete(ctx, l, okResponse, now))
+		ks := keysLike(t, rdb, prefix, "*}r:*")
+		require.Len(t, ks, 1)
+		fields, err := rdb.HKeys(ctx, ks[0]).Result()
 		require.NoError(t, err)
-		require.EqualValues(t, 0, members("done"))
+		require.ElementsMatch(t, []string{"st", "p", "m", "u", "k", "fp", "fv", "o", "g", "lu", "ca",
+			"co", "rs", "rh", "rb", "rp", "rd"}, fields)
+		enc, err := rdb.ObjectEncoding(ctx, ks[0]).Result()
+		require.NoError(t, err)
+		require.Contains(t, []string{"listpack", "ziplist"}, enc, "small values: compact encoding")
+		got, err := s.Get(ctx, c.Scope)
+		require.NoError(t, err)
+		require.Equal(t, "charged", got.RecoveryPoint)
+		require.Equal(t, []byte("ch_1"), got.RecoveryData)
+		require.Nil(t, got.Request, "the request is dropped at completion")
+		require.True(t, got.UpdatedAt.Equal(got.CompletedAt))
 	})
 }
 
@@ -426,7 +522,7 @@ func TestReplicasWait(t *testing.T) {
 // TestDeleteBeforeBatches deletes a backlog in the Reaper's batches of 500:
 // each shard lists only a share of the limit, and a batch still reaches it.
 func TestDeleteBeforeBatches(t *testing.T) {
-	s, _, _ := newStore(t, backends[0], redisstore.WithCleanupHorizon(century))
+	s, _, _ := newStore(t, backends[0])
 	ctx := t.Context()
 	old := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	for i := range 600 {
