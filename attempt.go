@@ -20,12 +20,12 @@ import (
 // (classify, rules, observers, peek) and stops only when the response is
 // handed over (handOver), or set aside in a hedged round while other
 // attempts run (hold); after that, the caller's context alone governs the
-// body of a response handed over. The Transport's own reads of the body have bounds of their own
-// as well: the peek at a 409 at most maxPeekTime, the drain of a discarded
-// answer the wait before the retry.
+// body of a response handed over. The Transport's own reads of the body
+// have bounds of their own as well: the peek at a 409 at most maxPeekTime,
+// the drain of a discarded answer the wait before the retry.
 //
 // An attempt is torn down in one place: close, which every attempt not
-// handed over goes through exactly once.
+// handed over goes through once and only once.
 type attempt struct {
 	n      int
 	hedge  bool // sent beside attempts still in flight, not after one
