@@ -242,7 +242,8 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (decide.Result, time.Ti
 	if err != nil && a.resp == nil {
 		// An attempt without a response carries the error (with a
 		// response in hand, that is what the caller gets).
-		a.err = errors.Join(a.err, c.redact(fmt.Errorf("saferetry: rewinding request body: %w", err)))
+		rewind := fmt.Errorf("saferetry: rewinding request body: %w", err)
+		a.err = errors.Join(a.err, c.redact(rewind))
 	}
 	return step, now
 }
@@ -312,8 +313,10 @@ func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
 	a.close(time.Time{})
 	a.d, a.err = retry.Decision{Class: retry.ClassNotRetryable}, err
 	c.observe(a, OutcomeStopped, decide.Result{Stop: retry.ReasonPrepare})
-	return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonPrepare, Err: err,
-		Key: c.key}, OutcomeStopped, retry.ReasonPrepare)
+	stop := &retry.ExhaustedError{
+		Attempts: c.sent, Reason: retry.ReasonPrepare, Err: err, Key: c.key,
+	}
+	return c.done(nil, stop, OutcomeStopped, retry.ReasonPrepare)
 }
 
 // done notes a pushback (decide.PushBack) in the record of the request the

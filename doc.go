@@ -126,8 +126,9 @@
 // waiting for the headers, classifying the response and peeking at a 409's
 // problem code. It stops when the response is handed to the caller, whose
 // context alone then governs the body, or when a hedged round sets the
-// answer aside while its other attempts run, whose limits bound that wait. No wait starts that would end after
-// the overall deadline, and no attempt starts once it has passed.
+// answer aside while its other attempts run, whose limits bound that wait.
+// No wait starts that would end after the overall deadline, and no attempt
+// starts once it has passed.
 //
 // The Transport's own reads of a body have bounds of their own, which hold
 // with no deadline at all: the peek at a 409's problem code at most 4 KiB

@@ -325,8 +325,8 @@ var notEndToEnd = []string{"Host", "Content-Length", "Transfer-Encoding", "Trail
 func checkKeyHeader(name string) error {
 	for _, own := range []string{hop.AttemptHeader, deadline.Header} {
 		if strings.EqualFold(name, own) {
-			return fmt.Errorf("%w: WithKeyHeader(%q): the Transport sets %s itself", ErrInvalidKeyHeader,
-				name, own)
+			return fmt.Errorf("%w: WithKeyHeader(%q): the Transport sets %s itself",
+				ErrInvalidKeyHeader, name, own)
 		}
 	}
 	for _, f := range notEndToEnd {
@@ -337,8 +337,8 @@ func checkKeyHeader(name string) error {
 	}
 	for i := 0; i < len(name); i++ {
 		if !tokenChar(name[i]) {
-			return fmt.Errorf("%w: WithKeyHeader(%q): byte %d is not a token character", ErrInvalidKeyHeader,
-				name, i)
+			return fmt.Errorf("%w: WithKeyHeader(%q): byte %d is not a token character",
+				ErrInvalidKeyHeader, name, i)
 		}
 	}
 	return nil

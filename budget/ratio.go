@@ -71,7 +71,8 @@ func (c RatioConfig) Validate() error {
 	case c.Buckets < 0:
 		return bad("Buckets", strconv.Itoa(c.Buckets), "must not be negative")
 	case math.IsNaN(c.FloorPerSecond) || math.IsInf(c.FloorPerSecond, 0):
-		return bad("FloorPerSecond", strconv.FormatFloat(c.FloorPerSecond, 'g', -1, 64), "must be finite")
+		floor := strconv.FormatFloat(c.FloorPerSecond, 'g', -1, 64)
+		return bad("FloorPerSecond", floor, "must be finite")
 	case c.FloorBurst < 0:
 		return bad("FloorBurst", strconv.Itoa(c.FloorBurst), "must not be negative")
 	}

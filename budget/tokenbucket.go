@@ -54,9 +54,14 @@ func (c TokenBucketConfig) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"Capacity", c.Capacity}, {"TransientCost", c.TransientCost}, {"ThrottleCost", c.ThrottleCost}} {
+	}{
+		{"Capacity", c.Capacity},
+		{"TransientCost", c.TransientCost},
+		{"ThrottleCost", c.ThrottleCost},
+	} {
 		if f.v < 0 {
-			return configError("TokenBucketConfig."+f.name, strconv.Itoa(f.v), "must not be negative")
+			return configError("TokenBucketConfig."+f.name, strconv.Itoa(f.v),
+				"must not be negative")
 		}
 	}
 	return nil

@@ -53,8 +53,9 @@
 //
 // # Policy
 //
-// The replay window (24 h), the lease (30 s) and the cleanup horizon (72 h,
-// never less than the window plus the lease) are given once, to New; the
+// The replay window, the lease and the cleanup horizon (never less than the
+// window plus the lease) are given once, to New, by WithReplayWindow,
+// WithLease and WithCleanupHorizon, which state their defaults; the
 // Middleware's Completer (which resumes requests abandoned by a crash) and
 // Reaper (which deletes old records and reports unfinished ones) take them
 // from it.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -24,34 +25,31 @@ type storedRequest struct {
 	URL         string `json:"url"` // the request URI: escaped path and query
 	Host        string `json:"host,omitempty"`
 	ContentType string `json:"content_type,omitempty"`
-	// Body is in the JSON only in the encoding of earlier releases, which
-	// decodeRequest still reads.
-	Body []byte `json:"body,omitempty"`
+	Body        []byte `json:"-"` // after the JSON and its newline
 }
 
 func (s storedRequest) encode() []byte {
-	body := s.Body
-	s.Body = nil
 	meta, _ := json.Marshal(s) // strings only: cannot fail
 	// encoding/json escapes every control character in a string, so the
 	// JSON holds no raw newline: the first one ends it.
-	b := make([]byte, 0, len(meta)+1+len(body))
-	return append(append(append(b, meta...), '\n'), body...)
+	b := make([]byte, 0, len(meta)+1+len(s.Body))
+	return append(append(append(b, meta...), '\n'), s.Body...)
 }
 
 var errBadStoredRequest = errors.New("idempotency: malformed stored request")
 
-// decodeRequest reads an encoded storedRequest, or the JSON of an earlier
-// release's encoding (no newline, the body in base64 inside).
+// decodeRequest reads an encoded storedRequest: errBadStoredRequest, with
+// the cause, for JSON that is not a storedRequest's or no newline after it.
 func decodeRequest(b []byte) (storedRequest, error) {
-	meta, body, split := bytes.Cut(b, []byte{'\n'})
+	meta, body, ok := bytes.Cut(b, []byte{'\n'})
 	var s storedRequest
 	if err := json.Unmarshal(meta, &s); err != nil {
 		return storedRequest{}, errors.Join(errBadStoredRequest, err)
 	}
-	if split {
-		s.Body = body
+	if !ok {
+		return storedRequest{}, fmt.Errorf("%w: no newline after the JSON", errBadStoredRequest)
 	}
+	s.Body = body
 	return s, nil
 }
 

@@ -60,19 +60,26 @@ func FuzzStoredRequest(f *testing.F) {
 	}
 }
 
-// The body is stored as its own bytes after the JSON, not in base64, and a
-// record of an earlier release (one JSON object, the body in base64) still
-// decodes.
+// The body is stored as its own bytes after the JSON and its newline, not
+// in base64, and decodes to those bytes; bytes without that newline are a
+// malformed stored request.
 func TestStoredRequestKeepsTheBodyAsBytes(t *testing.T) {
 	body := []byte("{\"amount\":1}\n\x00\xff")
-	enc := storedRequest{ID: "id", Method: "POST", URL: "/pay", ContentType: "application/json", Body: body}.encode()
-	want := `{"id":"id","method":"POST","url":"/pay","content_type":"application/json"}` + "\n" + string(body)
+	in := storedRequest{ID: "id", Method: "POST", URL: "/pay", ContentType: "application/json",
+		Body: body}
+	enc := in.encode()
+	want := `{"id":"id","method":"POST","url":"/pay","content_type":"application/json"}` + "\n" +
+		string(body)
 	if string(enc) != want {
 		t.Fatalf("encoded %q, want %q", enc, want)
 	}
-	old := []byte(`{"id":"id","method":"POST","url":"/pay","content_type":"application/json","body":"eyJhbW91bnQiOjF9"}`)
-	got, err := decodeRequest(old)
-	if err != nil || got.ID != "id" || got.URL != "/pay" || string(got.Body) != `{"amount":1}` {
-		t.Fatalf("an earlier release's record decoded to %+v, %v", got, err)
+	got, err := decodeRequest(enc)
+	if err != nil || got.ID != in.ID || got.Method != in.Method || got.URL != in.URL ||
+		got.ContentType != in.ContentType || string(got.Body) != string(body) {
+		t.Fatalf("decoded to %+v, %v; encoded %+v", got, err, in)
+	}
+	noNewline := []byte(`{"id":"id","method":"POST","url":"/pay","body":"eyJhbW91bnQiOjF9"}`)
+	if _, err := decodeRequest(noNewline); !errors.Is(err, errBadStoredRequest) {
+		t.Fatalf("a stored request without its newline: %v", err)
 	}
 }

@@ -96,7 +96,8 @@ const upperHex = "0123456789ABCDEF"
 func escapePart(b *strings.Builder, p string, escapeDash bool) {
 	for i := 0; i < len(p); i++ {
 		c := p[i]
-		if c < 0x21 || c > 0x7E || c == '%' || c == ',' || c == '"' || c == '\\' || (escapeDash && c == '-') {
+		if c < 0x21 || c > 0x7E || c == '%' || c == ',' || c == '"' || c == '\\' ||
+			(escapeDash && c == '-') {
 			b.WriteByte('%')
 			b.WriteByte(upperHex[c>>4])
 			b.WriteByte(upperHex[c&0x0F])

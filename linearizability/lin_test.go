@@ -142,7 +142,7 @@ func requireCoverage(t *testing.T, st *runStats, unknown bool) {
 		}
 	}
 	if len(missing) > 0 {
-		t.Errorf("the history has no %s: the workload no longer exercises them",
+		t.Errorf("the history has no %s: the workload does not exercise them",
 			strings.Join(missing, ", "))
 	}
 }

@@ -77,11 +77,13 @@ func newClient(c config) *client {
 	cl := &client{tracer: c.tracer()}
 	var err error
 	if cl.attempts, err = m.Int64Counter(ClientAttempts, metric.WithUnit("{attempt}"),
-		metric.WithDescription("Attempts sent by the saferetry Transport, by outcome class and what the loop did next.")); err != nil {
+		metric.WithDescription("Attempts sent by the saferetry Transport, "+
+			"by outcome class and what the loop did next.")); err != nil {
 		otel.Handle(err)
 	}
 	if cl.retries, err = m.Int64Counter(ClientRetries, metric.WithUnit("{retry}"),
-		metric.WithDescription("Retries decided, by the class of the outcome retried.")); err != nil {
+		metric.WithDescription(
+			"Retries decided, by the class of the outcome retried.")); err != nil {
 		otel.Handle(err)
 	}
 	if cl.budgetDenials, err = m.Int64Counter(ClientBudgetDenials, metric.WithUnit("{denial}"),
@@ -89,7 +91,8 @@ func newClient(c config) *client {
 		otel.Handle(err)
 	}
 	if cl.exhausted, err = m.Int64Counter(ClientExhausted, metric.WithUnit("{call}"),
-		metric.WithDescription("Calls that stopped while their outcome could have been retried, by reason.")); err != nil {
+		metric.WithDescription("Calls that stopped while their outcome could have been retried, "+
+			"by reason.")); err != nil {
 		otel.Handle(err)
 	}
 	if cl.wait, err = m.Float64Histogram(ClientRetryWait, metric.WithUnit("s"),
@@ -123,7 +126,9 @@ func ClientOptions(opts ...Option) []saferetry.Option {
 }
 
 func (cl *client) observer() saferetry.Observer {
-	return saferetry.Observer{AttemptStart: cl.attemptStart, AttemptDone: cl.attemptDone, CallDone: cl.callDone}
+	return saferetry.Observer{
+		AttemptStart: cl.attemptStart, AttemptDone: cl.attemptDone, CallDone: cl.callDone,
+	}
 }
 
 // spanKey keeps the attempt's span in its context, so that AttemptDone ends
@@ -134,7 +139,8 @@ func (cl *client) attemptStart(ctx context.Context, a saferetry.AttemptStartInfo
 	r := a.Request
 	method := methodAttr(r.Method)
 	attrs := make([]attribute.KeyValue, 0, 8)
-	attrs = append(attrs, semconv.HTTPRequestMethodKey.String(method), semconv.ServerAddress(r.URL.Hostname()))
+	attrs = append(attrs, semconv.HTTPRequestMethodKey.String(method),
+		semconv.ServerAddress(r.URL.Hostname()))
 	if p := port(r.URL); p > 0 {
 		attrs = append(attrs, semconv.ServerPort(p))
 	}
@@ -155,7 +161,8 @@ func (cl *client) attemptStart(ctx context.Context, a saferetry.AttemptStartInfo
 	if name == "_OTHER" {
 		name = "HTTP"
 	}
-	ctx, span := cl.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	ctx, span := cl.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attrs...))
 	return context.WithValue(ctx, spanKey{}, span)
 }
 
@@ -181,7 +188,8 @@ func (cl *client) attemptDone(ctx context.Context, a saferetry.AttemptDoneInfo) 
 		cl.retries.Add(ctx, 1, metric.WithAttributes(method, host, retried))
 		cl.wait.Record(ctx, a.Wait.Seconds(), metric.WithAttributes(host, retried))
 	case a.Stop == retry.ReasonBudget:
-		cl.budgetDenials.Add(ctx, 1, metric.WithAttributes(host, RetryClassKey.String(string(a.Decision.Class))))
+		denied := RetryClassKey.String(string(a.Decision.Class))
+		cl.budgetDenials.Add(ctx, 1, metric.WithAttributes(host, denied))
 	}
 
 	span, ok := ctx.Value(spanKey{}).(trace.Span)
@@ -211,7 +219,8 @@ func (cl *client) callDone(ctx context.Context, c saferetry.CallDoneInfo) {
 		return
 	}
 	r := c.Request
-	cl.exhausted.Add(ctx, 1, metric.WithAttributes(semconv.HTTPRequestMethodKey.String(methodAttr(r.Method)),
+	cl.exhausted.Add(ctx, 1, metric.WithAttributes(
+		semconv.HTTPRequestMethodKey.String(methodAttr(r.Method)),
 		semconv.ServerAddress(r.URL.Hostname()), StopReasonKey.String(string(c.Stop))))
 }
 

@@ -33,18 +33,28 @@ const (
 
 // Server metric names.
 const (
-	ServerExecutions    = "saferetry.server.executions"     // counter, {execution}, by outcome
-	ServerTakeovers     = "saferetry.server.takeovers"      // counter, {takeover}
-	ServerReplays       = "saferetry.server.replays"        // counter, {replay}
-	ServerRefusals      = "saferetry.server.refusals"       // counter, {refusal}, by problem code and status
-	ServerStoreErrors   = "saferetry.server.store.errors"   // counter, {error}, by operation
-	ServerStoreDuration = "saferetry.server.store.duration" // histogram, s, by operation
-	ServerUnfinishedAge = "saferetry.server.unfinished.age" // histogram, s: age of the reaper's unfinished records
+	// ServerExecutions is a counter, {execution}, by outcome.
+	ServerExecutions = "saferetry.server.executions"
+	// ServerTakeovers is a counter, {takeover}.
+	ServerTakeovers = "saferetry.server.takeovers"
+	// ServerReplays is a counter, {replay}.
+	ServerReplays = "saferetry.server.replays"
+	// ServerRefusals is a counter, {refusal}, by problem code and status.
+	ServerRefusals = "saferetry.server.refusals"
+	// ServerStoreErrors is a counter, {error}, by operation.
+	ServerStoreErrors = "saferetry.server.store.errors"
+	// ServerStoreDuration is a histogram, s, by operation.
+	ServerStoreDuration = "saferetry.server.store.duration"
+	// ServerUnfinishedAge is a histogram, s: the age of the reaper's
+	// unfinished records.
+	ServerUnfinishedAge = "saferetry.server.unfinished.age"
 )
 
 // storeBuckets are the store-latency boundaries, in seconds: from an
 // in-memory call to the 10 s bound of a store call.
-var storeBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
+var storeBuckets = []float64{
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10,
+}
 
 // ageBuckets are the boundaries of an unfinished record's age, in seconds:
 // a minute to a week (the reaper's default horizon is 72 h).
@@ -70,11 +80,13 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 	s := &server{}
 	var err error
 	if s.executions, err = m.Int64Counter(ServerExecutions, metric.WithUnit("{execution}"),
-		metric.WithDescription("Handler executions of guarded requests, by how their record was settled.")); err != nil {
+		metric.WithDescription("Handler executions of guarded requests, "+
+			"by how their record was settled.")); err != nil {
 		otel.Handle(err)
 	}
 	if s.takeovers, err = m.Int64Counter(ServerTakeovers, metric.WithUnit("{takeover}"),
-		metric.WithDescription("Claims that took over an in-progress record whose lease had expired.")); err != nil {
+		metric.WithDescription("Claims that took over an in-progress record "+
+			"whose lease had expired.")); err != nil {
 		otel.Handle(err)
 	}
 	if s.replays, err = m.Int64Counter(ServerReplays, metric.WithUnit("{replay}"),
@@ -82,11 +94,13 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 		otel.Handle(err)
 	}
 	if s.refusals, err = m.Int64Counter(ServerRefusals, metric.WithUnit("{refusal}"),
-		metric.WithDescription("Problem answers of the middleware's own: conflicts, invalid keys, a store unavailable or full.")); err != nil {
+		metric.WithDescription("Problem answers of the middleware's own: conflicts, invalid keys, "+
+			"a store unavailable or full.")); err != nil {
 		otel.Handle(err)
 	}
 	if s.storeErrors, err = m.Int64Counter(ServerStoreErrors, metric.WithUnit("{error}"),
-		metric.WithDescription("Store calls that failed (not found, lease lost, full and too large are answers, not failures).")); err != nil {
+		metric.WithDescription("Store calls that failed "+
+			"(not found, lease lost, full and too large are answers, not failures).")); err != nil {
 		otel.Handle(err)
 	}
 	if s.storeDuration, err = m.Float64Histogram(ServerStoreDuration, metric.WithUnit("s"),
@@ -107,25 +121,31 @@ func ServerObserver(opts ...Option) idempotency.Observer {
 		},
 		Executed: func(ctx context.Context, e idempotency.Event) {
 			s.executions.Add(ctx, 1, metric.WithAttributes(withRetry(ctx, method(e),
-				ExecutionOutcomeKey.String(string(e.Outcome)), semconv.HTTPResponseStatusCode(e.Status))...))
+				ExecutionOutcomeKey.String(string(e.Outcome)),
+				semconv.HTTPResponseStatusCode(e.Status))...))
 		},
 		Replayed: func(ctx context.Context, e idempotency.Event) {
-			s.replays.Add(ctx, 1, metric.WithAttributes(method(e), semconv.HTTPResponseStatusCode(e.Status)))
+			s.replays.Add(ctx, 1,
+				metric.WithAttributes(method(e), semconv.HTTPResponseStatusCode(e.Status)))
 		},
 		Refused: func(ctx context.Context, e idempotency.Event) {
 			s.refusals.Add(ctx, 1, metric.WithAttributes(withRetry(ctx, method(e),
-				ProblemCodeKey.String(string(e.Code)), semconv.HTTPResponseStatusCode(e.Status))...))
+				ProblemCodeKey.String(string(e.Code)),
+				semconv.HTTPResponseStatusCode(e.Status))...))
 		},
 		StoreCall: func(ctx context.Context, e idempotency.Event) {
 			op := StoreOperationKey.String(string(e.Op))
 			s.storeDuration.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(op))
-			if e.Err != nil && !errors.Is(e.Err, idempotency.ErrNotFound) && !errors.Is(e.Err, idempotency.ErrLeaseLost) &&
-				!errors.Is(e.Err, idempotency.ErrStoreFull) && !errors.Is(e.Err, idempotency.ErrRecordTooLarge) {
+			if e.Err != nil && !errors.Is(e.Err, idempotency.ErrNotFound) &&
+				!errors.Is(e.Err, idempotency.ErrLeaseLost) &&
+				!errors.Is(e.Err, idempotency.ErrStoreFull) &&
+				!errors.Is(e.Err, idempotency.ErrRecordTooLarge) {
 				s.storeErrors.Add(ctx, 1, metric.WithAttributes(op))
 			}
 		},
 		Unfinished: func(ctx context.Context, rec idempotency.Record, age time.Duration) {
-			s.unfinished.Record(ctx, age.Seconds(), metric.WithAttributes(methodAttrKV(rec.Scope.Method)))
+			s.unfinished.Record(ctx, age.Seconds(),
+				metric.WithAttributes(methodAttrKV(rec.Scope.Method)))
 		},
 	}
 }

@@ -195,7 +195,9 @@ func classifyErr(in Input) Decision {
 	switch {
 	case in.AttemptTimedOut:
 		// Our own per-attempt timer fired; the caller's context is alive.
-		return Decision{Class: ClassTimeout, NeverSent: neverSent, Retry: in.Idempotent || neverSent}
+		return Decision{
+			Class: ClassTimeout, NeverSent: neverSent, Retry: in.Idempotent || neverSent,
+		}
 	case isTLSVerification(err):
 		return Decision{Class: ClassTLS}
 	case errors.Is(err, context.Canceled):

@@ -24,7 +24,8 @@ func parseRetryAfter(value string, now time.Time) (time.Duration, bool) {
 	if v[0] >= '0' && v[0] <= '9' { // ParseUint accepts no sign; "0x" and "_" need base 0
 		secs, err := strconv.ParseUint(v, 10, 64)
 		switch {
-		case errors.Is(err, strconv.ErrRange), err == nil && secs > math.MaxInt64/uint64(time.Second):
+		case errors.Is(err, strconv.ErrRange),
+			err == nil && secs > math.MaxInt64/uint64(time.Second):
 			return time.Duration(math.MaxInt64), true
 		case err == nil:
 			return time.Duration(secs) * time.Second, true

@@ -149,8 +149,8 @@ func run() error {
 		return fmt.Errorf("metrics: %s %d, %s %d; want 1 and 1",
 			otelsaferetry.ClientRetries, retries, otelsaferetry.ServerReplays, replays)
 	}
-	fmt.Printf("consumer: one payment row, the retry replayed the stored 201; "+
-		"%s %d, %s %d\n", otelsaferetry.ClientRetries, retries, otelsaferetry.ServerReplays, replays)
+	fmt.Printf("consumer: one payment row, the retry replayed the stored 201; %s %d, %s %d\n",
+		otelsaferetry.ClientRetries, retries, otelsaferetry.ServerReplays, replays)
 	return nil
 }
 

@@ -17,8 +17,7 @@ import (
 
 // The limits' defaults (WithMaxRecords, WithMaxBytes).
 const (
-	// 100,000 records: about 90 MiB with small bodies, or a sustained 1.1
-	// new keys a second over a 24-hour replay window.
+	// 100,000 records: about 90 MiB with small bodies.
 	defaultMaxRecords = 100_000
 	// 256 MiB, as Store.Bytes counts: it binds first when records average
 	// more than about 2.6 KiB.
@@ -46,8 +45,8 @@ type Store struct {
 type Option func(*Store)
 
 // WithMaxRecords sets the number of records the Store holds at most
-// (default 100,000). Values <= 0 keep the default; math.MaxInt means no
-// limit.
+// (default 100,000: a sustained 1.1 new keys a second over a 24-hour replay
+// window). Values <= 0 keep the default; math.MaxInt means no limit.
 func WithMaxRecords(n int) Option {
 	return func(m *Store) {
 		if n > 0 {

@@ -14,9 +14,9 @@ import (
 // TestConformance runs the shared Store conformance suite against a
 // standalone Redis and a Redis Cluster, each subtest under a fresh prefix.
 // Its times are in 2025: Redis counts a record's time to live from the
-// write, whatever the times the write carries. The Unit subtests skip: the
-// Store is not a Transactor. It runs once more over RESP2, in which Lua's
-// false reaches the client as nil, not as false.
+// write, whatever the times the write carries. The Store is not a
+// Transactor, so the suite registers no Unit subtest. It runs once more
+// over RESP2, in which Lua's false reaches the client as nil, not as false.
 func TestConformance(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		idempotencytest.TestStore(t, func(t *testing.T) idempotency.Store {

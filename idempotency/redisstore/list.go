@@ -58,15 +58,18 @@ func (s *Store) scan(ctx context.Context, index func(*shardKeys) string, below s
 // scripts runs sc once per candidate on its keys, with args before the
 // member, in one pipelined round (the scripts loaded first where a primary
 // lacks them).
-func (s *Store) scripts(ctx context.Context, sc *redis.Script, cs []candidate, args ...any) ([]*redis.Cmd, error) {
+func (s *Store) scripts(ctx context.Context, sc *redis.Script, cs []candidate, args ...any) (
+	[]*redis.Cmd, error) {
 	ctx, cancel := s.call(ctx)
 	defer cancel()
-	pipe := func(eval func(p redis.Pipeliner, k []string, a ...any) *redis.Cmd) ([]*redis.Cmd, error) {
+	type evalFunc func(p redis.Pipeliner, k []string, a ...any) *redis.Cmd
+	pipe := func(eval evalFunc) ([]*redis.Cmd, error) {
 		cmds := make([]*redis.Cmd, len(cs))
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, c := range cs {
 				k := s.keysFor(c.shard, c.member)
-				cmds[i] = eval(p, []string{k.rec, k.lease, k.done}, append(args[:len(args):len(args)], c.member)...)
+				a := append(args[:len(args):len(args)], c.member)
+				cmds[i] = eval(p, []string{k.rec, k.lease, k.done}, a...)
 			}
 			return nil
 		})
@@ -75,9 +78,13 @@ func (s *Store) scripts(ctx context.Context, sc *redis.Script, cs []candidate, a
 		}
 		return cmds, err
 	}
-	cmds, err := pipe(func(p redis.Pipeliner, k []string, a ...any) *redis.Cmd { return sc.EvalSha(ctx, p, k, a...) })
+	cmds, err := pipe(func(p redis.Pipeliner, k []string, a ...any) *redis.Cmd {
+		return sc.EvalSha(ctx, p, k, a...)
+	})
 	if err != nil && len(cmds) > 0 && redis.HasErrorPrefix(firstErr(cmds), "NOSCRIPT") {
-		cmds, err = pipe(func(p redis.Pipeliner, k []string, a ...any) *redis.Cmd { return sc.Eval(ctx, p, k, a...) })
+		cmds, err = pipe(func(p redis.Pipeliner, k []string, a ...any) *redis.Cmd {
+			return sc.Eval(ctx, p, k, a...)
+		})
 	}
 	if err != nil {
 		return nil, err
@@ -100,7 +107,8 @@ func firstErr(cmds []*redis.Cmd) error {
 // reads the records found in another (per primary on a Cluster); members of
 // records that Redis expired leave the index on the way. A limit of 0 or
 // less returns nothing. Errors are *OpError with Op "abandoned".
-func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) ([]idempotency.Record, error) {
+func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) (
+	[]idempotency.Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}

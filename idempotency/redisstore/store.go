@@ -70,7 +70,8 @@ var (
 	// client other than *redis.Client (standalone or Sentinel) and
 	// *redis.ClusterClient: WAIT must run on the primary and the
 	// connection that wrote.
-	ErrReplicasUnsupported = errors.New("redisstore: WithReplicas needs a *redis.Client or a *redis.ClusterClient")
+	ErrReplicasUnsupported = errors.New(
+		"redisstore: WithReplicas needs a *redis.Client or a *redis.ClusterClient")
 	// ErrEvictionPolicy is matched (errors.Is) by the *EvictionPolicyError
 	// that New returns for a primary whose maxmemory-policy is not
 	// noeviction.
@@ -112,7 +113,8 @@ type ReplicationError struct {
 
 // Error returns "redisstore: <op>: <got> of <want> replicas acknowledged".
 func (e *ReplicationError) Error() string {
-	return fmt.Sprintf("redisstore: %s: %d of %d replicas acknowledged the write in time", e.Op, e.Got, e.Want)
+	return fmt.Sprintf("redisstore: %s: %d of %d replicas acknowledged the write in time",
+		e.Op, e.Got, e.Want)
 }
 
 // Is reports whether target is ErrNotReplicated.
@@ -139,7 +141,8 @@ func (e *OpError) Unwrap() error { return e.Err }
 // errScopeMismatch is the cause of the *OpError of a claim or a read that
 // finds under a scope's digest a record of other scope parts: a SHA-256
 // collision, or a key written by something other than this package.
-var errScopeMismatch = errors.New("the stored record's scope differs from the one asked for (digest collision?)")
+var errScopeMismatch = errors.New(
+	"the stored record's scope differs from the one asked for (digest collision?)")
 
 // errRetryChanged is the cause of the *OpError of a takeover that go-redis
 // sent again after its connection failed, when Redis had run it and another
@@ -408,8 +411,8 @@ func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc) 
 // for the replicas in the same round trip. wrote reports from the script's
 // answer whether it wrote (a fenced write refused writes nothing, so no
 // replica need acknowledge it).
-func (s *Store) run(ctx context.Context, op string, sc *redis.Script, k []string, wrote func(any) bool,
-	args ...any) (any, error) {
+func (s *Store) run(ctx context.Context, op string, sc *redis.Script, k []string,
+	wrote func(any) bool, args ...any) (any, error) {
 	if s.cfg.replicas <= 0 {
 		v, err := sc.Run(ctx, s.rdb, k, args...).Result()
 		if err != nil {
@@ -560,10 +563,12 @@ func mulSat(d time.Duration, k int64) time.Duration {
 // *OpError: the store is full only for new keys). Other errors are *OpError with Op "claim" (a
 // digest collision among them) or a *ReplicationError.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
-	size := int64(len(c.Scope.Principal)) + int64(len(c.Scope.Method)) + int64(len(c.Scope.Route)) +
-		int64(len(c.Scope.Key)) + int64(len(c.Fingerprint)) + int64(len(c.Owner)) + int64(len(c.Request))
+	size := int64(len(c.Scope.Principal)) + int64(len(c.Scope.Method)) +
+		int64(len(c.Scope.Route)) + int64(len(c.Scope.Key)) + int64(len(c.Fingerprint)) +
+		int64(len(c.Owner)) + int64(len(c.Request))
 	if size > s.cfg.maxRecord {
-		return idempotency.ClaimResult{}, fmt.Errorf("%w: a new record of %d bytes, at most %d (redisstore)",
+		return idempotency.ClaimResult{}, fmt.Errorf(
+			"%w: a new record of %d bytes, at most %d (redisstore)",
 			idempotency.ErrRecordTooLarge, size, s.cfg.maxRecord)
 	}
 	k := s.keysOf(c.Scope)
@@ -588,7 +593,8 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 		s.nonceTTL())
 	if err != nil {
 		if redis.HasErrorPrefix(err, "OOM") { // the first write of a new record failed
-			return idempotency.ClaimResult{}, &OpError{Op: "claim", Err: fmt.Errorf("%w: %v", idempotency.ErrStoreFull, err)}
+			full := fmt.Errorf("%w: %v", idempotency.ErrStoreFull, err)
+			return idempotency.ClaimResult{}, &OpError{Op: "claim", Err: full}
 		}
 		var re *ReplicationError
 		if !errors.As(err, &re) {
@@ -641,7 +647,8 @@ func fencedWrote(v any) bool {
 }
 
 // claimResult reads the claim script's answer (see claimScript).
-func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (idempotency.ClaimResult, error) {
+func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (
+	idempotency.ClaimResult, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
 		return idempotency.ClaimResult{}, errCorrupt
@@ -792,7 +799,9 @@ func recordOf(m map[string]string) (idempotency.Record, error) {
 		return nil
 	}
 	r := idempotency.Record{
-		Scope:              idempotency.Scope{Principal: m["p"], Method: m["m"], Route: m["u"], Key: m["k"]},
+		Scope: idempotency.Scope{
+			Principal: m["p"], Method: m["m"], Route: m["u"], Key: m["k"],
+		},
 		State:              idempotency.State(d.int(get("st"))),
 		Fingerprint:        m["fp"],
 		FingerprintVersion: int(d.int(get("fv"))),
@@ -852,7 +861,8 @@ func (s *Store) Get(ctx context.Context, sc idempotency.Scope) (idempotency.Reco
 
 // fenced runs a fenced write and turns its answer into nil or
 // idempotency.ErrLeaseLost.
-func (s *Store) fenced(ctx context.Context, op string, sc *redis.Script, k []string, args ...any) error {
+func (s *Store) fenced(ctx context.Context, op string, sc *redis.Script, k []string,
+	args ...any) error {
 	ctx, cancel := s.call(ctx)
 	defer cancel()
 	v, err := s.run(ctx, op, sc, k, fencedWrote, args...)
@@ -892,7 +902,8 @@ func (s *Store) lease(ctx context.Context, op string, l idempotency.Lease, until
 // window and margin (see the package documentation).
 // idempotency.ErrLeaseLost when l does not own an in-progress record. A
 // retry of the same call after a lost reply succeeds.
-func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response, now time.Time) error {
+func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response,
+	now time.Time) error {
 	k := s.keysOf(l.Scope)
 	var header []byte
 	hasHeader := "0"
@@ -915,7 +926,8 @@ func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint.
 // idempotency.ErrLeaseLost when l does not own an in-progress record.
-func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string, data []byte, now time.Time) error {
+func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point string,
+	data []byte, now time.Time) error {
 	k := s.keysOf(l.Scope)
 	hasData := "0"
 	if data != nil {

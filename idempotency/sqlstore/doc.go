@@ -64,19 +64,17 @@
 //	       int8send(octet_length(route)) || route ||
 //	       int8send(octet_length(idem_key)) || idem_key)
 //
-// Migrate upgrades the layouts of earlier releases in one transaction: a table
-// keyed on the TEXT scope parts is renamed to <table>_v1 (drop it once you no
-// longer need it) and its records are copied into a new table; on PostgreSQL a
-// TEXT recovery_point becomes BYTEA in place (the table is locked and
-// rewritten); the indexes on (state, lease_until) and (updated_at) are
-// replaced in place by the two partial indexes (writes to the table wait while
-// they are built; on a large table, build them first with CREATE INDEX
-// CONCURRENTLY under Schema's names), and on PostgreSQL the table gets its
-// fillfactor, for the pages written from then on. Run it from one process
-// before this release's servers serve. A connection that prepared a statement
-// before the change fails it once. Servers of the previous release keep
-// working on the upgraded table (a recovery point containing a backslash is
-// refused to them); servers of the TEXT-keyed release fail closed (503).
+// On PostgreSQL and SQLite, Migrate also brings a table of an earlier layout
+// to this one, in one transaction: a table keyed on the TEXT scope parts is
+// renamed to <table>_v1 (drop it once you no longer need it) and its records
+// are copied into a new table; on PostgreSQL a TEXT recovery_point becomes
+// BYTEA in place (the table is locked and rewritten); the indexes on (state,
+// lease_until) and (updated_at) are replaced in place by the two partial
+// indexes (writes to the table wait while they are built; on a large table,
+// build them first with CREATE INDEX CONCURRENTLY under Schema's names), and
+// on PostgreSQL the table gets its fillfactor, for the pages written from
+// then on. Run it from one process before the servers serve. A connection
+// that prepared a statement before the change fails it once.
 //
 // # Claims and fences
 //
@@ -155,8 +153,8 @@
 // (tested on MariaDB 10.11), with InnoDB tables, in the SQL both servers
 // share: MySQL has no RETURNING, MariaDB's INSERT has one and its UPDATE
 // none, so no statement relies on it. Open identifies the server by
-// @@version. The table (Migrate runs Schema, one CREATE TABLE IF NOT EXISTS;
-// no earlier release had a MySQL layout to upgrade):
+// @@version. The table (Migrate runs Schema, one CREATE TABLE IF NOT EXISTS:
+// this is the MySQL dialect's only layout):
 //
 //	CREATE TABLE IF NOT EXISTS idempotency_records (
 //		scope_hash          BINARY(32) NOT NULL PRIMARY KEY,

@@ -14,8 +14,8 @@ import (
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
-// v1Schema is the DDL of the TEXT-keyed layout that releases before the
-// scope digest created (%[1]s the table, %[2]s the blob type).
+// v1Schema is the DDL of the TEXT-keyed layout, the earlier layout without
+// the scope digest (%[1]s the table, %[2]s the blob type).
 const v1Schema = `CREATE TABLE %[1]s (
 	principal           TEXT     NOT NULL,
 	method              TEXT     NOT NULL,
@@ -227,10 +227,8 @@ const indexedSchema = `CREATE TABLE %[1]s (
 CREATE INDEX %[1]s_lease_idx ON %[1]s (state, lease_until);
 CREATE INDEX %[1]s_updated_idx ON %[1]s (updated_at)`
 
-// indexesOf lists the indexes of the store's table, by name (SQLite's
-// automatic index of the primary key as "pkey").
-// forEachUpgradable is forEach over the dialects that had a layout in an
-// earlier release: PostgreSQL and SQLite (the MySQL dialect came later;
+// forEachUpgradable is forEach over the dialects that have an earlier
+// layout: PostgreSQL and SQLite (the MySQL dialect has none;
 // TestMySQLMigrateTwiceAndConcurrently covers its Migrate).
 func forEachUpgradable(t *testing.T, f func(t *testing.T, b backend)) {
 	for _, b := range backends {
@@ -240,6 +238,8 @@ func forEachUpgradable(t *testing.T, f func(t *testing.T, b backend)) {
 	}
 }
 
+// indexesOf lists the indexes of the store's table, by name (SQLite's
+// automatic index of the primary key as "pkey").
 func indexesOf(t *testing.T, db *sql.DB, d sqlstore.Dialect) []string {
 	t.Helper()
 	q := `SELECT CASE WHEN name LIKE 'sqlite_autoindex_%' THEN 'pkey' ELSE name END

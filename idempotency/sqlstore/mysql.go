@@ -315,8 +315,7 @@ func (s *Store) mysqlDeleteBefore(ctx context.Context, horizon time.Time, limit 
 
 // mysqlMigrate runs the schema's one CREATE TABLE IF NOT EXISTS, outside a
 // transaction (MySQL commits DDL at once); a second run changes nothing.
-// No earlier release had a MySQL dialect, so there is no layout to
-// upgrade.
+// The MySQL dialect has no earlier layout to upgrade.
 func (s *Store) mysqlMigrate(ctx context.Context) error {
 	_, err := s.db.ExecContext(ctx, mysqlSchema(s.table))
 	return opErr("migrate", err)

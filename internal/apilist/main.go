@@ -29,7 +29,9 @@ import (
 
 // patterns are the library modules' packages (examples and bench are not
 // libraries).
-var patterns = []string{"./...", "./idempotency/sqlstore/...", "./idempotency/redisstore/...", "./otelsaferetry/..."}
+var patterns = []string{
+	"./...", "./idempotency/sqlstore/...", "./idempotency/redisstore/...", "./otelsaferetry/...",
+}
 
 const (
 	module = "github.com/saferetry/saferetry"
@@ -38,7 +40,8 @@ const (
 
 func main() {
 	write := flag.Bool("w", false, "write api/ instead of checking it")
-	count := flag.Bool("count", false, "print the exported names, methods and fields of each package")
+	count := flag.Bool("count", false,
+		"print the exported names, methods and fields of each package")
 	flag.Parse()
 	if err := run(*write, *count, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "apilist:", err)
@@ -68,7 +71,8 @@ func run(write, count bool, out io.Writer) error {
 		}
 		lines, n := list(p)
 		if count {
-			fmt.Fprintf(out, "%-50s %4d names %4d methods %4d fields\n", path, n.names, n.methods, n.fields)
+			fmt.Fprintf(out, "%-50s %4d names %4d methods %4d fields\n",
+				path, n.names, n.methods, n.fields)
 			continue
 		}
 		file := filepath.Join(dir, fileName(path))
@@ -106,7 +110,8 @@ func run(write, count bool, out io.Writer) error {
 		stale = append(stale, f+": no such library package")
 	}
 	if len(stale) > 0 {
-		return fmt.Errorf("the exported API differs from api/ (run go run ./internal/apilist -w and review the diff):\n%s",
+		return fmt.Errorf("the exported API differs from api/ "+
+			"(run go run ./internal/apilist -w and review the diff):\n%s",
 			strings.Join(stale, "\n"))
 	}
 	return nil
@@ -216,7 +221,8 @@ func list(p *types.Package) ([]string, counts) {
 					m := u.ExplicitMethod(i)
 					if m.Exported() {
 						n.methods++
-						add(fmt.Sprintf("%s interface, %s%s", head, m.Name(), signature(m.Type().(*types.Signature), typ)))
+						sig := signature(m.Type().(*types.Signature), typ)
+						add(fmt.Sprintf("%s interface, %s%s", head, m.Name(), sig))
 					}
 				}
 				for i := range u.NumEmbeddeds() {

@@ -38,7 +38,8 @@ var ErrNotJSON = errors.New("canonjson: not a single JSON value")
 // ({"amount":1,"amount":1000} would equal {"amount":1000}; with
 // Parser.FoldKeys, a key equal to another under case folding). The
 // idempotency fingerprint hashes such a body raw.
-var ErrAmbiguousJSON = errors.New("canonjson: JSON with invalid UTF-8, a lone surrogate escape or a repeated key")
+var ErrAmbiguousJSON = errors.New(
+	"canonjson: JSON with invalid UTF-8, a lone surrogate escape or a repeated key")
 
 // Canonical returns the canonical form of the JSON value in b: object
 // keys sorted (by their UTF-8 bytes, as encoding/json sorts map keys), no
@@ -136,7 +137,8 @@ func (p *Parser) skipSpace() {
 }
 
 func (p *Parser) newNode(kind byte, start, end int) int {
-	p.nodes = append(p.nodes, jnode{kind: kind, start: start, end: end, first: -1, last: -1, next: -1})
+	p.nodes = append(p.nodes,
+		jnode{kind: kind, start: start, end: end, first: -1, last: -1, next: -1})
 	return len(p.nodes) - 1
 }
 

@@ -66,7 +66,8 @@ func run() error {
 	client := &http.Client{Transport: saferetry.NewTransport(nil, otelsaferetry.ClientOptions()...)}
 
 	ctx, span := tp.Tracer("example").Start(ctx, "checkout")
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"sku":"42"}`))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders",
+		strings.NewReader(`{"sku":"42"}`))
 	if err != nil {
 		return err
 	}

@@ -30,10 +30,12 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
-	redisAddr := flag.String("redis", "", "Redis address (with -cluster: the Cluster's addresses, comma-separated)")
+	redisAddr := flag.String("redis", "",
+		"Redis address (with -cluster: the Cluster's addresses, comma-separated)")
 	cluster := flag.Bool("cluster", false, "the addresses are a Redis Cluster's")
 	prefix := flag.String("prefix", "", "key prefix of the store and of the side effects")
-	work := flag.Duration("work", 100*time.Millisecond, "time the handler spends after its side effect")
+	work := flag.Duration("work", 100*time.Millisecond,
+		"time the handler spends after its side effect")
 	flag.Parse()
 	if err := run(*addr, *redisAddr, *cluster, *prefix, *work); err != nil {
 		log.Fatal(err)
@@ -63,7 +65,8 @@ func run(addr, redisAddr string, cluster bool, prefix string, work time.Duration
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		id, err := rdb.RPush(ctx, prefix+"charges", fmt.Sprintf("%s/%d", run.Scope.Key, pid)).Result()
+		charge := fmt.Sprintf("%s/%d", run.Scope.Key, pid)
+		id, err := rdb.RPush(ctx, prefix+"charges", charge).Result()
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return

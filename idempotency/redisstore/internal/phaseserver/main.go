@@ -58,20 +58,24 @@ type server struct {
 }
 
 func main() {
-	redisAddr := flag.String("redis", "", "Redis address (with -cluster: the Cluster's addresses, comma-separated)")
+	redisAddr := flag.String("redis", "",
+		"Redis address (with -cluster: the Cluster's addresses, comma-separated)")
 	cluster := flag.Bool("cluster", false, "the addresses are a Redis Cluster's")
 	prefix := flag.String("prefix", "", "key prefix of the store and of the business keys")
 	processor := flag.String("processor", "", "base URL of the card processor")
 	lease := flag.Duration("lease", 30*time.Second, "idempotency lease")
-	crash := flag.String("crash", "", `kill the process with SIGKILL at this point of the first request: "after-order" or "after-charge"`)
+	crash := flag.String("crash", "", "kill the process with SIGKILL at this point of the first "+
+		`request: "after-order" or "after-charge"`)
 	completer := flag.Duration("completer", 0, "run a completer at this interval (0: none)")
 	flag.Parse()
-	if err := run(*redisAddr, *cluster, *prefix, *processor, *crash, *lease, *completer); err != nil {
+	err := run(*redisAddr, *cluster, *prefix, *processor, *crash, *lease, *completer)
+	if err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(redisAddr string, cluster bool, prefix, processor, crash string, lease, completer time.Duration) error {
+func run(redisAddr string, cluster bool, prefix, processor, crash string,
+	lease, completer time.Duration) error {
 	if redisAddr == "" || prefix == "" || processor == "" {
 		return errors.New("-redis, -prefix and -processor are required")
 	}
@@ -89,7 +93,9 @@ func run(redisAddr string, cluster bool, prefix, processor, crash string, lease,
 		client: &http.Client{Timeout: 10 * time.Second}}
 	pay := http.HandlerFunc(s.pay)
 	mw := idempotency.New(store,
-		idempotency.WithPrincipal(func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }),
+		idempotency.WithPrincipal(func(r *http.Request) (string, error) {
+			return r.Header.Get("X-Account"), nil
+		}),
 		idempotency.WithLease(lease), idempotency.WithLogger(logger))
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", mw.Wrap(pay))
@@ -149,7 +155,8 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 		// commit finds the order the first one made.
 		k := s.prefix + "order:" + run.DownstreamKey("order")
 		id := "ord_" + randHex()
-		if err := s.rdb.SetNX(ctx, k, fmt.Sprintf("%s/%d/%d/%s", id, amount, s.pid, run.Scope.Key), 0).Err(); err != nil {
+		mine := fmt.Sprintf("%s/%d/%d/%s", id, amount, s.pid, run.Scope.Key)
+		if err := s.rdb.SetNX(ctx, k, mine, 0).Err(); err != nil {
 			return nil, err
 		}
 		v, err := s.rdb.Get(ctx, k).Result()
@@ -186,7 +193,8 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 			return out, nil
 		},
 		func(ctx context.Context, key string) ([]byte, bool, error) {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.processor+"/charges/"+url.PathEscape(key), nil)
+			u := s.processor + "/charges/" + url.PathEscape(key)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 			if err != nil {
 				return nil, false, err
 			}
@@ -208,7 +216,8 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 
 	// The receipt, unique per order: written again by a run that stored no
 	// response, it stays the first one.
-	if err := s.rdb.SetNX(ctx, s.prefix+"receipt:"+string(order), fmt.Sprintf("%s/%d", charge, s.pid), 0).Err(); err != nil {
+	receipt := fmt.Sprintf("%s/%d", charge, s.pid)
+	if err := s.rdb.SetNX(ctx, s.prefix+"receipt:"+string(order), receipt, 0).Err(); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}

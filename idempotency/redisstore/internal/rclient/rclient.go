@@ -13,7 +13,9 @@ import (
 // Cluster whose seed addresses addr lists, comma-separated.
 func Open(addr string, cluster bool) redis.UniversalClient {
 	if cluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addr, ","), ContextTimeoutEnabled: true})
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: strings.Split(addr, ","), ContextTimeoutEnabled: true,
+		})
 	}
 	return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 }

@@ -36,7 +36,8 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
 	driver := flag.String("driver", "pgx", `database/sql driver: "pgx" (PostgreSQL) or "mysql"`)
 	dsn := flag.String("dsn", "", "data source name for the driver")
-	work := flag.Duration("work", 100*time.Millisecond, "time the handler spends after inserting its row, inside the transaction")
+	work := flag.Duration("work", 100*time.Millisecond,
+		"time the handler spends after inserting its row, inside the transaction")
 	conns := flag.Int("conns", 10, "max open database connections")
 	flag.Parse()
 	if err := run(*addr, *driver, *dsn, *work, *conns); err != nil {
@@ -91,7 +92,8 @@ func run(addr, driver, dsn string, work time.Duration, conns int) error {
 		var err error
 		if dialect == sqlstore.MySQL {
 			var res sql.Result
-			if res, err = tx.ExecContext(r.Context(), insertCharge, run.Scope.Key, pid); err == nil {
+			res, err = tx.ExecContext(r.Context(), insertCharge, run.Scope.Key, pid)
+			if err == nil {
 				id, err = res.LastInsertId()
 			}
 		} else {

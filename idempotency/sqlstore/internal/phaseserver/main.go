@@ -66,7 +66,8 @@ func main() {
 	dsn := flag.String("dsn", "", "data source name (for sqlite, a file path)")
 	processor := flag.String("processor", "", "base URL of the card processor")
 	lease := flag.Duration("lease", 30*time.Second, "idempotency lease")
-	crash := flag.String("crash", "", `kill the process with SIGKILL at this point of the first request: "after-order" or "after-charge"`)
+	crash := flag.String("crash", "", "kill the process with SIGKILL at this point of the first "+
+		`request: "after-order" or "after-charge"`)
 	completer := flag.Duration("completer", 0, "run a completer at this interval (0: none)")
 	auth := flag.Bool("auth", false, "the handler answers 401 to a request without X-Account")
 	flag.Parse()
@@ -84,7 +85,8 @@ func run(driver, dsn, processor, crash string, auth bool, lease, completer time.
 	case "sqlite":
 		dialect, dsn = sqlstore.SQLite, sqlstore.SQLiteDSN(dsn)
 	case "mysql":
-		dialect, bind = sqlstore.MySQL, func(q string) string { return placeholder.ReplaceAllString(q, "?") }
+		dialect = sqlstore.MySQL
+		bind = func(q string) string { return placeholder.ReplaceAllString(q, "?") }
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
@@ -102,8 +104,10 @@ func run(driver, dsn, processor, crash string, auth bool, lease, completer time.
 		return err
 	}
 	for _, ddl := range []string{
-		`CREATE TABLE IF NOT EXISTS orders (id VARCHAR(64) PRIMARY KEY, idem_key TEXT NOT NULL, amount BIGINT NOT NULL, pid INTEGER NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS receipts (order_id VARCHAR(64) PRIMARY KEY, charge TEXT NOT NULL, pid INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS orders (id VARCHAR(64) PRIMARY KEY, idem_key TEXT NOT NULL,` +
+			` amount BIGINT NOT NULL, pid INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS receipts (order_id VARCHAR(64) PRIMARY KEY,` +
+			` charge TEXT NOT NULL, pid INTEGER NOT NULL)`,
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			return err
@@ -115,7 +119,9 @@ func run(driver, dsn, processor, crash string, auth bool, lease, completer time.
 		pid: os.Getpid(), client: &http.Client{Timeout: 10 * time.Second}}
 	pay := http.HandlerFunc(s.pay)
 	mw := idempotency.New(store,
-		idempotency.WithPrincipal(func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }),
+		idempotency.WithPrincipal(func(r *http.Request) (string, error) {
+			return r.Header.Get("X-Account"), nil
+		}),
 		idempotency.WithLease(lease), idempotency.WithLogger(logger))
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", mw.Wrap(pay))
@@ -180,8 +186,8 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 			return nil, errors.New("no transaction")
 		}
 		id := "ord_" + randHex()
-		_, err := tx.ExecContext(ctx, s.bind(`INSERT INTO orders (id, idem_key, amount, pid) VALUES ($1, $2, $3, $4)`),
-			id, run.Scope.Key, amount, s.pid)
+		insert := s.bind(`INSERT INTO orders (id, idem_key, amount, pid) VALUES ($1, $2, $3, $4)`)
+		_, err := tx.ExecContext(ctx, insert, id, run.Scope.Key, amount, s.pid)
 		return []byte(id), err
 	})
 	if err != nil {
@@ -209,7 +215,8 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 			return out, nil
 		},
 		func(ctx context.Context, key string) ([]byte, bool, error) {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.processor+"/charges/"+url.PathEscape(key), nil)
+			u := s.processor + "/charges/" + url.PathEscape(key)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 			if err != nil {
 				return nil, false, err
 			}
@@ -234,8 +241,8 @@ func (s *server) pay(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no transaction", http.StatusServiceUnavailable)
 		return
 	}
-	if _, err := tx.ExecContext(ctx, s.bind(`INSERT INTO receipts (order_id, charge, pid) VALUES ($1, $2, $3)`),
-		string(order), string(charge), s.pid); err != nil {
+	insert := s.bind(`INSERT INTO receipts (order_id, charge, pid) VALUES ($1, $2, $3)`)
+	if _, err := tx.ExecContext(ctx, insert, string(order), string(charge), s.pid); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
