@@ -109,12 +109,13 @@ func envInt(name string, def int) int {
 // of the middleware with fresh keys, on the same table, all along. Each of
 // the b.N rounds has three windows of 250 ms, in an order that rotates
 // each round: quiet (no reaping), reaper (Reaper.ReapOnce in a loop,
-// canceled at the window's end), and unpaced (DeleteBefore batches of 500
-// back to back, as a Reaper that never yields). A live request's latency
-// falls in the window it started in. It reports live p50 and p99 in each,
-// p99-ratio (reaper over quiet: the goal is at most 1.5), unpaced-p99-ratio
-// (unpaced over quiet), and the rate of each while it ran (reaped-rows/s:
-// the goal is at least 10,000).
+// canceled at the window's end: batches of 100, each followed by a pause
+// as long), and unpaced (DeleteBefore batches of 500 back to back: a
+// Reaper that does not yield). A live request's latency falls in the
+// window it started in. It reports live p50 and p99 in each, p99-ratio
+// (reaper over quiet: the goal is at most 1.5), unpaced-p99-ratio (unpaced
+// over quiet), and the rate of each while it ran (reaped-rows/s: the goal
+// is at least 10,000).
 //
 //	cd bench && SAFERETRY_PG_DSN=... go test -run '^$' -bench 'BenchmarkReaperLive$' -benchtime 20x -timeout 30m .
 func BenchmarkReaperLive(b *testing.B) {

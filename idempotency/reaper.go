@@ -24,8 +24,8 @@ type Reaper struct {
 // reports More: 50,000 records a run, and runs back to back until the
 // backlog is gone.
 const (
-	reapBatch      = 500         // records per DeleteBefore call
-	reapMaxBatches = 100         // DeleteBefore calls per run
+	reapBatch      = 100         // records per DeleteBefore call
+	reapMaxBatches = 500         // DeleteBefore calls per run
 	reapPage       = 100         // unfinished records listed per page
 	reapAgainAfter = time.Second // Start's pause before the next run while a run reports More
 )
@@ -50,14 +50,14 @@ type ReaperReport struct {
 	// (taken over, updated, or not reached).
 	Skipped int
 	// More is true when the run stopped before it reached every record past
-	// the horizon (100 batches of 500); Start runs the next one a second later.
+	// the horizon (500 batches of 100); Start runs the next one a second later.
 	More bool
 }
 
 // ReapOnce runs one bounded pass at now: it lists the unfinished records
 // past the horizon, 100 at a time, and reports each before anything could
-// delete it; it deletes in batches of 500, only below the lease end of the
-// last unfinished record listed while more may be unlisted, for at most 100
+// delete it; it deletes in batches of 100, only below the lease end of the
+// last unfinished record listed while more may be unlisted, for at most 500
 // batches. It yields to live traffic: after a full batch it waits as long
 // as the batch took before the next one, so that it keeps at most half of
 // the store's time, less when the store is slow (no knob). On a store error

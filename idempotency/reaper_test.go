@@ -70,11 +70,11 @@ func reaper(s idempotency.Store, log *slog.Logger) *idempotency.Reaper {
 		idempotency.WithCleanupHorizon(time.Hour)).Reaper()
 }
 
-// By default the horizon is 72 hours; records go in batches of 500.
+// By default the horizon is 72 hours; records go in batches of 100.
 func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 	s := memstore.New()
 	now := reapT0.Add(100 * time.Hour)
-	for i := range 1001 {
+	for i := range 201 {
 		seed(t, s, fmt.Sprintf("old-%d", i), reapT0, true) // 100 h old
 	}
 	seed(t, s, "edge", now.Add(-72*time.Hour), true) // exactly at the horizon: kept
@@ -86,8 +86,8 @@ func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 	rep, err := r.ReapOnce(t.Context(), now)
 	require.NoError(t, err)
 	require.True(t, rep.Horizon.Equal(now.Add(-72*time.Hour)))
-	require.Equal(t, 1001, rep.Deleted)
-	require.Equal(t, 3, rep.Batches, "500 + 500 + 1: stops at the short batch")
+	require.Equal(t, 201, rep.Deleted)
+	require.Equal(t, 3, rep.Batches, "100 + 100 + 1: stops at the short batch")
 	require.False(t, rep.More)
 	require.Empty(t, rep.Unfinished)
 	require.Zero(t, rep.Skipped)
@@ -96,7 +96,7 @@ func TestReapOnceDeletesOnlyPastTheHorizonInBatches(t *testing.T) {
 		require.True(t, exists(t, s, k), k)
 	}
 	require.Contains(t, buf.String(), "level=INFO msg=\"idempotency reaper: run finished\"")
-	require.Contains(t, buf.String(), "deleted=1001")
+	require.Contains(t, buf.String(), "deleted=201")
 
 	// Nothing left to do: one empty batch, logged at Debug only.
 	buf.Reset()
@@ -388,7 +388,7 @@ func TestJobsWithoutAStoreFail(t *testing.T) {
 	})
 }
 
-// A backlog larger than one run (50,000 records: 100 batches of 500) is
+// A backlog larger than one run (50,000 records: 500 batches of 100) is
 // worked off by runs back to back, a second apart, not one run per
 // interval: the Reaper keeps up with any sustained rate of new keys. A run
 // cut short by its bound leaves the unfinished records it listed but did
@@ -410,7 +410,7 @@ func TestReaperStartWorksOffABacklogAtOnce(t *testing.T) {
 		require.NoError(t, <-errs)
 		rep := <-reps
 		require.Equal(t, backlog, rep.Deleted)
-		require.Equal(t, 100, rep.Batches)
+		require.Equal(t, 500, rep.Batches)
 		require.True(t, rep.More)
 		require.Len(t, rep.Unfinished, 1)
 		require.Equal(t, 1, rep.Skipped, "the batch bound left the unfinished record for the next run")
