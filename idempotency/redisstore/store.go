@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/internal/headercodec"
 )
 
 // The options' defaults.
@@ -753,7 +754,8 @@ func (d *decoder) response(status, header, body any) *idempotency.Response {
 	resp := &idempotency.Response{Status: int(d.int(status)), Body: d.bytes(body)}
 	if h, ok := value(header); ok {
 		var err error
-		if resp.Header, err = decodeHeader(h); err != nil && d.err == nil {
+		// An empty field converts to an empty, non-nil slice: Decode refuses it.
+		if resp.Header, err = headercodec.Decode([]byte(h)); err != nil && d.err == nil {
 			d.err = err
 		}
 	}
@@ -905,10 +907,9 @@ func (s *Store) lease(ctx context.Context, op string, l idempotency.Lease, until
 func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response,
 	now time.Time) error {
 	k := s.keysOf(l.Scope)
-	var header []byte
-	hasHeader := "0"
-	if resp.Header != nil {
-		header, hasHeader = encodeHeader(resp.Header), "1"
+	header, hasHeader := headercodec.Encode(resp.Header), "0" // nil for a nil header
+	if header != nil {
+		hasHeader = "1"
 	}
 	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
 		l.Owner, gen(l), strconv.Itoa(resp.Status), header, hasHeader, resp.Body, ns(now), k.member,

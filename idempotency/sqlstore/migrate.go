@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/internal/headercodec"
 )
 
 // Migrate creates the table and its indexes if they do not exist, and
@@ -199,7 +200,7 @@ func scanV1(rows *sql.Rows) ([]any, error) {
 	if header.Valid {
 		h = http.Header{}
 		if err := json.Unmarshal([]byte(header.String), &h); err != nil {
-			return nil, errors.Join(errBadHeader, err)
+			return nil, errors.Join(headercodec.ErrMalformed, err)
 		}
 	}
 	var st any
@@ -209,6 +210,6 @@ func scanV1(rows *sql.Rows) ([]any, error) {
 	sc := idempotency.Scope{Principal: principal, Method: method, Route: route, Key: key}
 	return []any{scopeHash(sc), []byte(principal), []byte(method), []byte(route), []byte(key),
 		state, fingerprint, fpVersion, owner, generation, leaseUntil, []byte(point),
-		nullBytes(recoveryData), nullBytes(request), st, nullBytes(encodeHeader(h)),
+		nullBytes(recoveryData), nullBytes(request), st, nullBytes(headercodec.Encode(h)),
 		nullBytes(body), created, updated, completed}, nil
 }

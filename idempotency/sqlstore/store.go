@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/internal/headercodec"
 )
 
 // Errors returned by Open and by the Store's methods.
@@ -439,7 +440,7 @@ func scanClaim(row scanner, c idempotency.Claim) (idempotency.ClaimResult, error
 			LeaseUntil: fromNanos(lease.Int64), CompletedAt: fromNanos(compl.Int64),
 		}
 		if status.Valid {
-			h, err := decodeHeader(header)
+			h, err := headercodec.Decode(header)
 			if err != nil {
 				return idempotency.ClaimResult{}, err
 			}
@@ -584,7 +585,7 @@ func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease,
 func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease,
 	resp idempotency.Response, now time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.complete, int64(resp.Status),
-		nullBytes(encodeHeader(resp.Header)), nullBytes(resp.Body), nanos(now), nanos(now),
+		nullBytes(headercodec.Encode(resp.Header)), nullBytes(resp.Body), nanos(now), nanos(now),
 		scopeHash(l.Scope), s.text(l.Owner), l.Generation)
 	return s.fenced(ctx, ex, "complete", l, res, err)
 }
@@ -704,7 +705,7 @@ func scanRecord(sc scanner) (idempotency.Record, error) {
 	r.UpdatedAt = fromNanos(updated)
 	r.CompletedAt = fromNanos(complAt)
 	if status.Valid {
-		h, err := decodeHeader(header)
+		h, err := headercodec.Decode(header)
 		if err != nil {
 			return idempotency.Record{}, err
 		}
