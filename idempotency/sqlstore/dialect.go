@@ -129,16 +129,6 @@ func (d Dialect) blobType() string {
 	return "BLOB"
 }
 
-// skipLocked is the locking clause of the reaper's subquery: PostgreSQL
-// locks the rows it picks and skips those another transaction holds; SQLite
-// has no row locks (and no FOR UPDATE).
-func (d Dialect) skipLocked() string {
-	if d == Postgres {
-		return " FOR UPDATE SKIP LOCKED"
-	}
-	return ""
-}
-
 // placeholder is a $N placeholder.
 var placeholder = regexp.MustCompile(`\$[0-9]+`)
 
@@ -190,24 +180,42 @@ const columns = `principal, method, route, idem_key, state, fingerprint, fingerp
 // comparisons are exact in every dialect; 0 means "not set" (completed_at
 // of an in-progress record).
 //
-// Two partial indexes serve the background jobs and nothing else: the
-// records in progress by lease end (the Completer's and the Reaper's
+// SQLite's two partial indexes serve the background jobs and nothing else:
+// the records in progress by lease end (the Completer's and the Reaper's
 // Abandoned), and the completed records by completion time (the Reaper's
 // DeleteBefore). A record is in one of them at a time, so a claim adds two
 // index entries (the primary key's and the first index's) and a completion
-// two (the primary key's and the second's). No other column is indexed: a
-// recovery point (and, with it, updated_at) changes no index, and on
-// PostgreSQL it is a HOT update, kept on its page by a fillfactor of 80. A
-// completion cannot be HOT, since the state it changes is the partial
-// indexes' predicate (a HOT update changes no indexed column, predicates
-// included), and a heartbeat or a takeover changes lease_until.
+// two (the primary key's and the second's).
+//
+// PostgreSQL indexes no column a completion changes, so that a completion is
+// a HOT update (one that changes no indexed column, predicates included,
+// writes no index entry and stays on its page, kept free by a fillfactor of
+// 80): the table's one index beside the primary key is on created_at (the
+// Reaper's completed records, oldest first), and the records in progress are
+// listed in a second table, <table>_leases, one row per record in progress
+// holding its lease end, indexed by it (the Completer's and the Reaper's
+// Abandoned). Every statement that starts, moves or ends a lease writes both
+// tables, as one statement (see pgLeases). A claim adds four index entries
+// (both tables' primary keys, created_at, the lease end), a completion none,
+// and a heartbeat or a takeover one, on the small table. A recovery point
+// changes no indexed column in either dialect (on PostgreSQL a HOT update).
 func schema(d Dialect, table string) string {
 	if d == MySQL {
 		return mysqlSchema(table)
 	}
 	blob, with := d.blobType(), ""
+	indexes := fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
+CREATE INDEX IF NOT EXISTS %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2;
+`, table)
 	if d == Postgres {
 		with = " WITH (fillfactor = " + fillFactor + ")"
+		indexes = fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_created_idx ON %[1]s (created_at);
+CREATE TABLE IF NOT EXISTS %[1]s_leases (
+	scope_hash  BYTEA  NOT NULL PRIMARY KEY, -- a record of %[1]s in progress
+	lease_until BIGINT NOT NULL              -- its lease end, as the record holds it
+);
+CREATE INDEX IF NOT EXISTS %[1]s_leases_idx ON %[1]s_leases (lease_until);
+`, table)
 	}
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
 	scope_hash          %[2]s    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
@@ -231,9 +239,7 @@ func schema(d Dialect, table string) string {
 	updated_at          BIGINT   NOT NULL,
 	completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
 )%[3]s;
-CREATE INDEX IF NOT EXISTS %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
-CREATE INDEX IF NOT EXISTS %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2;
-`, table, blob, with)
+%[4]s`, table, blob, with, indexes)
 }
 
 // fillFactor is the PostgreSQL table's fillfactor: inserts leave a fifth of
@@ -242,9 +248,14 @@ const fillFactor = "80"
 
 // oldIndexes are the names of the indexes of earlier layouts that Migrate
 // drops: (state, lease_until) and (updated_at), which every update but a
-// heartbeat changed.
-func oldIndexes(table string) []string {
-	return []string{table + "_lease_idx", table + "_updated_idx"}
+// heartbeat changed, and on PostgreSQL the partial indexes whose predicate
+// a completion changed.
+func oldIndexes(d Dialect, table string) []string {
+	old := []string{table + "_lease_idx", table + "_updated_idx"}
+	if d == Postgres {
+		old = append(old, table+"_pending_idx", table+"_done_idx")
+	}
+	return old
 }
 
 // queries holds the statements of one Store, built once at Open. The
@@ -383,18 +394,105 @@ RETURNING CASE generation WHEN 1 THEN %[6]d ELSE %[7]d END, %[8]s, %[9]s`,
 	SELECT %[3]s WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (scope_hash) DO NOTHING
 	RETURNING %[8]d, %[10]s
+), w AS (
+	SELECT * FROM restarted UNION ALL SELECT * FROM taken UNION ALL SELECT * FROM created
+), leased AS (
+	%[13]s
 )
-SELECT w.*, %[11]s
-FROM (SELECT * FROM restarted UNION ALL SELECT * FROM taken UNION ALL SELECT * FROM created) w
+SELECT w.*, %[11]s FROM w
 UNION ALL
 SELECT %[12]s FROM cur
 WHERE NOT EXISTS (SELECT 1 FROM restarted) AND NOT EXISTS (SELECT 1 FROM taken)`,
 		table, insertCols, insertVals, restartSet, restartWhere, takeoverSet, takeoverWhere,
-		rowCreated, rowTakenOver, won, nineNulls, existingRow("$2", "$3", "$4", "$5"))
+		rowCreated, rowTakenOver, won, nineNulls, existingRow("$2", "$3", "$4", "$5"),
+		leaseUpsert(table, "w", "$1", "$9"))
+}
+
+// pgLeases keeps PostgreSQL's <table>_leases (see schema) in step with the
+// table: each statement that wins a record, moves its lease or ends it is a
+// data-modifying CTE on the table (rec) followed by one on the leases that
+// reads rec's RETURNING rows, so that both change in one statement or
+// neither, and the leases' row is locked only after the record's. The
+// statement returns rec's rows, and reports their count as the rows it
+// affected (a SELECT's command tag), which the fence reads as before.
+func pgLeases(rec, lease string) string {
+	return fmt.Sprintf(`WITH rec AS (
+	%s
+), lease AS (
+	%s
+)
+SELECT * FROM rec`, rec, lease)
+}
+
+// leaseUpsert writes the lease end until of the record whose digest is hash
+// for each row of from (at most one): a new row when the record starts, the
+// new end when its lease moves.
+func leaseUpsert(table, from, hash, until string) string {
+	return fmt.Sprintf(`INSERT INTO %[1]s_leases (scope_hash, lease_until) SELECT %[3]s, %[4]s FROM %[2]s
+	ON CONFLICT (scope_hash) DO UPDATE SET lease_until = EXCLUDED.lease_until`, table, from, hash, until)
+}
+
+// leaseDelete deletes the leases of the records whose digests rec returned.
+func leaseDelete(table string) string {
+	return fmt.Sprintf(`DELETE FROM %[1]s_leases WHERE scope_hash IN (SELECT scope_hash FROM rec)`, table)
 }
 
 func buildQueries(d Dialect, table string) queries {
-	q := queries{
+	q := sharedQueries(table)
+	if d == MySQL {
+		q.mysql = buildMySQLQueries(table)
+	} else {
+		q.claim = claimSQL(d, table)
+
+		// A takeover-only claim (idempotency.Claim.TakeoverOnly), and the
+		// takeover of a record that a claim read after its first
+		// statement: one conditional UPDATE. It never inserts and never
+		// restarts a completed record.
+		q.takeover = fmt.Sprintf(`UPDATE %[1]s SET %[2]s
+WHERE scope_hash = $1 AND %[3]s
+RETURNING %[4]d, %[5]s, %[6]s`, table, takeoverSet, takeoverWhere, rowTakenOver, won, nineNulls)
+
+		// The restart of a completed record past the replay window that a
+		// claim read after its first statement.
+		q.restart = fmt.Sprintf(`UPDATE %[1]s SET %[2]s
+WHERE scope_hash = $1 AND %[3]s
+RETURNING %[4]d, %[5]s, %[6]s`, table, restartSet, restartWhere, rowCreated, won, nineNulls)
+
+		// SQLite's (PostgreSQL's is in pgQueries). Bounded: at most $2
+		// rows per statement, chosen by primary key from the two partial
+		// indexes: completed records first, oldest completion first (for a
+		// completed record updated_at is completed_at), then records in
+		// progress whose lease and last update are both past the horizon.
+		// SQLite serialises writers, so no row changes under the
+		// statement; the conditions are repeated on the DELETE itself for
+		// the meaning PostgreSQL's need (see pgQueries).
+		q.deleteBefore = fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 2 AND completed_at < $1 AND updated_at < $1
+		ORDER BY completed_at LIMIT $2) done
+	UNION ALL
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 1 AND lease_until < $1 AND updated_at < $1
+		ORDER BY lease_until LIMIT $2) unfinished
+	LIMIT $2)
+  AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table)
+	}
+	if d == Postgres {
+		pgQueries(&q, table)
+	}
+	m := &q.mysql
+	for _, p := range []*string{&q.get, &q.existing, &q.heartbeat, &q.complete, &q.release,
+		&q.setPoint, &q.abandoned, &q.claim, &q.takeover, &q.restart, &q.deleteBefore,
+		&m.insert, &m.locked, &m.takeover, &m.restart, &m.held, &m.stale, &m.deleteBefore} {
+		*p = d.rebind(*p)
+	}
+	return q
+}
+
+// sharedQueries returns the statements whose text is every dialect's but
+// PostgreSQL's own (see pgQueries), with $N placeholders.
+func sharedQueries(table string) queries {
+	return queries{
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, columns),
 
 		// The record a claim did not win, read when its first statement
@@ -424,57 +522,58 @@ WHERE state = 1 AND lease_until < $1
 ORDER BY lease_until, created_at, scope_hash
 LIMIT $2`, table, columns),
 	}
-	if d == MySQL {
-		q.mysql = buildMySQLQueries(table)
-	} else {
-		q.claim = claimSQL(d, table)
+}
 
-		// A takeover-only claim (idempotency.Claim.TakeoverOnly), and the
-		// takeover of a record that a claim read after its first
-		// statement: one conditional UPDATE. It never inserts and never
-		// restarts a completed record.
-		q.takeover = fmt.Sprintf(`UPDATE %[1]s SET %[2]s
-WHERE scope_hash = $1 AND %[3]s
-RETURNING %[4]d, %[5]s, %[6]s`, table, takeoverSet, takeoverWhere, rowTakenOver, won, nineNulls)
+// pgQueries gives PostgreSQL the statements that keep <table>_leases in step
+// with the table (see pgLeases), in place of the shared ones: each writes
+// the record as the shared statement does, then its lease. The reads of the
+// records in progress go through the leases' index, and re-check the
+// record's own state and lease end.
+func pgQueries(q *queries, table string) {
+	upsert := func(until string) string { return leaseUpsert(table, "rec", "$1", until) }
+	q.takeover = pgLeases(q.takeover, upsert("$9"))
+	q.restart = pgLeases(q.restart, upsert("$9"))
+	q.heartbeat = pgLeases(q.heartbeat+"\nRETURNING scope_hash",
+		leaseUpsert(table, "rec", "scope_hash", "$1"))
+	q.complete = pgLeases(q.complete+"\nRETURNING scope_hash", leaseDelete(table))
+	q.release = pgLeases(q.release+"\nRETURNING scope_hash", leaseDelete(table))
 
-		// The restart of a completed record past the replay window that a
-		// claim read after its first statement.
-		q.restart = fmt.Sprintf(`UPDATE %[1]s SET %[2]s
-WHERE scope_hash = $1 AND %[3]s
-RETURNING %[4]d, %[5]s, %[6]s`, table, restartSet, restartWhere, rowCreated, won, nineNulls)
+	// pending joins the records in progress whose lease ended before $1,
+	// read from the leases' index in lease order, to their records.
+	pending := fmt.Sprintf(`%[1]s JOIN (SELECT scope_hash AS pending_hash, lease_until AS pending_until
+	FROM %[1]s_leases WHERE lease_until < $1) p ON scope_hash = pending_hash
+WHERE state = 1 AND lease_until < $1`, table)
+	q.abandoned = fmt.Sprintf(`SELECT %[2]s FROM %[1]s
+ORDER BY pending_until, created_at, scope_hash
+LIMIT $2`, pending, columns)
 
-		// Bounded: at most $2 rows per statement, chosen by primary key
-		// from the two partial indexes: completed records first, oldest
-		// completion first (for a completed record updated_at is
-		// completed_at), then records in progress whose lease and last
-		// update are both past the horizon. The conditions are repeated on
-		// the DELETE itself: on PostgreSQL under READ COMMITTED, a row that
-		// a concurrent claim, heartbeat or completion changed after the
-		// subquery saw it is re-checked against the DELETE's own WHERE
-		// only, so without them the reaper would delete a record that was
-		// just taken over or completed. On PostgreSQL the subqueries also
-		// lock their rows and skip the ones a running write holds (FOR
-		// UPDATE SKIP LOCKED): the reaper never waits for a claim, and a
-		// claim waiting for a row the reaper locked inserts afresh once it
-		// is gone. SQLite serialises writers, so no row changes under the
-		// statement there; the outer conditions are kept for the same
-		// meaning.
-		q.deleteBefore = fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
-	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
-		WHERE state = 2 AND completed_at < $1 AND updated_at < $1
-		ORDER BY completed_at LIMIT $2%[2]s) done
-	UNION ALL
-	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
-		WHERE state = 1 AND lease_until < $1 AND updated_at < $1
-		ORDER BY lease_until LIMIT $2%[2]s) unfinished
-	LIMIT $2)
-  AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table, d.skipLocked())
-	}
-	m := &q.mysql
-	for _, p := range []*string{&q.get, &q.existing, &q.heartbeat, &q.complete, &q.release,
-		&q.setPoint, &q.abandoned, &q.claim, &q.takeover, &q.restart, &q.deleteBefore,
-		&m.insert, &m.locked, &m.takeover, &m.restart, &m.held, &m.stale, &m.deleteBefore} {
-		*p = d.rebind(*p)
-	}
-	return q
+	// Bounded: at most $2 rows per statement, chosen by primary key:
+	// completed records first, oldest first, from the index on created_at
+	// (a record completes after it is created, so completed_at < $1 implies
+	// created_at < $1 but for the servers' clock skew, which only delays a
+	// deletion), then records in progress whose lease and last update are
+	// both past the horizon, from the leases, whose rows leave with their
+	// records. The conditions are repeated on the DELETE itself: under READ
+	// COMMITTED, a row that a concurrent claim, heartbeat or completion
+	// changed after the subquery saw it is re-checked against the DELETE's
+	// own WHERE only, so without them the reaper would delete a record that
+	// was just taken over or completed. The subqueries lock their rows and
+	// skip the ones a running write holds (FOR UPDATE SKIP LOCKED): the
+	// reaper never waits for a claim, and a claim waiting for a row the
+	// reaper locked inserts afresh once it is gone.
+	q.deleteBefore = fmt.Sprintf(`WITH rec AS (
+	DELETE FROM %[1]s WHERE scope_hash IN (
+		SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+			WHERE created_at < $1 AND state = 2 AND completed_at < $1 AND updated_at < $1
+			ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) done
+		UNION ALL
+		SELECT scope_hash FROM (SELECT scope_hash FROM %[2]s AND updated_at < $1
+			ORDER BY pending_until LIMIT $2 FOR UPDATE OF %[1]s SKIP LOCKED) unfinished
+		LIMIT $2)
+	  AND updated_at < $1 AND (state = 2 OR lease_until < $1)
+	RETURNING scope_hash
+), lease AS (
+	%[3]s
+)
+SELECT * FROM rec`, table, pending, leaseDelete(table))
 }

@@ -33,11 +33,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return opErr("migrate", err)
 	}
+	leased, err := s.hasLeases(ctx, tx)
+	if err != nil {
+		return opErr("migrate", err)
+	}
 	var stmts []string
 	if v1 {
 		stmts = append(stmts, "ALTER TABLE "+s.table+" RENAME TO "+old)
 	}
-	for _, idx := range oldIndexes(s.table) {
+	for _, idx := range oldIndexes(s.dialect, s.table) {
 		stmts = append(stmts, "DROP INDEX IF EXISTS "+idx)
 	}
 	stmts = append(stmts, splitStatements(s.Schema())...)
@@ -57,7 +61,33 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.recoveryPointAsBytes(ctx, tx); err != nil {
 		return opErr("migrate", err)
 	}
+	if !leased {
+		if err := s.fillLeases(ctx, tx); err != nil {
+			return opErr("migrate", err)
+		}
+	}
 	return opErr("migrate", tx.Commit())
+}
+
+// hasLeases reports whether the table of the records in progress exists:
+// always on SQLite and MySQL, which have none.
+func (s *Store) hasLeases(ctx context.Context, tx *sql.Tx) (bool, error) {
+	if s.dialect != Postgres {
+		return true, nil
+	}
+	var exists bool
+	err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.table+"_leases").
+		Scan(&exists)
+	return exists, err
+}
+
+// fillLeases lists in the new table of the records in progress those a
+// table of an earlier layout holds, in one statement.
+func (s *Store) fillLeases(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO `+s.table+`_leases (scope_hash, lease_until)
+SELECT scope_hash, lease_until FROM `+s.table+` WHERE state = 1
+ON CONFLICT (scope_hash) DO NOTHING`)
+	return err
 }
 
 // setFillFactor gives a PostgreSQL table of an earlier layout the

@@ -97,6 +97,10 @@ func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
 		require.Equal(t, 201, replay.Response.Status)
 
 		busy := idempotency.Scope{Principal: "acct", Method: "POST", Route: "/pay", Key: "k-busy"}
+		abandoned, err := s.Abandoned(ctx, t0, 10)
+		require.NoError(t, err)
+		require.Len(t, abandoned, 1, "the Completer finds the copied record in progress")
+		require.Equal(t, busy, abandoned[0].Scope)
 		taken, won, err := claimed(s.Claim(ctx, claimAt(busy, "B", "fp", t0)))
 		require.NoError(t, err)
 		require.True(t, won, "the copied record's lease had expired")
@@ -115,8 +119,10 @@ func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
 		require.Equal(t, many+2, count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable+`_v1`))
 		var idx int
 		q := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = '` + sqlstore.DefaultTable + `' AND name LIKE '%_idx'`
+		// SQLite's two partial indexes; PostgreSQL's on created_at and on the leases.
 		if b.dialect == sqlstore.Postgres {
-			q = `SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = '` + sqlstore.DefaultTable + `' AND indexname LIKE '%_idx'`
+			q = `SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename IN ('` +
+				sqlstore.DefaultTable + `', '` + sqlstore.DefaultTable + `_leases') AND indexname LIKE '%_idx'`
 		}
 		require.NoError(t, db.QueryRow(q).Scan(&idx))
 		require.Equal(t, 2, idx, "the new table has its two indexes")
@@ -261,103 +267,157 @@ WHERE schemaname = current_schema() AND tablename = $1 ORDER BY 1`
 	return out
 }
 
-// TestMigrateUpgradesTheIndexesInPlace fills a table of the layout indexed
-// on (state, lease_until) and (updated_at) with records written through the
-// Store (completed ones past and inside the cleanup horizon, one in
-// progress with an expired lease and a recovery point, one live), runs
-// Migrate twice, and checks that the table is the same (no copy), every
-// record reads back as it was, the indexes are Schema's two partial ones
-// (and on PostgreSQL the fillfactor is set), and the background jobs and
-// the claims work on it.
+// partialIndexes are the indexes of the layout before PostgreSQL's table of
+// the records in progress: partial indexes whose predicate, the state, a
+// completion changed (%[1]s the table).
+const partialIndexes = `;
+CREATE INDEX %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
+CREATE INDEX %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2`
+
+// TestMigrateUpgradesTheIndexesInPlace fills a table of an earlier layout
+// (indexed on (state, lease_until) and (updated_at), and on PostgreSQL also
+// the partial indexes on the state) with records written through the Store
+// (completed ones past and inside the cleanup horizon, one in progress with
+// an expired lease and a recovery point, one live), runs Migrate twice, and
+// checks that the table is the same (no copy), every record reads back as
+// it was, the indexes are Schema's (and on PostgreSQL the fillfactor is set
+// and the table of the records in progress lists the two in progress), and
+// the background jobs and the claims work on it.
 func TestMigrateUpgradesTheIndexesInPlace(t *testing.T) {
 	forEachUpgradable(t, func(t *testing.T, b backend) {
-		ctx := t.Context()
-		db := b.open(t)
 		blob := "BLOB"
 		if b.dialect == sqlstore.Postgres {
 			blob = "BYTEA"
 		}
-		for _, stmt := range strings.Split(fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob), ";") {
-			_, err := db.Exec(stmt)
-			require.NoError(t, err)
-		}
-		require.Equal(t, []string{"idempotency_records_lease_idx", "idempotency_records_updated_idx", "pkey"},
-			indexesOf(t, db, b.dialect))
-		s, err := sqlstore.Open(db, b.dialect)
-		require.NoError(t, err)
-
-		old, recent := t0, t0.Add(100*time.Hour)
-		const many = 300
-		var scopes []idempotency.Scope
-		for i := range many {
-			at := old
-			if i%2 == 1 {
-				at = recent
-			}
-			sc := scope(fmt.Sprintf("done-%03d", i))
-			rec, won, err := claimed(s.Claim(ctx, claimAt(sc, "A", "fp", at)))
-			require.NoError(t, err)
-			require.True(t, won)
-			require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201,
-				Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(sc.Key)}, at))
-			scopes = append(scopes, sc)
-		}
-		stale, _, err := claimed(s.Claim(ctx, claimAt(scope("stale"), "A", "fp", recent)))
-		require.NoError(t, err)
-		require.NoError(t, s.SetRecoveryPoint(ctx, stale.Lease(), "charged", []byte("ch_1"), recent))
-		live := recent.Add(time.Minute)
-		_, _, err = claimed(s.Claim(ctx, claimAt(scope("live"), "A", "fp", live)))
-		require.NoError(t, err)
-		scopes = append(scopes, scope("stale"), scope("live"))
-		before := map[idempotency.Scope]idempotency.Record{}
-		for _, sc := range scopes {
-			rec, err := s.Get(ctx, sc)
-			require.NoError(t, err)
-			before[sc] = rec
-		}
-		var oid string
+		t.Run("lease_and_updated", func(t *testing.T) {
+			upgradeInPlace(t, b, fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob),
+				[]string{"idempotency_records_lease_idx", "idempotency_records_updated_idx", "pkey"})
+		})
 		if b.dialect == sqlstore.Postgres {
-			require.NoError(t, db.QueryRow(`SELECT $1::regclass::oid::text`, sqlstore.DefaultTable).Scan(&oid))
+			t.Run("partial", func(t *testing.T) {
+				ddl := strings.Replace(fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob)+
+					fmt.Sprintf(partialIndexes, sqlstore.DefaultTable),
+					"CREATE INDEX idempotency_records_lease_idx ON idempotency_records (state, lease_until);\n"+
+						"CREATE INDEX idempotency_records_updated_idx ON idempotency_records (updated_at);", "", 1)
+				upgradeInPlace(t, b, ddl, []string{"idempotency_records_done_idx",
+					"idempotency_records_pending_idx", "pkey"})
+			})
 		}
-
-		require.NoError(t, s.Migrate(ctx))
-		require.NoError(t, s.Migrate(ctx), "a second Migrate changes nothing")
-
-		require.Equal(t, []string{"idempotency_records_done_idx", "idempotency_records_pending_idx", "pkey"},
-			indexesOf(t, db, b.dialect))
-		if b.dialect == sqlstore.Postgres {
-			var after, opts string
-			require.NoError(t, db.QueryRow(`SELECT oid::text, array_to_string(reloptions, ',') FROM pg_class
-WHERE oid = $1::regclass`, sqlstore.DefaultTable).Scan(&after, &opts))
-			require.Equal(t, oid, after, "the same table, upgraded in place")
-			require.Equal(t, "fillfactor=80", opts)
-		}
-		require.Equal(t, len(scopes), count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable))
-		for _, sc := range scopes {
-			rec, err := s.Get(ctx, sc)
-			require.NoError(t, err)
-			require.Equal(t, before[sc], rec, "record %q", sc.Key)
-		}
-
-		// The jobs and the claims on the upgraded table.
-		now := live.Add(time.Second)
-		abandoned, err := s.Abandoned(ctx, now, 10)
-		require.NoError(t, err)
-		require.Len(t, abandoned, 1)
-		require.Equal(t, scope("stale"), abandoned[0].Scope)
-		n, err := s.DeleteBefore(ctx, old.Add(time.Hour), 1000)
-		require.NoError(t, err)
-		require.Equal(t, many/2, n, "the completed records past the horizon")
-		replay, err := s.Claim(ctx, claimAt(scope("done-001"), "B", "fp", now))
-		require.NoError(t, err)
-		require.Equal(t, idempotency.ClaimExisting, replay.Outcome)
-		require.Equal(t, "done-001", string(replay.Record.Response.Body))
-		taken, err := s.Claim(ctx, claimAt(scope("stale"), "B", "fp", now))
-		require.NoError(t, err)
-		require.Equal(t, idempotency.ClaimTakenOver, taken.Outcome)
-		require.Equal(t, "charged", taken.Record.RecoveryPoint)
-		busy, err := s.Claim(ctx, claimAt(scope("live"), "B", "fp", now))
-		require.NoError(t, err)
-		require.Equal(t, idempotency.ClaimExisting, busy.Outcome)
 	})
+}
+
+// upgradeInPlace is TestMigrateUpgradesTheIndexesInPlace for the layout ddl,
+// whose indexes are indexes. The rows are the same in every layout: on
+// PostgreSQL, the Store writes the leases of the records in progress to a
+// table that is dropped before Migrate, so that the table is as an earlier
+// server left it.
+func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string) {
+	ctx := t.Context()
+	db := b.open(t)
+	for _, stmt := range strings.Split(ddl, ";") {
+		_, err := db.Exec(stmt)
+		require.NoError(t, err)
+	}
+	require.Equal(t, indexes, indexesOf(t, db, b.dialect))
+	leases := sqlstore.DefaultTable + "_leases"
+	if b.dialect == sqlstore.Postgres {
+		_, err := db.Exec(`CREATE TABLE ` + leases + ` (scope_hash BYTEA PRIMARY KEY, lease_until BIGINT NOT NULL)`)
+		require.NoError(t, err)
+	}
+	s, err := sqlstore.Open(db, b.dialect)
+	require.NoError(t, err)
+
+	old, recent := t0, t0.Add(100*time.Hour)
+	const many = 300
+	var scopes []idempotency.Scope
+	for i := range many {
+		at := old
+		if i%2 == 1 {
+			at = recent
+		}
+		sc := scope(fmt.Sprintf("done-%03d", i))
+		rec, won, err := claimed(s.Claim(ctx, claimAt(sc, "A", "fp", at)))
+		require.NoError(t, err)
+		require.True(t, won)
+		require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201,
+			Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(sc.Key)}, at))
+		scopes = append(scopes, sc)
+	}
+	stale, _, err := claimed(s.Claim(ctx, claimAt(scope("stale"), "A", "fp", recent)))
+	require.NoError(t, err)
+	require.NoError(t, s.SetRecoveryPoint(ctx, stale.Lease(), "charged", []byte("ch_1"), recent))
+	live := recent.Add(time.Minute)
+	_, _, err = claimed(s.Claim(ctx, claimAt(scope("live"), "A", "fp", live)))
+	require.NoError(t, err)
+	scopes = append(scopes, scope("stale"), scope("live"))
+	before := map[idempotency.Scope]idempotency.Record{}
+	for _, sc := range scopes {
+		rec, err := s.Get(ctx, sc)
+		require.NoError(t, err)
+		before[sc] = rec
+	}
+	var oid string
+	if b.dialect == sqlstore.Postgres {
+		require.NoError(t, db.QueryRow(`SELECT $1::regclass::oid::text`, sqlstore.DefaultTable).Scan(&oid))
+	}
+
+	if b.dialect == sqlstore.Postgres {
+		_, err := db.Exec(`DROP TABLE ` + leases)
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Migrate(ctx))
+	require.NoError(t, s.Migrate(ctx), "a second Migrate changes nothing")
+
+	want := []string{"idempotency_records_done_idx", "idempotency_records_pending_idx", "pkey"}
+	if b.dialect == sqlstore.Postgres {
+		want = []string{"idempotency_records_created_idx", "pkey"}
+		var listed []string
+		rows, err := db.Query(`SELECT encode(l.scope_hash, 'hex') || ' ' || (l.lease_until = r.lease_until)::text
+FROM ` + leases + ` l JOIN ` + sqlstore.DefaultTable + ` r USING (scope_hash) WHERE r.state = 1 ORDER BY r.idem_key`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var v string
+			require.NoError(t, rows.Scan(&v))
+			listed = append(listed, v[strings.IndexByte(v, ' ')+1:])
+		}
+		require.NoError(t, rows.Err())
+		require.NoError(t, rows.Close())
+		require.Equal(t, []string{"true", "true"}, listed, "the live and the stale record, with their lease ends")
+		require.Equal(t, 2, count(t, db, `SELECT COUNT(*) FROM `+leases), "only the records in progress")
+	}
+	require.Equal(t, want, indexesOf(t, db, b.dialect))
+	if b.dialect == sqlstore.Postgres {
+		var after, opts string
+		require.NoError(t, db.QueryRow(`SELECT oid::text, array_to_string(reloptions, ',') FROM pg_class
+WHERE oid = $1::regclass`, sqlstore.DefaultTable).Scan(&after, &opts))
+		require.Equal(t, oid, after, "the same table, upgraded in place")
+		require.Equal(t, "fillfactor=80", opts)
+	}
+	require.Equal(t, len(scopes), count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable))
+	for _, sc := range scopes {
+		rec, err := s.Get(ctx, sc)
+		require.NoError(t, err)
+		require.Equal(t, before[sc], rec, "record %q", sc.Key)
+	}
+
+	// The jobs and the claims on the upgraded table.
+	now := live.Add(time.Second)
+	abandoned, err := s.Abandoned(ctx, now, 10)
+	require.NoError(t, err)
+	require.Len(t, abandoned, 1)
+	require.Equal(t, scope("stale"), abandoned[0].Scope)
+	n, err := s.DeleteBefore(ctx, old.Add(time.Hour), 1000)
+	require.NoError(t, err)
+	require.Equal(t, many/2, n, "the completed records past the horizon")
+	replay, err := s.Claim(ctx, claimAt(scope("done-001"), "B", "fp", now))
+	require.NoError(t, err)
+	require.Equal(t, idempotency.ClaimExisting, replay.Outcome)
+	require.Equal(t, "done-001", string(replay.Record.Response.Body))
+	taken, err := s.Claim(ctx, claimAt(scope("stale"), "B", "fp", now))
+	require.NoError(t, err)
+	require.Equal(t, idempotency.ClaimTakenOver, taken.Outcome)
+	require.Equal(t, "charged", taken.Record.RecoveryPoint)
+	busy, err := s.Claim(ctx, claimAt(scope("live"), "B", "fp", now))
+	require.NoError(t, err)
+	require.Equal(t, idempotency.ClaimExisting, busy.Outcome)
 }

@@ -42,7 +42,7 @@ func TestMySQLErrorNumbers(t *testing.T) {
 // order of its text, each once, since MySQL's ? binds by position: the
 // statements every dialect shares and MySQL's own.
 func TestMySQLPlaceholdersAreInTextOrder(t *testing.T) {
-	shared := buildQueries(Postgres, DefaultTable) // Postgres keeps the $N
+	shared := sharedQueries(DefaultTable)
 	m := buildMySQLQueries(DefaultTable)
 	for name, q := range map[string]string{
 		"get": shared.get, "existing": shared.existing, "heartbeat": shared.heartbeat,
