@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/internal/unixnano"
 )
 
 // candidate is an index member found by a listing: its shard and score.
@@ -194,7 +195,7 @@ func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) 
 	cs := append(done, leased...)
 	slices.SortFunc(cs, func(a, b candidate) int { return cmp.Compare(a.score, b.score) })
 	deleted := 0
-	h := strconv.FormatInt(nanos(horizon), 10)
+	h := strconv.FormatInt(unixnano.Of(horizon), 10)
 	for len(cs) > 0 && deleted < limit {
 		batch := cs[:min(len(cs), limit-deleted)]
 		cs = cs[len(batch):]

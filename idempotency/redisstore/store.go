@@ -19,6 +19,7 @@ import (
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/internal/headercodec"
+	"github.com/saferetry/saferetry/internal/unixnano"
 )
 
 // The options' defaults.
@@ -504,46 +505,20 @@ func opErr(op string, err error) error {
 
 // Times are decimal Unix nanoseconds in records, microseconds in index
 // scores, milliseconds in expiries.
-var (
-	minTime = time.Unix(0, math.MinInt64+1)
-	maxTime = time.Unix(0, math.MaxInt64)
-)
-
-// nanos converts t to Unix nanoseconds, 0 for the zero time, saturating
-// outside the years 1678-2262 that int64 nanoseconds can hold.
-func nanos(t time.Time) int64 {
-	switch {
-	case t.IsZero():
-		return 0
-	case t.Before(minTime):
-		return math.MinInt64 + 1
-	case t.After(maxTime):
-		return math.MaxInt64
-	}
-	return t.UnixNano()
-}
-
-func fromNanos(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
-}
-
-func ns(t time.Time) string { return strconv.FormatInt(nanos(t), 10) }
+func ns(t time.Time) string { return strconv.FormatInt(unixnano.Of(t), 10) }
 
 // micros returns t's index score.
-func micros(t time.Time) string { return strconv.FormatInt(nanos(t)/1000, 10) }
+func micros(t time.Time) string { return strconv.FormatInt(unixnano.Of(t)/1000, 10) }
 
 // addSat returns t + d, saturating at the times nanos can hold.
 func addSat(t time.Time, d time.Duration) time.Time {
-	n := nanos(t)
+	n := unixnano.Of(t)
 	r := n + int64(d)
 	switch {
 	case d > 0 && r < n:
-		return maxTime
+		return unixnano.Max
 	case d < 0 && r > n:
-		return minTime
+		return unixnano.Min
 	}
 	return time.Unix(0, r)
 }
@@ -664,7 +639,7 @@ func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (
 		r = idempotency.Record{
 			Scope: c.Scope, State: idempotency.State(d.int(a[1])), Fingerprint: d.str(a[2]),
 			FingerprintVersion: int(d.int(a[3])), Owner: d.str(a[4]), Generation: d.int(a[5]),
-			LeaseUntil: fromNanos(d.int(a[6])), CompletedAt: fromNanos(d.optInt(a[7])),
+			LeaseUntil: unixnano.Time(d.int(a[6])), CompletedAt: unixnano.Time(d.optInt(a[7])),
 		}
 		if r.State == idempotency.Completed {
 			r.Response = d.response(a[8], a[9], a[10])
@@ -677,11 +652,11 @@ func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (
 	default:
 		return idempotency.ClaimResult{}, errCorrupt
 	}
-	now := fromNanos(nanos(c.Now))
+	now := unixnano.Time(unixnano.Of(c.Now))
 	r = idempotency.Record{
 		Scope: c.Scope, State: idempotency.InProgress, Fingerprint: c.Fingerprint,
 		FingerprintVersion: c.FingerprintVersion, Owner: c.Owner, Generation: d.int(a[1]),
-		LeaseUntil: fromNanos(nanos(leaseUntil)), CreatedAt: now, UpdatedAt: now,
+		LeaseUntil: unixnano.Time(unixnano.Of(leaseUntil)), CreatedAt: now, UpdatedAt: now,
 	}
 	if outcome == 1 {
 		r.Request = c.Request
@@ -690,7 +665,7 @@ func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (
 	r.RecoveryPoint = d.str(a[2])
 	r.RecoveryData = d.bytes(a[3])
 	r.Request = d.bytes(a[4])
-	r.CreatedAt = fromNanos(d.int(a[5]))
+	r.CreatedAt = unixnano.Time(d.int(a[5]))
 	return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: r}, d.err
 }
 
@@ -809,18 +784,18 @@ func recordOf(m map[string]string) (idempotency.Record, error) {
 		FingerprintVersion: int(d.int(get("fv"))),
 		Owner:              m["o"],
 		Generation:         d.int(get("g")),
-		LeaseUntil:         fromNanos(d.int(get("lu"))),
+		LeaseUntil:         unixnano.Time(d.int(get("lu"))),
 		RecoveryPoint:      m["rp"],
 		RecoveryData:       d.bytes(get("rd")),
 		Request:            d.bytes(get("rq")),
-		CreatedAt:          fromNanos(d.int(get("ca"))),
-		CompletedAt:        fromNanos(d.optInt(get("co"))),
+		CreatedAt:          unixnano.Time(d.int(get("ca"))),
+		CompletedAt:        unixnano.Time(d.optInt(get("co"))),
 	}
 	switch _, updated := m["ua"]; {
 	case r.State == idempotency.Completed:
 		r.UpdatedAt = r.CompletedAt // a completed record's last update
 	case updated:
-		r.UpdatedAt = fromNanos(d.int(get("ua")))
+		r.UpdatedAt = unixnano.Time(d.int(get("ua")))
 	default:
 		r.UpdatedAt = r.CreatedAt // never updated since its creation
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/internal/unixnano"
 )
 
 // mysqlSchemaFmt is MySQL's table: the layout of schema, in MySQL's types.
@@ -209,9 +210,9 @@ func (s *Store) mysqlInsert(ctx context.Context, q execer, c idempotency.Claim) 
 	if c.TakeoverOnly {
 		return idempotency.ClaimResult{}, sql.ErrNoRows
 	}
-	now := nanos(c.Now)
+	now := unixnano.Of(c.Now)
 	_, err := q.ExecContext(ctx, s.q.mysql.insert, scopeArgs(c.Scope, []byte(c.Fingerprint),
-		int64(c.FingerprintVersion), []byte(c.Owner), nanos(c.Now.Add(c.LeaseFor)),
+		int64(c.FingerprintVersion), []byte(c.Owner), unixnano.Of(c.Now.Add(c.LeaseFor)),
 		nullBytes(c.Request), now, now)...)
 	switch {
 	case err == nil:
@@ -244,7 +245,7 @@ func (s *Store) mysqlWin(ctx context.Context, c idempotency.Claim) (
 	if !wouldWin(rec, c) { // another claim won it, or its owner completed or heartbeated it
 		return idempotency.ClaimResult{Record: rec}, tx.Commit()
 	}
-	now, lease := nanos(c.Now), nanos(c.Now.Add(c.LeaseFor))
+	now, lease := unixnano.Of(c.Now), unixnano.Of(c.Now.Add(c.LeaseFor))
 	var res sql.Result
 	if rec.State == idempotency.Completed {
 		res, err = tx.ExecContext(ctx, m.restart, []byte(c.Owner), lease, []byte(c.Fingerprint),
@@ -278,7 +279,7 @@ func (s *Store) mysqlWin(ctx context.Context, c idempotency.Claim) (
 // mysqlQueries.stale).
 func (s *Store) mysqlDeleteBefore(ctx context.Context, horizon time.Time, limit int) (
 	int, error) {
-	h, n := nanos(horizon), int64(limit)
+	h, n := unixnano.Of(horizon), int64(limit)
 	keys, err := retried(func() ([]any, error) {
 		rows, err := s.db.QueryContext(ctx, s.q.mysql.stale, h, h, n, h, h, n, n)
 		if err != nil {

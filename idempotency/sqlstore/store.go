@@ -13,6 +13,7 @@ import (
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/internal/headercodec"
+	"github.com/saferetry/saferetry/internal/unixnano"
 )
 
 // Errors returned by Open and by the Store's methods.
@@ -316,13 +317,13 @@ func (s *Store) claimRound(ctx context.Context, c idempotency.Claim) (
 // window's cutoff. A record that a claim read without winning it, yet
 // satisfies them, changed since the statement that decided not to win it.
 func wouldWin(rec idempotency.Record, c idempotency.Claim) bool {
-	now := nanos(c.Now)
+	now := unixnano.Of(c.Now)
 	switch rec.State {
 	case idempotency.Completed:
 		return !c.TakeoverOnly && c.ReplayWindow > 0 &&
-			nanos(rec.CompletedAt) < subSat(now, c.ReplayWindow)
+			unixnano.Of(rec.CompletedAt) < subSat(now, c.ReplayWindow)
 	case idempotency.InProgress:
-		return nanos(rec.LeaseUntil) < now && rec.Fingerprint == c.Fingerprint &&
+		return unixnano.Of(rec.LeaseUntil) < now && rec.Fingerprint == c.Fingerprint &&
 			rec.FingerprintVersion == c.FingerprintVersion
 	}
 	return false
@@ -359,13 +360,13 @@ func existingArgs(sc idempotency.Scope) []any {
 // take them all, SQLite's claim the first sqliteClaimArgs, the takeover the
 // first takeoverArgs.
 func claimArgs(c idempotency.Claim) []any {
-	now := nanos(c.Now)
+	now := unixnano.Of(c.Now)
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = subSat(now, c.ReplayWindow)
 	}
 	return scopeArgs(c.Scope, c.Fingerprint, int64(c.FingerprintVersion), c.Owner,
-		nanos(c.Now.Add(c.LeaseFor)), now, nullBytes(c.Request), cutoff)
+		unixnano.Of(c.Now.Add(c.LeaseFor)), now, nullBytes(c.Request), cutoff)
 }
 
 const (
@@ -431,13 +432,13 @@ func scanClaim(row scanner, c idempotency.Claim) (idempotency.ClaimResult, error
 	case rowTakenOver:
 		r := claimedRecord(c, generation)
 		r.RecoveryPoint, r.RecoveryData, r.Request = string(point), data, request
-		r.CreatedAt = fromNanos(created.Int64)
+		r.CreatedAt = unixnano.Time(created.Int64)
 		return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: r}, nil
 	case rowExisting:
 		r := idempotency.Record{
 			Scope: c.Scope, State: idempotency.State(state.Int64), Fingerprint: fingerprint.String,
 			FingerprintVersion: int(fpVersion.Int64), Owner: owner.String, Generation: generation,
-			LeaseUntil: fromNanos(lease.Int64), CompletedAt: fromNanos(compl.Int64),
+			LeaseUntil: unixnano.Time(lease.Int64), CompletedAt: unixnano.Time(compl.Int64),
 		}
 		if status.Valid {
 			h, err := headercodec.Decode(header)
@@ -454,11 +455,11 @@ func scanClaim(row scanner, c idempotency.Claim) (idempotency.ClaimResult, error
 // claimedRecord is the record that claim c created with generation gen: the
 // claim's own values.
 func claimedRecord(c idempotency.Claim, gen int64) idempotency.Record {
-	now := fromNanos(nanos(c.Now))
+	now := unixnano.Time(unixnano.Of(c.Now))
 	return idempotency.Record{
 		Scope: c.Scope, State: idempotency.InProgress, Fingerprint: c.Fingerprint,
 		FingerprintVersion: c.FingerprintVersion, Owner: c.Owner, Generation: gen,
-		LeaseUntil: fromNanos(nanos(c.Now.Add(c.LeaseFor))), CreatedAt: now, UpdatedAt: now,
+		LeaseUntil: unixnano.Time(unixnano.Of(c.Now.Add(c.LeaseFor))), CreatedAt: now, UpdatedAt: now,
 		Request: c.Request,
 	}
 }
@@ -525,7 +526,7 @@ func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) (
 
 func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) (
 	[]idempotency.Record, error) {
-	rows, err := s.db.QueryContext(ctx, s.q.abandoned, nanos(now), int64(limit))
+	rows, err := s.db.QueryContext(ctx, s.q.abandoned, unixnano.Of(now), int64(limit))
 	if err != nil {
 		return nil, opErr("abandoned", err)
 	}
@@ -563,7 +564,7 @@ func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) 
 		return s.mysqlDeleteBefore(ctx, horizon, limit)
 	}
 	return retried(func() (int, error) {
-		res, err := s.db.ExecContext(ctx, s.q.deleteBefore, nanos(horizon), int64(limit))
+		res, err := s.db.ExecContext(ctx, s.q.deleteBefore, unixnano.Of(horizon), int64(limit))
 		if err != nil {
 			return 0, opErr("delete_before", err)
 		}
@@ -577,7 +578,7 @@ func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) 
 
 func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease,
 	until time.Time) error {
-	res, err := ex.ExecContext(ctx, s.q.heartbeat, nanos(until), scopeHash(l.Scope),
+	res, err := ex.ExecContext(ctx, s.q.heartbeat, unixnano.Of(until), scopeHash(l.Scope),
 		s.text(l.Owner), l.Generation)
 	return s.fenced(ctx, ex, "heartbeat", l, res, err)
 }
@@ -585,7 +586,7 @@ func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease,
 func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease,
 	resp idempotency.Response, now time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.complete, int64(resp.Status),
-		nullBytes(headercodec.Encode(resp.Header)), nullBytes(resp.Body), nanos(now), nanos(now),
+		nullBytes(headercodec.Encode(resp.Header)), nullBytes(resp.Body), unixnano.Of(now), unixnano.Of(now),
 		scopeHash(l.Scope), s.text(l.Owner), l.Generation)
 	return s.fenced(ctx, ex, "complete", l, res, err)
 }
@@ -598,7 +599,7 @@ func (s *Store) release(ctx context.Context, ex execer, l idempotency.Lease) err
 
 func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string,
 	data []byte, now time.Time) error {
-	res, err := ex.ExecContext(ctx, s.q.setPoint, []byte(point), nullBytes(data), nanos(now),
+	res, err := ex.ExecContext(ctx, s.q.setPoint, []byte(point), nullBytes(data), unixnano.Of(now),
 		scopeHash(l.Scope), s.text(l.Owner), l.Generation)
 	return s.fenced(ctx, ex, "set_recovery_point", l, res, err)
 }
@@ -697,13 +698,13 @@ func scanRecord(sc scanner) (idempotency.Record, error) {
 		Route: string(route), Key: string(key)}
 	r.State = idempotency.State(state)
 	r.FingerprintVersion = int(fpVersion)
-	r.LeaseUntil = fromNanos(leaseUntil)
+	r.LeaseUntil = unixnano.Time(leaseUntil)
 	r.RecoveryPoint = string(point)
 	r.RecoveryData = recoveryData
 	r.Request = request
-	r.CreatedAt = fromNanos(created)
-	r.UpdatedAt = fromNanos(updated)
-	r.CompletedAt = fromNanos(complAt)
+	r.CreatedAt = unixnano.Time(created)
+	r.UpdatedAt = unixnano.Time(updated)
+	r.CompletedAt = unixnano.Time(complAt)
 	if status.Valid {
 		h, err := headercodec.Decode(header)
 		if err != nil {
@@ -720,32 +721,6 @@ func nullBytes(b []byte) any {
 		return nil
 	}
 	return b
-}
-
-var (
-	minTime = time.Unix(0, math.MinInt64+1)
-	maxTime = time.Unix(0, math.MaxInt64)
-)
-
-// nanos converts t to Unix nanoseconds, 0 for the zero time, saturating
-// outside the years 1678-2262 that int64 nanoseconds can hold.
-func nanos(t time.Time) int64 {
-	switch {
-	case t.IsZero():
-		return 0
-	case t.Before(minTime):
-		return math.MinInt64 + 1
-	case t.After(maxTime):
-		return math.MaxInt64
-	}
-	return t.UnixNano()
-}
-
-func fromNanos(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
 }
 
 // subSat returns n - d, saturating at the int64 bounds.
