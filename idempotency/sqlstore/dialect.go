@@ -150,7 +150,8 @@ func (d Dialect) rebind(q string) string {
 // DefaultTable is the table name used when WithTable is not given.
 const DefaultTable = "idempotency_records"
 
-// maxTableLen keeps the derived index names ("<table>_pending_idx") within
+// maxTableLen keeps the derived names ("<table>_pending_idx",
+// "<table>_leases_idx") within
 // PostgreSQL's 63-byte identifier limit (MySQL's is 64).
 const maxTableLen = 48
 
@@ -197,7 +198,7 @@ const columns = `principal, method, route, idem_key, state, fingerprint, fingerp
 // Abandoned). Every statement that starts, moves or ends a lease writes both
 // tables, as one statement (see pgLeases). A claim adds four index entries
 // (both tables' primary keys, created_at, the lease end), a completion none,
-// and a heartbeat or a takeover one, on the small table. A recovery point
+// and a heartbeat or a takeover two, on the small table. A recovery point
 // changes no indexed column in either dialect (on PostgreSQL a HOT update).
 func schema(d Dialect, table string) string {
 	if d == MySQL {

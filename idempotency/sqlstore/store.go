@@ -145,8 +145,11 @@ type config struct {
 // WithTable sets the table name (default DefaultTable, "idempotency_records").
 // The name must be a plain unquoted identifier: 1 to 48 ASCII letters,
 // digits or underscores, not starting with a digit; Open returns an error
-// matching ErrInvalidConfig otherwise. Two Stores with different tables in
-// one database are independent.
+// matching ErrInvalidConfig otherwise. On PostgreSQL the Store also uses
+// <name>_leases, its list of the records in progress (see the package
+// documentation, "Schema"). Two Stores with different tables in one
+// database are independent, so long as neither name is the other's with
+// "_leases".
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
 }
@@ -219,9 +222,11 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
 // table: one CREATE TABLE IF NOT EXISTS whose primary key is scope_hash (the
-// SHA-256 of the scope's parts, which are kept beside it) and two CREATE
-// INDEX IF NOT EXISTS (for the completer's and the reaper's scans; on
-// MySQL, two INDEX clauses of the CREATE TABLE, which is the whole DDL).
+// SHA-256 of the scope's parts, which are kept beside it) and the indexes
+// of the completer's and the reaper's scans: on SQLite, two partial CREATE
+// INDEX IF NOT EXISTS; on MySQL, two INDEX clauses of the CREATE TABLE,
+// which is the whole DDL; on PostgreSQL, one on created_at and the table
+// <table>_leases of the records in progress with its index.
 // Times are integer Unix nanoseconds (UTC) in every dialect.
 func (s *Store) Schema() string { return schema(s.dialect, s.table) }
 

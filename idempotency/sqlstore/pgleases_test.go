@@ -1,0 +1,152 @@
+package sqlstore_test
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/sqlstore"
+)
+
+// On PostgreSQL the records in progress are listed in a table of their
+// own, which the Completer and the Reaper read. Workers churn a few keys
+// with every write the Store has (claims that create, take over and
+// restart, heartbeats, ended leases, recovery points, completions in and
+// out of a unit, units rolled back, releases, the Reaper's deletes), with
+// skewed clocks, while the pool's backends are terminated
+// (pg_terminate_backend) under them, so that statements fail at any
+// point. Afterwards the list holds exactly the records in progress, each
+// with the record's lease end, and Abandoned finds every one whose lease
+// has ended.
+func TestPostgresLeasesHoldTheRecordsInProgress(t *testing.T) {
+	base := pgSchemaDSN(t)
+	db := pgPool(t, withParam(base, "application_name", "leases_churn"), 8)
+	s, err := sqlstore.Open(db, sqlstore.Postgres)
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(t.Context()))
+	admin, err := sql.Open("pgx", base)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close() })
+
+	const workers, ops, keys = 8, 100, 12
+	var (
+		step     atomic.Int64 // the shared clock, in steps of 100 ms
+		failures atomic.Int64 // statements that failed (terminated connections)
+		wg       sync.WaitGroup
+		stop     = make(chan struct{})
+	)
+	ctx := t.Context()
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 28))
+			now := func() time.Time { // each worker's clock, up to 300 ms off
+				return t0.Add(time.Duration(step.Add(1))*100*time.Millisecond +
+					time.Duration(rng.IntN(600)-300)*time.Millisecond)
+			}
+			note := func(err error) {
+				if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
+					failures.Add(1)
+				}
+			}
+			for i := range ops {
+				c := claimAt(scope(fmt.Sprint("k", rng.IntN(keys))), fmt.Sprint("w", w, "-", i), "fp", now())
+				c.LeaseFor, c.ReplayWindow = time.Second, 3*time.Second
+				res, err := s.Claim(ctx, c)
+				if err != nil {
+					note(err)
+					continue
+				}
+				if res.Outcome != idempotency.ClaimCreated && res.Outcome != idempotency.ClaimTakenOver {
+					if rng.IntN(4) == 0 {
+						_, err := s.DeleteBefore(ctx, now().Add(-2*time.Second), 3)
+						note(err)
+					}
+					continue
+				}
+				l := res.Record.Lease()
+				for range rng.IntN(3) {
+					switch rng.IntN(3) {
+					case 0:
+						note(s.Heartbeat(ctx, l, now().Add(time.Second)))
+					case 1:
+						note(s.SetRecoveryPoint(ctx, l, "p", []byte("d"), now()))
+					default:
+						note(s.EndLease(ctx, l, now()))
+					}
+				}
+				resp := idempotency.Response{Status: 201, Body: []byte("ok")}
+				switch rng.IntN(6) {
+				case 0, 1:
+					note(s.Complete(ctx, l, resp, now()))
+				case 2:
+					u, uctx, _ := s.Begin(ctx, l)
+					if tx, ok := sqlstore.Tx(uctx); ok {
+						_, err := tx.ExecContext(uctx, `SELECT 1`)
+						note(err)
+					}
+					note(u.Complete(uctx, resp, now()))
+					if rng.IntN(2) == 0 {
+						note(u.Commit())
+					}
+					_ = u.Rollback()
+				case 3:
+					note(s.Release(ctx, l))
+				default: // abandoned: its lease runs out
+				}
+			}
+		})
+	}
+	var killed atomic.Int64
+	var killer sync.WaitGroup
+	killer.Go(func() {
+		rng := rand.New(rand.NewPCG(28, 28))
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(10+rng.IntN(15)) * time.Millisecond):
+			}
+			var n int64
+			if err := admin.QueryRow(`SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+FROM (SELECT pid FROM pg_stat_activity WHERE application_name = 'leases_churn'
+	ORDER BY random() LIMIT 1) b`).Scan(&n); err == nil {
+				killed.Add(n)
+			}
+		}
+	})
+	wg.Wait()
+	close(stop)
+	killer.Wait()
+	require.Positive(t, killed.Load(), "no backend was terminated")
+	require.Positive(t, failures.Load(), "no statement failed")
+
+	var missing, extra, wrongEnd, inProgress int
+	require.NoError(t, admin.QueryRow(`SELECT
+	(SELECT count(*) FROM idempotency_records r WHERE state = 1
+		AND NOT EXISTS (SELECT 1 FROM idempotency_records_leases l WHERE l.scope_hash = r.scope_hash)),
+	(SELECT count(*) FROM idempotency_records_leases l WHERE NOT EXISTS
+		(SELECT 1 FROM idempotency_records r WHERE r.scope_hash = l.scope_hash AND r.state = 1)),
+	(SELECT count(*) FROM idempotency_records r JOIN idempotency_records_leases l USING (scope_hash)
+		WHERE r.lease_until <> l.lease_until),
+	(SELECT count(*) FROM idempotency_records WHERE state = 1)`).
+		Scan(&missing, &extra, &wrongEnd, &inProgress))
+	require.Zero(t, missing, "records in progress missing from the list")
+	require.Zero(t, extra, "listed leases of no record in progress")
+	require.Zero(t, wrongEnd, "listed lease ends that are not the record's")
+	require.Positive(t, inProgress, "no record was left in progress")
+
+	later := t0.Add(time.Duration(step.Load()+100) * 100 * time.Millisecond)
+	abandoned, err := s.Abandoned(ctx, later, keys+1)
+	require.NoError(t, err)
+	require.Len(t, abandoned, inProgress, "Abandoned finds every record in progress past its lease")
+	t.Logf("%d backends terminated, %d statements failed, %d records left in progress",
+		killed.Load(), failures.Load(), inProgress)
+}
