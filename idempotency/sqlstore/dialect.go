@@ -259,10 +259,12 @@ func oldIndexes(d Dialect, table string) []string {
 	return old
 }
 
-// queries holds the statements of one Store, built once at Open. The
-// fenced writes, the reads and Abandoned are one text for every dialect;
-// claim, takeover, restart and deleteBefore are PostgreSQL's and SQLite's,
-// and mysql holds the statements MySQL runs in their place.
+// queries holds the statements of one Store, built once at Open. The reads
+// and the recovery point are one text for every dialect, and so are the
+// other fenced writes and Abandoned but on PostgreSQL, whose own keep its
+// list of leases (pgQueries). claim, takeover, restart and deleteBefore are
+// PostgreSQL's and SQLite's, and mysql holds the statements MySQL runs in
+// their place.
 type queries struct {
 	get, existing, heartbeat, complete, release, setPoint, abandoned string
 	claim, takeover, restart, deleteBefore                           string
@@ -351,7 +353,7 @@ const (
 // statement returns the row it wrote, tagged by the CTE that wrote it, or
 // else the row it read (existingRow). A replay or an in-progress conflict
 // therefore writes nothing and waits for no one: its UPDATEs match no row
-// of the snapshot and its INSERT has no input, so no tuple is locked and no
+// of the snapshot and its INSERTs have no input, so no tuple is locked and no
 // WAL is written. Only a claim that would win waits for a row another
 // transaction holds, and then re-checks its condition on the row's latest
 // version (READ COMMITTED). It returns no row when its INSERT met a row
@@ -490,8 +492,9 @@ RETURNING %[4]d, %[5]s, %[6]s`, table, restartSet, restartWhere, rowCreated, won
 	return q
 }
 
-// sharedQueries returns the statements whose text is every dialect's but
-// PostgreSQL's own (see pgQueries), with $N placeholders.
+// sharedQueries returns the statements whose text every dialect shares,
+// but for those PostgreSQL has of its own (see pgQueries), with $N
+// placeholders.
 func sharedQueries(table string) queries {
 	return queries{
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, columns),
@@ -549,32 +552,39 @@ ORDER BY pending_until, created_at, scope_hash
 LIMIT $2`, pending, columns)
 
 	// Bounded: at most $2 rows per statement, chosen by primary key:
-	// completed records first, oldest first, from the index on created_at
-	// (a record completes after it is created, so completed_at < $1 implies
+	// records in progress whose lease and last update are both past the
+	// horizon first, from the leases, whose rows leave with their records;
+	// then completed records, oldest first, from the index on created_at (a
+	// record completes after it is created, so completed_at < $1 implies
 	// created_at < $1 but for the servers' clock skew, which only delays a
-	// deletion), then records in progress whose lease and last update are
-	// both past the horizon, from the leases, whose rows leave with their
-	// records. The conditions are repeated on the DELETE itself: under READ
-	// COMMITTED, a row that a concurrent claim, heartbeat or completion
-	// changed after the subquery saw it is re-checked against the DELETE's
-	// own WHERE only, so without them the reaper would delete a record that
-	// was just taken over or completed. The subqueries lock their rows and
-	// skip the ones a running write holds (FOR UPDATE SKIP LOCKED): the
-	// reaper never waits for a claim, and a claim waiting for a row the
-	// reaper locked inserts afresh once it is gone.
+	// deletion; the records in progress that the index also lists are
+	// mostly the stale ones, which the first part deleted). The conditions
+	// are repeated on the DELETE itself: under READ COMMITTED, a row that a
+	// concurrent claim, heartbeat or completion changed after the subquery
+	// saw it is re-checked against the DELETE's own WHERE only, so without
+	// them the reaper would delete a record that was just taken over or
+	// completed. The subqueries lock their rows, a record in progress with
+	// its lease, and skip the ones a running write holds (FOR UPDATE SKIP
+	// LOCKED): the reaper never waits for a claim, a claim waiting for a
+	// row the reaper locked inserts afresh once it is gone, and a record
+	// whose lease ended and began again since the statement's snapshot (a
+	// completion, then a restart) is skipped, never deleted without its
+	// new lease.
 	q.deleteBefore = fmt.Sprintf(`WITH rec AS (
 	DELETE FROM %[1]s WHERE scope_hash IN (
+		SELECT scope_hash FROM (SELECT r.scope_hash FROM %[1]s r
+			JOIN %[1]s_leases l ON l.scope_hash = r.scope_hash
+			WHERE l.lease_until < $1 AND r.state = 1 AND r.lease_until < $1 AND r.updated_at < $1
+			ORDER BY l.lease_until LIMIT $2 FOR UPDATE OF r, l SKIP LOCKED) unfinished
+		UNION ALL
 		SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
 			WHERE created_at < $1 AND state = 2 AND completed_at < $1 AND updated_at < $1
 			ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) done
-		UNION ALL
-		SELECT scope_hash FROM (SELECT scope_hash FROM %[2]s AND updated_at < $1
-			ORDER BY pending_until LIMIT $2 FOR UPDATE OF %[1]s SKIP LOCKED) unfinished
 		LIMIT $2)
 	  AND updated_at < $1 AND (state = 2 OR lease_until < $1)
 	RETURNING scope_hash
 ), lease AS (
-	%[3]s
+	%[2]s
 )
-SELECT * FROM rec`, table, pending, leaseDelete(table))
+SELECT * FROM rec`, table, leaseDelete(table))
 }

@@ -58,16 +58,16 @@
 // writes both tables as one statement, so that the list holds what the
 // records hold. The Reaper finds completed records by created_at. A claim
 // adds four index entries (both primary keys, created_at, the lease end), a
-// completion none, a heartbeat two (its lease row rewritten). SQLite's table
-// is the same with BLOB for BYTEA and without the fillfactor, and it has no
-// second table: its two partial indexes, on lease_until WHERE state = 1 and
-// on completed_at WHERE state = 2, serve the background jobs (SQLite has no
-// HOT update; a claim adds two index entries, a completion two). MySQL's is
-// in "MySQL and MariaDB" below. Times are the callers' times as integer
-// nanoseconds, never a database clock. Principal, method, route, key and
-// recovery point are bytes of any length, and a replay returns the stored
-// status, headers and body byte for byte. The primary key is, in PostgreSQL
-// 11 or later terms,
+// completion none (a body stored out of line adds its TOAST table's), a
+// heartbeat two (its lease row rewritten). SQLite's table is the same with
+// BLOB for BYTEA and without the fillfactor, and it has no second table: its
+// two partial indexes, on lease_until WHERE state = 1 and on completed_at
+// WHERE state = 2, serve the background jobs (SQLite has no HOT update; a
+// claim adds two index entries, a completion two). MySQL's is in "MySQL and
+// MariaDB" below. Times are the callers' times as integer nanoseconds, never
+// a database clock. Principal, method, route, key and recovery point are
+// bytes of any length, and a replay returns the stored status, headers and
+// body byte for byte. The primary key is, in PostgreSQL 11 or later terms,
 //
 //	sha256(int8send(octet_length(principal)) || principal ||
 //	       int8send(octet_length(method)) || method ||
@@ -81,11 +81,12 @@
 // BYTEA in place (the table is locked and rewritten); the indexes of earlier
 // layouts, on (state, lease_until) and (updated_at) and on PostgreSQL the
 // two partial ones, are replaced in place by Schema's (writes to the table
-// wait while they are built; on a large table, build them first with
-// CREATE INDEX CONCURRENTLY under Schema's names); and on PostgreSQL the
-// table gets its fillfactor, for the pages written from then on, and
-// <table>_leases is created and filled with the records in progress, in one
-// statement. Run it from one process before the servers serve, and stop the
+// wait while they are built, and on PostgreSQL reads too once an old index
+// is dropped, until Migrate commits; on a large table, build them first
+// with CREATE INDEX CONCURRENTLY under Schema's names); and on PostgreSQL
+// the table gets its fillfactor, for the pages written from then on, and
+// <table>_leases is created if need be and made to list exactly the
+// records in progress. Run it from one process before the servers serve, and stop the
 // servers of the earlier version first: they do not write the leases. A
 // connection that prepared a statement before the change fails it once.
 //

@@ -33,16 +33,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return opErr("migrate", err)
 	}
-	leased, err := s.hasLeases(ctx, tx)
+	unlisted, err := s.leasesToFill(ctx, tx)
 	if err != nil {
 		return opErr("migrate", err)
 	}
 	var stmts []string
 	if v1 {
 		stmts = append(stmts, "ALTER TABLE "+s.table+" RENAME TO "+old)
-	}
-	for _, idx := range oldIndexes(s.dialect, s.table) {
-		stmts = append(stmts, "DROP INDEX IF EXISTS "+idx)
 	}
 	stmts = append(stmts, splitStatements(s.Schema())...)
 	for _, stmt := range stmts {
@@ -61,33 +58,55 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.recoveryPointAsBytes(ctx, tx); err != nil {
 		return opErr("migrate", err)
 	}
-	if !leased {
+	if unlisted {
 		if err := s.fillLeases(ctx, tx); err != nil {
+			return opErr("migrate", err)
+		}
+	}
+	// The earlier layouts' indexes go last, once the fill has read the
+	// records in progress through the one that lists them.
+	for _, idx := range oldIndexes(s.dialect, s.table) {
+		if _, err := tx.ExecContext(ctx, "DROP INDEX IF EXISTS "+idx); err != nil {
 			return opErr("migrate", err)
 		}
 	}
 	return opErr("migrate", tx.Commit())
 }
 
-// hasLeases reports whether the table of the records in progress exists:
-// always on SQLite and MySQL, which have none.
-func (s *Store) hasLeases(ctx context.Context, tx *sql.Tx) (bool, error) {
+// leasesToFill reports whether PostgreSQL's table of the records in
+// progress is to be filled from the records: when it does not exist yet, or
+// when an index of an earlier layout does (the table may then have been
+// created beforehand, as the package documentation suggests for a large
+// table, by a server that wrote no leases). Never on SQLite and MySQL,
+// which have none.
+func (s *Store) leasesToFill(ctx context.Context, tx *sql.Tx) (bool, error) {
 	if s.dialect != Postgres {
-		return true, nil
+		return false, nil
 	}
-	var exists bool
-	err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.table+"_leases").
-		Scan(&exists)
-	return exists, err
+	var fill bool
+	err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NULL OR to_regclass($2) IS NOT NULL
+	OR to_regclass($3) IS NOT NULL`,
+		s.table+"_leases", s.table+"_pending_idx", s.table+"_lease_idx").Scan(&fill)
+	return fill, err
 }
 
-// fillLeases lists in the new table of the records in progress those a
-// table of an earlier layout holds, in one statement.
+// fillLeases makes the table of the records in progress list exactly the
+// records in progress, with their lease ends: it adds the missing ones,
+// corrects the lease ends and deletes the rows of records no longer in
+// progress.
 func (s *Store) fillLeases(ctx context.Context, tx *sql.Tx) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO `+s.table+`_leases (scope_hash, lease_until)
-SELECT scope_hash, lease_until FROM `+s.table+` WHERE state = 1
-ON CONFLICT (scope_hash) DO NOTHING`)
-	return err
+	for _, stmt := range []string{
+		`INSERT INTO ` + s.table + `_leases (scope_hash, lease_until)
+SELECT scope_hash, lease_until FROM ` + s.table + ` WHERE state = 1
+ON CONFLICT (scope_hash) DO UPDATE SET lease_until = EXCLUDED.lease_until`,
+		`DELETE FROM ` + s.table + `_leases l WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` r
+WHERE r.scope_hash = l.scope_hash AND r.state = 1)`,
+	} {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // setFillFactor gives a PostgreSQL table of an earlier layout the

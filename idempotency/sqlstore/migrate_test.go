@@ -291,7 +291,7 @@ func TestMigrateUpgradesTheIndexesInPlace(t *testing.T) {
 		}
 		t.Run("lease_and_updated", func(t *testing.T) {
 			upgradeInPlace(t, b, fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob),
-				[]string{"idempotency_records_lease_idx", "idempotency_records_updated_idx", "pkey"})
+				[]string{"idempotency_records_lease_idx", "idempotency_records_updated_idx", "pkey"}, false)
 		})
 		if b.dialect == sqlstore.Postgres {
 			t.Run("partial", func(t *testing.T) {
@@ -300,7 +300,19 @@ func TestMigrateUpgradesTheIndexesInPlace(t *testing.T) {
 					"CREATE INDEX idempotency_records_lease_idx ON idempotency_records (state, lease_until);\n"+
 						"CREATE INDEX idempotency_records_updated_idx ON idempotency_records (updated_at);", "", 1)
 				upgradeInPlace(t, b, ddl, []string{"idempotency_records_done_idx",
-					"idempotency_records_pending_idx", "pkey"})
+					"idempotency_records_pending_idx", "pkey"}, false)
+			})
+			// The operator ran Schema's DDL before Migrate, as the package
+			// documentation suggests for a large table: the leases' table
+			// exists, lists none of the records in progress, and holds a
+			// row of no record.
+			t.Run("partial_leases_created_first", func(t *testing.T) {
+				ddl := strings.Replace(fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob)+
+					fmt.Sprintf(partialIndexes, sqlstore.DefaultTable),
+					"CREATE INDEX idempotency_records_lease_idx ON idempotency_records (state, lease_until);\n"+
+						"CREATE INDEX idempotency_records_updated_idx ON idempotency_records (updated_at);", "", 1)
+				upgradeInPlace(t, b, ddl, []string{"idempotency_records_done_idx",
+					"idempotency_records_pending_idx", "pkey"}, true)
 			})
 		}
 	})
@@ -310,8 +322,9 @@ func TestMigrateUpgradesTheIndexesInPlace(t *testing.T) {
 // whose indexes are indexes. The rows are the same in every layout: on
 // PostgreSQL, the Store writes the leases of the records in progress to a
 // table that is dropped before Migrate, so that the table is as an earlier
-// server left it.
-func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string) {
+// server left it; with leasesFirst, the leases' table is emptied instead
+// and given a row of no record.
+func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string, leasesFirst bool) {
 	ctx := t.Context()
 	db := b.open(t)
 	for _, stmt := range strings.Split(ddl, ";") {
@@ -361,7 +374,13 @@ func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string) {
 		require.NoError(t, db.QueryRow(`SELECT $1::regclass::oid::text`, sqlstore.DefaultTable).Scan(&oid))
 	}
 
-	if b.dialect == sqlstore.Postgres {
+	switch {
+	case b.dialect == sqlstore.Postgres && leasesFirst:
+		_, err := db.Exec(`DELETE FROM ` + leases)
+		require.NoError(t, err)
+		_, err = db.Exec(`INSERT INTO ` + leases + ` VALUES ('\x00', 1)`)
+		require.NoError(t, err)
+	case b.dialect == sqlstore.Postgres:
 		_, err := db.Exec(`DROP TABLE ` + leases)
 		require.NoError(t, err)
 	}

@@ -22,8 +22,8 @@ import (
 // recovery_point. InnoDB, for the row locks and the transactions.
 //
 // MySQL has no partial index (and no CREATE INDEX IF NOT EXISTS: the
-// indexes are clauses of the CREATE TABLE). The two indexes are the
-// PostgreSQL partial indexes' columns behind the state they select on, one
+// indexes are clauses of the CREATE TABLE). The two indexes are SQLite's
+// partial indexes' columns behind the state they select on, one
 // for each background job: (state, lease_until) for the records in progress
 // by lease end (the Completer's Abandoned, the Reaper's unfinished records)
 // and (state, completed_at) for the completed records by completion time

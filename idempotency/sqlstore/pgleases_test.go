@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -149,4 +150,44 @@ FROM (SELECT pid FROM pg_stat_activity WHERE application_name = 'leases_churn'
 	require.Len(t, abandoned, inProgress, "Abandoned finds every record in progress past its lease")
 	t.Logf("%d backends terminated, %d statements failed, %d records left in progress",
 		killed.Load(), failures.Load(), inProgress)
+}
+
+// The Reaper's statement on PostgreSQL reads its candidates from its
+// snapshot. A record in progress past the horizon completes and restarts
+// (a new lease) after that snapshot and before the Reaper locks it: the
+// Reaper skips it, since the lease it read is gone, rather than delete the
+// restarted record and leave its new lease listed with no record.
+func TestPostgresReaperSkipsARecordWhoseLeaseBeganAgain(t *testing.T) {
+	ctx := t.Context()
+	db := openPG(t)
+	s, err := sqlstore.Open(db, sqlstore.Postgres)
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(ctx))
+	rec, won, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
+	require.NoError(t, err)
+	require.True(t, won)
+
+	sqlstore.PauseDeleteBefore(s, 500*time.Millisecond)
+	deleted := make(chan int, 1)
+	go func() {
+		n, err := s.DeleteBefore(ctx, t0.Add(3*time.Hour), 10)
+		assert.NoError(t, err)
+		deleted <- n
+	}()
+	require.Eventually(t, func() bool {
+		return count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'
+	AND query LIKE '%DELETE FROM%'`) == 1
+	}, 10*time.Second, 5*time.Millisecond, "the Reaper's statement did not reach its pause")
+	require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201}, t0.Add(time.Second)))
+	restarted, err := s.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(2*time.Hour)))
+	require.NoError(t, err)
+	require.Equal(t, idempotency.ClaimCreated, restarted.Outcome, "the completed record restarts past the window")
+
+	require.Zero(t, <-deleted, "the Reaper deleted the restarted record")
+	got, err := s.Get(ctx, scope("k"))
+	require.NoError(t, err)
+	require.Equal(t, "B", got.Owner)
+	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM `+leasesTable+` l JOIN `+sqlstore.DefaultTable+
+		` r USING (scope_hash) WHERE r.state = 1 AND l.lease_until = r.lease_until`), "the new lease is listed")
+	require.Equal(t, 1, count(t, db, `SELECT count(*) FROM `+leasesTable))
 }

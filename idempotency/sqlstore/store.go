@@ -148,8 +148,9 @@ type config struct {
 // matching ErrInvalidConfig otherwise. On PostgreSQL the Store also uses
 // <name>_leases, its list of the records in progress (see the package
 // documentation, "Schema"). Two Stores with different tables in one
-// database are independent, so long as neither name is the other's with
-// "_leases".
+// database are independent, so long as no name is another's with a suffix
+// of Schema's ("_leases", or on PostgreSQL, where indexes and tables share
+// names, "_created_idx", "_leases_idx", "_leases_pkey").
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
 }
