@@ -223,7 +223,7 @@ FROM generate_series(1, $2::bigint) g`, old, records); err != nil {
 // 64), the gain of each from 16 to 64 clients (scale-*), and, sampled from
 // pg_stat_activity while the middleware runs at 64 clients, how many of the
 // pool's backends are idle in a transaction on average (idle-in-tx) and
-// how many of those sit after the library's own UPDATE, before its COMMIT
+// how many of those sit after the library's own completion, before its COMMIT
 // (idle-after-update). The pool has BENCH_PG_CONNS connections (default
 // 64): PostgreSQL's max_connections must leave room for them.
 //
@@ -306,7 +306,7 @@ WHERE application_name = $1 AND state = 'idle in transaction'`, app)
 				var q string
 				if rows.Scan(&q) == nil {
 					idle++
-					if strings.HasPrefix(strings.TrimSpace(q), "UPDATE") {
+					if strings.Contains(q, "SET state = 2") { // the completion
 						afterUpdate++
 					}
 				}
