@@ -151,8 +151,8 @@ func (d Dialect) rebind(q string) string {
 const DefaultTable = "idempotency_records"
 
 // maxTableLen keeps the derived names ("<table>_pending_idx",
-// "<table>_leases_idx") within
-// PostgreSQL's 63-byte identifier limit (MySQL's is 64).
+// "<table>_leases_idx") within PostgreSQL's 63-byte identifier limit
+// (MySQL's is 64).
 const maxTableLen = 48
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -417,7 +417,7 @@ WHERE NOT EXISTS (SELECT 1 FROM restarted) AND NOT EXISTS (SELECT 1 FROM taken)`
 // reads rec's RETURNING rows, so that both change in one statement or
 // neither, and the leases' row is locked only after the record's. The
 // statement returns rec's rows, and reports their count as the rows it
-// affected (a SELECT's command tag), which the fence reads as before.
+// affected (a SELECT's command tag), which the fence reads.
 func pgLeases(rec, lease string) string {
 	return fmt.Sprintf(`WITH rec AS (
 	%s
