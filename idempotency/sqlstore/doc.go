@@ -85,8 +85,9 @@
 // is dropped, until Migrate commits; on a large table, build them first
 // with CREATE INDEX CONCURRENTLY under Schema's names); and on PostgreSQL
 // the table gets its fillfactor, for the pages written from then on, and
-// <table>_leases is created if need be and made to list exactly the
-// records in progress. Run it from one process before the servers serve, and stop the
+// <table>_leases is created if need be and, once, made to list exactly the
+// records in progress (Schema's DDL creates it empty: upgrade a table that
+// holds records with Migrate). Run it from one process before the servers serve, and stop the
 // servers of the earlier version first: they do not write the leases. A
 // connection that prepared a statement before the change fails it once.
 //

@@ -24,10 +24,15 @@ func HeartbeatIn(ctx context.Context, s *Store, tx *sql.Tx, l idempotency.Lease,
 	return s.heartbeat(ctx, tx, l, until)
 }
 
-// PauseDeleteBefore makes the Store's PostgreSQL DeleteBefore sleep for d
-// after its snapshot is taken and before it locks a record in progress,
-// so that a test can commit writes in that window.
-func PauseDeleteBefore(s *Store, d time.Duration) {
-	s.q.deleteBefore = strings.Replace(s.q.deleteBefore, "WHERE l.lease_until < $1",
-		fmt.Sprintf("WHERE (SELECT true FROM pg_sleep(%f)) AND l.lease_until < $1", d.Seconds()), 1)
+// GateDeleteBefore makes the Store's PostgreSQL DeleteBefore wait, after
+// its snapshot is taken and before it locks a record in progress, for the
+// advisory lock key (a shared transaction lock on it), so that a test that
+// holds the lock can commit writes in that window.
+func GateDeleteBefore(s *Store, key int64) {
+	const at = "WHERE l.lease_until < $1"
+	if !strings.Contains(s.q.deleteBefore, at) {
+		panic("sqlstore: GateDeleteBefore: the statement has no " + at)
+	}
+	s.q.deleteBefore = strings.Replace(s.q.deleteBefore, at,
+		fmt.Sprintf("WHERE (SELECT true FROM pg_advisory_xact_lock_shared(%d)) AND l.lease_until < $1", key), 1)
 }

@@ -33,10 +33,6 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return opErr("migrate", err)
 	}
-	unlisted, err := s.leasesToFill(ctx, tx)
-	if err != nil {
-		return opErr("migrate", err)
-	}
 	var stmts []string
 	if v1 {
 		stmts = append(stmts, "ALTER TABLE "+s.table+" RENAME TO "+old)
@@ -55,52 +51,53 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return opErr("migrate", fmt.Errorf("copying the records of %s: %w", old, err))
 		}
 	}
-	if err := s.recoveryPointAsBytes(ctx, tx); err != nil {
+	if err := s.fillLeases(ctx, tx); err != nil {
 		return opErr("migrate", err)
 	}
-	if unlisted {
-		if err := s.fillLeases(ctx, tx); err != nil {
-			return opErr("migrate", err)
-		}
-	}
-	// The earlier layouts' indexes go last, once the fill has read the
-	// records in progress through the one that lists them.
+	// The earlier layouts' indexes go once the fill has read the records in
+	// progress through the one that lists them, and before a rewrite of the
+	// table would rebuild them.
 	for _, idx := range oldIndexes(s.dialect, s.table) {
 		if _, err := tx.ExecContext(ctx, "DROP INDEX IF EXISTS "+idx); err != nil {
 			return opErr("migrate", err)
 		}
 	}
+	if err := s.recoveryPointAsBytes(ctx, tx); err != nil {
+		return opErr("migrate", err)
+	}
 	return opErr("migrate", tx.Commit())
 }
 
-// leasesToFill reports whether PostgreSQL's table of the records in
-// progress is to be filled from the records: when it does not exist yet, or
-// when an index of an earlier layout does (the table may then have been
-// created beforehand, as the package documentation suggests for a large
-// table, by a server that wrote no leases). Never on SQLite and MySQL,
-// which have none.
-func (s *Store) leasesToFill(ctx context.Context, tx *sql.Tx) (bool, error) {
-	if s.dialect != Postgres {
-		return false, nil
-	}
-	var fill bool
-	err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NULL OR to_regclass($2) IS NOT NULL
-	OR to_regclass($3) IS NOT NULL`,
-		s.table+"_leases", s.table+"_pending_idx", s.table+"_lease_idx").Scan(&fill)
-	return fill, err
-}
+// leasesFilled is the comment of a PostgreSQL table of the records in
+// progress that Migrate has filled: Schema's DDL creates the table empty
+// and unmarked, and Migrate fills it from the records once, whatever
+// layout they were written in.
+const leasesFilled = "sqlstore: lists the records in progress"
 
-// fillLeases makes the table of the records in progress list exactly the
-// records in progress, with their lease ends: it adds the missing ones,
-// corrects the lease ends and deletes the rows of records no longer in
-// progress.
+// fillLeases makes PostgreSQL's table of the records in progress list
+// exactly the records in progress, with their lease ends, unless it is
+// marked as filled (leasesFilled): it adds the missing ones, corrects the
+// lease ends, deletes the rows of records no longer in progress, and marks
+// the table. No write can interleave: Schema's CREATE INDEX IF NOT EXISTS
+// holds the records' table in SHARE mode until Migrate commits. Nothing on
+// SQLite and MySQL, which have no such table.
 func (s *Store) fillLeases(ctx context.Context, tx *sql.Tx) error {
+	if s.dialect != Postgres {
+		return nil
+	}
+	var marked bool
+	if err := tx.QueryRowContext(ctx, `SELECT coalesce(obj_description(to_regclass($1), 'pg_class'), '') = $2`,
+		s.table+"_leases", leasesFilled).Scan(&marked); err != nil || marked {
+		return err
+	}
 	for _, stmt := range []string{
 		`INSERT INTO ` + s.table + `_leases (scope_hash, lease_until)
 SELECT scope_hash, lease_until FROM ` + s.table + ` WHERE state = 1
-ON CONFLICT (scope_hash) DO UPDATE SET lease_until = EXCLUDED.lease_until`,
+ON CONFLICT (scope_hash) DO UPDATE SET lease_until = EXCLUDED.lease_until
+WHERE ` + s.table + `_leases.lease_until <> EXCLUDED.lease_until`,
 		`DELETE FROM ` + s.table + `_leases l WHERE NOT EXISTS (SELECT 1 FROM ` + s.table + ` r
 WHERE r.scope_hash = l.scope_hash AND r.state = 1)`,
+		`COMMENT ON TABLE ` + s.table + `_leases IS '` + leasesFilled + `'`,
 	} {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return err

@@ -322,8 +322,9 @@ func TestMigrateUpgradesTheIndexesInPlace(t *testing.T) {
 // whose indexes are indexes. The rows are the same in every layout: on
 // PostgreSQL, the Store writes the leases of the records in progress to a
 // table that is dropped before Migrate, so that the table is as an earlier
-// server left it; with leasesFirst, the leases' table is emptied instead
-// and given a row of no record.
+// server left it; with leasesFirst, the leases' table stays, with the
+// live record's lease missing, a wrong lease end for the stale one and a
+// row of no record.
 func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string, leasesFirst bool) {
 	ctx := t.Context()
 	db := b.open(t)
@@ -376,10 +377,15 @@ func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string, lease
 
 	switch {
 	case b.dialect == sqlstore.Postgres && leasesFirst:
-		_, err := db.Exec(`DELETE FROM ` + leases)
-		require.NoError(t, err)
-		_, err = db.Exec(`INSERT INTO ` + leases + ` VALUES ('\x00', 1)`)
-		require.NoError(t, err)
+		for _, stmt := range []string{
+			`DELETE FROM ` + leases + ` WHERE scope_hash = (SELECT scope_hash FROM ` + sqlstore.DefaultTable +
+				` WHERE idem_key = 'live'::bytea)`, // missing
+			`UPDATE ` + leases + ` SET lease_until = 1`,     // the stale one's, wrong
+			`INSERT INTO ` + leases + ` VALUES ('\x00', 1)`, // of no record
+		} {
+			_, err := db.Exec(stmt)
+			require.NoError(t, err)
+		}
 	case b.dialect == sqlstore.Postgres:
 		_, err := db.Exec(`DROP TABLE ` + leases)
 		require.NoError(t, err)
@@ -403,6 +409,15 @@ FROM ` + leases + ` l JOIN ` + sqlstore.DefaultTable + ` r USING (scope_hash) WH
 		require.NoError(t, rows.Close())
 		require.Equal(t, []string{"true", "true"}, listed, "the live and the stale record, with their lease ends")
 		require.Equal(t, 2, count(t, db, `SELECT COUNT(*) FROM `+leases), "only the records in progress")
+
+		// Migrate fills the list once: on a filled table it reads no
+		// record, so a row added to the list stays.
+		_, err = db.Exec(`INSERT INTO ` + leases + ` VALUES ('\x01', 1)`)
+		require.NoError(t, err)
+		require.NoError(t, s.Migrate(ctx))
+		require.Equal(t, 3, count(t, db, `SELECT COUNT(*) FROM `+leases))
+		_, err = db.Exec(`DELETE FROM ` + leases + ` WHERE scope_hash = '\x01'`)
+		require.NoError(t, err)
 	}
 	require.Equal(t, want, indexesOf(t, db, b.dialect))
 	if b.dialect == sqlstore.Postgres {

@@ -128,6 +128,12 @@ FROM (SELECT pid FROM pg_stat_activity WHERE application_name = 'leases_churn'
 	killer.Wait()
 	require.Positive(t, killed.Load(), "no backend was terminated")
 	require.Positive(t, failures.Load(), "no statement failed")
+	db.SetMaxIdleConns(0) // the pool's connections the killer may have ended go
+	db.SetMaxIdleConns(2)
+	left := claimAt(scope("left"), "last", "fp", t0.Add(time.Duration(step.Load())*100*time.Millisecond))
+	_, won, err := claimed(s.Claim(ctx, left)) // at least one record stays in progress
+	require.NoError(t, err)
+	require.True(t, won)
 
 	var missing, extra, wrongEnd, inProgress int
 	require.NoError(t, admin.QueryRow(`SELECT
@@ -144,8 +150,8 @@ FROM (SELECT pid FROM pg_stat_activity WHERE application_name = 'leases_churn'
 	require.Zero(t, wrongEnd, "listed lease ends that are not the record's")
 	require.Positive(t, inProgress, "no record was left in progress")
 
-	later := t0.Add(time.Duration(step.Load()+100) * 100 * time.Millisecond)
-	abandoned, err := s.Abandoned(ctx, later, keys+1)
+	later := t0.Add(time.Duration(step.Load()+200) * 100 * time.Millisecond)
+	abandoned, err := s.Abandoned(ctx, later, keys+2)
 	require.NoError(t, err)
 	require.Len(t, abandoned, inProgress, "Abandoned finds every record in progress past its lease")
 	t.Logf("%d backends terminated, %d statements failed, %d records left in progress",
@@ -154,12 +160,16 @@ FROM (SELECT pid FROM pg_stat_activity WHERE application_name = 'leases_churn'
 
 // The Reaper's statement on PostgreSQL reads its candidates from its
 // snapshot. A record in progress past the horizon completes and restarts
-// (a new lease) after that snapshot and before the Reaper locks it: the
+// (a new lease) after that snapshot and before the Reaper locks it (the
+// statement waits at an advisory lock the test holds meanwhile): the
 // Reaper skips it, since the lease it read is gone, rather than delete the
 // restarted record and leave its new lease listed with no record.
 func TestPostgresReaperSkipsARecordWhoseLeaseBeganAgain(t *testing.T) {
 	ctx := t.Context()
-	db := openPG(t)
+	base := pgSchemaDSN(t)
+	db, err := sql.Open("pgx", withParam(base, "application_name", "reaper_gated"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
 	s, err := sqlstore.Open(db, sqlstore.Postgres)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(ctx))
@@ -167,7 +177,18 @@ func TestPostgresReaperSkipsARecordWhoseLeaseBeganAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, won)
 
-	sqlstore.PauseDeleteBefore(s, 500*time.Millisecond)
+	// The gate: an advisory lock the Reaper's statement waits for once its
+	// snapshot is taken.
+	admin, err := sql.Open("pgx", base)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close() })
+	gate, err := admin.Conn(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = gate.Close() })
+	const key = 2801
+	_, err = gate.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, key)
+	require.NoError(t, err)
+	sqlstore.GateDeleteBefore(s, key)
 	deleted := make(chan int, 1)
 	go func() {
 		n, err := s.DeleteBefore(ctx, t0.Add(3*time.Hour), 10)
@@ -175,13 +196,15 @@ func TestPostgresReaperSkipsARecordWhoseLeaseBeganAgain(t *testing.T) {
 		deleted <- n
 	}()
 	require.Eventually(t, func() bool {
-		return count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'
-	AND query LIKE '%DELETE FROM%'`) == 1
-	}, 10*time.Second, 5*time.Millisecond, "the Reaper's statement did not reach its pause")
+		return count(t, admin, `SELECT count(*) FROM pg_stat_activity
+WHERE application_name = 'reaper_gated' AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) == 1
+	}, 10*time.Second, 5*time.Millisecond, "the Reaper's statement did not reach its gate")
 	require.NoError(t, s.Complete(ctx, rec.Lease(), idempotency.Response{Status: 201}, t0.Add(time.Second)))
 	restarted, err := s.Claim(ctx, claimAt(scope("k"), "B", "fp", t0.Add(2*time.Hour)))
 	require.NoError(t, err)
 	require.Equal(t, idempotency.ClaimCreated, restarted.Outcome, "the completed record restarts past the window")
+	_, err = gate.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, key)
+	require.NoError(t, err)
 
 	require.Zero(t, <-deleted, "the Reaper deleted the restarted record")
 	got, err := s.Get(ctx, scope("k"))

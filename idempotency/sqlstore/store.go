@@ -148,9 +148,10 @@ type config struct {
 // matching ErrInvalidConfig otherwise. On PostgreSQL the Store also uses
 // <name>_leases, its list of the records in progress (see the package
 // documentation, "Schema"). Two Stores with different tables in one
-// database are independent, so long as no name is another's with a suffix
-// of Schema's ("_leases", or on PostgreSQL, where indexes and tables share
-// names, "_created_idx", "_leases_idx", "_leases_pkey").
+// database are independent, so long as no name is another's followed by one
+// of the suffixes Schema gives its table and index names ("_leases",
+// "_created_idx", "_leases_idx", "_pending_idx", "_done_idx"): tables and
+// indexes share one namespace.
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
 }
@@ -553,7 +554,9 @@ func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) (
 
 // DeleteBefore implements idempotency.Store.DeleteBefore with one bounded
 // DELETE: up to limit records last updated before horizon that are completed
-// or whose lease also ended before horizon, oldest first. On PostgreSQL it
+// or whose lease also ended before horizon (on PostgreSQL the records in
+// progress first, by lease end, then the completed ones, oldest first; on
+// SQLite and MySQL the completed ones first). On PostgreSQL it
 // skips records that a concurrent write holds locked rather than wait for
 // them (a later run finds them if they are still stale), and re-checks the
 // conditions on each row it deletes, so a record taken over, heartbeated or
