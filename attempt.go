@@ -161,7 +161,7 @@ func (c *call) roundTrip(a *attempt) {
 		}
 		a.resp = nil
 		if errors.Is(a.err, resend.Err) {
-			a.err = &resend.Error{MayHaveArrived: resend.Replays(a.req)}
+			a.err = &retry.ResendError{MayHaveArrived: resend.Replays(a.req)}
 		}
 		if a.expired() {
 			a.err = attemptTimedOut(a.until.Sub(a.start), a.err)

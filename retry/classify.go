@@ -13,8 +13,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/saferetry/saferetry/internal/resend"
 )
 
 // Problem codes (the "code" member of an application/problem+json body)
@@ -221,7 +219,7 @@ func classifyErr(in Input) Decision {
 	case isContextDeadline(err):
 		return Decision{Class: ClassCallerDeadline}
 	}
-	var resent *resend.Error
+	var resent *ResendError
 	if errors.As(err, &resent) {
 		never := !resent.MayHaveArrived
 		return Decision{Class: ClassResend, NeverSent: never, Retry: in.Idempotent || never}

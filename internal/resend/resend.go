@@ -24,33 +24,12 @@ import (
 )
 
 // Err is returned by GetBody, and so by net/http's RoundTrip where it went
-// to send the attempt again by itself.
+// to send the attempt again by itself. The Transport puts a
+// *retry.ResendError in its place.
 var Err = errors.New("saferetry: the base transport went to send the attempt again by itself")
 
 // GetBody is the GetBody of every attempt that has a body: it refuses.
 func GetBody() (io.ReadCloser, error) { return nil, Err }
-
-// Error is the outcome of an attempt whose re-send GetBody refused. Its
-// connection closed before any answer (HTTP/1.1), or the server refused
-// or did not process its stream (HTTP/2), or nothing of it was written.
-type Error struct {
-	// MayHaveArrived is true when the request is one net/http re-sends
-	// after a kept-alive connection closed before the answer (Replays), a
-	// request the server may have processed; false when net/http re-sends
-	// it only where the server has not: a refused or unprocessed HTTP/2
-	// stream, or nothing written.
-	MayHaveArrived bool
-}
-
-func (e *Error) Error() string {
-	if e.MayHaveArrived {
-		return Err.Error() + ": the connection closed before the answer"
-	}
-	return Err.Error() + ": the request was not processed"
-}
-
-// Unwrap returns Err.
-func (e *Error) Unwrap() error { return Err }
 
 // names are the fields that make net/http take a request for replayable.
 var names = [...]string{"Idempotency-Key", "X-Idempotency-Key"}
