@@ -31,6 +31,8 @@ import (
 type attempt struct {
 	n      int
 	hedge  bool // sent beside attempts still in flight, not after one
+	handed bool // the response is the caller's: close does nothing
+	closed bool // close has run
 	start  time.Time
 	octx   context.Context // what the AttemptStart observers returned
 	ctx    context.Context // the attempt's own, a child of octx
@@ -48,13 +50,10 @@ type attempt struct {
 	answered   time.Time
 	classified time.Time
 
-	// body is the response body the attempt owns until it is handed over
-	// (that of a response dropped for a timeout included); unsent is the
-	// request body of an attempt never sent. close closes both.
-	body   io.ReadCloser
-	unsent io.Closer
-	handed bool // the response is the caller's: close does nothing
-	closed bool // close has run
+	// body is what the attempt owns and close closes: the response body
+	// until it is handed over (that of a response dropped for a timeout
+	// included), or the request body of an attempt never sent.
+	body io.ReadCloser
 
 	panicked any // what the base transport or a rule panicked with, on the attempt's goroutine
 }
@@ -127,7 +126,7 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 	if prep {
 		if err := prepare(t.cfg.prepare, r, n, c.header, t.cfg.keyHeader); err != nil {
 			if r.Body != nil {
-				a.unsent = r.Body // never sent: still ours to close
+				a.body = r.Body // never sent: still ours to close
 			}
 			return a, c.redact(err)
 		}
@@ -252,9 +251,6 @@ func (a *attempt) close(drainUntil time.Time) {
 	a.closed = true
 	if a.timer != nil {
 		a.timer.Stop()
-	}
-	if a.unsent != nil {
-		a.unsent.Close()
 	}
 	if a.body != nil {
 		if d := time.Until(drainUntil); d > 0 && a.resp != nil {
