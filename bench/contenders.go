@@ -9,8 +9,8 @@ import (
 	"net/http"
 	"time"
 
-	awsretry "github.com/aws/aws-sdk-go-v2/aws/retry"
 	retrygo "github.com/avast/retry-go/v4"
+	awsretry "github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/failsafe-go/failsafe-go/failsafehttp"
 	"github.com/hashicorp/go-retryablehttp"
 
