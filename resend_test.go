@@ -32,37 +32,57 @@ type wireRequest struct {
 // without answering: what a client meets on a kept-alive connection that
 // the server (or a proxy) closes while the request is on its way.
 type closingServer struct {
-	ln   net.Listener
-	wg   sync.WaitGroup
+	addr string
 	mu   sync.Mutex
 	seen []wireRequest
 }
 
 func newClosingServer(t *testing.T) *closingServer {
+	s := &closingServer{}
+	s.addr = serveRaw(t, s.serve)
+	return s
+}
+
+// serveRaw serves each connection a TCP listener on the loopback accepts
+// with serve, on a goroutine of its own, and returns the listener's
+// address. The test's cleanup closes the listener and every connection,
+// and waits for serve to return.
+func serveRaw(t *testing.T, serve func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	s := &closingServer{ln: ln}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				s.serve(c)
-			}()
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				defer c.Close()
+				serve(c)
+			})
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); s.wg.Wait() })
-	return s
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
 }
 
 func (s *closingServer) serve(c net.Conn) {
-	defer c.Close()
 	br := bufio.NewReader(c)
 	for n := 1; n <= 2; n++ {
 		req, err := http.ReadRequest(br)
@@ -150,7 +170,7 @@ func TestEveryRequestOnTheWireIsACountedAttempt(t *testing.T) {
 	for _, tc := range resendCases {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newClosingServer(t)
-			url := "http://" + srv.ln.Addr().String() + "/orders"
+			url := "http://" + srv.addr + "/orders"
 			base := &http.Transport{}
 			defer base.CloseIdleConnections()
 			var n counted
@@ -225,7 +245,7 @@ func attempts(wire []wireRequest) []string {
 // the caller's request is left as it was.
 func TestTheCallersRequestIsLeftAsItWas(t *testing.T) {
 	srv := newClosingServer(t)
-	url := "http://" + srv.ln.Addr().String() + "/orders"
+	url := "http://" + srv.addr + "/orders"
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
 	tr := saferetry.NewTransport(base, saferetry.WithLogger(nil), saferetry.WithBudget(budget.Unlimited()))
@@ -254,45 +274,14 @@ func TestTheCallersRequestIsLeftAsItWas(t *testing.T) {
 // never processed, which net/http's HTTP/2 transport sends again by itself
 // when it can. It counts the requests (HEADERS frames) on the wire.
 type h2Server struct {
-	ln      net.Listener
-	wg      sync.WaitGroup
+	addr    string
 	mu      sync.Mutex
-	conns   []net.Conn
 	headers int
 }
 
 func newH2Server(t *testing.T) *h2Server {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	s := &h2Server{ln: ln}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.conns = append(s.conns, c)
-			s.mu.Unlock()
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				defer c.Close()
-				s.serve(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		s.mu.Lock()
-		for _, c := range s.conns {
-			c.Close()
-		}
-		s.mu.Unlock()
-		s.wg.Wait()
-	})
+	s := &h2Server{}
+	s.addr = serveRaw(t, s.serve)
 	return s
 }
 
@@ -382,7 +371,7 @@ func TestARefusedHTTP2StreamIsACountedAttemptWhenItHasABody(t *testing.T) {
 			tr := saferetry.NewTransport(base, saferetry.WithLogger(slog.New(&n)),
 				saferetry.WithObserver(n.observer()), saferetry.WithAutoKeys(tc.key),
 				saferetry.WithBudget(budget.Unlimited()))
-			resp, err := tr.RoundTrip(newRequest(t, tc.method, "http://"+srv.ln.Addr().String()+"/", tc.body))
+			resp, err := tr.RoundTrip(newRequest(t, tc.method, "http://"+srv.addr+"/", tc.body))
 			require.NoError(t, err, "a refused stream was never processed: it is sent again")
 			resp.Body.Close()
 			srv.mu.Lock()
