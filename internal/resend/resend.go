@@ -8,8 +8,9 @@
 // request with an Idempotency-Key or X-Idempotency-Key field, that has no
 // body or a GetBody); its HTTP/2 transport does so for a stream the server
 // refused or did not process. It rewinds a body only through GetBody, so an
-// attempt with a body carries GetBody: the re-send fails with Err before
-// anything is written, and the Transport's loop decides instead. A
+// attempt with a body carries one that refuses (GetBody): the re-send fails
+// with Err before anything is written, and the Transport's loop decides
+// instead. A
 // bodyless request has nothing to rewind: the Transport writes the key
 // fields of one under other spellings (Respell), so that only a bodyless
 // GET, HEAD, OPTIONS or TRACE is still re-sent by net/http over HTTP/1.1,
@@ -64,9 +65,9 @@ func ByMethod(method string) bool {
 // Respell returns h with its Idempotency-Key and X-Idempotency-Key fields
 // under their lower-case names, which net/http does not look up: copied
 // first (by clone) unless own says that h is the Transport's map already,
-// and whether the result is. The value slices are never modified. Field names are case-insensitive (RFC 9110
-// section 5.1), and HTTP/2 sends every name in lower case: the server
-// reads the same fields.
+// and whether the result is. The value slices are never modified. Field
+// names are case-insensitive (RFC 9110 section 5.1), and HTTP/2 sends
+// every name in lower case: the server reads the same fields.
 func Respell(h http.Header, own bool, clone func(http.Header) http.Header) (http.Header, bool) {
 	for _, n := range names {
 		v, ok := h[n]
