@@ -225,9 +225,13 @@ func (t *AWSStandardTransport) RoundTrip(req *http.Request) (*http.Response, err
 			c.Body = body
 			r = &c
 		}
-		release := t.Retryer.GetInitialToken()
-		if attempt > 1 {
-			release = func(error) error { return nil }
+		release := func(error) error { return nil }
+		if attempt == 1 {
+			// Without the SDK's retry metadata in ctx, this is attempt 1's
+			// token: a success adds its reward to the bucket.
+			if r, err := t.Retryer.GetAttemptToken(ctx); err == nil {
+				release = r
+			}
 		}
 		resp, err := t.Base.RoundTrip(r)
 		opErr := err
