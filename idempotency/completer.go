@@ -120,8 +120,8 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 
 func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 	var rep CompleterReport
-	if c.m.store == nil {
-		return rep, fmt.Errorf("idempotency: completer: %w", errNilStore)
+	if err := c.m.sweeps(); err != nil {
+		return rep, fmt.Errorf("idempotency: completer: %w", err)
 	}
 	c.mu.Lock()
 	extra := min(len(c.unresumable)+len(c.backoff), 10*completeBatch)
@@ -129,7 +129,7 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 	var recs []Record
 	err := c.m.call(ctx, OpAbandoned, Scope{}, func(ctx context.Context) error {
 		var err error
-		recs, err = c.m.store.Abandoned(ctx, time.Now(), completeBatch+extra)
+		recs, err = c.m.sweeper.Abandoned(ctx, time.Now(), completeBatch+extra)
 		return err
 	})
 	if err != nil {

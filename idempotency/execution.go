@@ -270,7 +270,7 @@ func (x *execution) giveUp(keep bool) (kept bool, err error) {
 	}
 	if keep {
 		err = x.m.fenced(bg, OpEndLease, lease, func(ctx context.Context) error {
-			return x.m.store.EndLease(ctx, lease, time.Now())
+			return x.m.store.Heartbeat(ctx, lease, time.Now())
 		}, nil)
 	} else {
 		released := func(_ Record, err error) bool { return errors.Is(err, ErrNotFound) }

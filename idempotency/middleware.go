@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -39,6 +40,7 @@ type Middleware struct {
 	cfg     config
 	store   Store
 	tx      Transactor // the store, when it is one
+	sweeper Sweeper    // the store, when it is one: the background jobs' listings
 	obs     observers  // the logging observer first
 	horizon time.Duration
 }
@@ -57,6 +59,7 @@ func New(store Store, opts ...Option) *Middleware {
 	horizon := max(cfg.horizon, addSat(cfg.replayWindow, cfg.lease))
 	m := &Middleware{cfg: cfg, store: store, horizon: horizon}
 	m.tx, _ = store.(Transactor)
+	m.sweeper, _ = store.(Sweeper)
 	if cfg.logger != nil {
 		m.obs = append(m.obs, newLogObserver(cfg.logger))
 	}
@@ -329,4 +332,21 @@ func (m *Middleware) replay(ctx context.Context, w http.ResponseWriter, s Scope,
 	m.obs.replayed(ctx, Event{Scope: s, Status: status})
 	w.WriteHeader(status)
 	_, _ = w.Write(resp.Body)
+}
+
+// errNotSweeper is the error of the runs of a Completer or a Reaper whose
+// store lists no records.
+var errNotSweeper = fmt.Errorf("idempotency: the store lists no records (not a Sweeper): %w",
+	errors.ErrUnsupported)
+
+// sweeps returns nil when the background jobs can run over m's store, and
+// otherwise why they cannot.
+func (m *Middleware) sweeps() error {
+	switch {
+	case m.store == nil:
+		return errNilStore
+	case m.sweeper == nil:
+		return errNotSweeper
+	}
+	return nil
 }

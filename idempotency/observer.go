@@ -101,8 +101,9 @@ const (
 )
 
 // Op is a store call, in Event.Op of Observer.StoreCall: a snake_case
-// label for logs and metrics. Each Store, Transactor and Unit method the
-// library calls has its own; a Unit's Commit is part of the write it
+// label for logs and metrics. Each Store, Sweeper, Transactor and Unit
+// method the library calls has its own, and a Heartbeat that ends a lease
+// (to resume later) is OpEndLease; a Unit's Commit is part of the write it
 // commits.
 type Op string
 
@@ -111,7 +112,7 @@ const (
 	OpClaim            Op = "claim"
 	OpGet              Op = "get"
 	OpHeartbeat        Op = "heartbeat"
-	OpEndLease         Op = "end_lease"
+	OpEndLease         Op = "end_lease" // a Heartbeat to now: the lease ends for a resume
 	OpComplete         Op = "complete" // with a unit: its completion and commit
 	OpRelease          Op = "release"
 	OpSetRecoveryPoint Op = "set_recovery_point" // with a unit: the phase's and its commit

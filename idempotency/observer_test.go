@@ -228,7 +228,7 @@ func TestUnstoredAnswerAfterATakeoverIsLost(t *testing.T) {
 		require.NoError(t, err)
 		// The lease ends (a stall), and a successor takes the record over.
 		now := time.Now()
-		require.NoError(t, mem.EndLease(r.Context(), run.Lease, now))
+		require.NoError(t, mem.Heartbeat(r.Context(), run.Lease, now)) // ends the lease
 		res, err := mem.Claim(r.Context(), idempotency.Claim{Scope: run.Scope, Fingerprint: rec.Fingerprint,
 			FingerprintVersion: rec.FingerprintVersion, Owner: "successor", Now: now.Add(time.Millisecond),
 			LeaseFor: time.Minute})

@@ -71,8 +71,8 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 
 func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, error) {
 	rep := ReaperReport{Horizon: now.Add(-r.m.horizon)}
-	if r.m.store == nil {
-		return rep, fmt.Errorf("idempotency: reaper: %w", errNilStore)
+	if err := r.m.sweeps(); err != nil {
+		return rep, fmt.Errorf("idempotency: reaper: %w", err)
 	}
 
 	logged := make(map[Scope]int64) // scope -> generation listed and logged in this run
@@ -85,7 +85,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 		var page []Record
 		err := r.m.call(ctx, OpAbandoned, Scope{}, func(ctx context.Context) error {
 			var err error
-			page, err = r.m.store.Abandoned(ctx, rep.Horizon, limit)
+			page, err = r.m.sweeper.Abandoned(ctx, rep.Horizon, limit)
 			return err
 		})
 		if err != nil {
@@ -128,7 +128,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 			start := time.Now()
 			err := r.m.call(ctx, OpDeleteBefore, Scope{}, func(ctx context.Context) error {
 				var err error
-				n, err = r.m.store.DeleteBefore(ctx, cut, reapBatch)
+				n, err = r.m.sweeper.DeleteBefore(ctx, cut, reapBatch)
 				return err
 			})
 			if err != nil {
