@@ -113,7 +113,7 @@ const (
 	OpGet              Op = "get"
 	OpHeartbeat        Op = "heartbeat"
 	OpEndLease         Op = "end_lease" // a Heartbeat to now: the lease ends for a resume
-	OpComplete         Op = "complete" // with a unit: its completion and commit
+	OpComplete         Op = "complete"  // with a unit: its completion and commit
 	OpRelease          Op = "release"
 	OpSetRecoveryPoint Op = "set_recovery_point" // with a unit: the phase's and its commit
 	OpBegin            Op = "begin"
