@@ -137,10 +137,13 @@ func TestObserverSeesStoreErrorsWithTheirLatency(t *testing.T) {
 	srv := serve(t, slowFailingStore{}, http.HandlerFunc(created), idempotency.WithObserver(s.observer()))
 	requireProblem(t, post(t, srv, "k3", `{}`), http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
 	ev, by := s.take()
-	assert.Equal(t, []string{"store", "refused"}, ev)
+	// The claim, then the read that tells whether it applied before it
+	// failed.
+	assert.Equal(t, []string{"store", "store", "refused"}, ev)
 	assert.Equal(t, idempotency.CodeStoreUnavailable, by["refused"][0].Code)
 	assert.ErrorIs(t, by["refused"][0].Err, errStore)
 	assert.Equal(t, idempotency.OpClaim, by["store"][0].Op)
+	assert.Equal(t, idempotency.OpGet, by["store"][1].Op)
 	assert.True(t, errors.Is(by["store"][0].Err, errStore))
 	assert.GreaterOrEqual(t, by["store"][0].Duration, 2*time.Millisecond)
 }

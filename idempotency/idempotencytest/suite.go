@@ -32,7 +32,11 @@ const (
 // records by its own clock must keep for a while) and never sleep. Its
 // Middleware subtests run idempotency.New over the store at the real clock
 // (and never sleep either): recovery names, a resume without credentials, a
-// completion whose answer is lost, durations at their limits.
+// completion whose answer is lost, durations at their limits. Its Do
+// subtests prove the function door (Middleware.Do) over the store the same
+// way: replays byte for byte, scopes, conflicts, failures released, kept,
+// stored or panicking, outputs over the bound, bad input, a fenced
+// takeover, the Completer, and a claim whose answer was lost.
 // The Unit subtests are registered only when the first store newStore
 // returns is an idempotency.Transactor, and the subtests of the listings
 // and of the background jobs only when it is an idempotency.Sweeper (see
@@ -67,6 +71,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	}
 	tests = append(tests, bytesTests...)
 	tests = append(tests, middlewareTests...)
+	tests = append(tests, functionTests...)
 	// The first store made says which subtests apply: the list runs in
 	// order, and the first subtest needs nothing but a Store.
 	var made bool

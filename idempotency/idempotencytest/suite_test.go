@@ -30,7 +30,7 @@ func TestStoreRegistersTheSubtestsThatApply(t *testing.T) {
 	units := []string{"UnitCommitVisibility", "UnitRollback", "UnitLeaseLostAtCommit",
 		"UnitRaceWithTakeover"}
 	sweeps := []string{"Abandoned", "DeleteBefore", "MiddlewareResumeWithoutCredentials",
-		"MiddlewareDurationsAtTheirLimits"}
+		"MiddlewareDurationsAtTheirLimits", "DoCompleterResumes"}
 	for _, tc := range []struct {
 		name          string
 		store         func() idempotency.Store
