@@ -135,29 +135,48 @@ func (g gateway) get(ctx context.Context, k kind, s Scope) (Record, error) {
 
 // claim claims c.Scope (OpClaim). When the claim fails without an answer,
 // whether it applied is the store's to say (the connection died after the
-// INSERT committed, a proxy dropped the reply): the record is read back,
-// and a record in progress with c's owner token is the claim's, taken as
-// the store would have answered it; else the claim's error stands. So a
-// claim never leaves a lease that nobody holds, unless the store cannot
-// even be read (then the lease runs out).
+// INSERT committed, a proxy dropped the reply): the record is read back
+// once, and a record in progress with c's owner token (minted for this
+// claim alone) is the claim's, taken as the store would have answered it;
+// else the claim's error stands. So is a record the claim answers as
+// existing but holds c's owner token: a store that ran the claim again
+// after losing its first answer. So a claim never leaves a lease that
+// nobody holds, unless the store cannot even be read (then the lease runs
+// out).
 func (g gateway) claim(ctx context.Context, c Claim) (ClaimResult, error) {
 	var res ClaimResult
 	err, unknown := g.try(ctx, kindClaim, c.Scope, func(ctx context.Context) (err error) {
 		res, err = g.store.Claim(ctx, c)
 		return err
 	})
-	if err == nil || !unknown {
+	switch {
+	case err == nil && (res.Acquired() || !claimedBy(res.Record, c)):
+		return res, nil
+	case err != nil && !unknown:
 		return res, err
 	}
 	rec, rerr := g.get(ctx, kindClaimReadBack, c.Scope)
-	if rerr != nil || rec.State != InProgress || rec.Owner != c.Owner {
-		return ClaimResult{}, err
+	switch {
+	case rerr == nil && claimedBy(rec, c):
+	case err != nil:
+		return ClaimResult{}, err // the claim did not apply, or nothing can tell
+	case errors.Is(rerr, ErrNotFound):
+		return ClaimResult{}, nil // gone meanwhile: as a claim that found nothing
+	case rerr != nil:
+		return ClaimResult{}, rerr
+	default:
+		return ClaimResult{Record: rec}, nil // no longer the claim's
 	}
 	outcome := ClaimTakenOver // a takeover keeps the request stored by the first claim
 	if bytes.Equal(rec.Request, c.Request) {
 		outcome = ClaimCreated
 	}
 	return ClaimResult{Outcome: outcome, Record: rec}, nil
+}
+
+// claimedBy reports whether rec is in progress under c's owner token.
+func claimedBy(rec Record, c Claim) bool {
+	return rec.State == InProgress && rec.Owner == c.Owner
 }
 
 // heartbeat sets l's lease end to until (OpHeartbeat).
@@ -231,7 +250,7 @@ func ownedBy(rec Record, l Lease) bool {
 // (a Transactor's, begun by begin), whose writes commit together with the
 // handler's own; or, for a write outside any transaction, an auto-commit
 // unit (autoCommit), whose every write applies at once, tried again like
-// any fenced write. A unit is ended exactly once, by write or by end.
+// any fenced write. A unit is ended once, by write or by end, never twice.
 type openUnit struct {
 	Unit
 	lease Lease

@@ -434,12 +434,15 @@ func testDoCompleter(t *testing.T, s idempotency.Store) {
 	}
 }
 
-// claimLost is a store whose first claim applies and then fails, as if
-// the connection died after the store ran it.
+// claimLost is a store whose first claim applies and then its answer is
+// lost: it fails as if the connection died after the store ran it, or,
+// with repeat, the store runs it once more (as a driver that sends it
+// again on a fresh connection) and answers that: the record, as existing.
 type claimLost struct {
 	idempotency.Store
-	mu   sync.Mutex
-	lost bool
+	repeat bool
+	mu     sync.Mutex
+	lost   bool
 }
 
 var errClaimLost = errors.New("idempotencytest: the claim's answer was lost with its connection")
@@ -453,25 +456,33 @@ func (s *claimLost) Claim(ctx context.Context, c idempotency.Claim) (idempotency
 		return res, err
 	}
 	s.lost = true
+	if s.repeat {
+		return s.Store.Claim(ctx, c)
+	}
 	return idempotency.ClaimResult{}, errClaimLost
 }
 
 // testDoClaimAnswerLost: the store runs a call's claim, then its answer is
-// lost. The record, read back, is the call's: fn runs (once), its output
-// is stored, and the next call replays it instead of finding a lease that
-// nobody holds.
+// lost: the store fails, or runs the claim again and answers the record it
+// finds, its own. Either way the record, read back, is the call's: fn runs
+// (once), its output is stored, and the next call replays it instead of
+// finding a lease that nobody holds.
 func testDoClaimAnswerLost(t *testing.T, s idempotency.Store) {
-	lost := &claimLost{Store: s}
-	mw := doer(lost)
-	runs := 0
-	res, err := mw.Do(ctx(t), call("claim-lost", nil), counted(&runs, []byte("ran")))
-	wantResult(t, "the call whose claim's answer was lost", res, err, []byte("ran"), false)
-	if !lost.lost {
-		t.Fatal("no claim's answer was lost")
-	}
-	res, err = mw.Do(ctx(t), call("claim-lost", nil), counted(&runs, nil))
-	wantResult(t, "the next call", res, err, []byte("ran"), true)
-	if runs != 1 {
-		t.Fatalf("fn ran %d times, want 1", runs)
+	for _, repeat := range []bool{false, true} {
+		lost := &claimLost{Store: s, repeat: repeat}
+		mw := doer(lost)
+		key := fmt.Sprintf("claim-lost-%v", repeat)
+		runs := 0
+		res, err := mw.Do(ctx(t), call(key, nil), counted(&runs, []byte("ran")))
+		wantResult(t, key+": the call whose claim's answer was lost", res, err, []byte("ran"),
+			false)
+		if !lost.lost {
+			t.Fatalf("%s: no claim's answer was lost", key)
+		}
+		res, err = mw.Do(ctx(t), call(key, nil), counted(&runs, nil))
+		wantResult(t, key+": the next call", res, err, []byte("ran"), true)
+		if runs != 1 {
+			t.Fatalf("%s: fn ran %d times, want 1", key, runs)
+		}
 	}
 }

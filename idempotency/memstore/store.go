@@ -206,10 +206,10 @@ func (m *Store) resize(rec *memRecord) {
 	rec.size = size
 }
 
-// settle completes rec with resp (the store's own form of it) at now: its request
+// completeRecord completes rec with resp (the store's own form of it) at now: its request
 // is dropped (only a resume reads it), and it joins the expiry queue when
 // it has a replay window. m.mu must be held.
-func (m *Store) settle(rec *memRecord, resp memResponse, now time.Time) {
+func (m *Store) completeRecord(rec *memRecord, resp memResponse, now time.Time) {
 	rec.State, rec.resp, rec.CompletedAt, rec.UpdatedAt = idempotency.Completed, resp, now, now
 	rec.Request = nil
 	if rec.window > 0 {
@@ -280,7 +280,7 @@ func (m *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 	now time.Time) error {
 	var kept memResponse
 	kept.keep(&resp)
-	return m.fenced(ctx, l, func(rec *memRecord) { m.settle(rec, kept, now) })
+	return m.fenced(ctx, l, func(rec *memRecord) { m.completeRecord(rec, kept, now) })
 }
 
 // Release implements idempotency.Store.Release.
