@@ -171,47 +171,44 @@ func (m *Middleware) claim(req request) claimed {
 		ReplayWindow: m.cfg.replayWindow,
 	}
 	waitUntil := claim.Now.Add(m.cfg.wait)
-	for claims := 1; ; claims++ {
-		// The claim goes on when the caller goes away: one that committed
-		// while its caller gave up would leave the key in progress, with
-		// nobody to finish or release it, until its lease expired.
-		res, err := m.g.claim(req.bg, claim)
+	// The claims go on when the caller goes away: one that committed while
+	// its caller gave up would leave the key in progress, with nobody to
+	// finish or release it, until its lease expired.
+	res, err := m.g.claim(req.bg, claim)
+	for claims := 1; ; {
 		if err != nil {
 			return claimed{err: err}
 		}
-		for {
-			rec := res.Record
-			switch v := decide(res.Acquired(), rec, sameRequest(req, rec), time.Now(), waitUntil,
-				claims); v {
-			case verdictClaim:
-			case verdictWait:
-				if err := wait.Sleep(req.ctx, min(time.Until(waitUntil), pollInterval)); err != nil {
-					return claimed{err: err, gone: true}
-				}
-				rec, err := m.g.get(req.ctx, kindGet, req.scope)
-				switch {
-				case req.ctx.Err() != nil: // the caller went away: not a store outage
-					return claimed{err: context.Cause(req.ctx), gone: true}
-				case errors.Is(err, ErrNotFound):
-					rec = Record{}
-				case err != nil:
-					return claimed{err: err}
-				}
-				res = ClaimResult{Record: rec}
-				continue
-			default:
-				return claimed{verdict: v, res: res}
+		rec := res.Record
+		switch v := decide(res.Acquired(), rec, sameRequest(req, rec), time.Now(), waitUntil,
+			claims); v {
+		case verdictWait:
+			pause := min(time.Until(waitUntil), pollInterval)
+			if err := wait.Sleep(req.ctx, pause); err != nil {
+				return claimed{err: err, gone: true}
 			}
-			break
-		}
-		claim.Now = time.Now()
-		claim.Fingerprint, claim.FingerprintVersion = req.fp, fingerprintVersion
-		if rec := res.Record; rec.State == InProgress && rec.FingerprintVersion != fingerprintVersion {
-			// A record of an older fingerprint version: a takeover keeps
-			// its version, so the claim compares in it.
-			if fp, ok := fingerprint(req.input, rec.FingerprintVersion); ok {
-				claim.Fingerprint, claim.FingerprintVersion = fp, rec.FingerprintVersion
+			rec, err = m.g.get(req.ctx, kindGet, req.scope)
+			switch {
+			case req.ctx.Err() != nil: // the caller went away: not a store outage
+				return claimed{err: context.Cause(req.ctx), gone: true}
+			case errors.Is(err, ErrNotFound):
+				rec, err = Record{}, nil
 			}
+			res = ClaimResult{Record: rec}
+		case verdictClaim:
+			claims++
+			claim.Now = time.Now()
+			claim.Fingerprint, claim.FingerprintVersion = req.fp, fingerprintVersion
+			if rec.State == InProgress && rec.FingerprintVersion != fingerprintVersion {
+				// A record of an older fingerprint version: a takeover
+				// keeps its version, so the claim compares in it.
+				if fp, ok := fingerprint(req.input, rec.FingerprintVersion); ok {
+					claim.Fingerprint, claim.FingerprintVersion = fp, rec.FingerprintVersion
+				}
+			}
+			res, err = m.g.claim(req.bg, claim)
+		default:
+			return claimed{verdict: v, res: res}
 		}
 	}
 }
@@ -423,11 +420,11 @@ func (x *execution) settle(e ending) settled {
 // this lease's owner and generation, it is this execution's completion.
 func (x *execution) complete(unit *openUnit, resp Response) error {
 	lease := x.run.Lease
-	return x.m.g.write(x.req.bg, kindComplete, kindCompleteInUnit, unit, func(ctx context.Context) error {
-		return unit.Complete(ctx, resp, time.Now())
-	}, func(rec Record, err error) bool {
-		return err == nil && rec.State == Completed && ownedBy(rec, lease)
-	})
+	complete := func(ctx context.Context) error { return unit.Complete(ctx, resp, time.Now()) }
+	return x.m.g.write(x.req.bg, kindComplete, kindCompleteInUnit, unit, complete,
+		func(rec Record, err error) bool {
+			return err == nil && rec.State == Completed && ownedBy(rec, lease)
+		})
 }
 
 // giveUp gives the key up after an answer that is not stored: released,

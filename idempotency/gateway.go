@@ -118,7 +118,8 @@ func (g gateway) try(ctx context.Context, k kind, s Scope,
 }
 
 // call is try for a call whose unknown outcome its caller does not settle.
-func (g gateway) call(ctx context.Context, k kind, s Scope, f func(ctx context.Context) error) error {
+func (g gateway) call(ctx context.Context, k kind, s Scope,
+	f func(ctx context.Context) error) error {
 	err, _ := g.try(ctx, k, s, f)
 	return err
 }

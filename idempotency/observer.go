@@ -19,11 +19,12 @@ type Observer struct {
 	// Executed: the handler of a claimed request (or the fn of a call of
 	// Do) returned or panicked, and its record was settled. Outcome says
 	// how (an Outcome* constant); Status is the handler's (0 for Do),
-	// Duration from its start to the settled record; Err is also set, to the cause, when the middleware canceled
-	// the handler's context (a lost lease, or heartbeats that failed until
-	// the lease was about to run out). Code is CodeResponseNotReplayable
-	// when the response completed the record without its body, which was
-	// over WithMaxStoredBody: its replays answer that code.
+	// Duration from its start to the settled record; Err is also set, to
+	// the cause, when the middleware canceled the handler's context (a
+	// lost lease, or heartbeats that failed until the lease was about to
+	// run out). Code is CodeResponseNotReplayable when the response
+	// completed the record without its body, which was over
+	// WithMaxStoredBody: its replays answer that code.
 	Executed func(ctx context.Context, e Event)
 	// Replayed: a stored response was replayed with Status (0 for Do).
 	Replayed func(ctx context.Context, e Event)

@@ -267,11 +267,12 @@ func WithReplayHeaders(names ...string) Option {
 
 // WithMaxRequestBody sets the largest request body read and fingerprinted on
 // a guarded request, and the largest Call.Payload (default 1 MiB); a larger
-// one gets 413 CodeRequestTooLarge (Do: ErrInvalidCall). A value of 0 or less accepts no body: a guarded
-// request with a body gets 413, one without runs. The middleware reads
-// the body before the handler runs; as any handler's read, it is bounded in
-// time by the server: set http.Server.ReadTimeout (or ReadHeaderTimeout and
-// a read deadline through http.ResponseController in an outer handler).
+// one gets 413 CodeRequestTooLarge (Do: ErrInvalidCall). A value of 0 or
+// less accepts no body: a guarded request with a body gets 413, one
+// without runs. The middleware reads the body before the handler runs; as
+// any handler's read, it is bounded in time by the server: set
+// http.Server.ReadTimeout (or ReadHeaderTimeout and a read deadline
+// through http.ResponseController in an outer handler).
 func WithMaxRequestBody(n int64) Option {
 	return func(c *config) { c.maxRequestBody = max(n, 0) }
 }

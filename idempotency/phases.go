@@ -331,12 +331,12 @@ func (r *Run) Phase(ctx context.Context, name string,
 // this one.
 func (r *Run) saveIn(unit *openUnit, point string, rec recovery) error {
 	data, now := rec.encode(), time.Now()
-	err := r.m.g.write(r.bg, kindSetPoint, kindSetPointInUnit, unit, func(ctx context.Context) error {
-		return unit.SetRecoveryPoint(ctx, point, data, now)
-	}, func(got Record, err error) bool {
-		return err == nil && got.State == InProgress && ownedBy(got, r.Lease) &&
-			got.RecoveryPoint == point && bytes.Equal(got.RecoveryData, data)
-	})
+	save := func(ctx context.Context) error { return unit.SetRecoveryPoint(ctx, point, data, now) }
+	err := r.m.g.write(r.bg, kindSetPoint, kindSetPointInUnit, unit, save,
+		func(got Record, err error) bool {
+			return err == nil && got.State == InProgress && ownedBy(got, r.Lease) &&
+				got.RecoveryPoint == point && bytes.Equal(got.RecoveryData, data)
+		})
 	if err != nil {
 		r.lost(err)
 		return err
