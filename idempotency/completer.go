@@ -294,7 +294,7 @@ func (c *Completer) resumption(ctx context.Context, rec Record) (func(ClaimResul
 		}
 		req := newRequest(ctx, s, fingerprintInput{route: s.Route, body: sr.Body}, sr)
 		return func(res ClaimResult) Outcome {
-			_, _, outcome := c.m.perform(req, res, true, fn)
+			_, outcome, _ := c.m.perform(req, res, true, fn)
 			return outcome
 		}, nil
 	}

@@ -140,7 +140,7 @@ func (m *Middleware) Do(ctx context.Context, c Call,
 	case cl.err != nil:
 		return Result{}, m.storeFailed(ctx, req.scope, cl.err)
 	case cl.verdict == verdictRun:
-		res, err, _ := m.perform(req, cl.res, false, fn)
+		res, _, err := m.perform(req, cl.res, false, fn)
 		return res, err
 	}
 	return m.answerCall(ctx, req.scope, cl.verdict, cl.res.Record)
@@ -232,12 +232,12 @@ func (f definitiveFailure) Is(target error) bool { return target == ErrDefinitiv
 // resume, which stops with req.ctx as Do's call does) and returns what Do
 // returns, and the outcome (see Observer.Executed).
 func (m *Middleware) perform(req request, res ClaimResult, background bool,
-	fn func(ctx context.Context, run *Run) ([]byte, error)) (r Result, err error, o Outcome) {
+	fn func(ctx context.Context, run *Run) ([]byte, error)) (r Result, o Outcome, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			// The core settled the record on the way: the key is given up
 			// or kept for a resume.
-			r, err, o = Result{}, &PanicError{Value: p, Stack: debug.Stack()}, OutcomePanicked
+			r, o, err = Result{}, OutcomePanicked, &PanicError{Value: p, Stack: debug.Stack()}
 		}
 	}()
 	var out []byte
@@ -251,23 +251,23 @@ func (m *Middleware) perform(req request, res ClaimResult, background bool,
 	case s.lost():
 		if s.recErr == nil && s.rec.State == Completed {
 			if !sameRequest(req, s.rec) {
-				return Result{}, ErrKeyReused, o
+				return Result{}, o, ErrKeyReused
 			}
 			r, err = m.replayCall(req.bg, req.scope, s.rec) // a successor's answer
-			return r, err, o
+			return r, o, err
 		}
-		return Result{}, fmt.Errorf("%w: another execution took the key over: %w",
-			ErrInProgress, ErrLeaseLost), o
+		return Result{}, o, fmt.Errorf("%w: another execution took the key over: %w",
+			ErrInProgress, ErrLeaseLost)
 	case s.undone:
-		return Result{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, s.err), o
+		return Result{}, o, fmt.Errorf("%w: %w", ErrStoreUnavailable, s.err)
 	case s.err == nil && s.incomplete && fnErr != nil:
-		return Result{}, fmt.Errorf("%w: %w", ErrIncomplete, fnErr), o
+		return Result{}, o, fmt.Errorf("%w: %w", ErrIncomplete, fnErr)
 	case s.err == nil && s.incomplete:
-		return Result{}, ErrIncomplete, o
+		return Result{}, o, ErrIncomplete
 	case fnErr != nil:
-		return Result{}, fnErr, o
+		return Result{}, o, fnErr
 	}
-	return Result{Output: out}, nil, o
+	return Result{Output: out}, o, nil
 }
 
 // callEnding is what fn's return comes to: its output, or the message of

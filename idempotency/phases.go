@@ -225,8 +225,8 @@ func (r *Run) leave(u *openUnit) {
 	}
 }
 
-// saved records a commit of the recovery data.
-func (r *Run) saved(rec recovery, point string) {
+// advance records a commit of the recovery data: the run is at point now.
+func (r *Run) advance(rec recovery, point string) {
 	r.mu.Lock()
 	r.rec, r.point = &rec, point
 	r.mu.Unlock()
@@ -341,7 +341,7 @@ func (r *Run) saveIn(unit *openUnit, point string, rec recovery) error {
 		r.lost(err)
 		return err
 	}
-	r.saved(rec, point)
+	r.advance(rec, point)
 	return nil
 }
 
