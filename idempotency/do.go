@@ -123,13 +123,21 @@ func (e *PanicError) Error() string {
 // fn's context is ctx, with the Run (FromContext) and canceled also when
 // the lease is lost (cause ErrLeaseLost) or WithShutdown's context ends.
 // The store calls Do makes for the call go on, each bounded, when ctx ends,
-// so that the record is never left half written. Output is the caller's:
-// Do stores a copy. Errors are those above, ErrRecordTooLarge, and ctx's
-// when it ends while the call waits on a key in progress.
+// so that the record is never left half written. When the store fails
+// after fn succeeded and the output cannot be stored (outside a unit of
+// the store's, tried for 10 s), Do returns the output all the same: fn's
+// effects happened; the record stays in progress until its lease ends,
+// and the failure is reported (OutcomeFailed). Output is the caller's: Do
+// stores a copy. Errors are those above, ErrRecordTooLarge, and ctx's
+// when it ended before the call or ends while the call waits on a key in
+// progress. Do is safe for concurrent use.
 func (m *Middleware) Do(ctx context.Context, c Call,
 	fn func(ctx context.Context, run *Run) ([]byte, error)) (Result, error) {
 	if err := m.checkCall(c, fn); err != nil {
 		return Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err // nothing claimed for a caller that has gone
 	}
 	req := newRequest(ctx, Scope{Principal: c.Principal, Route: c.Operation, Key: c.Key},
 		fingerprintInput{route: c.Operation, body: c.Payload}, storedRequest{Body: c.Payload})
