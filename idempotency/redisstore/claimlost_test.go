@@ -2,18 +2,14 @@ package redisstore_test
 
 import (
 	"context"
-	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/idempotencytest"
 	"github.com/saferetry/saferetry/idempotency/redisstore"
 )
 
@@ -22,8 +18,9 @@ import (
 // not to send the script again (MaxRetries -1), so the Store reports the
 // loss. The middleware reads the record back: it holds the claim's owner
 // token, so the request (or the call of Do) runs, once, and is stored; the
-// retry gets the replay, not 409 for a lease that nobody holds. On a Redis
-// Cluster every node is reached through a proxy of its own.
+// retry gets the replay, not 409 for a lease that nobody holds
+// (idempotencytest.TestClaimAnswerLost). On a Redis Cluster every node is
+// reached through a proxy of its own.
 func TestClaimWhoseAnswerIsLost(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -44,47 +41,8 @@ func TestClaimWhoseAnswerIsLost(t *testing.T) {
 			t.Cleanup(func() { _ = rdb.Close() })
 			s, err := redisstore.New(rdb, redisstore.WithPrefix(freshPrefix(t, rdb)))
 			require.NoError(t, err)
-			mw := idempotency.New(s, idempotency.WithAnonymousKeys(true),
-				idempotency.WithLogger(slog.New(slog.DiscardHandler)))
-
-			runs := 0
-			h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				runs++
-				w.WriteHeader(http.StatusCreated)
-				_, _ = w.Write([]byte("paid"))
-			}))
-			send := func() *httptest.ResponseRecorder {
-				r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader("{}"))
-				r.Header.Set("Idempotency-Key", "claim-lost")
-				w := httptest.NewRecorder()
-				h.ServeHTTP(w, r)
-				return w
-			}
-			proxies.dropNextReply(rdb)
-			first := send()
-			require.EqualValues(t, 1, proxies.dropped(), "the claim's reply was dropped")
-			require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
-			require.Empty(t, first.Header().Get(idempotency.ReplayedHeader))
-			again := send()
-			require.Equal(t, http.StatusCreated, again.Code, again.Body.String())
-			require.Equal(t, "true", again.Header().Get(idempotency.ReplayedHeader))
-			require.Equal(t, 1, runs)
-
-			calls := 0
-			fn := func(context.Context, *idempotency.Run) ([]byte, error) {
-				calls++
-				return []byte("reconciled"), nil
-			}
-			c := idempotency.Call{Operation: "reconcile", Key: "claim-lost"}
-			proxies.dropNextReply(rdb)
-			res, err := mw.Do(t.Context(), c, fn)
-			require.EqualValues(t, 2, proxies.dropped(), "the call's claim's reply was dropped")
-			require.NoError(t, err)
-			require.Equal(t, idempotency.Result{Output: []byte("reconciled")}, res)
-			res, err = mw.Do(t.Context(), c, fn)
-			require.NoError(t, err)
-			require.Equal(t, idempotency.Result{Output: []byte("reconciled"), Replayed: true}, res)
-			require.Equal(t, 1, calls)
+			idempotencytest.TestClaimAnswerLost(t, s, func() { proxies.dropNextReply(rdb) },
+				proxies.dropped)
 		})
 	}
 }

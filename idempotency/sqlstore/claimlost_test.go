@@ -6,9 +6,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -18,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"modernc.org/sqlite"
 
-	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/idempotencytest"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
@@ -26,12 +23,13 @@ import (
 // commits it, then the connection dies before the answer reaches the
 // client. The middleware reads the record back: it holds the claim's owner
 // token, so the request (or the call of Do) runs, once, and is stored; the
-// retry gets the replay, not 409 for a lease that nobody holds. On
-// PostgreSQL a proxy cuts the connection after the server answered the
-// claim's statement; on MySQL the driver's connection (its socket) is
-// closed after the statement ran to its end; on SQLite, whose file no
-// fault cuts on demand, the driver reports the loss after the statement
-// ran and the pool discards the connection (cutClaims).
+// retry gets the replay, not 409 for a lease that nobody holds
+// (idempotencytest.TestClaimAnswerLost). On PostgreSQL a proxy cuts the
+// connection after the server answered the claim's statement; on MySQL the
+// driver's connection (its socket) is closed after the statement ran to its
+// end; on SQLite, whose file no fault cuts on demand, the driver reports
+// the loss after the statement ran and the pool discards the connection
+// (cutClaims).
 func TestClaimWhoseAnswerIsLost(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -66,47 +64,7 @@ func TestClaimWhoseAnswerIsLost(t *testing.T) {
 			s, err := sqlstore.Open(db, tc.dialect)
 			require.NoError(t, err)
 			require.NoError(t, s.Migrate(t.Context()))
-			mw := idempotency.New(s, idempotency.WithAnonymousKeys(true),
-				idempotency.WithLogger(slog.New(slog.DiscardHandler)))
-
-			runs := 0
-			h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				runs++
-				w.WriteHeader(http.StatusCreated)
-				_, _ = w.Write([]byte("paid"))
-			}))
-			send := func() *httptest.ResponseRecorder {
-				r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader("{}"))
-				r.Header.Set("Idempotency-Key", "claim-lost")
-				w := httptest.NewRecorder()
-				h.ServeHTTP(w, r)
-				return w
-			}
-			arm()
-			first := send()
-			require.EqualValues(t, 1, cuts(), "the claim's connection was cut")
-			require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
-			require.Empty(t, first.Header().Get(idempotency.ReplayedHeader))
-			again := send()
-			require.Equal(t, http.StatusCreated, again.Code, again.Body.String())
-			require.Equal(t, "true", again.Header().Get(idempotency.ReplayedHeader))
-			require.Equal(t, 1, runs)
-
-			calls := 0
-			fn := func(context.Context, *idempotency.Run) ([]byte, error) {
-				calls++
-				return []byte("reconciled"), nil
-			}
-			c := idempotency.Call{Operation: "reconcile", Key: "claim-lost"}
-			arm()
-			res, err := mw.Do(t.Context(), c, fn)
-			require.EqualValues(t, 2, cuts(), "the call's claim's connection was cut")
-			require.NoError(t, err)
-			require.Equal(t, idempotency.Result{Output: []byte("reconciled")}, res)
-			res, err = mw.Do(t.Context(), c, fn)
-			require.NoError(t, err)
-			require.Equal(t, idempotency.Result{Output: []byte("reconciled"), Replayed: true}, res)
-			require.Equal(t, 1, calls)
+			idempotencytest.TestClaimAnswerLost(t, s, arm, func() int64 { return int64(cuts()) })
 		})
 	}
 }
