@@ -37,7 +37,9 @@
 // # What each outcome does to the message
 //
 //   - fresh: the Func runs; its outcome is stored (with sqlstore, its writes
-//     through sqlstore.Tx and the record commit in one transaction), then
+//     through sqlstore.Tx and the record commit in one transaction: a
+//     failure rolls them back; a definitive failure, stored, commits them,
+//     as a stored 4xx does), then
 //     the message is acknowledged with a double acknowledgement
 //     (DoubleAck): a lost ack is known, logged, and the redelivery it brings
 //     is answered from the store;
@@ -71,9 +73,11 @@
 //
 // # Publishing from a handler
 //
-// Publish publishes with a Nats-Msg-Id derived from Run.DownstreamKey: a
-// re-run publishes the same id, which JetStream drops within its window,
-// and a consumer keyed by message id drops after it.
+// Publish publishes as an External step of the Run, with a Nats-Msg-Id
+// derived from Run.DownstreamKey: a redelivery resumes after a step that
+// published, and one that finds the step's outcome unknown publishes again
+// under the same id, which JetStream drops within its window (and a
+// consumer keyed by message id after it).
 //
 // # What it cannot promise
 //

@@ -2,6 +2,7 @@ package natsconsumer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -385,13 +386,18 @@ func (h *Handler) logf(level slog.Level, msg string, attrs ...any) {
 // ErrNoRun is the error of Publish called without a Run.
 var ErrNoRun = errors.New("natsconsumer: Publish needs the Run of a handler")
 
-// Publish publishes msg through js from inside a handler with the message
-// id (Nats-Msg-Id) run.DownstreamKey(step): every execution of the same
-// call (a redelivery, a takeover after a crash) publishes the same id, so
-// JetStream drops the copy within the stream's duplicate window, and a
-// consumer keyed by message id (a Handler without WithKey) drops it after.
-// msg is not modified: a copy is published. The PubAck's Duplicate field
-// tells whether JetStream dropped it. Errors are js's, and ErrNoRun.
+// Publish publishes msg through js from inside a handler, as the External
+// step named step of run (see idempotency.Run.External), with the message
+// id (Nats-Msg-Id) run.DownstreamKey(step): the step's intent is recorded
+// before the publish and its PubAck after it, so that a redelivery of the
+// message resumes after a published step without publishing again, and
+// one that finds the outcome unknown (the handler died, or the PubAck was
+// lost) publishes again under the same id, which JetStream drops within
+// the stream's duplicate window (and a consumer keyed by message id after
+// it). As every External step, call it before the handler's first write
+// through sqlstore.Tx. msg is not modified: a copy is published. Errors
+// are *idempotency.PhaseError (Step "call" wraps js's error: return it, the
+// message is redelivered and the step resumed), and ErrNoRun.
 func Publish(ctx context.Context, js jetstream.JetStream, run *idempotency.Run, step string,
 	msg *nats.Msg) (*jetstream.PubAck, error) {
 	switch {
@@ -400,11 +406,25 @@ func Publish(ctx context.Context, js jetstream.JetStream, run *idempotency.Run, 
 	case msg == nil:
 		return nil, errors.New("natsconsumer: Publish of a nil message")
 	}
-	cp := &nats.Msg{Subject: msg.Subject, Reply: msg.Reply, Data: msg.Data,
-		Header: nats.Header{}}
-	for k, vs := range msg.Header {
-		cp.Header[k] = append([]string(nil), vs...)
+	out, err := run.External(ctx, step, func(ctx context.Context, id string) ([]byte, error) {
+		cp := &nats.Msg{Subject: msg.Subject, Reply: msg.Reply, Data: msg.Data,
+			Header: nats.Header{}}
+		for k, vs := range msg.Header {
+			cp.Header[k] = append([]string(nil), vs...)
+		}
+		cp.Header.Set(jetstream.MsgIDHeader, id)
+		ack, err := js.PublishMsg(ctx, cp)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(ack)
+	}, nil)
+	if err != nil {
+		return nil, err
 	}
-	cp.Header.Set(jetstream.MsgIDHeader, run.DownstreamKey(step))
-	return js.PublishMsg(ctx, cp)
+	var ack jetstream.PubAck
+	if err := json.Unmarshal(out, &ack); err != nil {
+		return nil, fmt.Errorf("natsconsumer: the stored PubAck of step %q: %w", step, err)
+	}
+	return &ack, nil
 }
