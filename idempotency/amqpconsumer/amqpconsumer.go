@@ -394,22 +394,32 @@ func (h *Handler) logf(level slog.Level, msg string, attrs ...any) {
 var ErrNoRun = errors.New("amqpconsumer: Publish needs the Run of a handler")
 
 // Publish publishes msg to exchange with routing key from inside a
-// handler, with the message id run.DownstreamKey(step): every execution of
-// the same call (a redelivery, a takeover after a crash) publishes the
-// same id, which a consumer keyed by message id (a Handler without
-// WithKey) drops. msg is the caller's: Publish sets the id on its copy. On
-// a channel in confirm mode (ch.Confirm) it waits for the broker's
-// confirmation, bounded by ctx; a negative one is ErrNotConfirmed. Other
-// errors are ch's, and ErrNoRun.
+// handler, as the External step named step of run (see
+// idempotency.Run.External), with the message id run.DownstreamKey(step):
+// the step's intent is recorded before the publish and its confirmation
+// after it, so that a redelivery resumes after a published step without
+// publishing again, and one that finds the outcome unknown (the handler
+// died, or the confirmation was lost) publishes again under the same id,
+// which a consumer keyed by message id (a Handler without WithKey) drops.
+// As every External step, call it before the handler's first write through
+// sqlstore.Tx. On a channel in confirm mode (ch.Confirm) it waits for the
+// broker's confirmation, bounded by ctx. msg is the caller's: the id is
+// set on a copy. Errors are *idempotency.PhaseError (Step "call" wraps
+// ch's error or ErrNotConfirmed: return it, the message comes back and
+// the step is resumed), and ErrNoRun.
 func Publish(ctx context.Context, ch *amqp.Channel, run *idempotency.Run, step, exchange,
 	key string, msg amqp.Publishing) error {
 	if run == nil {
 		return ErrNoRun
 	}
-	msg.MessageId = run.DownstreamKey(step)
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, msg)
-	if err != nil {
-		return err
-	}
-	return confirmed(ctx, dc)
+	_, err := run.External(ctx, step, func(ctx context.Context, id string) ([]byte, error) {
+		msg.MessageId = id
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false,
+			msg)
+		if err != nil {
+			return nil, err
+		}
+		return nil, confirmed(ctx, dc)
+	}, nil)
+	return err
 }

@@ -36,7 +36,9 @@
 // # What each outcome does to the message
 //
 //   - fresh: the Func runs; its outcome is stored (with sqlstore, its writes
-//     through sqlstore.Tx and the record commit in one transaction), then
+//     through sqlstore.Tx and the record commit in one transaction: a
+//     failure rolls them back; a definitive failure, stored, commits them,
+//     as a stored 4xx does), then
 //     the delivery is acknowledged. AMQP acknowledgements are not
 //     confirmed: a lost one brings a redelivery, answered from the store;
 //   - completed duplicate: acknowledged without running the Func;
@@ -85,8 +87,10 @@
 //
 // # Publishing from a handler
 //
-// Publish publishes with a message id derived from Run.DownstreamKey: a
-// re-run publishes the same id, which a consumer keyed by message id drops.
+// Publish publishes as an External step of the Run, with a message id
+// derived from Run.DownstreamKey: a redelivery resumes after a step that
+// published, and one that finds the step's outcome unknown publishes again
+// under the same id, which a consumer keyed by message id drops.
 //
 // # What it cannot promise
 //

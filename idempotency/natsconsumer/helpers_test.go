@@ -265,13 +265,14 @@ func hostPort(t testing.TB, u string) string {
 	return p.Host
 }
 
-// eventually polls cond every 50 ms until it holds or d passes.
+// eventually polls cond every 50 ms until it holds or d passes; what may
+// name the state cond saw last, with %s.
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", d, what)
+			t.Fatalf("after %v: not yet %s", d, what)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
