@@ -475,7 +475,7 @@ func TestFaultRun(t *testing.T) {
 			t.Logf("last state: %s", state)
 		}
 	}()
-	eventually(t, 4*time.Minute, "every message settled", func() bool {
+	settled := within(4*time.Minute, func() bool {
 		e, d := len(effects(t, sqlDB)), ready(t, ch, q.dead)
 		r, l := ready(t, ch, q.name), ready(t, ch, amqpconsumer.DelayQueue(q.name))
 		state = fmt.Sprintf("effects %d of %d, dead letters %d of %d, ready %d, delayed %d",
@@ -490,6 +490,9 @@ func TestFaultRun(t *testing.T) {
 		}
 		return calm >= 3
 	})
+	if !settled {
+		t.Errorf("after 4m: not yet every message settled")
+	}
 	stop()
 	if left := ready(t, ch, q.name) + ready(t, ch, amqpconsumer.DelayQueue(q.name)); left != 0 {
 		t.Errorf("%d messages left in the queues after the consumers stopped", left)
@@ -522,7 +525,8 @@ func TestFaultRun(t *testing.T) {
 		seen[seq]++
 		why, ok := wantDead[seq]
 		if !ok {
-			t.Errorf("message %d dead-lettered, want it acknowledged", seq)
+			t.Errorf("message %d (%s, headers %v) dead-lettered, want it acknowledged", seq,
+				d.Body, d.Headers)
 		}
 		dead[why]++
 	}

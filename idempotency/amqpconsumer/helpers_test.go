@@ -260,17 +260,25 @@ func viaProxy(t testing.TB, u, addr string) (string, string) {
 	return p.String(), host
 }
 
-// eventually polls cond every 50 ms until it holds or d passes; what may
-// name the state cond saw last, with %s.
+// eventually polls cond every 50 ms until it holds or d passes, and then
+// fails the test.
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !within(d, cond) {
+		t.Fatalf("after %v: not yet %s", d, what)
+	}
+}
+
+// within polls cond every 50 ms until it holds (true) or d passes (false).
+func within(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("after %v: not yet %s", d, what)
+			return false
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return true
 }
 
 func dialectOf(driver string) sqlstore.Dialect {

@@ -472,10 +472,12 @@ func TestFaultRun(t *testing.T) {
 		return f.reconnectedSince(cutAt)
 	})
 
-	eventually(t, 4*time.Minute, "every message settled", func() bool {
+	if !within(4*time.Minute, func() bool {
 		pending, ackPending := s.pending(t, js)
 		return pending == 0 && ackPending == 0 && len(effects(t, sqlDB)) == len(wantEffects)
-	})
+	}) {
+		t.Errorf("after 4m: not yet every message settled")
+	}
 	stop()
 
 	got := effects(t, sqlDB)
