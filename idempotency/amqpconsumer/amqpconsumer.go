@@ -81,10 +81,12 @@ func WithTenant(tenant func(amqp.Delivery) (string, error)) Option {
 	return func(c *config) { c.tenant = tenant }
 }
 
-// WithMaxAttempts sets how many deliveries a failing message gets before
-// it is dead-lettered (reason attempts_exhausted): the Handler's own
-// redeliveries, counted in the header x-saferetry-attempt, plus a quorum
-// queue's x-delivery-count. Default 5; values under 1 mean 1.
+// WithMaxAttempts sets how many times the Func may fail on a message
+// before it is dead-lettered (reason attempts_exhausted), counted in the
+// header x-saferetry-attempt of the copies that come back. A delivery lost
+// with its consumer (a crash, a closed connection) is no attempt: bound
+// those with a quorum queue's delivery limit (x-delivery-limit), which
+// dead-letters the message itself. Default 5; values under 1 mean 1.
 func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
 
 // WithBackoff sets the full-jitter backoff (package jitter) between the
@@ -216,16 +218,15 @@ func consumerTag() string {
 
 // handle decides and settles one delivery.
 func (h *Handler) handle(ctx context.Context, ch *amqp.Channel, m delivery) {
-	counted, deliveries := attempts(m.d)
-	attempt := counted + deliveries + 1
+	attempt := failures(m.d) + 1
 	v, c, err := h.decide(ctx, m, attempt)
 	h.settle(ctx, ch, m, v, c, err, attempt)
 }
 
-// attempts returns the failed deliveries the Handler counted in its
-// header, and those a quorum queue counted (x-delivery-count) since.
-func attempts(d amqp.Delivery) (counted, deliveries int) {
-	return headerInt(d.Headers[attemptHeader]), headerInt(d.Headers["x-delivery-count"])
+// failures returns how many times the Func failed on the message before,
+// as its header counts them.
+func failures(d amqp.Delivery) int {
+	return headerInt(d.Headers[attemptHeader])
 }
 
 // headerInt returns a header's value as a count from 0 to 1<<20.
@@ -308,7 +309,9 @@ func (h *Handler) settle(ctx context.Context, ch *amqp.Channel, m delivery, v co
 		}
 		h.logf(slog.LevelDebug, "amqpconsumer: acknowledged", attrs...)
 	case consume.Redeliver:
-		counted := attempt // a failure counts; waiting on another execution does not
+		// A failure counts (and a store outage, so that its backoff grows);
+		// waiting on another execution does not.
+		counted := attempt
 		if v.Reason == consume.InProgress {
 			counted--
 		}

@@ -77,13 +77,13 @@
 // messages back to the queue; the delivery is acknowledged once the broker
 // has confirmed that copy (a crash in between leaves two copies, which the
 // store tells apart). The copy keeps the properties and headers, and
-// counts the failed attempts in the header x-saferetry-attempt. RabbitMQ
+// counts the Func's failures in the header x-saferetry-attempt. RabbitMQ
 // expires messages at the head of a queue only, so a delay can stretch to
 // the longest delay queued before it: at most the backoff's cap, or the
-// lease. A quorum queue also counts the deliveries lost to crashed
-// consumers (x-delivery-count), which the Handler adds to its attempts, so
-// that a message that kills its consumer is dead-lettered in the end; on a
-// classic queue it comes back until the store's record settles it.
+// lease. A delivery lost with its consumer (a crash, a closed connection)
+// is requeued by the broker and counts no attempt; a message that kills
+// every consumer it reaches is bounded by a quorum queue's delivery limit
+// (x-delivery-limit), which dead-letters it.
 //
 // # Publishing from a handler
 //
