@@ -55,8 +55,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	var cfg config
 	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&cfg.messages, "messages", 2000, "messages to publish, duplicates included (at least 100)")
-	fs.IntVar(&cfg.kills, "kills", 3, "how many times a worker of each consumer is SIGKILLed mid-message")
+	fs.IntVar(&cfg.messages, "messages", 2000,
+		"messages to publish, duplicates included (at least 100)")
+	fs.IntVar(&cfg.kills, "kills", 3,
+		"how many times a worker of each consumer is SIGKILLed mid-message")
 	fs.StringVar(&cfg.worker, "worker", "", "internal: run as a worker process of this consumer")
 	fs.StringVar(&cfg.natsURL, "nats", "", "internal: the worker's NATS server")
 	fs.StringVar(&cfg.dbPath, "db", "", "internal: the worker's SQLite file")
