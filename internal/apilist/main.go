@@ -31,6 +31,7 @@ import (
 // libraries).
 var patterns = []string{
 	"./...", "./idempotency/sqlstore/...", "./idempotency/redisstore/...", "./otelsaferetry/...",
+	"./idempotency/natsconsumer/...", "./idempotency/amqpconsumer/...",
 }
 
 const (
