@@ -66,8 +66,7 @@ func BenchmarkRedis(b *testing.B) {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(b), ContextTimeoutEnabled: true, PoolSize: 32})
 	b.Cleanup(func() { _ = rdb.Close() })
 	prefix := freshPrefix(b, rdb)
-	s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
-	require.NoError(b, err)
+	s := openStore(b, rdb, redisstore.WithPrefix(prefix))
 	ctx := b.Context()
 
 	const reqBody = `{"amount":4200,"currency":"eur","customer":"cus_1"}`

@@ -143,10 +143,8 @@ func TestRetryAfterTheRecordChanged(t *testing.T) {
 				PoolSize: 1})
 			t.Cleanup(func() { _ = rdb.Close() })
 			prefix := freshPrefix(t, rdb)
-			s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
-			require.NoError(t, err)
-			d, err := redisstore.New(clientOf(t, redisAddr(t)), redisstore.WithPrefix(prefix))
-			require.NoError(t, err)
+			s := openStore(t, rdb, redisstore.WithPrefix(prefix))
+			d := openStore(t, clientOf(t, redisAddr(t)), redisstore.WithPrefix(prefix))
 
 			warm(t, s)
 			l := tc.setup(t, d)

@@ -58,8 +58,7 @@ func TestRoundTrips(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		rdb := b.client(t)
 		prefix := freshPrefix(t, rdb)
-		s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
-		require.NoError(t, err)
+		s := openStore(t, rdb, redisstore.WithPrefix(prefix))
 		hook := &counter{}
 		rdb.AddHook(hook)
 		release := make(chan struct{})
