@@ -216,6 +216,9 @@ func (g *guard) checkNew(ctx context.Context) error {
 // Each finding is logged when it changes.
 func (g *guard) check(ctx context.Context, now time.Time) {
 	servers, err := g.readServers(ctx)
+	if g.base.Err() != nil {
+		return // closed
+	}
 	g.change("servers", slog.LevelWarn, errText(err),
 		"redisstore: the check of the servers failed", "err", err)
 	var evicting *EvictionPolicyError
@@ -263,7 +266,7 @@ func (g *guard) check(ctx context.Context, now time.Time) {
 		g.log(slog.LevelError, "redisstore: a server evicted keys: every shard is quarantined",
 			"addr", evicted)
 	}
-	if err := g.sweep(ctx, now, force); err != nil {
+	if err := g.sweep(ctx, now, force); err != nil && g.base.Err() == nil {
 		g.log(slog.LevelWarn, "redisstore: the check of the markers failed", "err", err)
 	}
 }
@@ -481,6 +484,7 @@ func (g *guard) refusedEviction() error {
 }
 
 // run checks every period until close, and at once when a claim wakes it.
+// Each check has the deadline of one call (WithTimeout).
 func (g *guard) run() {
 	defer close(g.done)
 	t := time.NewTicker(g.cfg.checkEvery)
@@ -492,13 +496,15 @@ func (g *guard) run() {
 		case <-t.C:
 		case <-g.wake:
 		}
-		ctx, cancel := context.WithTimeout(g.base, newTimeout)
+		ctx, cancel := context.WithTimeout(g.base, g.cfg.timeout)
 		g.check(ctx, time.Now())
 		cancel()
 	}
 }
 
-// close stops the goroutine, ending the check under way, and waits for it.
+// close stops the goroutine and waits for it: at once, or when the check
+// under way ends, within its deadline (WithTimeout: go-redis does not cut
+// a call when its context is canceled, only at its deadline).
 func (g *guard) close() {
 	g.stop()
 	<-g.done
