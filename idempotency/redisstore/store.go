@@ -359,9 +359,10 @@ func (s *Store) Rearm(ctx context.Context) error {
 
 // Close stops the Store's checks (WithCheckInterval) and returns when they
 // stopped: at once, or once a check under way ends, within its deadline
-// (WithTimeout). It always returns nil, and a second Close does nothing. It does not close the client. Call it after the
-// Store's last use: the Store's methods still work after Close, but no
-// check notices a server that may evict keys any more.
+// (WithTimeout). It always returns nil, and a second Close does nothing.
+// It does not close the client. Call it after the Store's last use: the
+// Store's methods still work after Close, but no check notices a server
+// that may evict keys any more.
 func (s *Store) Close() error {
 	s.guard.close()
 	return nil
