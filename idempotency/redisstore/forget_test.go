@@ -268,7 +268,7 @@ func TestFlushedThenArmedByAnotherNew(t *testing.T) {
 	require.NoError(t, rdb.FlushAll(ctx).Err())
 	var logs logBuffer
 	s2 := openStore(t, clientOf(t, addr), logs.logger())
-	require.Contains(t, logs.String(), "armed a new prefix")
+	require.Contains(t, logs.String(), "arming a new prefix")
 
 	_, err = s1.Claim(ctx, testClaim("done", "b", now))
 	requireForgotten(t, err)

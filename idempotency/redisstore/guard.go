@@ -20,11 +20,8 @@ import (
 	"github.com/saferetry/saferetry/internal/unixnano"
 )
 
-// DefaultCheckInterval is the period of WithCheckInterval.
-const DefaultCheckInterval = 10 * time.Second
-
-// armTries bounds the rounds of New's arming of a new prefix (see arm).
-const armTries = 4
+// defaultCheckInterval is the period of the checks (WithCheckInterval).
+const defaultCheckInterval = 10 * time.Second
 
 // ErrForgotten is matched (errors.Is) by the *ForgottenError of a claim of
 // a new key refused because Redis may have lost records.
@@ -266,7 +263,7 @@ func (g *guard) check(ctx context.Context, now time.Time) {
 		g.log(slog.LevelError, "redisstore: a server evicted keys: every shard is quarantined",
 			"addr", evicted)
 	}
-	if err := g.sweep(ctx, now, force); err != nil && g.base.Err() == nil {
+	if err := g.sweep(ctx, now, force, nil); err != nil && g.base.Err() == nil {
 		g.log(slog.LevelWarn, "redisstore: the check of the markers failed", "err", err)
 	}
 }
@@ -282,49 +279,50 @@ func errText(err error) string {
 // prefix is new, and quarantines the shards that forgot (sweep). A prefix
 // is new when no shard holds a marker: New puts "p" and an epoch of its
 // own on shard 0 unless another New was first, then that epoch ("n") on
-// every shard that holds none, and turns shard 0's into "n". It reads the
-// other shards before shard 0, so that a shard 0 without a marker while
-// another holds one means that shard 0 forgot, not that an arming is
-// under way. The epoch is shard 0's, or the one most shards hold when
-// shard 0 holds none of an epoch.
+// every shard that holds none, and turns shard 0's into "n" (finishArm; a
+// New that finds shard 0 at "p" finishes that arming). It reads the other
+// shards before shard 0, so that a shard 0 without a marker while another
+// holds one means that shard 0 forgot, not that an arming is under way.
+// The epoch is shard 0's, or the one most shards hold when shard 0 holds
+// none of an epoch.
 func (g *guard) arm(ctx context.Context, now time.Time) error {
-	var mine [8]byte
-	_, _ = rand.Read(mine[:])
-	epoch := hex.EncodeToString(mine[:])
-	var marks []string
-	for try := 0; ; try++ {
-		var err error
-		if marks, err = g.markers(ctx, 1, shards); err != nil {
+	marks, err := g.markers(ctx, 1, shards)
+	if err != nil {
+		return err
+	}
+	first, err := g.markers(ctx, 0, 1)
+	if err != nil {
+		return err
+	}
+	marks[0] = first[0]
+	fresh := !slices.ContainsFunc(marks, func(m string) bool { return m != "" })
+	if fresh {
+		var mine [8]byte
+		_, _ = rand.Read(mine[:])
+		epoch := hex.EncodeToString(mine[:])
+		if err := g.rdb.SetNX(ctx, g.shards[0].marker, "p"+epoch, 0).Err(); err != nil {
 			return err
 		}
-		first, err := g.markers(ctx, 0, 1)
-		if err != nil {
+		if first, err = g.markers(ctx, 0, 1); err != nil {
 			return err
 		}
 		marks[0] = first[0]
-		if try == armTries {
-			break
+		if marks[0] == "p"+epoch {
+			g.log(slog.LevelInfo, "redisstore: arming a new prefix (no shard held a marker)",
+				"prefix", g.cfg.prefix)
 		}
-		if m := marks[0]; strings.HasPrefix(m, "p") {
-			if err := g.finishArm(ctx, m[1:]); err != nil {
-				return err
-			}
-			continue
-		}
-		if slices.ContainsFunc(marks, func(m string) bool { return m != "" }) {
-			break
-		}
-		err = g.rdb.SetNX(ctx, g.shards[0].marker, "p"+epoch, 0).Err()
-		if err != nil {
+	}
+	if m := marks[0]; strings.HasPrefix(m, "p") {
+		if err := g.finishArm(ctx, m[1:]); err != nil {
 			return err
 		}
+		fresh = true // the markers changed: sweep reads them again
 	}
 	g.epoch = epochOf(marks)
-	if g.epoch == epoch {
-		g.log(slog.LevelInfo, "redisstore: armed a new prefix (no shard held a marker)",
-			"prefix", g.cfg.prefix)
+	if fresh {
+		marks = nil
 	}
-	return g.sweep(ctx, now, false)
+	return g.sweep(ctx, now, false, marks)
 }
 
 // finishArm writes "n" and epoch on every shard but 0 that holds no
@@ -387,11 +385,14 @@ func (g *guard) markers(ctx context.Context, from, to int) ([]string, error) {
 
 // sweep quarantines every shard whose marker does not vouch for it (all of
 // them with force), checking each again inside a script, and logs what it
-// quarantined and, when it changed, how many shards are quarantined.
-func (g *guard) sweep(ctx context.Context, now time.Time, force bool) error {
-	marks, err := g.markers(ctx, 0, shards)
-	if err != nil {
-		return err
+// quarantined and, when it changed, how many shards are quarantined. It
+// reads the markers, unless given them (marks, read a moment ago).
+func (g *guard) sweep(ctx context.Context, now time.Time, force bool, marks []string) error {
+	var err error
+	if marks == nil {
+		if marks, err = g.markers(ctx, 0, shards); err != nil {
+			return err
+		}
 	}
 	var suspects []int
 	quarantined := 0

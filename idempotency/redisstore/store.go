@@ -239,12 +239,13 @@ func WithMemoryOnly(accept bool) Option {
 }
 
 // WithCheckInterval sets the period of the Store's checks of its servers
-// and markers (default DefaultCheckInterval, 10 s): on every server the
-// client reaches (every primary and replica of a Cluster), one round trip
-// that reads maxmemory-policy, persistence, evicted_keys and replicas;
-// and one pipelined round that reads the prefix's 256 markers (one per
-// primary on a Cluster). A claim that finds its shard forgotten starts a
-// check at once. Values <= 0 keep the default.
+// and markers (default 10 s): on every server the client reaches (every
+// primary and replica of a Cluster), one round trip that reads
+// maxmemory-policy, persistence, evicted_keys and replicas; and one
+// pipelined round that reads the prefix's 256 markers (one per primary on
+// a Cluster). A claim that finds its shard forgotten starts a check at
+// once. Each check has the deadline of one call (WithTimeout). Values <= 0
+// keep the default.
 func WithCheckInterval(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {
@@ -291,7 +292,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 		return nil, ErrNilClient
 	}
 	cfg := config{prefix: DefaultPrefix, timeout: defaultTimeout, maxRecord: defaultMaxRecordBytes,
-		logger: slog.Default(), checkEvery: DefaultCheckInterval}
+		logger: slog.Default(), checkEvery: defaultCheckInterval}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
