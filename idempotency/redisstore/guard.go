@@ -42,8 +42,8 @@ var ErrNoPersistence = errors.New("redisstore: Redis keeps nothing on disk")
 // the longer of its lease and a minute have passed since Since (see the
 // package documentation). It matches ErrForgotten.
 type ForgottenError struct {
-	// Since is when the loss was detected, by the clock of the server
-	// that detected it.
+	// Since is when the loss was detected, by the clock of the
+	// application server whose claim or check detected it.
 	Since time.Time
 }
 
@@ -95,13 +95,19 @@ type guard struct {
 	// The checks' own, touched by New and then by the goroutine only.
 	evicted map[string]int64  // each server's evicted_keys when last checked
 	logged  map[string]string // what was last logged of each subject
+	owed    bool              // a server evicted keys: quarantine every shard
 }
 
 func newGuard(rdb redis.UniversalClient, sh *[shards]shardKeys, cfg *config) *guard {
-	base, stop := context.WithCancel(context.Background())
 	return &guard{rdb: rdb, shards: sh, cfg: cfg, wake: make(chan struct{}, 1),
-		base: base, stop: stop, done: make(chan struct{}),
+		base: context.Background(), done: make(chan struct{}),
 		evicted: map[string]int64{}, logged: map[string]string{}}
+}
+
+// start starts the goroutine of the checks; close stops it.
+func (g *guard) start() {
+	g.base, g.stop = context.WithCancel(context.Background())
+	go g.run()
 }
 
 const msgHidden = "redisstore: cannot check maxmemory-policy and persistence " +
@@ -258,12 +264,15 @@ func (g *guard) check(ctx context.Context, now time.Time) {
 			"redisstore: a server may evict keys: claims of new keys are refused "+
 				"until its maxmemory-policy is noeviction", "err", evicting)
 	}
-	force := evicted != ""
-	if force {
+	if evicted != "" {
 		g.log(slog.LevelError, "redisstore: a server evicted keys: every shard is quarantined",
 			"addr", evicted)
+		g.owed = true
 	}
-	if err := g.sweep(ctx, now, force, nil); err != nil && g.base.Err() == nil {
+	err = g.sweep(ctx, now, g.owed, nil)
+	if err == nil {
+		g.owed = false
+	} else if g.base.Err() == nil {
 		g.log(slog.LevelWarn, "redisstore: the check of the markers failed", "err", err)
 	}
 }

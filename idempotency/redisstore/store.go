@@ -328,7 +328,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	s.nonceID = hex.EncodeToString(id[:])
-	go s.guard.run()
+	s.guard.start()
 	return s, nil
 }
 
