@@ -11,6 +11,7 @@ import (
 
 	"github.com/saferetry/saferetry/deadline"
 	"github.com/saferetry/saferetry/internal/hop"
+	"github.com/saferetry/saferetry/internal/resend"
 	"github.com/saferetry/saferetry/retry"
 )
 
@@ -25,10 +26,13 @@ import (
 // the drain of a discarded answer the wait before the retry.
 //
 // An attempt is torn down in one place: close, which every attempt not
-// handed over goes through once and only once.
+// handed over goes through once and only once. Attempt 1 lives in its call
+// (call.first); the others are allocated on their own.
 type attempt struct {
 	n      int
 	hedge  bool // sent beside attempts still in flight, not after one
+	handed bool // the response is the caller's: close does nothing
+	closed bool // close has run
 	start  time.Time
 	octx   context.Context // what the AttemptStart observers returned
 	ctx    context.Context // the attempt's own, a child of octx
@@ -46,13 +50,10 @@ type attempt struct {
 	answered   time.Time
 	classified time.Time
 
-	// body is the response body the attempt owns until it is handed over
-	// (that of a response dropped for a timeout included); unsent is the
-	// request body of an attempt never sent. close closes both.
-	body   io.ReadCloser
-	unsent io.Closer
-	handed bool // the response is the caller's: close does nothing
-	closed bool // close has run
+	// body is what the attempt owns and close closes: the response body
+	// until it is handed over (that of a response dropped for a timeout
+	// included), or the request body of an attempt never sent.
+	body io.ReadCloser
 
 	panicked any // what the base transport or a rule panicked with, on the attempt's goroutine
 }
@@ -60,17 +61,22 @@ type attempt struct {
 // begin prepares the call's next attempt, which retries an outcome of class
 // retrying ("" for the first and for a hedge), on the goroutine of the
 // loop: its number, its time limit, the AttemptStart observers, its own
-// copy of the request with its headers and body, the preparation. The
-// error is the preparation's: the attempt is not sent, and the loop closes
-// it. Otherwise the attempt counts as sent, and roundTrip sends it.
-func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool) (*attempt, error) {
+// copy of the request with its headers and body, the preparation. cost is
+// what the budget took for it (in c.unsent until it is sent). The error is
+// the preparation's: the attempt is not sent, and the caller closes it.
+// Otherwise the attempt counts as sent, and roundTrip sends it.
+func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
+	cost int) (*attempt, error) {
 	t := c.t
 	c.started++
 	n := c.started
-	a := &attempt{n: n, hedge: hedge, start: time.Now(), octx: ctx}
+	a := &c.first
 	if n == 1 {
 		a.start = c.start
+	} else {
+		a = &attempt{start: time.Now()}
 	}
+	a.n, a.hedge, a.octx = n, hedge, ctx
 	a.until = c.overall
 	if d := t.cfg.attemptTimeout; d > 0 && (a.until.IsZero() || a.start.Add(d).Before(a.until)) {
 		a.until = a.start.Add(d)
@@ -85,7 +91,7 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool) (*at
 	// is as early, that deadline alone ends the attempt, and the error
 	// stays the caller's.
 	if d, ok := ctx.Deadline(); !a.until.IsZero() && (!ok || a.until.Before(d)) {
-		a.timer = limit(a.until, a.cancel)
+		a.timer = limit(a.until.Sub(a.start), a.cancel)
 	}
 
 	r := c.req.WithContext(a.ctx)
@@ -120,12 +126,23 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool) (*at
 	if prep {
 		if err := prepare(t.cfg.prepare, r, n, c.header, t.cfg.keyHeader); err != nil {
 			if r.Body != nil {
-				a.unsent = r.Body // never sent: still ours to close
+				a.body = r.Body // never sent: still ours to close
 			}
 			return a, c.redact(err)
 		}
+		if (r.Body == nil || r.Body == http.NoBody) && !resend.ByMethod(r.Method) {
+			r.Header, _ = resend.Respell(r.Header, true, cloneHeader) // as setUp does
+		}
 	}
-	a.req = r
+	// The base transport never sends the attempt again by itself: a body
+	// is rewound only through GetBody, which refuses (resend.GetBody), and
+	// the loop decides instead.
+	r.GetBody = nil
+	if r.Body != nil && r.Body != http.NoBody {
+		r.GetBody = resend.GetBody
+	}
+	a.req, a.cost = r, cost
+	c.unsent -= cost
 	c.sent++
 	return a, nil
 }
@@ -142,6 +159,9 @@ func (c *call) roundTrip(a *attempt) {
 			a.body = a.resp.Body // a base that broke the contract: closed all the same
 		}
 		a.resp = nil
+		if errors.Is(a.err, resend.Err) {
+			a.err = &retry.ResendError{MayHaveArrived: resend.Replays(a.req)}
+		}
 		if a.expired() {
 			a.err = attemptTimedOut(a.until.Sub(a.start), a.err)
 		}
@@ -158,9 +178,9 @@ func (c *call) roundTrip(a *attempt) {
 }
 
 // limit returns a timer that cancels an attempt's context, with the cause
-// ErrAttemptTimeout, at until.
-func limit(until time.Time, cancel context.CancelCauseFunc) *time.Timer {
-	return time.AfterFunc(time.Until(until), func() { cancel(ErrAttemptTimeout) })
+// ErrAttemptTimeout, after d.
+func limit(d time.Duration, cancel context.CancelCauseFunc) *time.Timer {
+	return time.AfterFunc(d, func() { cancel(ErrAttemptTimeout) })
 }
 
 // expired reports whether the attempt's time limit has ended it while the
@@ -190,11 +210,12 @@ func (a *attempt) hold() bool {
 	return true
 }
 
-// handOver gives the response to the caller: its time limit stops (hold),
-// and its context ends when the caller closes the body. It reports false,
-// the response dropped, when the limit ended first: the attempt timed out.
-// A second call reports true and does nothing.
-func (a *attempt) handOver() bool {
+// handOver gives attempt a's response to the caller: its time limit stops
+// (hold), and its context ends when the caller closes the body (the call's
+// delivered body), which also ends what is left of the hedged rounds. It
+// reports false, the response dropped, when the limit ended first: the
+// attempt timed out. A second call reports true and does nothing.
+func (c *call) handOver(a *attempt) bool {
 	if a.handed {
 		return true
 	}
@@ -210,7 +231,8 @@ func (a *attempt) handOver() bool {
 		// unwrapped, with the attempt's context alive as long as the
 		// caller's.
 	default:
-		a.resp.Body = &deliveredBody{ReadCloser: a.resp.Body, cancel: a.cancel}
+		c.delivered = deliveredBody{ReadCloser: a.resp.Body, cancel: a.cancel, hedge: c.hedge}
+		a.resp.Body = &c.delivered
 	}
 	return true
 }
@@ -229,9 +251,6 @@ func (a *attempt) close(drainUntil time.Time) {
 	a.closed = true
 	if a.timer != nil {
 		a.timer.Stop()
-	}
-	if a.unsent != nil {
-		a.unsent.Close()
 	}
 	if a.body != nil {
 		if d := time.Until(drainUntil); d > 0 && a.resp != nil {
@@ -260,14 +279,15 @@ func attemptTimedOut(limit time.Duration, err error) error {
 type deliveredBody struct {
 	io.ReadCloser
 	cancel context.CancelCauseFunc
-	fl     *flight // the call's hedged rounds, nil for none
+	hedge  *hedging // the call's hedged rounds, nil for none
 }
 
 // Close closes the response body, cancels the attempt's context, and ends
-// the drains of the answers the hedged rounds discarded.
+// what is left of the hedged rounds: the drains of the answers they
+// discarded.
 func (b *deliveredBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel(nil)
-	b.fl.end()
+	b.hedge.end()
 	return err
 }

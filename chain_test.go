@@ -31,7 +31,8 @@ type chain struct {
 // newChain starts the chain. With pushback, every service is behind
 // deadline.Middleware; without, none is. budgets says whether each
 // Transport has a default budget of its own (a token bucket per host, as a
-// process has) or none.
+// process has, but refilled by successes alone, so that a slow run is not
+// refilled by time while the outage lasts) or none.
 func newChain(t *testing.T, pushback, budgets bool) *chain {
 	c := &chain{}
 	wrap := func(h http.Handler) http.Handler {
@@ -45,7 +46,9 @@ func newChain(t *testing.T, pushback, budgets bool) *chain {
 		t.Cleanup(base.CloseIdleConnections)
 		b := budget.Budget(budget.Unlimited())
 		if budgets {
-			b = budget.NewRegistry(nil)
+			b = budget.NewRegistry(func() budget.Budget {
+				return budget.NewTokenBucket(budget.TokenBucketConfig{RefillTime: -1})
+			})
 		}
 		return newTestTransport(base, WithBudget(b))
 	}

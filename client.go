@@ -14,7 +14,9 @@ import (
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
 	"github.com/saferetry/saferetry/internal/hosts"
+	"github.com/saferetry/saferetry/internal/latency"
 	"github.com/saferetry/saferetry/internal/nilcheck"
+	"github.com/saferetry/saferetry/internal/resend"
 	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
@@ -50,7 +52,7 @@ type Transport struct {
 	obs     observers
 	// The hosts' latencies, for an adaptive hedge delay (hedge.go); nil for
 	// none. At most hosts.Max (4096) hosts have one of their own.
-	est *hosts.Map[*estimate]
+	est *hosts.Map[*latency.Estimate]
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -85,7 +87,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 	t.keyName = http.CanonicalHeaderKey(t.cfg.keyHeader)
 	t.keyErr = checkKeyHeader(t.cfg.keyHeader)
 	if t.cfg.hedging && t.cfg.hedge.MaxHedges >= 0 && t.cfg.hedge.Delay <= 0 {
-		t.est = &hosts.Map[*estimate]{New: newEstimate}
+		t.est = &hosts.Map[*latency.Estimate]{New: latency.New}
 	}
 	obs := t.cfg.observers
 	if !t.cfg.noLog {
@@ -115,18 +117,13 @@ func NewClient(opts ...Option) *http.Client {
 }
 
 // RoundTrip sends req, retrying as described on Transport.
-func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *Transport) RoundTrip(req *http.Request) (resp *http.Response, err error) {
+	c := &call{t: t, req: req, body: req.Body}
+	defer c.finish(&resp, &err)
 	if t.keyErr != nil {
-		if req.Body != nil {
-			req.Body.Close()
-		}
 		return nil, t.keyErr
 	}
-	c, err := t.newCall(req)
-	if err != nil {
-		if req.Body != nil {
-			req.Body.Close()
-		}
+	if err := c.setUp(); err != nil {
 		return nil, err
 	}
 	return c.run()
@@ -144,34 +141,35 @@ type call struct {
 	start        time.Time
 	overall      time.Time // the overall deadline; zero for none
 	bud          budget.Budget
+	hedge        *hedging // the hedged rounds (hedge.go); nil when the call does not hedge
 
-	body        io.ReadCloser // the next attempt's request body (nil once sent)
+	// body is the next attempt's request body: the caller's until attempt 1
+	// takes it, nil once sent; finish closes one never sent.
+	body        io.ReadCloser
 	getBody     func() (io.ReadCloser, error)
 	notRetrying retry.Reason // why the body cannot be sent again, "" if it can
 
 	started int // attempts begun: the number of the last one
 	sent    int // attempts sent
+	unsent  int // what the budget took for attempts not sent: finish gives it back
 
-	// Hedging (hedge.go): whether the call may hedge at all, whether it
-	// may no more (pushback, a Retry-After, the budget), the host's latency
-	// estimate (nil unless the delay is adaptive), and the attempts in
-	// flight at once.
-	mayHedge bool
-	noHedge  bool
-	est      *estimate
-	fl       *flight
+	// How the call ends, for finish: the attempt it ends with, what the
+	// loop did with it and why, and when.
+	last    *attempt
+	outcome Outcome
+	stop    retry.Reason
+	ended   time.Time
+
+	first     attempt       // attempt 1 (the others are allocated on their own)
+	delivered deliveredBody // the body of the response handed over (handOver)
 }
 
 // run is the retry loop: attempt (with its hedges, hedge.go), classify,
-// decide, then wait and go on or return.
+// decide, then wait and go on, or return what the call ends with, which
+// finish then ends.
 func (c *call) run() (*http.Response, error) {
 	ctx := c.req.Context()
 	decide.Begin(c.bud, c.start)
-	defer func() {
-		if c.body != nil { // never sent: still ours to close
-			c.body.Close()
-		}
-	}()
 	var (
 		retrying retry.Class // the class of the outcome the next attempt retries
 		prevWait time.Duration
@@ -181,54 +179,118 @@ func (c *call) run() (*http.Response, error) {
 	for {
 		if c.started > 0 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
 			// No time left for the retry (an observer took it): it is
-			// neither sent nor counted, and its cost is given back.
-			decide.Refund(c.bud, time.Now(), cost)
-			return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonDeadline,
-				Err: lastErr, Key: c.key}, OutcomeStopped, retry.ReasonDeadline)
+			// neither sent nor counted.
+			return c.stopped(retry.ReasonDeadline, lastErr)
 		}
-		a, err := c.begin(ctx, retrying, false)
+		a, err := c.begin(ctx, retrying, false, cost)
+		c.last = a
 		if err != nil { // the preparation failed: nothing was sent
-			decide.Refund(c.bud, time.Now(), cost)
-			return c.stopUnsent(a, err)
+			a.d, a.err = retry.Decision{Class: retry.ClassNotRetryable}, err
+			c.observe(a, OutcomeStopped, decide.Result{Stop: retry.ReasonPrepare}, time.Now())
+			return c.stopped(retry.ReasonPrepare, err)
 		}
-		a.cost = cost
-		if delay, ok := c.hedgeDelay(); ok {
-			a = c.hedged(ctx, a, delay)
+		if c.hedge != nil {
+			a = c.hedge.round(ctx, a)
+			c.last = a
 		} else {
 			c.roundTrip(a)
-			c.heard(a)
 		}
-		step, decided := c.judge(a, prevWait)
-		for step.Stop != "" && a.resp != nil && !a.handOver() {
+		step, now := c.judge(a, prevWait)
+		for step.Stop != "" && a.resp != nil && !c.handOver(a) {
 			a.d = c.classify(a) // the limit fired first: the attempt timed out
-			step, _ = c.judge(a, prevWait)
+			step, now = c.judge(a, prevWait)
 		}
 		if step.Stop != "" {
-			return c.stop(a, step)
+			return c.end(a, step, now)
 		}
-		c.observe(a, OutcomeRetry, step)
+		c.observe(a, OutcomeRetry, step, now)
 		if a.err != nil {
 			lastErr = a.err
 		}
 		// The wait starts at the decision: the drain runs within it, and
 		// the sleep is what is left of it.
-		wake := decided.Add(step.Wait)
+		wake := now.Add(step.Wait)
 		a.close(wake)
+		c.unsent += step.Cost
 		if err := wait.Sleep(ctx, time.Until(wake)); err != nil {
-			decide.Refund(c.bud, time.Now(), step.Cost) // the retry is never sent
 			if lastErr != nil {
 				err = errors.Join(err, lastErr)
 			}
-			return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: retry.ReasonCanceled,
-				Err: err, Key: c.key}, OutcomeStopped, retry.ReasonCanceled)
+			return c.stopped(retry.ReasonCanceled, err)
 		}
 		retrying, prevWait, cost = a.d.Class, step.Wait, step.Cost
 	}
 }
 
-// judge decides, at the time it returns, what follows attempt a's
-// classified outcome: the decision (decide.Decide), then, for a retry, its
-// commit step (commit).
+// end ends the loop with attempt a, as step decided at now: its response,
+// handed over, with a nil error, or else its error.
+func (c *call) end(a *attempt, step decide.Result, now time.Time) (*http.Response, error) {
+	c.outcome, c.stop, c.ended = OutcomeStopped, step.Stop, now
+	if !a.d.Retry {
+		c.outcome = OutcomeFinal
+	}
+	c.observe(a, c.outcome, step, now)
+	if a.resp != nil {
+		return a.resp, nil
+	}
+	return nil, &retry.ExhaustedError{Attempts: c.sent, Reason: step.Stop, Err: a.err, Key: c.key}
+}
+
+// stopped ends the loop, for reason, before an attempt could be judged:
+// the error wraps err.
+func (c *call) stopped(reason retry.Reason, err error) (*http.Response, error) {
+	c.outcome, c.stop = OutcomeStopped, reason
+	return nil, &retry.ExhaustedError{Attempts: c.sent, Reason: reason, Err: err, Key: c.key}
+}
+
+// finish is the call's one exit, deferred by RoundTrip, and the only place
+// that ends a call: it closes the request body no attempt took (the
+// caller's, when RoundTrip fails before attempt 1), gives back what the
+// budget took for attempts never sent, closes the last attempt unless its
+// response was handed over, tells the budget how the call ended, notes a
+// pushback (decide.PushBack) in the record of the request the call was
+// made for when its context carries one (deadline.Middleware), ends what is
+// left of the hedged rounds unless the body returned took it, and tells
+// the CallDone observers. A panic that unwinds through it (the base
+// transport's, a rule's) is not told to them.
+func (c *call) finish(resp **http.Response, err *error) {
+	if c.body != nil {
+		c.body.Close()
+	}
+	if c.started == 0 {
+		return // refused before any attempt
+	}
+	if c.ended.IsZero() {
+		c.ended = time.Now()
+	}
+	decide.Refund(c.bud, c.ended, c.unsent)
+	c.last.close(time.Time{})
+	if c.delivered.hedge == nil {
+		c.hedge.end() // no body took the hedged rounds
+	}
+	if *resp == nil && *err == nil {
+		return // a panic unwinds through RoundTrip
+	}
+	status := 0
+	if *resp != nil {
+		status = (*resp).StatusCode
+		decide.End(c.bud, c.ended, status, c.last.cost)
+	}
+	if decide.PushBack(c.stop, c.sent, status, hop.Marked(*resp)) {
+		if rec := hop.FromContext(c.req.Context()); rec != nil {
+			rec.NoteRetriedBelow()
+		}
+	}
+	if c.t.obs.callDone {
+		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key,
+			Attempts: c.sent, Outcome: c.outcome, Stop: c.stop, Response: *resp, Err: *err,
+			Total: c.ended.Sub(c.start)})
+	}
+}
+
+// judge decides what follows attempt a's classified outcome, at the time
+// it returns: the decision (decide.Decide), then, for a retry, its commit
+// step (commit).
 func (c *call) judge(a *attempt, prevWait time.Duration) (decide.Result, time.Time) {
 	cfg := &c.t.cfg
 	now := time.Now()
@@ -277,6 +339,7 @@ func (c *call) commit(step decide.Result, now time.Time) (decide.Result, error) 
 // meanwhile, the attempt timed out.
 func (c *call) classify(a *attempt) retry.Decision {
 	in := retry.Input{Idempotent: c.idempotent, Request: c.req, Attempt: a.n}
+	a.classified = a.answered
 	if a.resp != nil && a.resp.StatusCode == http.StatusConflict {
 		peek := time.AfterFunc(maxPeekTime, func() { a.cancel(ErrAttemptTimeout) })
 		in.ProblemCode = peekProblemCode(a.resp)
@@ -284,82 +347,20 @@ func (c *call) classify(a *attempt) retry.Decision {
 		if !peek.Stop() || a.expired() {
 			a.timeOut()
 		}
+		a.classified = time.Now()
 	}
 	in.Response, in.Err = a.resp, a.err
 	in.AttemptTimedOut = errors.Is(a.err, ErrAttemptTimeout)
-	a.classified = time.Now()
 	return retry.Classify(c.t.cfg.rules, in, a.classified)
 }
 
-// stop ends the loop with attempt a, whose response, if it has one, was
-// handed over: it is returned with a nil error, else a's error.
-func (c *call) stop(a *attempt, step decide.Result) (*http.Response, error) {
-	outcome := OutcomeStopped
-	if !a.d.Retry {
-		outcome = OutcomeFinal
-	}
-	c.observe(a, outcome, step)
-	if a.resp != nil {
-		decide.End(c.bud, time.Now(), a.resp.StatusCode, a.cost)
-		return c.done(a.resp, nil, outcome, step.Stop)
-	}
-	a.close(time.Time{})
-	return c.done(nil, &retry.ExhaustedError{Attempts: c.sent, Reason: step.Stop, Err: a.err,
-		Key: c.key}, outcome, step.Stop)
-}
-
-// stopUnsent ends the loop with attempt a, whose preparation failed with err.
-func (c *call) stopUnsent(a *attempt, err error) (*http.Response, error) {
-	a.close(time.Time{})
-	a.d, a.err = retry.Decision{Class: retry.ClassNotRetryable}, err
-	c.observe(a, OutcomeStopped, decide.Result{Stop: retry.ReasonPrepare})
-	stop := &retry.ExhaustedError{
-		Attempts: c.sent, Reason: retry.ReasonPrepare, Err: err, Key: c.key,
-	}
-	return c.done(nil, stop, OutcomeStopped, retry.ReasonPrepare)
-}
-
-// done notes a pushback (decide.PushBack) in the record of the request the
-// call was made for, when its context carries one (deadline.Middleware),
-// hands what is left of the hedged rounds (flight.end) to the body returned,
-// tells the CallDone observers how the call ended, and returns resp and err.
-func (c *call) done(resp *http.Response, err error, outcome Outcome,
-	stop retry.Reason) (*http.Response, error) {
-	status := 0
-	if resp != nil {
-		status = resp.StatusCode
-	}
-	if decide.PushBack(stop, c.sent, status, hop.Marked(resp)) {
-		if rec := hop.FromContext(c.req.Context()); rec != nil {
-			rec.NoteRetriedBelow()
-		}
-	}
-	// What is left of the hedged rounds belongs to the body returned, and
-	// ends when it is closed; without one, it ends now.
-	var delivered *deliveredBody
-	if resp != nil {
-		delivered, _ = resp.Body.(*deliveredBody)
-	}
-	if delivered != nil {
-		delivered.fl = c.fl
-	} else {
-		c.fl.end()
-	}
-	if c.t.obs.callDone {
-		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key, Attempts: c.sent,
-			Outcome: outcome, Stop: stop, Response: resp, Err: err, Total: time.Since(c.start)})
-	}
-	return resp, err
-}
-
 // observe tells the AttemptDone observers attempt a's outcome and what the
-// loop does next. For OutcomeLost it reads nothing of a's outcome: the
-// attempt was canceled, and what it ended with is no answer.
-func (c *call) observe(a *attempt, outcome Outcome, step decide.Result) {
+// loop does next, at now. For OutcomeLost it reads nothing of a's outcome:
+// the attempt was canceled, and what it ended with is no answer.
+func (c *call) observe(a *attempt, outcome Outcome, step decide.Result, now time.Time) {
 	if !c.t.obs.attemptDone {
 		return
 	}
-	now := time.Now()
 	info := AttemptDoneInfo{Request: c.req, Attempt: a.n, Key: c.key, Hedge: a.hedge,
 		Elapsed: now.Sub(a.start), Total: now.Sub(c.start), Outcome: outcome, Stop: step.Stop}
 	if outcome != OutcomeLost {
@@ -377,15 +378,17 @@ func (c *call) observe(a *attempt, outcome Outcome, step decide.Result) {
 	c.t.obs.doneAttempt(a.octx, info)
 }
 
-// newCall checks req and fixes what all its attempts share: whether it may
-// be retried, its key, its headers, a replayable body, its budget and its
-// overall deadline. Its errors come before any I/O.
-func (t *Transport) newCall(req *http.Request) (*call, error) {
+// setUp checks the caller's request and fixes what all its attempts share:
+// whether it may be retried, its key, its headers, a replayable body, its
+// budget, its overall deadline and its hedging. Its errors come before any
+// I/O.
+func (c *call) setUp() error {
+	t, req := c.t, c.req
 	if req.URL == nil {
-		return nil, errors.New("saferetry: request has no URL")
+		return errors.New("saferetry: request has no URL")
 	}
 	ctx := req.Context()
-	c := &call{t: t, req: req, maxAttempts: t.cfg.maxAttempts}
+	c.maxAttempts = t.cfg.maxAttempts
 
 	method := req.Method
 	if method == "" {
@@ -414,7 +417,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		// exactly as the caller wrote it.
 		key, err := keygen.ParseHeader(vals)
 		if err != nil {
-			return nil, fmt.Errorf("saferetry: %s header: %w", t.cfg.keyHeader, err)
+			return fmt.Errorf("saferetry: %s header: %w", t.cfg.keyHeader, err)
 		}
 		c.key = key
 	} else if wantsKey {
@@ -423,7 +426,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 			key = keygen.Random()
 		}
 		if err := keygen.Validate(key); err != nil {
-			return nil, fmt.Errorf("saferetry: key from context: %w", err)
+			return fmt.Errorf("saferetry: key from context: %w", err)
 		}
 		c.key, addKey = key, true
 	}
@@ -448,7 +451,7 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		t.cfg.deadlineHeader == deadlineIfContext && hasDeadline
 
 	if err := c.prepareBody(); err != nil {
-		return nil, err
+		return err
 	}
 	c.bud = t.cfg.budget
 	if hosts, ok := c.bud.(hostBudgets); ok {
@@ -478,15 +481,18 @@ func (t *Transport) newCall(req *http.Request) (*call, error) {
 		c.header, own = withoutSpellings(c.header, own, hop.AttemptHeader)
 	}
 	if c.sendDeadline {
-		c.header, _ = withoutSpellings(c.header, own, deadline.Header)
+		c.header, own = withoutSpellings(c.header, own, deadline.Header)
+	}
+	if (c.body == nil || c.body == http.NoBody) && !resend.ByMethod(method) {
+		// A bodyless request has no GetBody to refuse net/http's re-send
+		// with (attempt.go): its key fields go under names net/http does
+		// not take for a replayable request's.
+		c.header, _ = resend.Respell(c.header, own, cloneHeader)
 	}
 	if t.cfg.hedging {
-		c.mayHedge = c.hedgeable(method)
-		if t.est != nil {
-			c.est = t.est.For(req.URL.Host)
-		}
+		c.hedge = c.newHedging(method)
 	}
-	return c, nil
+	return nil
 }
 
 // withoutSpellings returns h without the fields whose names are spellings

@@ -46,10 +46,11 @@ func Idempotent(ctx context.Context, idempotent bool) context.Context {
 }
 
 // NoRetry returns a context that turns retries off for the request made with
-// it: the Transport makes one attempt (net/http's own transport may still
-// re-send it once on a dead keep-alive connection, as it does for any
-// idempotent or keyed request). An automatic key is still attached. It keeps
-// an Idempotent mark on ctx.
+// it: the Transport makes one attempt, which the base transport does not
+// send again by itself, but for the bodyless GET, HEAD, OPTIONS or TRACE
+// that net/http re-sends on a dead kept-alive connection (see the package
+// documentation). An automatic key is still attached. It keeps an
+// Idempotent mark on ctx.
 func NoRetry(ctx context.Context) context.Context {
 	return withOverride(ctx, func(o *overrides) { o.noRetry = true })
 }

@@ -19,7 +19,8 @@
 // problem code "idempotency_request_in_progress"; 500 only when a rule asks
 // (WithRetryPolicy(retry.Status(retry.Allow, 500))). Errors: connection
 // refused or reset, EOF before a response, an attempt's time limit or a
-// transport timeout, a refused HTTP/2 stream, GOAWAY. Never: any other
+// transport timeout, a refused HTTP/2 stream, GOAWAY, a re-send of the base
+// transport's that the Transport refused (see below). Never: any other
 // status, TLS verification failures, the caller's own cancellation or
 // deadline, or anything unrecognised.
 //
@@ -116,6 +117,31 @@
 // without a definitive answer (an error, a final 503 or in-progress 409),
 // the outcome is unknown: send the request again later with the same key,
 // never a new one.
+//
+// # Every request on the wire is an attempt
+//
+// net/http's Transport sends a request again by itself, once, when the
+// kept-alive connection it rode closed before the answer and the request is
+// a GET, HEAD, OPTIONS or TRACE or carries an Idempotency-Key or
+// X-Idempotency-Key field (and has no body, or a GetBody); its HTTP/2
+// transport does so for a stream the server refused or did not process.
+// Against a provider that ignores keys, that re-send of a keyed POST is a
+// second charge. The Transport keeps every attempt from going out twice
+// behind its back, so that its loop decides, numbers, logs and charges
+// every send: the base transport gets a GetBody that refuses, so that a
+// re-send fails before anything is written (the attempt's class is
+// retry.ClassResend, retried as net/http would have judged it: when the
+// request may be repeated, or whatever the method where the server did not
+// process it), and the key fields of a bodyless request go in lower case
+// (idempotency-key), a spelling net/http does not look up and a server
+// reads as the same field. Only a request body could stop the two re-sends
+// left, and a body would change what the server sees: net/http still
+// re-sends a bodyless GET, HEAD, OPTIONS or TRACE on an HTTP/1.1
+// connection that closed before the answer (both carry Request-Attempt:
+// 1), and a bodyless request whose HTTP/2 stream the server refused or did
+// not process. A base transport that reads GetBody itself (to sign the
+// payload) gets the refusal too: sign in WithPrepare, which sees the
+// request's own GetBody.
 //
 // # Deadlines
 //

@@ -9,51 +9,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/internal/latency"
 )
-
-// The adaptive delay is the p95 of the host's recent answers, rounded up
-// to its bucket (at most a fourth of a doubling), clamped to 5 ms..10 s,
-// and none before 20 answers.
-func TestTheAdaptiveDelayIsTheRecentP95(t *testing.T) {
-	e := newEstimate()
-	for range minHedgeSample - 1 {
-		e.add(time.Millisecond)
-	}
-	_, ok := e.p95()
-	assert.False(t, ok, "too few answers")
-	e.add(time.Millisecond)
-	d, ok := e.p95()
-	require.True(t, ok)
-	assert.Equal(t, minHedgeDelay, d, "a fast host: the lower bound")
-
-	e = newEstimate()
-	for i := range 100 {
-		lat := 20 * time.Millisecond
-		if i%10 == 0 {
-			lat = 400 * time.Millisecond // the slowest 10%
-		}
-		e.add(lat)
-	}
-	d, _ = e.p95()
-	assert.GreaterOrEqual(t, d, 400*time.Millisecond, "the p95 is among the slowest 10%")
-	assert.Less(t, d, 400*time.Millisecond*119/100, "rounded up by less than a fourth of a doubling")
-
-	e = newEstimate()
-	for range 100 {
-		e.add(time.Minute)
-	}
-	d, _ = e.p95()
-	assert.Equal(t, maxHedgeDelay, d, "a slow host: the upper bound")
-
-	// Recent: after a few half-lives of fast answers, a slow past is
-	// forgotten.
-	for range 4 * halfLife {
-		e.add(30 * time.Millisecond)
-	}
-	d, _ = e.p95()
-	assert.GreaterOrEqual(t, d, 30*time.Millisecond)
-	assert.Less(t, d, 36*time.Millisecond)
-}
 
 func TestEachHostHasItsOwnEstimate(t *testing.T) {
 	tr := NewTransport(nil, WithHedging(Hedging{}))
@@ -93,18 +51,18 @@ func TestTheAdaptiveDelayHedgesAfterTheWarmUp(t *testing.T) {
 			return time.Since(start)
 		}
 		assert.Equal(t, time.Second, call("/slow"), "no estimate yet: no hedge")
-		for range minHedgeSample - 1 {
+		for range latency.MinSample - 1 {
 			call("/fast")
 		}
 		mu.Lock()
-		assert.Len(t, hits, minHedgeSample)
+		assert.Len(t, hits, latency.MinSample)
 		mu.Unlock()
 		took := call("/slow")
-		assert.Equal(t, minHedgeDelay+time.Millisecond, took, "hedged at 5 ms, answered 1 ms later")
+		assert.Equal(t, latency.MinDelay+time.Millisecond, took, "hedged at 5 ms, answered 1 ms later")
 		synctest.Wait()
 		mu.Lock()
 		defer mu.Unlock()
-		require.Len(t, hits, minHedgeSample+2)
-		assert.Equal(t, minHedgeDelay, hits[len(hits)-1].Sub(hits[len(hits)-2]))
+		require.Len(t, hits, latency.MinSample+2)
+		assert.Equal(t, latency.MinDelay, hits[len(hits)-1].Sub(hits[len(hits)-2]))
 	})
 }

@@ -3,7 +3,6 @@ package saferetry
 import (
 	"context"
 	"errors"
-	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/saferetry/saferetry/internal/decide"
 	"github.com/saferetry/saferetry/internal/hop"
+	"github.com/saferetry/saferetry/internal/latency"
 	"github.com/saferetry/saferetry/retry"
 )
 
@@ -30,127 +30,22 @@ type Hedging struct {
 	MaxHedges int
 }
 
-// The adaptive delay's estimate and bounds.
-const (
-	minHedgeDelay  = 5 * time.Millisecond
-	maxHedgeDelay  = 10 * time.Second
-	minHedgeSample = 20  // answers before a host hedges
-	halfLife       = 256 // answers after which the counts halve: the estimate is recent
-	perDoubling    = 4   // histogram buckets per doubling of the latency
-)
-
-// buckets is the histogram's size: bucket 0 holds latencies below
-// minHedgeDelay, bucket i > 0 those below minHedgeDelay * 2^(i/perDoubling),
-// the last one everything longer.
-var buckets = 2 + int(math.Ceil(perDoubling*
-	math.Log2(float64(maxHedgeDelay)/float64(minHedgeDelay))))
-
-// estimate is a host's recent latencies: a histogram on a log scale whose
-// counts halve every halfLife answers. Safe for concurrent use.
-type estimate struct {
-	mu     sync.Mutex
-	counts []uint32
-	total  uint32 // the sum of counts
-	since  int    // answers since the last halving
-	seen   int    // answers in all, up to minHedgeSample
-}
-
-func newEstimate() *estimate { return &estimate{counts: make([]uint32, buckets)} }
-
-// add records one answer's latency.
-func (e *estimate) add(d time.Duration) {
-	i := 0
-	if d >= minHedgeDelay {
-		i = 1 + int(perDoubling*math.Log2(float64(d)/float64(minHedgeDelay)))
-		i = min(i, len(e.counts)-1)
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.counts[i]++
-	e.total++
-	e.seen = min(e.seen+1, minHedgeSample)
-	if e.since++; e.since >= halfLife {
-		e.since, e.total = 0, 0
-		for j := range e.counts {
-			e.counts[j] /= 2
-			e.total += e.counts[j]
-		}
-	}
-}
-
-// p95 returns the upper bound of the bucket that holds the 95th percentile,
-// clamped to minHedgeDelay..maxHedgeDelay, and false while the estimate
-// has fewer than minHedgeSample answers.
-func (e *estimate) p95() (time.Duration, bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.seen < minHedgeSample || e.total == 0 {
-		return 0, false
-	}
-	rank := uint32(math.Ceil(0.95 * float64(e.total)))
-	var sum uint32
-	for i, n := range e.counts {
-		if sum += n; sum >= rank {
-			if i == 0 {
-				return minHedgeDelay, true
-			}
-			d := time.Duration(float64(minHedgeDelay) * math.Exp2(float64(i)/perDoubling))
-			return min(d, maxHedgeDelay), true
-		}
-	}
-	return maxHedgeDelay, true
-}
-
-// hedgeable reports whether the call may be hedged at all: it may be sent
-// again whatever its outcome (see the package documentation), and a POST or
-// PATCH only when it has a key, which every hedge carries, so that the
-// server answers all but one with the in-progress conflict or the replay.
-// Its body must be replayable, and it must be allowed more than one
-// attempt.
-func (c *call) hedgeable(method string) bool {
-	cfg := &c.t.cfg
-	if !cfg.hedging || cfg.hedge.MaxHedges < 0 || !c.idempotent || c.maxAttempts < 2 ||
-		c.notRetrying != "" {
-		return false
-	}
-	if (method == http.MethodPost || method == http.MethodPatch) && c.key == "" {
-		return false
-	}
-	return c.body == nil || c.getBody != nil
-}
-
-// hedgeDelay returns the hedge delay of the call's next round of attempts,
-// and false when the round is not hedged: the call may not hedge, or may no
-// more, or the host's adaptive estimate has too few answers yet.
-func (c *call) hedgeDelay() (time.Duration, bool) {
-	if !c.mayHedge || c.noHedge {
-		return 0, false
-	}
-	if d := c.t.cfg.hedge.Delay; d > 0 {
-		return d, true
-	}
-	return c.est.p95()
-}
-
-// heard takes note of attempt a's outcome, whether or not it is hedged: its
-// latency feeds the host's adaptive estimate, and an answer with the mark
-// "retried below" or a Retry-After ends the call's hedging (never hedge
-// after pushback).
-func (c *call) heard(a *attempt) {
-	if c.est != nil && a.resp != nil {
-		c.est.add(a.answered.Sub(a.start))
-	}
-	if hop.Marked(a.resp) || a.d.HasRetryAfter {
-		c.noHedge = true
-	}
-}
-
 // errLost is the cause of the context of an attempt that another attempt
 // of its call won against.
 var errLost = errors.New("saferetry: another attempt won")
 
-// flight is what the attempts in flight at once share with the loop.
-type flight struct {
+// hedging is a call's hedged rounds: whether it may hedge no more, the
+// host's latency estimate, the outcomes of the attempts in flight at once,
+// and the drains of the answers its rounds discarded. A call that does not
+// hedge has none (nil).
+type hedging struct {
+	c     *call
+	delay time.Duration     // the fixed delay; 0 for the adaptive one
+	est   *latency.Estimate // the host's estimate; nil for a fixed delay
+	// stopped is true once the call may hedge no more: pushback, a
+	// Retry-After, the budget, a body or a preparation that failed.
+	stopped bool
+
 	// results carries every attempt's outcome, once. It is unbuffered, so
 	// that nothing grows with the attempt limit: the loop receives the
 	// outcome of every attempt it sent before the round ends.
@@ -164,56 +59,60 @@ type flight struct {
 	draining []*attempt
 }
 
-// end ends the drains still running and waits for them. f may be nil (the
-// call hedged no round). Safe to call more than once.
-func (f *flight) end() {
-	if f == nil {
-		return
+// newHedging returns the call's hedging, or nil when the call may not be
+// hedged: only a request that may be sent again whatever its outcome (see
+// the package documentation), a POST or PATCH only when it has a key, which
+// every hedge carries, so that the server answers all but one with the
+// in-progress conflict or the replay. Its body must be replayable, and it
+// must be allowed more than one attempt.
+func (c *call) newHedging(method string) *hedging {
+	cfg := &c.t.cfg
+	if cfg.hedge.MaxHedges < 0 || !c.idempotent || c.maxAttempts < 2 || c.notRetrying != "" ||
+		(c.body != nil && c.body != http.NoBody && c.getBody == nil) {
+		return nil
 	}
-	for _, a := range f.draining {
-		a.cancel(nil)
+	if (method == http.MethodPost || method == http.MethodPatch) && c.key == "" {
+		return nil
 	}
-	f.drains.Wait()
+	h := &hedging{c: c, delay: cfg.hedge.Delay}
+	if c.t.est != nil {
+		h.est = c.t.est.For(c.req.URL.Host)
+	}
+	return h
 }
 
-// fly sends attempt a on its own goroutine and hands its outcome to the
-// loop. A panic of the base transport or of a rule is handed over too, and
-// raised again on the goroutine of RoundTrip, as it would be without
-// hedging.
-func (c *call) fly(a *attempt) {
-	defer func() {
-		a.panicked = recover()
-		c.fl.results <- a
-	}()
-	c.roundTrip(a)
-}
-
-// hedged runs one round of attempts: a, and the hedges sent beside it each
-// time the attempts in flight have gone delay without response headers. It
-// returns the attempt the loop judges next, with no other attempt of the
-// round left in flight:
+// round runs one round of attempts: a, and the hedges sent beside it each
+// time the attempts in flight have gone the hedge delay without response
+// headers. It returns the attempt the loop judges next, with no other
+// attempt of the round left in flight:
 //   - the first final answer (one the loop would not retry), handed over:
 //     the attempts still in flight lose (settle), and any answer set aside
 //     is discarded;
 //   - otherwise, once every attempt has ended, the last retryable answer,
 //     or, when none came, the last outcome, an error.
 //
-// A retryable answer or an error that comes while other attempts are in
-// flight is set aside (the last answer, its time limit stopped: the
-// others' limits bound the wait) or discarded, and the round waits for the
-// others: a hedge never makes the caller's answer worse. A hedge
-// answers slowness, not failure: once an attempt of the round has failed,
-// the round sends no more hedges, and what follows it is a retry, after
-// its backoff. Every discarded answer is drained (bounded) and closed;
-// every attempt of the round but the one returned is told to the
-// AttemptDone observers, as lost or discarded.
-func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *attempt {
-	if c.fl == nil {
-		c.fl = &flight{results: make(chan *attempt)}
+// Without a delay (the call may hedge no more, or the host's estimate has
+// too few answers), a is sent alone. A retryable answer or an error that
+// comes while other attempts are in flight is set aside (the last answer,
+// its time limit stopped: the others' limits bound the wait) or discarded,
+// and the round waits for the others: a hedge never makes the caller's
+// answer worse. A hedge answers slowness, not failure: once an attempt of
+// the round has failed, the round sends no more hedges, and what follows
+// it is a retry, after its backoff. Every discarded answer is drained
+// (bounded) and closed; every attempt of the round but the one returned is
+// told to the AttemptDone observers, as lost or discarded.
+func (h *hedging) round(ctx context.Context, a *attempt) *attempt {
+	delay, ok := h.nextDelay()
+	if !ok {
+		h.c.roundTrip(a)
+		h.heard(a)
+		return a
 	}
-	f := c.fl
+	if h.results == nil {
+		h.results = make(chan *attempt)
+	}
 	live := append(make([]*attempt, 0, 2), a)
-	go c.fly(a)
+	go h.fly(a)
 	timer := time.NewTimer(delay)
 	defer timer.Stop()
 	var (
@@ -222,66 +121,93 @@ func (c *call) hedged(ctx context.Context, a *attempt, delay time.Duration) *att
 	)
 	for {
 		select {
-		case b := <-f.results:
+		case b := <-h.results:
 			live = slices.DeleteFunc(live, func(x *attempt) bool { return x == b })
 			if b.panicked != nil {
-				c.settle(live, held)
+				h.settle(live, held)
 				b.close(time.Time{})
 				panic(b.panicked)
 			}
-			c.heard(b)
+			h.heard(b)
 			if b.resp != nil && (!b.d.Retry || hop.Marked(b.resp)) {
-				if b.handOver() {
-					if p := c.settle(live, held); p != nil {
+				if h.c.handOver(b) {
+					if p := h.settle(live, held); p != nil {
 						b.resp.Body.Close()
 						panic(p)
 					}
 					return b
 				}
-				b.d = c.classify(b) // its limit fired first: it timed out
+				b.d = h.c.classify(b) // its limit fired first: it timed out
 			} else if b.resp != nil && len(live) > 0 && !b.hold() {
 				// Set aside below, the answer stays one while the others
 				// run, unless its limit fired first: it timed out.
-				b.d = c.classify(b)
+				b.d = h.c.classify(b)
 			}
 			switch {
 			case len(live) == 0 && held == nil:
 				return b
 			case len(live) == 0 && b.resp == nil:
-				c.discard(b)
+				h.discard(b)
 				return held // an answer is better than an error
 			case len(live) == 0:
-				c.discard(held)
+				h.discard(held)
 				return b
 			case b.resp != nil:
 				if held != nil {
-					c.discard(held)
+					h.discard(held)
 				}
 				held, failed = b, true
 			default:
-				c.discard(b)
+				h.discard(b)
 				failed = true
 			}
 		case <-timer.C:
-			if h := c.hedge(ctx, len(live)); h != nil {
-				live = append(live, h)
-				go c.fly(h)
+			if x := h.hedge(ctx, len(live)); x != nil {
+				live = append(live, x)
+				go h.fly(x)
 			}
 		}
 		// The next hedge, if one may go: delay after the youngest attempt
 		// in flight started.
 		timer.Stop()
-		if !failed && c.canHedge(ctx, len(live)) {
+		if !failed && h.may(ctx, len(live)) {
 			timer.Reset(time.Until(live[len(live)-1].start.Add(delay)))
 		}
 	}
 }
 
-// canHedge is the pure decision whether inFlight attempts get a hedge now
+// nextDelay returns the hedge delay of the call's next round, and false
+// when the round is not hedged: the call may hedge no more, or the host's
+// adaptive estimate has too few answers yet.
+func (h *hedging) nextDelay() (time.Duration, bool) {
+	switch {
+	case h.stopped:
+		return 0, false
+	case h.delay > 0:
+		return h.delay, true
+	}
+	return h.est.P95()
+}
+
+// heard takes note of attempt a's outcome, whether or not its round is
+// hedged: its latency feeds the host's adaptive estimate, and an answer
+// with the mark "retried below" or a Retry-After ends the call's hedging
+// (never hedge after pushback).
+func (h *hedging) heard(a *attempt) {
+	if h.est != nil && a.resp != nil {
+		h.est.Add(a.answered.Sub(a.start))
+	}
+	if hop.Marked(a.resp) || a.d.HasRetryAfter {
+		h.stopped = true
+	}
+}
+
+// may is the pure decision whether inFlight attempts get a hedge now
 // (decide.Hedge).
-func (c *call) canHedge(ctx context.Context, inFlight int) bool {
+func (h *hedging) may(ctx context.Context, inFlight int) bool {
+	c := h.c
 	return decide.Hedge(c.maxAttempts, max(1, c.t.cfg.hedge.MaxHedges), decide.HedgeInput{
-		Sent: c.sent, InFlight: inFlight, Canceled: ctx.Err() != nil, Stopped: c.noHedge,
+		Sent: c.sent, InFlight: inFlight, Canceled: ctx.Err() != nil, Stopped: h.stopped,
 		Now: time.Now(), Deadline: c.overall,
 	})
 }
@@ -290,28 +216,40 @@ func (c *call) canHedge(ctx context.Context, inFlight int) bool {
 // returns nil. The commit step is a retry's (commit): the body rewound from
 // GetBody, then the budget asked, last, at a transient retry's cost. A
 // denial, a body that cannot be rewound and a preparation that fails each
-// end the call's hedging, never an attempt in flight; the preparation's
-// cost is given back.
-func (c *call) hedge(ctx context.Context, inFlight int) *attempt {
-	if !c.canHedge(ctx, inFlight) {
+// end the call's hedging, never an attempt in flight; the cost of a hedge
+// never sent goes back to the budget when the call ends (finish).
+func (h *hedging) hedge(ctx context.Context, inFlight int) *attempt {
+	c := h.c
+	if !h.may(ctx, inFlight) {
 		return nil
 	}
 	grant, _ := c.commit(decide.Result{}, time.Now())
 	if grant.Stop != "" {
-		c.noHedge = true
+		h.stopped = true
 		return nil
 	}
-	h, err := c.begin(ctx, "", true)
+	c.unsent += grant.Cost
+	x, err := c.begin(ctx, "", true, grant.Cost)
 	if err != nil {
-		decide.Refund(c.bud, time.Now(), grant.Cost)
-		c.noHedge = true
-		h.close(time.Time{})
-		h.d, h.err = retry.Decision{Class: retry.ClassNotRetryable}, err
-		c.observe(h, OutcomeDiscarded, decide.Result{})
+		h.stopped = true
+		x.close(time.Time{})
+		x.d, x.err = retry.Decision{Class: retry.ClassNotRetryable}, err
+		c.observe(x, OutcomeDiscarded, decide.Result{}, time.Now())
 		return nil
 	}
-	h.cost = grant.Cost
-	return h
+	return x
+}
+
+// fly sends attempt a on its own goroutine and hands its outcome to the
+// round. A panic of the base transport or of a rule is handed over too, and
+// raised again on the goroutine of RoundTrip, as it would be without
+// hedging.
+func (h *hedging) fly(a *attempt) {
+	defer func() {
+		a.panicked = recover()
+		h.results <- a
+	}()
+	h.c.roundTrip(a)
 }
 
 // settle ends a round that an attempt won: the attempts in live lose, and
@@ -320,38 +258,50 @@ func (c *call) hedge(ctx context.Context, inFlight int) *attempt {
 // net/http's does, returns at once), closes it without reading its outcome
 // and tells the observers. It returns what a loser panicked with, nil when
 // none did.
-func (c *call) settle(live []*attempt, held *attempt) (panicked any) {
+func (h *hedging) settle(live []*attempt, held *attempt) (panicked any) {
 	for _, l := range live {
-		if c.est != nil {
-			c.est.add(time.Since(l.start)) // at least that long: the estimate's tail
+		if h.est != nil {
+			h.est.Add(time.Since(l.start)) // at least that long: the estimate's tail
 		}
 		l.cancel(errLost)
 	}
 	if held != nil {
-		c.discard(held)
+		h.discard(held)
 	}
 	for range live {
-		l := <-c.fl.results
+		l := <-h.results
 		l.close(time.Time{})
 		if panicked == nil {
 			panicked = l.panicked
 		}
-		c.observe(l, OutcomeLost, decide.Result{})
+		h.c.observe(l, OutcomeLost, decide.Result{}, time.Now())
 	}
 	return panicked
 }
 
 // discard tells the AttemptDone observers that attempt a is discarded and
 // closes it. An answer's body is drained on a goroutine of its own, for at
-// most maxPeekTime and maxDrain bytes, so that the loop waits for the
+// most maxPeekTime and maxDrain bytes, so that the round waits for the
 // attempts still in flight, or returns, at once; the drain ends sooner when
-// the call's flight ends (flight.end).
-func (c *call) discard(a *attempt) {
-	c.observe(a, OutcomeDiscarded, decide.Result{})
+// the hedging ends (end).
+func (h *hedging) discard(a *attempt) {
+	h.c.observe(a, OutcomeDiscarded, decide.Result{}, time.Now())
 	if a.resp == nil {
 		a.close(time.Time{})
 		return
 	}
-	c.fl.draining = append(c.fl.draining, a)
-	c.fl.drains.Go(func() { a.close(time.Now().Add(maxPeekTime)) })
+	h.draining = append(h.draining, a)
+	h.drains.Go(func() { a.close(time.Now().Add(maxPeekTime)) })
+}
+
+// end ends the drains still running and waits for them. h may be nil (the
+// call does not hedge). Safe to call more than once.
+func (h *hedging) end() {
+	if h == nil {
+		return
+	}
+	for _, a := range h.draining {
+		a.cancel(nil)
+	}
+	h.drains.Wait()
 }

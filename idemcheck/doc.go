@@ -69,23 +69,44 @@
 //   - marker: whether replays carry Idempotent-Replayed, and whether the keys
 //     real clients send are accepted: a key with inner spaces, and a key
 //     sent as an RFC 9651 sf-string (whose bare form must then replay it).
-//     Info, unless a first execution carries Idempotent-Replayed: true,
-//     which fails.
+//     Info, unless the first answer to every fresh key (but for one sent
+//     again after no answer) carries Idempotent-Replayed: true, which
+//     fails. One that does, when others do not, is reported: a proxy that
+//     sends a request again after losing the target's answer explains it.
 //
 // # What the target must allow
 //
 // A run makes 13 requests plus N (up to 2N more when the first burst sees
 // no conflict, up to three retries after a conflict, three more when the
-// target accepts malformed keys, and one more per transient answer) and
+// target accepts malformed keys, and one more per transient or lost
+// answer) and
 // creates seven effects (six without Other; one more per extra burst and
 // per malformed key accepted): point it at a sandbox or staging endpoint
 // where that is harmless. The request ([Config.Method], [Config.Body],
 // [Config.Header]) must succeed (2xx) under a fresh key every time, as a
 // new logical request, since every check but replay uses a key of its
 // own. A transient 502, 503 or 504 is sent again once, after its
-// Retry-After (at most [Config.MaxRetryAfter]) or 100 ms, as a retrying
-// client would; the second answer is the one judged, and the evidence
-// and the detail say so.
+// Retry-After (at most [Config.MaxRetryAfter]) or 100 ms, and a request
+// that got no answer at once, with the same key, as a retrying client
+// would; the second answer is the one judged (after no answer, it may be
+// the replay of a first try that ran, which the checks allow for), and
+// the evidence and the detail say so.
+//
+// # The checker's client sends each request once
+//
+// Go's net/http sends a request again by itself, once and silently, when
+// the kept-alive connection it rode closes before the answer and the
+// request is a GET or carries an Idempotency-Key (Request.isReplayable):
+// every POST with a key qualifies. Against a provider that ignores keys,
+// that re-send is a second charge that no log of the caller shows; through
+// a lossy path, it made the target's replay look like the first answer to
+// a fresh key. The checker's requests carry no GetBody, through which
+// alone net/http rewinds a body, and a bodyless one carries its key under
+// its lower-case name, which net/http does not look up: each request goes
+// out once, through the default client or [Config.Transport], and the
+// checker decides what is sent again. A Go client of your own that sends
+// keyed requests through net/http has the same re-send: the saferetry
+// Transport stops it (see its package documentation).
 //
 // # Telling effects apart
 //

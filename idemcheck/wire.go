@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/saferetry/saferetry/internal/resend"
 	"github.com/saferetry/saferetry/internal/wait"
 )
 
@@ -42,7 +43,7 @@ type checker struct {
 	fresh         []answer     // first answers under fresh keys, for the marker
 	samples       []answer     // first answers under fresh keys, the request's body and principal
 	byEffect      bool         // the running check's result rests on telling effects apart
-	transients    atomic.Int32 // transient answers retried during the running check
+	transients    atomic.Int32 // transient or lost answers retried during the running check
 	concKey       string       // the concurrent check's key
 	concEffect    string       // the one effect it saw ("" when none)
 	conflicts     []answer     // conflicts seen by the concurrent check
@@ -62,6 +63,7 @@ type answer struct {
 	body      []byte
 	err       error // no answer: a transport error, a timeout, a body too large
 	transient int   // the status of a first try that was transient (502, 503, 504) and sent again
+	lost      bool  // the first try got no answer and was sent again: this may be its replay
 }
 
 // transient reports whether status is a gateway's or a server's passing
@@ -76,14 +78,23 @@ func transient(status int) bool {
 const firstTransientPause = 100 * time.Millisecond
 
 // send makes one request with the key header set to keyValue (sendOnce)
-// and, when its answer is a transient 502, 503 or 504, sends it once more
-// after the answer's Retry-After (or 100 ms), at most c.maxRetryAfter, as
-// a retrying client would: the second answer is the one the check judges,
-// and it records the first (answer.transient).
+// and, when it got no answer (a connection lost on the way, a timeout) or
+// a transient 502, 503 or 504, sends it once more with the same key, as a
+// retrying client would: a transient answer after its Retry-After (or
+// 100 ms), at most c.maxRetryAfter; no answer at once. The second answer
+// is the one the check judges, and it records the first (answer.transient,
+// answer.lost): after no answer, it may be the replay of a first try that
+// ran.
 func (c *checker) send(ctx context.Context, keyValue string, body []byte,
 	header http.Header) answer {
 	a := c.sendOnce(ctx, keyValue, body, header)
-	if a.err != nil || !transient(a.status) {
+	switch {
+	case a.err != nil && ctx.Err() == nil:
+		c.transients.Add(1)
+		again := c.sendOnce(ctx, keyValue, body, header)
+		again.lost = true
+		return again
+	case a.err != nil || !transient(a.status):
 		return a
 	}
 	pause, ok := retryAfter(a.header.Get("Retry-After"), time.Now())
@@ -117,6 +128,15 @@ func (c *checker) sendOnce(ctx context.Context, keyValue string, body []byte,
 		req.Header.Del("Host")
 	}
 	req.Header[c.keyHeader] = []string{keyValue}
+	// net/http sends a request with an Idempotency-Key again by itself,
+	// once, when the kept-alive connection it rode closes before the
+	// answer: a request the checker never counted, whose replay would then
+	// pass for a first answer. It rewinds a body only through GetBody, and
+	// looks up the key of a bodyless request under its canonical name.
+	req.GetBody = nil
+	if req.Body == nil || req.Body == http.NoBody {
+		req.Header, _ = resend.Respell(req.Header, true, nil)
+	}
 	resp, err := c.client.Do(req)
 	if err != nil {
 		a.err = err
@@ -155,6 +175,17 @@ func (c *checker) effect(a answer) string {
 		}
 	}
 	return "body:" + string(a.body)
+}
+
+// otherEffect reports whether IDField shows that success answers a and b
+// report different effects: both carry the member, with different values.
+func (c *checker) otherEffect(a, b answer) bool {
+	if c.cfg.IDField == "" {
+		return false
+	}
+	x, okA := effectID(a.body, c.cfg.IDField)
+	y, okB := effectID(b.body, c.cfg.IDField)
+	return okA && okB && x != y
 }
 
 // showEffect is effect for a person: the member and its value, or the body.
@@ -319,8 +350,11 @@ func bump(n json.Number) json.Number {
 
 // evidence is one line for a request and its answer.
 func evidence(what string, a answer) string {
-	if a.transient != 0 {
+	switch {
+	case a.transient != 0:
 		what += fmt.Sprintf(" (a transient %d first, sent again)", a.transient)
+	case a.lost:
+		what += " (no answer first, sent again)"
 	}
 	if a.err != nil {
 		return what + ": no answer: " + a.err.Error()

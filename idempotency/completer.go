@@ -12,37 +12,50 @@ import (
 	"time"
 )
 
-// Completer drives abandoned requests to completion in the background: the
-// records left in progress with an expired lease by a server that crashed
-// or stalled, or whose handler failed after committing a phase, when no
-// client retry came to resume them. It takes each over (Claim with
-// TakeoverOnly, so the old owner is fenced off), rebuilds the request saved
-// at the claim (method, URL, host, content type and body: no credentials)
-// and runs its route's handler through the middleware's own execution:
-// phases resume after the last committed one, and the response is stored
-// for the client's retry to replay. Handlers take the principal from
-// Run.Scope (FromContext), live and on resume alike, never from the
-// request's headers. A 401 or 403 that a resumed handler answers (it, or
-// an auth layer in front of it, looked for credentials) is never stored:
-// the record is kept, its lease ended, for the client's retry to take over
-// with its credentials (OutcomeNeedsCredentials, logged at Warn).
+// Completer drives abandoned requests and calls to completion in the
+// background: the records left in progress with an expired lease by a
+// server or job that crashed or stalled, or whose work failed after
+// committing a phase, when no client retry or later call came to resume
+// them. It takes each over (Claim with TakeoverOnly, so the old owner is
+// fenced off) and runs it through the core's own execution: phases resume
+// after the last committed one, and the response or output is stored for
+// the retry to replay. A request is rebuilt from what was saved at the
+// claim (method, URL, host, content type and body: no credentials) and
+// served by its route's handler; a call of Do is run by the function
+// registered for its Operation, which finds the call's payload in
+// Run.Payload. Handlers and functions take the principal from Run.Scope
+// (FromContext), live and on resume alike, never from the request's
+// headers. A 401 or 403 that a
+// resumed handler answers (it, or an auth layer in front of it, looked for
+// credentials) is never stored: the record is kept, its lease ended, for
+// the client's retry to take over with its credentials
+// (OutcomeNeedsCredentials, logged at Warn).
 //
 // It backs off from a record it fails to finish (kept, refused for want of
 // credentials, panicked, lost its lease, met a store failure): after n
-// failures in a row it skips the
-// record for min(2^n minutes, 1 hour), counted in memory per Completer. A
-// record whose route has no handler, or whose request cannot be rebuilt,
-// is reported once ("unresumable") and left for the Reaper. Several
-// Completers, in several processes, may share a store: the claim decides
-// who runs a record. A Completer is safe for concurrent use.
+// failures in a row it skips the record for min(2^n minutes, 1 hour),
+// counted in memory per Completer. A record whose route or operation has
+// nothing registered, or whose request cannot be rebuilt, is reported once
+// ("unresumable") and left for the Reaper. Several Completers, in several
+// processes, may share a store: the claim decides who runs a record. A
+// Completer is safe for concurrent use.
 type Completer struct {
-	m      *Middleware
-	routes map[string]http.Handler
-	muxes  map[string]*http.ServeMux
+	m         *Middleware
+	routes    map[string]http.Handler
+	muxes     map[string]*http.ServeMux
+	functions map[string]func(ctx context.Context, run *Run) ([]byte, error)
 
 	mu          sync.Mutex
 	unresumable map[Scope]int64    // records skipped for good: scope -> generation
 	backoff     map[Scope]failures // records it failed to finish, waiting
+}
+
+// Function names the function that resumes the records of the calls of Do
+// with Operation: the fn those calls were given, or one that does the same
+// work (Completer).
+type Function struct {
+	Operation string
+	Fn        func(ctx context.Context, run *Run) ([]byte, error)
 }
 
 // failures is the backoff state of a record the Completer failed to finish.
@@ -62,17 +75,27 @@ const (
 // as "POST /payments" by default), to the handler that serves it, without
 // the middleware. A middleware mounted on a subtree over a router that is
 // not an *http.ServeMux names routes by the raw request path, which routes
-// cannot list (every such record is unresumable): give it WithRoute. It
+// cannot list (every such record is unresumable): give it WithRoute.
+// functions name the functions that resume the calls of Do, by Operation
+// (a later one for the same Operation wins; a nil Fn names none). It
 // starts nothing: call RunOnce, or Start.
-func (m *Middleware) Completer(routes map[string]http.Handler) *Completer {
+func (m *Middleware) Completer(routes map[string]http.Handler, functions ...Function) *Completer {
 	c := &Completer{
 		m: m, routes: routes, muxes: make(map[string]*http.ServeMux),
+		functions:   make(map[string]func(ctx context.Context, run *Run) ([]byte, error)),
 		unresumable: make(map[Scope]int64), backoff: make(map[Scope]failures),
 	}
 	for route := range routes {
 		if mux := patternMux(route); mux != nil {
 			c.muxes[route] = mux
 		}
+	}
+	for _, f := range functions {
+		if f.Fn == nil {
+			delete(c.functions, f.Operation)
+			continue
+		}
+		c.functions[f.Operation] = f.Fn
 	}
 	return c
 }
@@ -120,18 +143,13 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterReport, error) {
 
 func (c *Completer) runOnce(ctx context.Context) (CompleterReport, error) {
 	var rep CompleterReport
-	if c.m.store == nil {
-		return rep, fmt.Errorf("idempotency: completer: %w", errNilStore)
+	if err := c.m.sweeps(); err != nil {
+		return rep, fmt.Errorf("idempotency: completer: %w", err)
 	}
 	c.mu.Lock()
 	extra := min(len(c.unresumable)+len(c.backoff), 10*completeBatch)
 	c.mu.Unlock()
-	var recs []Record
-	err := c.m.call(ctx, OpAbandoned, Scope{}, func(ctx context.Context) error {
-		var err error
-		recs, err = c.m.store.Abandoned(ctx, time.Now(), completeBatch+extra)
-		return err
-	})
+	recs, err := c.m.g.abandoned(ctx, time.Now(), completeBatch+extra)
 	if err != nil {
 		return rep, fmt.Errorf("idempotency: completer: listing abandoned records: %w", err)
 	}
@@ -234,7 +252,7 @@ func (c *Completer) record(s Scope, outcome Outcome) {
 // Observer.Executed; "" when it did not take it). Only a store error at the
 // claim is returned.
 func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
-	r, err := c.rebuild(ctx, rec)
+	run, err := c.resumption(ctx, rec)
 	if err != nil {
 		c.mu.Lock()
 		c.unresumable[rec.Scope] = rec.Generation
@@ -246,7 +264,7 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 	}
 	// A takeover only: a completed record is never restarted and one that
 	// vanished is not recreated.
-	res, err := c.m.claim(ctx, Claim{
+	res, err := c.m.g.claim(ctx, Claim{
 		Scope: rec.Scope, Fingerprint: rec.Fingerprint, FingerprintVersion: rec.FingerprintVersion,
 		Owner: rand.Text(), Now: time.Now(), LeaseFor: c.m.cfg.lease, TakeoverOnly: true,
 	})
@@ -256,48 +274,65 @@ func (c *Completer) resume(ctx context.Context, rec Record) (Outcome, error) {
 	if res.Outcome != ClaimTakenOver {
 		return "", nil // resumed, completed or taken by someone else meanwhile
 	}
-	req := request{scope: rec.Scope, fp: rec.Fingerprint, input: fingerprintInput{
-		method: rec.Scope.Method, route: rec.Scope.Route, path: r.URL.EscapedPath(),
-		rawQuery:    r.URL.RawQuery,
-		contentType: r.Header.Get("Content-Type"), body: r.body,
-	}}
-	e := &resumption{h: &handler{m: c.m, next: c.routes[rec.Scope.Route]}, req: req, res: res}
-	return c.execute(e, r.Request), nil
+	return run(res), nil
 }
 
-// rebuiltRequest is a request rebuilt from a record, with its body.
-type rebuiltRequest struct {
-	*http.Request
-	body []byte
-}
-
-// rebuild rebuilds the request stored in rec, or says why it cannot.
-func (c *Completer) rebuild(ctx context.Context, rec Record) (rebuiltRequest, error) {
-	if c.routes[rec.Scope.Route] == nil {
-		return rebuiltRequest{}, errors.New("no handler for the record's route")
-	}
+// resumption returns what runs rec once taken over, or says why it cannot
+// be resumed: a call of Do through its operation's function, a request
+// through its route's handler.
+func (c *Completer) resumption(ctx context.Context, rec Record) (func(ClaimResult) Outcome,
+	error) {
 	sr, err := decodeRequest(rec.Request)
-	if err == nil && sr.Method == "" {
-		err = errors.New("the stored request has no method")
-	}
 	if err != nil {
-		return rebuiltRequest{}, err
+		return nil, err
+	}
+	s := rec.Scope
+	if s.Method == "" { // a call of Do: Scope.Route is its Operation
+		fn := c.functions[s.Route]
+		if fn == nil {
+			return nil, errors.New("no function for the record's operation")
+		}
+		req := newRequest(ctx, s, fingerprintInput{route: s.Route, body: sr.Body}, sr)
+		return func(res ClaimResult) Outcome {
+			_, outcome, _ := c.m.perform(req, res, true, fn)
+			return outcome
+		}, nil
+	}
+	r, err := c.rebuild(ctx, rec, sr)
+	if err != nil {
+		return nil, err
+	}
+	req := newRequest(ctx, s, fingerprintInput{
+		method: s.Method, route: s.Route, path: r.URL.EscapedPath(), rawQuery: r.URL.RawQuery,
+		contentType: sr.ContentType, body: sr.Body,
+	}, sr)
+	return func(res ClaimResult) Outcome {
+		e := &resumption{h: &handler{m: c.m, next: c.routes[s.Route]}, req: req, res: res}
+		return c.execute(e, r)
+	}, nil
+}
+
+// rebuild rebuilds the request sr stored in rec, or says why it cannot.
+func (c *Completer) rebuild(ctx context.Context, rec Record, sr storedRequest) (*http.Request,
+	error) {
+	if c.routes[rec.Scope.Route] == nil {
+		return nil, errors.New("no handler for the record's route")
 	}
 	// The URL is a request URI, read as net/http's server reads it: a path
 	// that starts with "//" names no host.
 	u, err := url.ParseRequestURI(sr.URL)
 	if err != nil {
-		return rebuiltRequest{}, err
+		return nil, err
 	}
-	r, err := http.NewRequestWithContext(ctx, sr.Method, "/", bytes.NewReader(sr.Body))
+	r, err := http.NewRequestWithContext(ctx, rec.Scope.Method, "/", bytes.NewReader(sr.Body))
 	if err != nil {
-		return rebuiltRequest{}, err
+		return nil, err
 	}
 	r.URL, r.Host, r.RequestURI, r.RemoteAddr = u, sr.Host, sr.URL, ""
 	if sr.ContentType != "" {
 		r.Header.Set("Content-Type", sr.ContentType)
 	}
-	return rebuiltRequest{Request: r, body: sr.Body}, nil
+	return r, nil
 }
 
 // patternMux returns a ServeMux that has route as its only pattern and runs

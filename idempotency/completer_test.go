@@ -80,7 +80,7 @@ func TestCompleterFinishesAnAbandonedRequest(t *testing.T) {
 		require.Equal(t, idempotency.CompleterReport{Found: 1, Completed: 1}, rep)
 		require.Zero(t, s.runs.Load(), "the order phase was not run again")
 		calls, lookups := s.proc.counts()
-		require.Equal(t, map[string]int{"order-42-charge-0123456789abcdef": 1}, calls)
+		require.Equal(t, map[string]int{idempotency.DownstreamKeyOf(shopScope, "0123456789abcdef", "charge"): 1}, calls)
 		require.Empty(t, lookups)
 		_, receipts := s.state()
 		require.Equal(t, []string{"rcpt_ord_1_ch_1"}, receipts)

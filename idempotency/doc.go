@@ -1,8 +1,12 @@
-// Package idempotency is the server half of saferetry: net/http middleware
-// that honours the Idempotency-Key header, so that a client's retries of one
-// write take effect effectively once within the key's scope and the replay
-// window (at-least-once delivery plus de-duplication; nothing over a network
-// does better). docs/CONTRACT.md is the contract for clients.
+// Package idempotency is the server half of saferetry: one core with two
+// doors, so that a client's retries of one write, a redelivered message and
+// a job run again after a crash take effect effectively once within the
+// key's scope and the replay window (at-least-once delivery plus
+// de-duplication; nothing over a network does better). Wrap, the HTTP door,
+// is net/http middleware that honours the Idempotency-Key header; Do, the
+// function door, serves jobs, scripts and message consumers. Both go
+// through the same claim, lease, fence, recovery points, completion and
+// store. docs/CONTRACT.md is the contract for clients.
 //
 //	store := memstore.New() // or sqlstore.Open(db, sqlstore.Postgres)
 //	mw := idempotency.New(store, idempotency.WithPrincipal(accountID))
@@ -39,6 +43,33 @@
 // stored: 503 CodeRequestIncomplete. Every answer of the middleware's own
 // is RFC 9457 problem+json with a stable code.
 //
+// # The function door
+//
+// Do(ctx, Call{Principal, Operation, Key, Payload}, fn) runs fn effectively
+// once for the scope (principal, operation, key) and returns its output,
+// stored and replayed byte for byte; the fingerprint covers the payload.
+// The states, options, stores, phases and Completer are those of requests:
+//
+//   - absent: fn runs with a Run (Phase, External, Unit, DownstreamKey,
+//     Payload); its output is stored: Result{Output, Replayed: false};
+//   - completed, same payload: Result{Output, Replayed: true}, fn not run;
+//   - in progress, lease alive: ErrInProgress (after WithMaxInProgressWait);
+//   - in progress, lease expired: taken over, fn resumes after the last
+//     committed phase;
+//   - another payload: ErrKeyReused;
+//   - an error of fn gives the key up (kept after a committed phase, for a
+//     resume); one wrapping ErrDefinitive is stored and returned to every
+//     later call, as a stored 4xx is; a panic is a *PanicError; an output
+//     over WithMaxStoredBody is not stored (ErrOutputTooLarge for later
+//     calls); bad input is ErrInvalidCall before anything runs; a store
+//     that fails, ErrStoreUnavailable.
+//
+// The Completer resumes the calls of Do through the functions given to it
+// by Operation (Function), which find the payload in Run.Payload.
+//
+//	res, err := mw.Do(ctx, idempotency.Call{Principal: "ledger", Operation: "transfer",
+//		Key: keygen.Event("transfer", msg.ID), Payload: msg.Body}, transfer)
+//
 // # The principal
 //
 // WithPrincipal's function names the authenticated caller of a request, the
@@ -62,20 +93,27 @@
 //
 // # Stores
 //
-// Store is the contract between the middleware and its storage: memstore
-// (bounded, in memory), sqlstore (SQLite, PostgreSQL), and the conformance
-// suite of idempotencytest that every Store passes. A Transactor store lets
-// the handler's writes commit with the stored response (Run.Unit,
-// sqlstore.Tx).
+// Store is the contract between the core and its storage, six methods:
+// memstore (bounded, in memory), sqlstore (SQLite, PostgreSQL, MySQL and
+// MariaDB), redisstore (standalone, Sentinel, Cluster), and the conformance
+// suite of idempotencytest that every Store passes, through both doors. A
+// Transactor store lets the handler's (or fn's) writes commit with the
+// stored response (Run.Unit, sqlstore.Tx); a Sweeper lists and deletes
+// records for the Completer and the Reaper. When the store ran a claim but
+// its answer was lost, the record is read back: one that holds the
+// claim's owner token is the claim's, and its work runs; no lease is left
+// that nobody holds.
 //
 // # Atomic phases
 //
-// A handler that creates an order, charges a card and writes a receipt runs
-// each step as a phase of its Run (FromContext): Phase commits its writes
-// with a recovery point, External records its intent before calling another
-// service with a downstream key and asks lookup on a resume before calling
-// again. A retry, or the Completer, skips the committed phases; an owner
-// whose lease was taken over commits nothing (ErrLeaseLost).
+// A handler (or fn) that creates an order, charges a card and writes a
+// receipt runs each step as a phase of its Run (FromContext): Phase commits
+// its writes with a recovery point, External records its intent before
+// calling another service with a downstream key (the phase and a digest of
+// the scope, never the client's key) and asks lookup on a resume before
+// calling again, unless the other service answered that it did nothing
+// (ErrNotExecuted). A retry, or the Completer, skips the committed phases;
+// an owner whose lease was taken over commits nothing (ErrLeaseLost).
 //
 //	run, _ := idempotency.FromContext(ctx)
 //	order, err := run.Phase(ctx, "order", insertOrder)

@@ -42,3 +42,9 @@ func CompleterBackoffs(c *Completer) int {
 	defer c.mu.Unlock()
 	return len(c.backoff)
 }
+
+// DownstreamKeyOf returns Run.DownstreamKey(phase) of an execution of s
+// whose first claim minted the ID id.
+func DownstreamKeyOf(s Scope, id, phase string) string {
+	return (&Run{Scope: s, execID: id}).DownstreamKey(phase)
+}

@@ -33,7 +33,7 @@ func (hb *heartbeat) start(m *Middleware, run *Run) {
 
 // stop ends the heartbeat: no beat starts after it, and a beat still in
 // flight has no effect when it returns. It does not wait for that beat
-// (settle does): on SQLite the beat may wait for the write lock that the
+// (drain does): on SQLite the beat may wait for the write lock that the
 // request's own unit holds until it commits.
 func (hb *heartbeat) stop() {
 	hb.mu.Lock()
@@ -42,8 +42,8 @@ func (hb *heartbeat) stop() {
 	hb.timer.Stop()
 }
 
-// settle waits for a beat still in flight after stop.
-func (hb *heartbeat) settle() { hb.inFlight.Wait() }
+// drain waits for a beat still in flight after stop.
+func (hb *heartbeat) drain() { hb.inFlight.Wait() }
 
 // begin reports whether a beat may start, and counts it in flight.
 func (hb *heartbeat) begin() bool {
@@ -75,9 +75,7 @@ func (hb *heartbeat) beat() {
 	// Half the margin: a beat that hangs gives up while the lease still has
 	// time left for the next one.
 	ctx, cancel := context.WithTimeout(run.bg, third/2)
-	err := m.call(ctx, OpHeartbeat, run.Lease.Scope, func(ctx context.Context) error {
-		return m.store.Heartbeat(ctx, run.Lease, until)
-	})
+	err := m.g.heartbeat(ctx, run.Lease, until)
 	cancel()
 	if hb.isStopped() {
 		// The handler is done: this late beat changes nothing, and a lease
@@ -89,10 +87,10 @@ func (hb *heartbeat) beat() {
 	case err == nil:
 		run.extend(until)
 	case errors.Is(err, ErrLeaseLost):
-		run.cancel(ErrLeaseLost)
+		run.cancelWork(ErrLeaseLost)
 		return
 	case run.expiring(time.Now(), third):
-		run.cancel(fmt.Errorf("%w: %w", errLeaseExpired, err))
+		run.cancelWork(fmt.Errorf("%w: %w", errLeaseExpired, err))
 		return
 	}
 	// Fixed rate from the beat's start, so that a slow beat does not eat

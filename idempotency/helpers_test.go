@@ -144,7 +144,6 @@ func (failingStore) Get(context.Context, idempotency.Scope) (idempotency.Record,
 	return idempotency.Record{}, errStore
 }
 func (failingStore) Heartbeat(context.Context, idempotency.Lease, time.Time) error { return errStore }
-func (failingStore) EndLease(context.Context, idempotency.Lease, time.Time) error  { return errStore }
 func (failingStore) Complete(context.Context, idempotency.Lease, idempotency.Response, time.Time) error {
 	return errStore
 }

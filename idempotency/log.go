@@ -117,9 +117,9 @@ var outcomeLogs = map[Outcome]outcomeLog{
 
 // notReplayableMsg is the message of a completion whose response was too
 // large to be stored for replay.
-const notReplayableMsg = "idempotency: the response is too large to be stored for replay " +
-	"(WithMaxStoredBody); the request completed, and its retries get 409 " +
-	string(CodeResponseNotReplayable)
+const notReplayableMsg = "idempotency: the response (or output) is too large to be stored " +
+	"for replay (WithMaxStoredBody); it completed, and its retries get 409 " +
+	string(CodeResponseNotReplayable) + " (Do: ErrOutputTooLarge)"
 
 func (o *logObserver) executed(ctx context.Context, e Event) {
 	ol := outcomeLogs[e.Outcome]

@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// Observer sees what the middleware, its Completer and its Reaper do
-// (WithObserver). Each field is optional; a nil one costs a branch. The
+// Observer sees what the middleware (both doors), its Completer and its
+// Reaper do (WithObserver). Each field is optional; a nil one costs a branch. The
 // functions run synchronously on the goroutine that does the work (the
 // request's, or the job's): they must be fast, must not block, and may be
 // called concurrently. A panic in them is not recovered. Event.Scope and
@@ -16,21 +16,23 @@ type Observer struct {
 	// Claimed: a request, or the Completer (Background), claimed its key.
 	// Claim is ClaimCreated or ClaimTakenOver; Generation the record's.
 	Claimed func(ctx context.Context, e Event)
-	// Executed: the handler of a claimed request returned or panicked, and
-	// its record was settled. Outcome says how (an Outcome* constant);
-	// Status is the handler's, Duration from its start to the settled
-	// record; Err is also set, to the cause, when the middleware canceled
-	// the handler's context (a lost lease, or heartbeats that failed until
-	// the lease was about to run out). Code is CodeResponseNotReplayable
-	// when the response completed the record without its body, which was
-	// over WithMaxStoredBody: its replays answer that code.
+	// Executed: the handler of a claimed request (or the fn of a call of
+	// Do) returned or panicked, and its record was settled. Outcome says
+	// how (an Outcome* constant); Status is the handler's (0 for Do),
+	// Duration from its start to the settled record; Err is also set, to
+	// the cause, when the middleware canceled the handler's context (a
+	// lost lease, or heartbeats that failed until the lease was about to
+	// run out). Code is CodeResponseNotReplayable when the response
+	// completed the record without its body, which was over
+	// WithMaxStoredBody: its replays answer that code.
 	Executed func(ctx context.Context, e Event)
-	// Replayed: a stored response was replayed with Status.
+	// Replayed: a stored response was replayed with Status (0 for Do).
 	Replayed func(ctx context.Context, e Event)
 	// Refused: the middleware answered a guarded request with a problem of
-	// its own before any handler ran: Status, Code (a Code* constant), and
-	// for CodeStoreUnavailable and CodeStoreFull the store's error (Err),
-	// for CodePrincipalUnavailable and CodePrincipalRefused the principal
+	// its own before any handler ran, or a call of Do with the matching
+	// error (Status 0): Status, Code (a Code* constant), and for
+	// CodeStoreUnavailable and CodeStoreFull the store's error (Err), for
+	// CodePrincipalUnavailable and CodePrincipalRefused the principal
 	// function's.
 	Refused func(ctx context.Context, e Event)
 	// StoreCall: a store call that the middleware, its Completer or its
@@ -101,8 +103,9 @@ const (
 )
 
 // Op is a store call, in Event.Op of Observer.StoreCall: a snake_case
-// label for logs and metrics. Each Store, Transactor and Unit method the
-// library calls has its own; a Unit's Commit is part of the write it
+// label for logs and metrics. Each Store, Sweeper, Transactor and Unit
+// method the library calls has its own, and a Heartbeat that ends a lease
+// (to resume later) is OpEndLease; a Unit's Commit is part of the write it
 // commits.
 type Op string
 
@@ -111,8 +114,8 @@ const (
 	OpClaim            Op = "claim"
 	OpGet              Op = "get"
 	OpHeartbeat        Op = "heartbeat"
-	OpEndLease         Op = "end_lease"
-	OpComplete         Op = "complete" // with a unit: its completion and commit
+	OpEndLease         Op = "end_lease" // a Heartbeat to now: the lease ends for a resume
+	OpComplete         Op = "complete"  // with a unit: its completion and commit
 	OpRelease          Op = "release"
 	OpSetRecoveryPoint Op = "set_recovery_point" // with a unit: the phase's and its commit
 	OpBegin            Op = "begin"

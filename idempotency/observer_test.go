@@ -137,10 +137,13 @@ func TestObserverSeesStoreErrorsWithTheirLatency(t *testing.T) {
 	srv := serve(t, slowFailingStore{}, http.HandlerFunc(created), idempotency.WithObserver(s.observer()))
 	requireProblem(t, post(t, srv, "k3", `{}`), http.StatusServiceUnavailable, idempotency.CodeStoreUnavailable)
 	ev, by := s.take()
-	assert.Equal(t, []string{"store", "refused"}, ev)
+	// The claim, then the read that tells whether it applied before it
+	// failed.
+	assert.Equal(t, []string{"store", "store", "refused"}, ev)
 	assert.Equal(t, idempotency.CodeStoreUnavailable, by["refused"][0].Code)
 	assert.ErrorIs(t, by["refused"][0].Err, errStore)
 	assert.Equal(t, idempotency.OpClaim, by["store"][0].Op)
+	assert.Equal(t, idempotency.OpGet, by["store"][1].Op)
 	assert.True(t, errors.Is(by["store"][0].Err, errStore))
 	assert.GreaterOrEqual(t, by["store"][0].Duration, 2*time.Millisecond)
 }
@@ -228,7 +231,7 @@ func TestUnstoredAnswerAfterATakeoverIsLost(t *testing.T) {
 		require.NoError(t, err)
 		// The lease ends (a stall), and a successor takes the record over.
 		now := time.Now()
-		require.NoError(t, mem.EndLease(r.Context(), run.Lease, now))
+		require.NoError(t, mem.Heartbeat(r.Context(), run.Lease, now)) // ends the lease
 		res, err := mem.Claim(r.Context(), idempotency.Claim{Scope: run.Scope, Fingerprint: rec.Fingerprint,
 			FingerprintVersion: rec.FingerprintVersion, Owner: "successor", Now: now.Add(time.Millisecond),
 			LeaseFor: time.Minute})

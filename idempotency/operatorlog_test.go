@@ -71,7 +71,7 @@ func TestOperatorLogs(t *testing.T) {
 	require.Equal(t, http.StatusCreated, send(t, g, "big", `{}`).Code)
 	w = warnings()
 	require.Len(t, w, 1)
-	require.Contains(t, w[0], `msg="idempotency: the response is too large to be stored for replay`)
+	require.Contains(t, w[0], `msg="idempotency: the response (or output) is too large to be stored for replay`)
 	require.Equal(t, http.StatusConflict, send(t, g, "big", `{}`).Code)
 	require.Empty(t, warnings(), "the replays of a response too large to store")
 }

@@ -170,9 +170,9 @@ func WithPrincipal(f func(*http.Request) (string, error)) Option {
 	}
 }
 
-// WithAnonymousKeys lets requests without a principal use keys, all in one
-// shared scope. Default false: such a request gets 401
-// CodePrincipalMissing. Enable it only where stored responses reveal
+// WithAnonymousKeys lets requests (and calls of Do) without a principal use
+// keys, all in one shared scope. Default false: such a request gets 401
+// CodePrincipalMissing, such a call ErrInvalidCall. Enable it only where stored responses reveal
 // nothing about their caller and clients use unguessable keys: any
 // anonymous caller who sends another's key gets that caller's response.
 func WithAnonymousKeys(allow bool) Option {
@@ -214,10 +214,11 @@ func WithMismatchStatus(status int) Option {
 	}
 }
 
-// WithMaxInProgressWait sets how long a request whose key is in progress
-// waits for it to finish before it gets 409 CodeInProgress, polling the
-// store every 100 ms and never past the request's context. Default 0:
-// answer at once. Negative values mean 0.
+// WithMaxInProgressWait sets how long a request (or a call of Do) whose key
+// is in progress waits for it to finish before it gets 409 CodeInProgress
+// (ErrInProgress), polling the store every 100 ms and never past the
+// request's (the call's) context. Default 0: answer at once. Negative
+// values mean 0.
 func WithMaxInProgressWait(d time.Duration) Option {
 	return func(c *config) { c.wait = max(d, 0) }
 }
@@ -265,21 +266,23 @@ func WithReplayHeaders(names ...string) Option {
 }
 
 // WithMaxRequestBody sets the largest request body read and fingerprinted on
-// a guarded request (default 1 MiB); a larger one gets 413
-// CodeRequestTooLarge. A value of 0 or less accepts no body: a guarded
-// request with a body gets 413, one without runs. The middleware reads
-// the body before the handler runs; as any handler's read, it is bounded in
-// time by the server: set http.Server.ReadTimeout (or ReadHeaderTimeout and
-// a read deadline through http.ResponseController in an outer handler).
+// a guarded request, and the largest Call.Payload (default 1 MiB); a larger
+// one gets 413 CodeRequestTooLarge (Do: ErrInvalidCall). A value of 0 or
+// less accepts no body: a guarded request with a body gets 413, one
+// without runs. The middleware reads the body before the handler runs; as
+// any handler's read, it is bounded in time by the server: set
+// http.Server.ReadTimeout (or ReadHeaderTimeout and a read deadline
+// through http.ResponseController in an outer handler).
 func WithMaxRequestBody(n int64) Option {
 	return func(c *config) { c.maxRequestBody = max(n, 0) }
 }
 
-// WithMaxStoredBody sets the largest response body stored for replay
-// (default 1 MiB). A larger response still reaches its first client and
-// completes the record, but its replays answer 409
-// CodeResponseNotReplayable. A value of 0 or less stores no body: only
-// responses without one are replayable.
+// WithMaxStoredBody sets the largest response body, and the largest output
+// of Do (or message of its definitive failure), stored for replay (default
+// 1 MiB). A larger one still reaches its first caller and completes the
+// record, but its replays answer 409 CodeResponseNotReplayable (Do:
+// ErrOutputTooLarge). A value of 0 or less stores no body: only responses
+// and outputs without one are replayable.
 func WithMaxStoredBody(n int64) Option {
 	return func(c *config) { c.maxStoredBody = max(n, 0) }
 }
@@ -314,7 +317,8 @@ func WithKeyHeader(name string) Option {
 
 // WithShutdown sets the context whose end cancels the handlers of claimed
 // requests (with context.Cause(ctx)), which the client going away does not
-// cancel: pass the context you cancel to shut the server down. What such a
+// cancel, and the functions of Do: pass the context you cancel to shut the
+// server down. What such a
 // handler answers is handled as any answer. Default none: they run to their
 // end or deadline. nil keeps the default.
 func WithShutdown(ctx context.Context) Option {

@@ -107,6 +107,15 @@ func (rec recovery) committed(name string) ([]byte, bool) {
 	return nil, false
 }
 
+// last returns the name of the last committed phase: the recovery point
+// of rec without its pending call ("" before any).
+func (rec recovery) last() string {
+	if len(rec.Phases) == 0 {
+		return ""
+	}
+	return rec.Phases[len(rec.Phases)-1].Name
+}
+
 // with returns a copy of rec with phase p committed and no pending call.
 func (rec recovery) with(p committedPhase) recovery {
 	phases := make([]committedPhase, 0, len(rec.Phases)+1)
@@ -116,6 +125,15 @@ func (rec recovery) with(p committedPhase) recovery {
 
 // intentPrefix starts the recovery point of a recorded intent.
 const intentPrefix = "intent:"
+
+// ErrNotExecuted is what the call of an External phase returns, wrapped,
+// when the other service answered definitively that it did nothing: a
+// 4xx that charged nothing, a 503 that it answered before any work. The
+// phase's intent is then withdrawn: the next execution calls again without
+// a lookup, the answer is not held back as incomplete, and nothing is
+// logged as an unknown outcome. The error returned by External is a
+// *PhaseError (Step "call") that wraps it.
+var ErrNotExecuted = errors.New("idempotency: the call was not executed")
 
 // PhaseError reports a phase that did not commit. Step is where it stopped:
 // "use" (misuse: wraps ErrMisuse), "decode" (the record's recovery data is
@@ -144,7 +162,7 @@ type phaseKey struct{}
 // phaseCtx marks the context of a running phase.
 type phaseCtx struct {
 	run  *Run
-	unit *openUnit // nil when the store is not a Transactor
+	unit *openUnit // nil when the store is not a Transactor (Unit finds none)
 }
 
 // enter starts phase name: it checks the rules of ErrMisuse, decodes
@@ -196,37 +214,28 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	return rec, nil
 }
 
-// leave ends the running phase: its unit, if it has one that did not
-// commit (fn failed or panicked, or the commit failed), is rolled back.
-func (r *Run) leave() {
+// leave ends the running phase, and its unit if nothing ended it (fn
+// failed or panicked).
+func (r *Run) leave(u *openUnit) {
 	r.mu.Lock()
-	u := r.phaseUnit
-	r.inPhase, r.phase, r.phaseUnit = false, "", nil
+	r.inPhase, r.phase = false, ""
 	r.mu.Unlock()
 	if u != nil {
-		r.m.rollback(r.bg, r.Scope, u)
+		r.m.g.end(r.bg, u)
 	}
 }
 
-// openPhaseUnit records u as the running phase's unit, for leave.
-func (r *Run) openPhaseUnit(u *openUnit) {
+// advance records a commit of the recovery data: the run is at point now.
+func (r *Run) advance(rec recovery, point string) {
 	r.mu.Lock()
-	r.phaseUnit = u
+	r.rec, r.point = &rec, point
 	r.mu.Unlock()
 }
 
-// saved records a commit of the recovery data: the running phase's unit,
-// if any, committed with it.
-func (r *Run) saved(rec recovery, point string) {
-	r.mu.Lock()
-	r.rec, r.point, r.phaseUnit = &rec, point, nil
-	r.mu.Unlock()
-}
-
-// lost cancels the handler when a write found the lease lost.
+// lost cancels the work when a write found the lease lost.
 func (r *Run) lost(err error) {
-	if errors.Is(err, ErrLeaseLost) && r.cancel != nil {
-		r.cancel(ErrLeaseLost)
+	if errors.Is(err, ErrLeaseLost) {
+		r.cancelWork(ErrLeaseLost)
 	}
 }
 
@@ -243,12 +252,7 @@ func (r *Run) checkLease(ctx context.Context, force bool) error {
 		return nil
 	}
 	next := now.Add(r.m.cfg.lease)
-	// On when the client goes away, as commit's.
-	bg := context.WithoutCancel(ctx)
-	err := r.m.call(bg, OpHeartbeat, r.Scope, func(ctx context.Context) error {
-		return r.m.store.Heartbeat(ctx, r.Lease, next)
-	})
-	if err != nil {
+	if err := r.m.g.heartbeat(r.bg, r.Lease, next); err != nil {
 		r.lost(err)
 		return err
 	}
@@ -285,67 +289,59 @@ func (r *Run) Phase(ctx context.Context, name string,
 	if err != nil {
 		return nil, err
 	}
-	defer r.leave()
 	if out, ok := rec.committed(name); ok {
+		r.leave(nil)
 		return out, nil
 	}
 	if fn == nil {
+		r.leave(nil)
 		return nil, &PhaseError{Phase: name, Step: "use",
 			Err: fmt.Errorf("%w: nil function", ErrMisuse)}
 	}
 	if err := r.checkLease(ctx, false); err != nil {
+		r.leave(nil)
 		return nil, &PhaseError{Phase: name, Step: "lease", Err: err}
 	}
-	pc := &phaseCtx{run: r}
-	if r.m.tx != nil {
-		u, err := r.m.begin(ctx, r.Lease)
-		if err != nil {
-			return nil, &PhaseError{Phase: name, Step: "begin", Err: err}
-		}
-		r.openPhaseUnit(u) // leave rolls it back unless it committed
-		pc.unit = u
+	unit, err := r.m.g.open(r.bg, r.Lease)
+	if err != nil {
+		r.leave(nil)
+		return nil, &PhaseError{Phase: name, Step: "begin", Err: err}
 	}
+	defer r.leave(unit) // ends the unit unless its commit did
+	pc := &phaseCtx{run: r}
 	fctx := context.WithValue(ctx, phaseKey{}, pc)
-	if pc.unit != nil {
-		fctx = mergeValues(fctx, pc.unit.ctx)
+	if unit.inTx {
+		pc.unit = unit
+		fctx = mergeValues(fctx, unit.ctx)
 	}
 	out, err := fn(fctx)
 	if err != nil {
 		return nil, &PhaseError{Phase: name, Step: "run", Err: err}
 	}
 	next := rec.with(committedPhase{Name: name, Output: out})
-	if err := r.commit(ctx, pc.unit, name, next); err != nil {
+	if err := r.saveIn(unit, name, next); err != nil {
 		return nil, &PhaseError{Phase: name, Step: "commit", Err: err}
 	}
 	return out, nil
 }
 
-// commit writes rec as the recovery data at point: in unit when there is
-// one, else straight to the store. Both are conditional on the lease.
-func (r *Run) commit(ctx context.Context, unit *openUnit, point string, rec recovery) error {
-	// The record's writes go on when the client goes away: the work is
-	// done, and recording it is what makes a retry safe.
-	// A write that may have applied is settled by the record: this lease's,
-	// at this point with this data, the write is this one.
-	bg, data, now := context.WithoutCancel(ctx), rec.encode(), time.Now()
-	var err error
-	if unit == nil {
-		err = r.m.fenced(bg, OpSetRecoveryPoint, r.Lease, func(ctx context.Context) error {
-			return r.m.store.SetRecoveryPoint(ctx, r.Lease, point, data, now)
-		}, nil)
-	} else {
-		err = r.m.commit(bg, OpSetRecoveryPoint, r.Lease, unit, func(ctx context.Context) error {
-			return unit.SetRecoveryPoint(ctx, point, data, now)
-		}, func(got Record, err error) bool {
+// saveIn writes rec as the recovery data at point in unit, conditional on
+// the lease, and ends unit. A write whose outcome is unknown is settled by
+// the record: this lease's, at this point with this data, the write is
+// this one.
+func (r *Run) saveIn(unit *openUnit, point string, rec recovery) error {
+	data, now := rec.encode(), time.Now()
+	save := func(ctx context.Context) error { return unit.SetRecoveryPoint(ctx, point, data, now) }
+	err := r.m.g.write(r.bg, kindSetPoint, kindSetPointInUnit, unit, save,
+		func(got Record, err error) bool {
 			return err == nil && got.State == InProgress && ownedBy(got, r.Lease) &&
 				got.RecoveryPoint == point && bytes.Equal(got.RecoveryData, data)
 		})
-	}
 	if err != nil {
 		r.lost(err)
 		return err
 	}
-	r.saved(rec, point)
+	r.advance(rec, point)
 	return nil
 }
 
@@ -362,12 +358,18 @@ func (r *Run) commit(ctx context.Context, unit *openUnit, point string, rec reco
 // and calls again, with that key, only when lookup reports found == false
 // (a nil lookup always calls again).
 //
-// call returns an error only for an unknown or retryable outcome; a
-// definitive answer (a declined card) is a result. While an intent has no
-// outcome, no other new phase may start, and the request's answer is never
-// stored: the middleware answers 503 CodeRequestIncomplete and keeps the
-// record for a resume. name follows Phase's rules. Errors are *PhaseError
-// (Step "intent", "lookup", "call", "commit", or one of Phase's).
+// call returns a result for a definitive answer that the phase keeps (a
+// declined card, to store and show), and an error otherwise. An error
+// wrapping ErrNotExecuted says that the other service definitively did
+// nothing (a 4xx that charged nothing, a 503 answered before any work):
+// the intent is withdrawn, so that the next execution calls again without
+// asking lookup, and the execution's answer is handled as any answer. Any
+// other error leaves the outcome unknown: while an intent has no outcome,
+// no other new phase may start, and the answer of the request (or the
+// call of Do) is never stored: the HTTP door answers 503
+// CodeRequestIncomplete, Do returns ErrIncomplete, and the record is kept
+// for a resume. name follows Phase's rules. Errors are *PhaseError (Step
+// "intent", "lookup", "call", "commit", or one of Phase's).
 func (r *Run) External(ctx context.Context, name string,
 	call func(ctx context.Context, downstreamKey string) ([]byte, error),
 	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error),
@@ -376,7 +378,7 @@ func (r *Run) External(ctx context.Context, name string,
 	if err != nil {
 		return nil, err
 	}
-	defer r.leave()
+	defer r.leave(nil)
 	if out, ok := rec.committed(name); ok {
 		return out, nil
 	}
@@ -398,30 +400,44 @@ func (r *Run) External(ctx context.Context, name string,
 				return nil, &PhaseError{Phase: name, Step: "lookup", Err: err}
 			}
 			if found {
-				return r.settle(ctx, name, key, rec, out)
+				return r.saveOutcome(name, key, rec, out)
 			}
 		}
 	} else {
 		pending := &pendingCall{Phase: name, DownstreamKey: key}
 		intent := recovery{Phases: rec.Phases, Pending: pending}
-		if err := r.commit(ctx, nil, intentPrefix+name, intent); err != nil {
+		if err := r.save(intentPrefix+name, intent); err != nil {
 			return nil, &PhaseError{Phase: name, Step: "intent", Err: err}
 		}
 		rec = intent
 	}
 	out, err := call(ctx, key)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrNotExecuted):
+		// Definitively nothing happened: the intent is withdrawn, so that
+		// the next execution calls again without a lookup, and the answer
+		// may be stored.
+		if err := r.save(rec.last(), recovery{Phases: rec.Phases}); err != nil {
+			return nil, &PhaseError{Phase: name, Step: "intent", Err: err}
+		}
+		return nil, &PhaseError{Phase: name, Step: "call", Err: err}
+	case err != nil:
 		return nil, &PhaseError{Phase: name, Step: "call", Err: err}
 	}
-	return r.settle(ctx, name, key, rec, out)
+	return r.saveOutcome(name, key, rec, out)
 }
 
-// settle commits the outcome of an External phase.
-func (r *Run) settle(ctx context.Context, name, key string, rec recovery,
-	out []byte) ([]byte, error) {
+// saveOutcome commits the outcome of an External phase.
+func (r *Run) saveOutcome(name, key string, rec recovery, out []byte) ([]byte, error) {
 	next := rec.with(committedPhase{Name: name, Output: out, DownstreamKey: key})
-	if err := r.commit(ctx, nil, name, next); err != nil {
+	if err := r.save(name, next); err != nil {
 		return nil, &PhaseError{Phase: name, Step: "commit", Err: err}
 	}
 	return out, nil
+}
+
+// save writes rec as the recovery data at point, on its own (an
+// auto-commit unit: an External phase holds no transaction).
+func (r *Run) save(point string, rec recovery) error {
+	return r.saveIn(r.m.g.autoCommit(r.Lease), point, rec)
 }

@@ -71,8 +71,8 @@ func (r *Reaper) ReapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 
 func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, error) {
 	rep := ReaperReport{Horizon: now.Add(-r.m.horizon)}
-	if r.m.store == nil {
-		return rep, fmt.Errorf("idempotency: reaper: %w", errNilStore)
+	if err := r.m.sweeps(); err != nil {
+		return rep, fmt.Errorf("idempotency: reaper: %w", err)
 	}
 
 	logged := make(map[Scope]int64) // scope -> generation listed and logged in this run
@@ -82,12 +82,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		var page []Record
-		err := r.m.call(ctx, OpAbandoned, Scope{}, func(ctx context.Context) error {
-			var err error
-			page, err = r.m.store.Abandoned(ctx, rep.Horizon, limit)
-			return err
-		})
+		page, err := r.m.g.abandoned(ctx, rep.Horizon, limit)
 		if err != nil {
 			return rep, fmt.Errorf("idempotency: reaper: listing unfinished records: %w", err)
 		}
@@ -124,13 +119,8 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
-			var n int
 			start := time.Now()
-			err := r.m.call(ctx, OpDeleteBefore, Scope{}, func(ctx context.Context) error {
-				var err error
-				n, err = r.m.store.DeleteBefore(ctx, cut, reapBatch)
-				return err
-			})
+			n, err := r.m.g.deleteBefore(ctx, cut, reapBatch)
 			if err != nil {
 				return rep, fmt.Errorf("idempotency: reaper: deleting: %w", err)
 			}
@@ -156,7 +146,7 @@ func (r *Reaper) reapOnce(ctx context.Context, now time.Time) (ReaperReport, err
 	}
 
 	for _, rec := range rep.Unfinished {
-		_, err := r.m.get(ctx, rec.Scope)
+		_, err := r.m.g.get(ctx, kindGet, rec.Scope)
 		switch {
 		case err == nil:
 			rep.Skipped++

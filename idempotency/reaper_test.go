@@ -161,7 +161,7 @@ func TestReapOnceReportsAndLogsUnfinishedRecords(t *testing.T) {
 
 // opFails fails the named operation with errBoom.
 type opFails struct {
-	idempotency.Store
+	*memstore.Store
 	fail string
 }
 

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -31,15 +32,18 @@ type Run struct {
 	// new request, the last committed phase when this execution took over
 	// one whose owner's lease expired.
 	RecoveryPoint string
+	// Payload is the Call.Payload of a call of Do, live and on a resume by
+	// the Completer alike; nil for a request, whose handler reads its
+	// body. It is shared: do not modify it.
+	Payload []byte
 
 	m            *Middleware
 	recoveryData []byte // the record's at the claim
-	// bg is the request's context without its cancellation, the one holder
-	// of it: the execution's store calls, and the request's unit, use it.
+	// bg is request.bg: the execution's store calls, and its units, use it.
 	bg      context.Context
 	execID  string                  // storedRequest.ID: the base of downstream keys
 	created time.Time               // the record's CreatedAt: the base without an ID
-	cancel  context.CancelCauseFunc // cancels the handler's context
+	cancel  context.CancelCauseFunc // cancels the work's context: only cancelWork calls it
 
 	beginMu sync.Mutex // held by Unit while it begins the request's unit
 
@@ -51,7 +55,6 @@ type Run struct {
 	done       bool      // the handler returned
 	expired    bool      // the lease ran out while heartbeats failed: no new phase may start
 	inPhase    bool
-	phaseUnit  *openUnit // the running phase's unit until it commits
 	phase      string    // the running phase's name, while inPhase
 	rec        *recovery // decoded lazily from recoveryData
 	point      string    // the current recovery point
@@ -61,12 +64,13 @@ type Run struct {
 // newRun returns the Run of an execution that created or took over
 // res.Record: a takeover keeps the first execution's identity (the ID of
 // the request stored in the record), a new record has req.execID.
-func (m *Middleware) newRun(bg context.Context, req request, res ClaimResult) *Run {
+func (m *Middleware) newRun(req request, res ClaimResult) *Run {
 	rec := res.Record
 	run := &Run{
 		Scope: req.scope, Lease: Lease{Scope: req.scope, Owner: rec.Owner,
 			Generation: rec.Generation},
-		RecoveryPoint: rec.RecoveryPoint, m: m, recoveryData: rec.RecoveryData, bg: bg,
+		RecoveryPoint: rec.RecoveryPoint, Payload: req.payload(), m: m,
+		recoveryData: rec.RecoveryData, bg: req.bg,
 		created: rec.CreatedAt, leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
 	}
 	if res.Outcome == ClaimCreated {
@@ -111,7 +115,7 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r && p.unit != nil {
 		return p.unit.Unit, mergeValues(ctx, p.unit.ctx), nil
 	}
-	if r.m.tx == nil {
+	if r.m.g.tx == nil {
 		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work "+
 			"(not a Transactor): %w", errors.ErrUnsupported)
 	}
@@ -141,7 +145,7 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	r.beginning = true // no phase may start from now on
 	r.mu.Unlock()
 
-	u, err := r.m.begin(r.bg, r.Lease)
+	u, err := r.m.g.begin(r.bg, r.Lease)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.beginning = false
@@ -152,7 +156,7 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	case r.done:
 		// The handler returned while the unit began (Unit was called by
 		// a goroutine of its own): the completion never sees this unit.
-		r.m.rollback(r.bg, r.Scope, u)
+		r.m.g.end(r.bg, u)
 		return nil, ctx, errRunDone
 	}
 	r.unit = u
@@ -161,13 +165,26 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 
 var errRunDone = fmt.Errorf("%w: the handler of this run has returned", ErrMisuse)
 
-// close marks the run done and hands the request's unit (nil if never
-// begun) and Begin's error to the completion.
+// close marks the run done and hands the request's unit and Begin's error
+// to the completion: the unit of the store's that Unit began, else an
+// auto-commit unit.
 func (r *Run) close() (*openUnit, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.done = true
+	if r.unit == nil {
+		return r.m.g.autoCommit(r.Lease), r.unitErr
+	}
 	return r.unit, r.unitErr
+}
+
+// cancelWork cancels the work's context with cause: the one place that
+// does, whether the lease was lost, the shutdown came, or the execution
+// ended (nil).
+func (r *Run) cancelWork(cause error) {
+	if r.cancel != nil {
+		r.cancel(cause)
+	}
 }
 
 // currentPoint returns the recovery point as of the last committed phase.
@@ -199,21 +216,29 @@ func (r *Run) extend(until time.Time) {
 	}
 }
 
-// DownstreamKey returns the idempotency key this request uses towards
-// another service for phase: the same in every execution of the request (a
-// takeover keeps it), different for another principal, route or method
-// and for a key reused after the replay window. External passes it to its
+// DownstreamKey returns the idempotency key this execution uses towards
+// another service for phase: the same in every execution of the request or
+// call (a takeover and a resume keep it), different for another
+// principal, operation, route or method and for a key reused after the
+// replay window. It is phase and a digest (SHA-256) of the scope and of
+// the identity the first claim minted, never the client's key, which so
+// never reaches the other service or its logs. External passes it to its
 // call; use it for any other downstream call that can de-duplicate. It is
 // a valid bare key (keygen.Validate).
 func (r *Run) DownstreamKey(phase string) string {
+	s := r.Scope
 	id := r.execID
 	if id == "" {
-		s := r.Scope
-		sum := sha256.Sum256([]byte(s.Principal + "\x00" + s.Method + "\x00" + s.Route + "\x00" +
-			s.Key + "\x00" + strconv.FormatInt(r.created.UnixNano(), 10)))
-		id = hex.EncodeToString(sum[:8])
+		id = strconv.FormatInt(r.created.UnixNano(), 10) // a record stored without an ID
 	}
-	return keygen.Event(r.Scope.Key, phase, id)
+	h := sha256.New()
+	for _, part := range [...]string{s.Principal, s.Method, s.Route, s.Key, id} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
+	return keygen.Event(phase, hex.EncodeToString(h.Sum(nil)[:16]))
 }
 
 type runKey struct{}

@@ -208,15 +208,12 @@ type Store interface {
 	// Get returns the record for the scope, or ErrNotFound.
 	Get(ctx context.Context, s Scope) (Record, error)
 
-	// Heartbeat extends the lease to until. ErrLeaseLost if l is not the
-	// current owner of an in-progress record.
+	// Heartbeat sets the lease's end to until (LeaseUntil = until), keeping
+	// the record in progress with its recovery point: a later until extends
+	// the lease while the work runs; until = now ends it, so that the next
+	// claim after now takes the record over and resumes. ErrLeaseLost if l
+	// is not the current owner of an in-progress record.
 	Heartbeat(ctx context.Context, l Lease, until time.Time) error
-
-	// EndLease ends the lease at now (LeaseUntil = now), keeping the record
-	// in progress with its recovery point, so that the next claim after now
-	// takes it over and resumes. ErrLeaseLost if l is not the current owner
-	// of an in-progress record.
-	EndLease(ctx context.Context, l Lease, now time.Time) error
 
 	// Complete stores resp and marks the record completed at now, keeping
 	// l's Owner and Generation in the record: they tell, when the answer
@@ -232,7 +229,16 @@ type Store interface {
 	// SetRecoveryPoint records the last committed phase and its state.
 	// ErrLeaseLost if l is not the current owner of an in-progress record.
 	SetRecoveryPoint(ctx context.Context, l Lease, point string, data []byte, now time.Time) error
+}
 
+// Sweeper is implemented by stores whose records the background jobs can
+// list and delete: the Completer lists the abandoned records to resume, the
+// Reaper the unfinished ones to report and then deletes the old ones. No
+// request and no call of Do uses it. Every store of this module is one; a
+// Completer or a Reaper over a store that is not fails each run with an
+// error wrapping errors.ErrUnsupported. The concurrency and context rules
+// are Store's.
+type Sweeper interface {
 	// Abandoned lists up to limit in-progress records whose lease expired
 	// before now (LeaseUntil < now, strictly), oldest LeaseUntil first (for
 	// the completer and the reaper).

@@ -62,10 +62,6 @@ func (s unfenced) Heartbeat(ctx context.Context, l idempotency.Lease, until time
 	return s.Store.Heartbeat(ctx, s.current(ctx, l), until)
 }
 
-func (s unfenced) EndLease(ctx context.Context, l idempotency.Lease, now time.Time) error {
-	return s.Store.EndLease(ctx, s.current(ctx, l), now)
-}
-
 func (s unfenced) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response,
 	now time.Time) error {
 	return s.Store.Complete(ctx, s.current(ctx, l), resp, now)

@@ -128,8 +128,6 @@ func (c caller) call(ctx context.Context, in input) (output, error) {
 		return output{Rec: c.view(in.Key, rec)}, nil
 	case opHeartbeat:
 		err = c.store.Heartbeat(ctx, c.lease(in), at(in.Until))
-	case opEndLease:
-		err = c.store.EndLease(ctx, c.lease(in), at(in.Now))
 	case opComplete:
 		resp := idempotency.Response{
 			Status: in.Resp.Status, Header: http.Header{}, Body: bytesOf(in.Resp.Body)}

@@ -29,7 +29,6 @@ const (
 	opClaim opKind = iota + 1
 	opGet
 	opHeartbeat
-	opEndLease
 	opComplete
 	opRelease
 	opSetPoint
@@ -43,8 +42,6 @@ func (k opKind) String() string {
 		return "get"
 	case opHeartbeat:
 		return "heartbeat"
-	case opEndLease:
-		return "end_lease"
 	case opComplete:
 		return "complete"
 	case opRelease:
@@ -248,8 +245,6 @@ func apply(s record, in input) (record, output) {
 	switch in.Op {
 	case opHeartbeat:
 		n.LeaseUntil = in.Until
-	case opEndLease:
-		n.LeaseUntil = in.Now
 	case opComplete:
 		n.State, n.CompletedAt, n.Resp, n.Request = idempotency.Completed, in.Now, in.Resp, ""
 	case opRelease:
@@ -415,7 +410,7 @@ func (m model) describeOp(in input, out output) string {
 		call = "get()"
 	case opHeartbeat:
 		call = fmt.Sprintf("heartbeat(%s/g%d until=%s)", in.Owner, in.Gen, m.ms(in.Until))
-	case opEndLease, opComplete:
+	case opComplete:
 		call = fmt.Sprintf("%s(%s/g%d now=%s)", in.Op, in.Owner, in.Gen, m.ms(in.Now))
 	case opRelease:
 		call = fmt.Sprintf("release(%s/g%d)", in.Owner, in.Gen)

@@ -34,9 +34,9 @@ func TestClaimRaces(t *testing.T) {
 		// or find none, never answer "existing" with a record it would
 		// have taken over.
 		{"takeover-only claim against create and release", createRelease, takeoverOnly},
-		// A claim racing an EndLease: it must take the record over (the
-		// lease ended) or find it alive, never answer "existing" with the
-		// ended lease.
+		// A claim racing a heartbeat that ends the lease: it must take
+		// the record over (the lease ended) or find it alive, never answer
+		// "existing" with the ended lease.
 		{"claim against end lease", endLease, claimLater},
 	}
 	for _, sc := range stores {
@@ -96,11 +96,11 @@ func takeoverOnly(c caller, rec sink, key string, now int64) {
 	}
 }
 
-// endLease creates the record and ends its lease at once.
+// endLease creates the record and ends its lease at once (a heartbeat to now).
 func endLease(c caller, rec sink, key string, now int64) {
 	in := input{Op: opClaim, Key: key, Owner: "a", Now: now, LeaseFor: lease, FP: "fp-a"}
 	if out := rcall(c, rec, 0, in); out.Outcome == idempotency.ClaimCreated {
-		rcall(c, rec, 0, input{Op: opEndLease, Key: key, Owner: "a", Gen: out.Rec.Gen, Now: now})
+		rcall(c, rec, 0, input{Op: opHeartbeat, Key: key, Owner: "a", Gen: out.Rec.Gen, Until: now})
 	}
 }
 

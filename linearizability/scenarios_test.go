@@ -80,7 +80,7 @@ var scenarios = []scenario{
 		return []input{
 			sClaim("a", at(100), 10*ms, 0),
 			{Op: opSetPoint, Owner: "a", Gen: 1, Now: at(101), Point: "charged", Data: "ch_1"},
-			{Op: opEndLease, Owner: "a", Gen: 1, Now: at(50)},
+			{Op: opHeartbeat, Owner: "a", Gen: 1, Until: at(50)},
 			sClaim("b", at(100), 10*ms, 0),
 			{Op: opGet},
 		}

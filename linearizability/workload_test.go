@@ -267,8 +267,9 @@ func (wk *worker) choose(key string, now, unit, tick int64) input {
 	case q < 20:
 		in.Op = opHeartbeat
 		in.Until = now + ticks(rnd.Int64N(w.maxLease+1))
-	case q < 26:
-		in.Op = opEndLease
+	case q < 26: // a heartbeat that ends the lease, as the middleware's for a resume
+		in.Op = opHeartbeat
+		in.Until = now
 	case q < 46:
 		in.Op = opSetPoint
 		in.Point = fmt.Sprintf("phase-%d", tick)

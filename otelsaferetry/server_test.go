@@ -81,7 +81,8 @@ func TestServerMetrics(t *testing.T) {
 		string(idempotency.CodeStoreUnavailable): 1},
 		counts(t, m[ServerRefusals], ProblemCodeKey))
 	assert.Equal(t, map[string]int64{"422": 1, "409": 1, "503": 1}, counts(t, m[ServerRefusals], "http.response.status_code"))
-	assert.Equal(t, map[string]int64{"claim": 1}, counts(t, m[ServerStoreErrors], StoreOperationKey))
+	assert.Equal(t, map[string]int64{"claim": 1, "get": 1}, counts(t, m[ServerStoreErrors], StoreOperationKey),
+		"the failed claim, and the read that tells whether it applied")
 
 	lat, ok := m[ServerStoreDuration].Data.(metricdata.Histogram[float64])
 	require.True(t, ok)
@@ -130,6 +131,11 @@ var errDown = errors.New("store down")
 
 func (failStore) Claim(context.Context, idempotency.Claim) (idempotency.ClaimResult, error) {
 	return idempotency.ClaimResult{}, errDown
+}
+
+// Get fails too: the read that tells whether a failed claim applied.
+func (failStore) Get(context.Context, idempotency.Scope) (idempotency.Record, error) {
+	return idempotency.Record{}, errDown
 }
 
 // A record kept for a resume (a phase committed, then a 503) is taken over

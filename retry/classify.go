@@ -48,6 +48,14 @@ const (
 	ClassInProgress      Class = "in_progress"       // 409 idempotency_request_in_progress
 	ClassKeyReused       Class = "key_reused"        // a conflict idempotency_key_reused
 	ClassNotRetryable    Class = "not_retryable"     // an unrecognised error, or no outcome at all
+
+	// ClassResend: the base transport went to send the request again by
+	// itself, and the saferetry Transport refused so that its loop decides:
+	// net/http does after a kept-alive connection closed before the answer
+	// (retried when the request is idempotent), and for an HTTP/2 stream
+	// the server refused or did not process, or when nothing was written
+	// (retried whatever the method, as net/http itself judges).
+	ClassResend Class = "resend"
 )
 
 // Input describes the outcome of one attempt.
@@ -210,6 +218,11 @@ func classifyErr(in Input) Decision {
 		return Decision{Class: class, NeverSent: true, Retry: true}
 	case isContextDeadline(err):
 		return Decision{Class: ClassCallerDeadline}
+	}
+	var resent *ResendError
+	if errors.As(err, &resent) {
+		never := !resent.MayHaveArrived
+		return Decision{Class: ClassResend, NeverSent: never, Retry: in.Idempotent || never}
 	}
 	switch {
 	case inTree(err, isGoAway):

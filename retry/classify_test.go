@@ -152,6 +152,12 @@ func TestClassifyErrors(t *testing.T) {
 		{"tls verification wins over reset text", fmt.Errorf("%w; %w", &tls.CertificateVerificationError{Err: errors.New("bad")}, syscall.ECONNRESET), false,
 			Decision{Class: ClassTLS}, Decision{Class: ClassTLS}},
 		{"unknown error", errors.New("boom"), false, Decision{Class: ClassNotRetryable}, Decision{Class: ClassNotRetryable}},
+		{"a refused re-send after a closed connection", urlErr(&ResendError{MayHaveArrived: true}), false,
+			Decision{Retry: true, Class: ClassResend}, Decision{Class: ClassResend}},
+		{"a refused re-send of a request not processed", urlErr(&ResendError{}), false,
+			Decision{Retry: true, Class: ClassResend, NeverSent: true}, Decision{Retry: true, Class: ClassResend, NeverSent: true}},
+		{"a refused re-send in an attempt timeout", &ResendError{}, true,
+			Decision{Retry: true, Class: ClassTimeout}, Decision{Class: ClassTimeout}},
 		{"EPIPE is not allow-listed", urlErr(opErr("write", os.NewSyscallError("write", syscall.EPIPE))), false,
 			Decision{Class: ClassNotRetryable}, Decision{Class: ClassNotRetryable}},
 	}

@@ -81,3 +81,27 @@ func (e *ExhaustedError) Unwrap() []error {
 	}
 	return []error{ErrExhausted, e.Err}
 }
+
+// ResendError is the error of an attempt that the base transport went to
+// send again by itself, which the saferetry Transport refused so that its
+// loop decides instead (ClassResend): net/http does so after the kept-alive
+// connection the attempt rode closed before the answer, for an HTTP/2
+// stream the server refused or did not process, and when nothing of the
+// request was written. Nothing was written for the re-send.
+type ResendError struct {
+	// MayHaveArrived is true when the request is one net/http re-sends
+	// after a kept-alive connection closed before the answer (a GET, HEAD,
+	// OPTIONS or TRACE, or a request with an Idempotency-Key or
+	// X-Idempotency-Key field): the server may have processed it, and it
+	// is retried only when it may be repeated. False when net/http
+	// re-sends it only where the server has not processed it: it is
+	// retried whatever its method, as net/http itself would have.
+	MayHaveArrived bool
+}
+
+func (e *ResendError) Error() string {
+	if e.MayHaveArrived {
+		return "saferetry: connection closed before the answer; the base transport's re-send refused"
+	}
+	return "saferetry: request not processed; the base transport's re-send refused"
+}

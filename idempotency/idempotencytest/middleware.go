@@ -20,14 +20,11 @@ import (
 // the store keeps: names of phases and calls, a resume without
 // credentials, a completion whose answer is lost, durations at their
 // limits.
-var middlewareTests = []struct {
-	name string
-	fn   func(t *testing.T, s idempotency.Store)
-}{
-	{"MiddlewareRecoveryNames", testRecoveryNames},
-	{"MiddlewareResumeWithoutCredentials", testResumeWithoutCredentials},
-	{"MiddlewareCompletionAnswerLost", testCompletionAnswerLost},
-	{"MiddlewareDurationsAtTheirLimits", testMiddlewareDurations},
+var middlewareTests = []suiteTest{
+	{"MiddlewareRecoveryNames", testRecoveryNames, 0},
+	{"MiddlewareResumeWithoutCredentials", testResumeWithoutCredentials, needsSweeper},
+	{"MiddlewareCompletionAnswerLost", testCompletionAnswerLost, 0},
+	{"MiddlewareDurationsAtTheirLimits", testMiddlewareDurations, needsSweeper},
 }
 
 var discard = slog.New(slog.DiscardHandler)

@@ -32,47 +32,52 @@ const (
 // records by its own clock must keep for a while) and never sleep. Its
 // Middleware subtests run idempotency.New over the store at the real clock
 // (and never sleep either): recovery names, a resume without credentials, a
-// completion whose answer is lost, durations at their limits.
+// completion whose answer is lost, durations at their limits. Its Do
+// subtests prove the function door (Middleware.Do) over the store the same
+// way: replays byte for byte, scopes, conflicts, failures released, kept,
+// stored or panicking, outputs over the bound, bad input, a fenced
+// takeover, the Completer, and a claim whose answer was lost.
 // The Unit subtests are registered only when the first store newStore
-// returns is an idempotency.Transactor (see the package documentation).
+// returns is an idempotency.Transactor, and the subtests of the listings
+// and of the background jobs only when it is an idempotency.Sweeper (see
+// the package documentation).
 func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	t.Helper()
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, s idempotency.Store)
-	}{
-		{"ClaimNew", testClaimNew},
-		{"ClaimRace", testClaimRace},
-		{"Get", testGet},
-		{"ScopeIsolation", testScopeIsolation},
-		{"InProgressAlive", testInProgressAlive},
-		{"CompleteAndReplay", testCompleteAndReplay},
-		{"ReplayWindowExpiry", testReplayWindowExpiry},
-		{"TakeoverSameFingerprintOnly", testTakeover},
-		{"Fencing", testFencing},
-		{"Release", testRelease},
-		{"Heartbeat", testHeartbeat},
-		{"EndLease", testEndLease},
-		{"RecoveryPointKeptAcrossTakeover", testRecoveryPoint},
-		{"Abandoned", testAbandoned},
-		{"DeleteBefore", testDeleteBefore},
-		{"Boundaries", testBoundaries},
-		{"DurationsAtTheirLimits", testDurationLimits},
-		{"RequestBytes", testRequestBytes},
-		{"CompleterClaim", testCompleterClaim},
-		{"ClaimTakeoverOnly", testTakeoverOnly},
-		{"UnitCommitVisibility", testUnitCommit},
-		{"UnitRollback", testUnitRollback},
-		{"UnitLeaseLostAtCommit", testUnitLeaseLost},
-		{"UnitRaceWithTakeover", testUnitRace},
+	tests := []suiteTest{
+		{"ClaimNew", testClaimNew, 0},
+		{"ClaimRace", testClaimRace, 0},
+		{"Get", testGet, 0},
+		{"ScopeIsolation", testScopeIsolation, 0},
+		{"InProgressAlive", testInProgressAlive, 0},
+		{"CompleteAndReplay", testCompleteAndReplay, 0},
+		{"ReplayWindowExpiry", testReplayWindowExpiry, 0},
+		{"TakeoverSameFingerprintOnly", testTakeover, 0},
+		{"Fencing", testFencing, 0},
+		{"Release", testRelease, 0},
+		{"Heartbeat", testHeartbeat, 0},
+		{"HeartbeatEndsLease", testHeartbeatEndsLease, 0},
+		{"RecoveryPointKeptAcrossTakeover", testRecoveryPoint, 0},
+		{"Abandoned", testAbandoned, needsSweeper},
+		{"DeleteBefore", testDeleteBefore, needsSweeper},
+		{"Boundaries", testBoundaries, 0},
+		{"DurationsAtTheirLimits", testDurationLimits, 0},
+		{"RequestBytes", testRequestBytes, 0},
+		{"CompleterClaim", testCompleterClaim, 0},
+		{"ClaimTakeoverOnly", testTakeoverOnly, 0},
+		{"UnitCommitVisibility", testUnitCommit, needsTransactor},
+		{"UnitRollback", testUnitRollback, needsTransactor},
+		{"UnitLeaseLostAtCommit", testUnitLeaseLost, needsTransactor},
+		{"UnitRaceWithTakeover", testUnitRace, needsTransactor},
 	}
 	tests = append(tests, bytesTests...)
 	tests = append(tests, middlewareTests...)
-	// The first store made says whether the Unit subtests apply: the list
-	// runs in order, and no Unit subtest comes first.
-	var made, transactor bool
+	tests = append(tests, functionTests...)
+	// The first store made says which subtests apply: the list runs in
+	// order, and the first subtest needs nothing but a Store.
+	var made bool
+	var has needs
 	for _, tc := range tests {
-		if strings.HasPrefix(tc.name, "Unit") && !transactor {
+		if made && tc.needs&^has != 0 {
 			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,16 +85,63 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			if s == nil {
 				t.Fatal("newStore returned nil")
 			}
-			_, isTx := s.(idempotency.Transactor)
+			got := needsOf(s)
 			if !made {
-				made, transactor = true, isTx
+				made, has = true, got
 			}
-			if strings.HasPrefix(tc.name, "Unit") && !isTx {
-				t.Fatalf("newStore returned a %T, no idempotency.Transactor, for a Unit subtest", s)
+			if missing := tc.needs &^ got; missing != 0 {
+				t.Fatalf("newStore returned a %T, which is no %v, for subtest %s", s, missing,
+					tc.name)
 			}
 			tc.fn(t, s)
 		})
 	}
+}
+
+// suiteTest is one subtest of TestStore, and what it needs of the store
+// beyond idempotency.Store.
+type suiteTest struct {
+	name  string
+	fn    func(t *testing.T, s idempotency.Store)
+	needs needs
+}
+
+// needs is a set of the interfaces a store implements beyond
+// idempotency.Store.
+type needs uint8
+
+const (
+	needsTransactor needs = 1 << iota
+	needsSweeper
+)
+
+func (n needs) String() string {
+	var names []string
+	if n&needsTransactor != 0 {
+		names = append(names, "idempotency.Transactor")
+	}
+	if n&needsSweeper != 0 {
+		names = append(names, "idempotency.Sweeper")
+	}
+	return strings.Join(names, " and ")
+}
+
+// needsOf returns the interfaces s implements beyond idempotency.Store.
+func needsOf(s idempotency.Store) needs {
+	var n needs
+	if _, ok := s.(idempotency.Transactor); ok {
+		n |= needsTransactor
+	}
+	if _, ok := s.(idempotency.Sweeper); ok {
+		n |= needsSweeper
+	}
+	return n
+}
+
+// store is a Store whose records the background jobs can list and delete.
+type store interface {
+	idempotency.Store
+	idempotency.Sweeper
 }
 
 func at(sec int) time.Time { return base.Add(time.Duration(sec) * time.Second) }
@@ -529,33 +581,34 @@ func testHeartbeat(t *testing.T, s idempotency.Store) {
 	}
 }
 
-// testEndLease checks Store.EndLease: the record stays in progress with its
-// recovery point, the lease ends at now (inclusive), and only the owner can
-// end it.
-func testEndLease(t *testing.T, s idempotency.Store) {
+// testHeartbeatEndsLease checks a Heartbeat to now, which ends a lease
+// for a resume: the record stays in progress with its recovery point, the
+// lease ends at now (inclusive), and only the owner can end it.
+func testHeartbeatEndsLease(t *testing.T, s idempotency.Store) {
 	sc := scope("end-lease")
 	a := mustClaim(t, s, claimOf(sc, "a", "fp", at(0)), idempotency.ClaimCreated)
 	noErr(t, "SetRecoveryPoint", s.SetRecoveryPoint(ctx(t), a.Lease(), "order", []byte("data"),
 		at(1)))
-	wantLeaseLost(t, "EndLease by a stranger", s.EndLease(ctx(t), idempotency.Lease{Scope: sc,
-		Owner: "z", Generation: 1}, at(2)))
-	noErr(t, "EndLease", s.EndLease(ctx(t), a.Lease(), at(2)))
+	wantLeaseLost(t, "ending the lease of a stranger", s.Heartbeat(ctx(t),
+		idempotency.Lease{Scope: sc, Owner: "z", Generation: 1}, at(2)))
+	noErr(t, "Heartbeat to now", s.Heartbeat(ctx(t), a.Lease(), at(2)))
 	got := mustGet(t, s, sc)
 	if got.State != idempotency.InProgress || got.Owner != "a" || got.RecoveryPoint != "order" {
-		t.Fatalf("after EndLease: state %v owner %q point %q; want in_progress a order", got.State,
-			got.Owner, got.RecoveryPoint)
+		t.Fatalf("after the lease ended: state %v owner %q point %q; want in_progress a order",
+			got.State, got.Owner, got.RecoveryPoint)
 	}
-	wantTime(t, "LeaseUntil after EndLease", got.LeaseUntil, at(2))
+	wantTime(t, "LeaseUntil after the lease ended", got.LeaseUntil, at(2))
 	mustClaim(t, s, claimOf(sc, "b", "fp", at(2)),
 		idempotency.ClaimExisting) // alive until LeaseUntil inclusive
 	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(3)), idempotency.ClaimTakenOver)
 	if b.RecoveryPoint != "order" || b.Generation != 2 {
-		t.Fatalf("takeover after EndLease: point %q gen %d; want order 2", b.RecoveryPoint,
+		t.Fatalf("takeover after the lease ended: point %q gen %d; want order 2", b.RecoveryPoint,
 			b.Generation)
 	}
-	wantLeaseLost(t, "EndLease by the old owner", s.EndLease(ctx(t), a.Lease(), at(4)))
+	wantLeaseLost(t, "ending the lease by the old owner", s.Heartbeat(ctx(t), a.Lease(), at(4)))
 	noErr(t, "Complete", s.Complete(ctx(t), b.Lease(), response("b"), at(4)))
-	wantLeaseLost(t, "EndLease of a completed record", s.EndLease(ctx(t), b.Lease(), at(5)))
+	wantLeaseLost(t, "ending the lease of a completed record", s.Heartbeat(ctx(t), b.Lease(),
+		at(5)))
 }
 
 func testRecoveryPoint(t *testing.T, s idempotency.Store) {
@@ -582,7 +635,8 @@ func testRecoveryPoint(t *testing.T, s idempotency.Store) {
 	}
 }
 
-func testAbandoned(t *testing.T, s idempotency.Store) {
+func testAbandoned(t *testing.T, st idempotency.Store) {
+	s := st.(store)
 	// Three abandoned records with staggered leases, one live, one completed.
 	for i, key := range []string{"ab-1", "ab-2", "ab-3"} {
 		mustClaim(t, s, claimOf(scope(key), "o", "fp", at(i)), idempotency.ClaimCreated)
@@ -616,7 +670,8 @@ func testAbandoned(t *testing.T, s idempotency.Store) {
 	}
 }
 
-func testDeleteBefore(t *testing.T, s idempotency.Store) {
+func testDeleteBefore(t *testing.T, st idempotency.Store) {
+	s := st.(store)
 	// Completed long ago (x3), completed recently, in progress with an old
 	// expired lease, in progress but still leased past the horizon.
 	for i, key := range []string{"old-1", "old-2", "old-3"} {
@@ -888,20 +943,23 @@ func testBoundaries(t *testing.T, s idempotency.Store) {
 			"until LeaseUntil inclusive",
 			got.Owner, got.Generation)
 	}
-	recs, err := s.Abandoned(ctx(t), at(10), 10)
-	noErr(t, "Abandoned at LeaseUntil", err)
-	if len(recs) != 0 {
-		t.Fatalf("Abandoned(now = LeaseUntil) listed %d records, want 0 (expired means "+
-			"LeaseUntil < now)", len(recs))
-	}
-	recs, err = s.Abandoned(ctx(t), at(11), 10)
-	noErr(t, "Abandoned after LeaseUntil", err)
-	if len(recs) != 1 || recs[0].Scope != sc {
-		t.Fatalf("Abandoned(now > LeaseUntil) listed %d records, want the one", len(recs))
-	}
-	if n, err := s.DeleteBefore(ctx(t), at(10), 10); err != nil || n != 0 {
-		t.Fatalf("DeleteBefore(horizon = LeaseUntil) = %d, %v; want 0 (an in-progress record "+
-			"goes only when LeaseUntil < horizon)", n, err)
+	sweeper, sweeps := s.(idempotency.Sweeper)
+	if sweeps {
+		recs, err := sweeper.Abandoned(ctx(t), at(10), 10)
+		noErr(t, "Abandoned at LeaseUntil", err)
+		if len(recs) != 0 {
+			t.Fatalf("Abandoned(now = LeaseUntil) listed %d records, want 0 (expired means "+
+				"LeaseUntil < now)", len(recs))
+		}
+		recs, err = sweeper.Abandoned(ctx(t), at(11), 10)
+		noErr(t, "Abandoned after LeaseUntil", err)
+		if len(recs) != 1 || recs[0].Scope != sc {
+			t.Fatalf("Abandoned(now > LeaseUntil) listed %d records, want the one", len(recs))
+		}
+		if n, err := sweeper.DeleteBefore(ctx(t), at(10), 10); err != nil || n != 0 {
+			t.Fatalf("DeleteBefore(horizon = LeaseUntil) = %d, %v; want 0 (an in-progress "+
+				"record goes only when LeaseUntil < horizon)", n, err)
+		}
 	}
 	b := mustClaim(t, s, claimOf(sc, "b", "fp", at(11)), idempotency.ClaimTakenOver)
 	if b.Generation != 2 {
@@ -917,9 +975,11 @@ func testBoundaries(t *testing.T, s idempotency.Store) {
 		t.Fatalf("claim at CompletedAt + ReplayWindow restarted the record: state %v owner %q",
 			got.State, got.Owner)
 	}
-	if n, err := s.DeleteBefore(ctx(t), at(1), 10); err != nil || n != 0 {
-		t.Fatalf("DeleteBefore(horizon = UpdatedAt) = %d, %v; want 0 (a record goes only when "+
-			"updated strictly before the horizon)", n, err)
+	if sweeps {
+		if n, err := sweeper.DeleteBefore(ctx(t), at(1), 10); err != nil || n != 0 {
+			t.Fatalf("DeleteBefore(horizon = UpdatedAt) = %d, %v; want 0 (a record goes only "+
+				"when updated strictly before the horizon)", n, err)
+		}
 	}
 	if got := mustClaim(t, s, claimOf(sw, "b", "fp", edge.Add(time.Second)),
 		idempotency.ClaimCreated); got.Generation != 2 {
@@ -1002,10 +1062,13 @@ func testDurationLimits(t *testing.T, s idempotency.Store) {
 		t.Fatalf("a lease of the longest Duration was taken over 200 years later: owner %q",
 			got.Owner)
 	}
-	recs, err := s.Abandoned(ctx(t), later, 10)
-	noErr(t, "Abandoned", err)
-	if len(recs) != 0 {
-		t.Fatalf("Abandoned listed a record whose lease is the longest Duration")
+	sweeper, sweeps := s.(idempotency.Sweeper)
+	if sweeps {
+		recs, err := sweeper.Abandoned(ctx(t), later, 10)
+		noErr(t, "Abandoned", err)
+		if len(recs) != 0 {
+			t.Fatalf("Abandoned listed a record whose lease is the longest Duration")
+		}
 	}
 	noErr(t, "Complete", s.Complete(ctx(t), a.Lease(), response("forever"), at(1)))
 	if got := mustClaim(t, s, c2, idempotency.ClaimExisting); got.State != idempotency.Completed ||
@@ -1014,8 +1077,11 @@ func testDurationLimits(t *testing.T, s idempotency.Store) {
 			"later: state %v owner %q",
 			got.State, got.Owner)
 	}
-	if n, err := s.DeleteBefore(ctx(t), later.Add(-maxDuration), 10); err != nil || n != 0 {
-		t.Fatalf("DeleteBefore(now - the longest Duration) = %d, %v; want 0", n, err)
+	if sweeps {
+		if n, err := sweeper.DeleteBefore(ctx(t), later.Add(-maxDuration), 10); err != nil ||
+			n != 0 {
+			t.Fatalf("DeleteBefore(now - the longest Duration) = %d, %v; want 0", n, err)
+		}
 	}
 	wantResponse(t, mustGet(t, s, sc), response("forever"))
 }

@@ -3,7 +3,6 @@ package idempotencytest_test
 import (
 	"path"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
@@ -12,23 +11,37 @@ import (
 	"github.com/saferetry/saferetry/idempotency/memstore"
 )
 
-// notTransactor is a memory store seen only as an idempotency.Store: its
-// Begin is hidden, as a store that is no Transactor has none.
-type notTransactor struct{ idempotency.Store }
+// plainStore is a memory store seen only as an idempotency.Store: its
+// Begin, Abandoned and DeleteBefore are hidden, as a store that is neither
+// a Transactor nor a Sweeper has none.
+type plainStore struct{ idempotency.Store }
 
-// TestStore registers the Unit subtests for a Transactor and none for
-// another store; no subtest of either run is skipped, and both run the
-// Middleware subtests.
-func TestStoreRegistersTheUnitSubtestsForATransactorOnly(t *testing.T) {
+// sweeperStore is a memory store seen as a Store and a Sweeper only.
+type sweeperStore struct {
+	idempotency.Store
+	idempotency.Sweeper
+}
+
+// TestStore registers the Unit subtests for a Transactor only, and those of
+// the listings and the background jobs for a Sweeper only; no subtest of
+// any run is skipped, and every run has the Middleware subtests that need
+// nothing more than a Store.
+func TestStoreRegistersTheSubtestsThatApply(t *testing.T) {
 	units := []string{"UnitCommitVisibility", "UnitRollback", "UnitLeaseLostAtCommit",
 		"UnitRaceWithTakeover"}
+	sweeps := []string{"Abandoned", "DeleteBefore", "MiddlewareResumeWithoutCredentials",
+		"MiddlewareDurationsAtTheirLimits", "DoCompleterResumes"}
 	for _, tc := range []struct {
-		name  string
-		store func() idempotency.Store
-		units []string
+		name          string
+		store         func() idempotency.Store
+		units, sweeps []string
 	}{
-		{"transactor", func() idempotency.Store { return memstore.New() }, units},
-		{"not-transactor", func() idempotency.Store { return notTransactor{memstore.New()} }, nil},
+		{"memstore", func() idempotency.Store { return memstore.New() }, units, sweeps},
+		{"sweeper", func() idempotency.Store {
+			m := memstore.New()
+			return sweeperStore{m, m}
+		}, nil, sweeps},
+		{"plain", func() idempotency.Store { return plainStore{memstore.New()} }, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
@@ -48,11 +61,16 @@ func TestStoreRegistersTheUnitSubtestsForATransactorOnly(t *testing.T) {
 			})
 			mu.Lock()
 			defer mu.Unlock()
-			gotUnits := slices.DeleteFunc(slices.Clone(ran), func(name string) bool {
-				return !strings.HasPrefix(name, "Unit")
-			})
-			if !slices.Equal(gotUnits, tc.units) {
-				t.Errorf("Unit subtests run: %q, want %q", gotUnits, tc.units)
+			only := func(names []string) []string {
+				return slices.DeleteFunc(slices.Clone(ran), func(name string) bool {
+					return !slices.Contains(names, name)
+				})
+			}
+			if got := only(units); !slices.Equal(got, tc.units) {
+				t.Errorf("Unit subtests run: %q, want %q", got, tc.units)
+			}
+			if got := only(sweeps); !slices.Equal(got, tc.sweeps) {
+				t.Errorf("subtests of the listings run: %q, want %q", got, tc.sweeps)
 			}
 			if len(skipped) > 0 {
 				t.Errorf("subtests skipped: %q", skipped)

@@ -24,7 +24,7 @@ const (
 	defaultMaxBytes = 256 << 20
 )
 
-// Store is an idempotency.Store and idempotency.Transactor that keeps
+// Store is an idempotency.Store, Sweeper and Transactor that keeps
 // records in process memory, for tests and single-process servers: they do
 // not survive a restart and are not shared between processes. Make one
 // with New; every method takes one mutex, so it is safe for concurrent use
@@ -100,6 +100,7 @@ func New(opts ...Option) *Store {
 
 var (
 	_ idempotency.Store      = (*Store)(nil)
+	_ idempotency.Sweeper    = (*Store)(nil)
 	_ idempotency.Transactor = (*Store)(nil)
 )
 
@@ -205,10 +206,10 @@ func (m *Store) resize(rec *memRecord) {
 	rec.size = size
 }
 
-// settle completes rec with resp (the store's own form of it) at now: its request
+// completeRecord completes rec with resp (the store's own form of it) at now: its request
 // is dropped (only a resume reads it), and it joins the expiry queue when
 // it has a replay window. m.mu must be held.
-func (m *Store) settle(rec *memRecord, resp memResponse, now time.Time) {
+func (m *Store) completeRecord(rec *memRecord, resp memResponse, now time.Time) {
 	rec.State, rec.resp, rec.CompletedAt, rec.UpdatedAt = idempotency.Completed, resp, now, now
 	rec.Request = nil
 	if rec.window > 0 {
@@ -273,18 +274,13 @@ func (m *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.T
 	return m.fenced(ctx, l, func(rec *memRecord) { rec.LeaseUntil = until })
 }
 
-// EndLease implements idempotency.Store.EndLease.
-func (m *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time) error {
-	return m.fenced(ctx, l, func(rec *memRecord) { rec.LeaseUntil = now })
-}
-
 // Complete implements idempotency.Store.Complete. It drops the record's stored request
 // and never fails for lack of room.
 func (m *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response,
 	now time.Time) error {
 	var kept memResponse
 	kept.keep(&resp)
-	return m.fenced(ctx, l, func(rec *memRecord) { m.settle(rec, kept, now) })
+	return m.fenced(ctx, l, func(rec *memRecord) { m.completeRecord(rec, kept, now) })
 }
 
 // Release implements idempotency.Store.Release.
@@ -300,7 +296,7 @@ func (m *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point
 	return m.fenced(ctx, l, func(rec *memRecord) { m.setPoint(rec, point, data, now) })
 }
 
-// Abandoned implements idempotency.Store.Abandoned: in-progress records whose lease
+// Abandoned implements idempotency.Sweeper.Abandoned: in-progress records whose lease
 // ended before now (LeaseUntil < now, strictly), ordered by LeaseUntil, then
 // CreatedAt. A limit <= 0 returns nothing.
 func (m *Store) Abandoned(ctx context.Context, now time.Time, limit int) (
@@ -329,7 +325,7 @@ func (m *Store) Abandoned(ctx context.Context, now time.Time, limit int) (
 	return res, nil
 }
 
-// DeleteBefore implements idempotency.Store.DeleteBefore, oldest UpdatedAt first. A
+// DeleteBefore implements idempotency.Sweeper.DeleteBefore, oldest UpdatedAt first. A
 // limit <= 0 deletes nothing.
 func (m *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {

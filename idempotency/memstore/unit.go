@@ -97,7 +97,7 @@ func (u *memoryUnit) Commit() error {
 	}
 	for _, op := range u.ops {
 		if op.resp.set {
-			u.m.settle(rec, op.resp, op.now)
+			u.m.completeRecord(rec, op.resp, op.now)
 		} else {
 			u.m.setPoint(rec, op.point, op.data, op.now)
 		}

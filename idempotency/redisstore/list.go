@@ -102,7 +102,7 @@ func firstErr(cmds []*redis.Cmd) error {
 	return nil
 }
 
-// Abandoned implements idempotency.Store.Abandoned: up to limit in-progress
+// Abandoned implements idempotency.Sweeper.Abandoned: up to limit in-progress
 // records whose lease ended before now, the longest-expired first, then
 // the oldest. It lists every shard's lease index in one pipelined round and
 // reads the records found in another (per primary on a Cluster); members of
@@ -165,7 +165,7 @@ func fetched(c *redis.Cmd) (idempotency.Record, bool, error) {
 	return rec, err == nil, err
 }
 
-// DeleteBefore implements idempotency.Store.DeleteBefore: up to limit
+// DeleteBefore implements idempotency.Sweeper.DeleteBefore: up to limit
 // records last updated before horizon that are completed or whose lease
 // also ended before it. It lists every shard's indexes in one pipelined
 // round (each shard at most max(8, 4 limit / 256) members, so a shard

@@ -129,7 +129,7 @@ func TestRetryAfterTheRecordChanged(t *testing.T) {
 		{
 			name:   "end of lease, then taken over",
 			setup:  created,
-			call:   write(func(s store, l idempotency.Lease) error { return s.EndLease(bg, l, now) }),
+			call:   write(func(s store, l idempotency.Lease) error { return s.Heartbeat(bg, l, now) }),
 			change: takenBy("b", later(time.Millisecond)),
 			check:  noError,
 		},

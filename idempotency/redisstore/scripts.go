@@ -210,7 +210,7 @@ redis.call('SET', nonce, '1', 'PX', ARGV[10])
 return 1
 `)
 
-// heartbeatScript sets the lease end (Heartbeat, EndLease). KEYS: record,
+// heartbeatScript sets the lease end (Heartbeat). KEYS: record,
 // lease index, the call's nonce. ARGV: 1 owner; 2 generation; 3 lease end
 // (ns); 4 its score (µs); 5 the index member; 6 the nonce's expiry (ms).
 // The lease's remaining time is counted from the record's last update.

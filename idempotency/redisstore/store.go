@@ -123,7 +123,7 @@ func (e *ReplicationError) Error() string {
 func (e *ReplicationError) Is(target error) bool { return target == ErrNotReplicated }
 
 // OpError wraps an error of Redis (or of the network to it) with the Store
-// operation that met it ("new", "claim", "get", "heartbeat", "end_lease",
+// operation that met it ("new", "claim", "get", "heartbeat",
 // "complete", "release", "set_recovery_point", "abandoned",
 // "delete_before"). The middleware answers such errors 503
 // CodeStoreUnavailable; a claim on a Redis over its maxmemory wraps
@@ -926,13 +926,6 @@ func gen(l idempotency.Lease) string { return strconv.FormatInt(l.Generation, 10
 // record.
 func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.Time) error {
 	return s.lease(ctx, "heartbeat", l, until)
-}
-
-// EndLease implements idempotency.Store.EndLease with the heartbeat's
-// script: it sets the lease end to now. idempotency.ErrLeaseLost when l
-// does not own an in-progress record.
-func (s *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time) error {
-	return s.lease(ctx, "end_lease", l, now)
 }
 
 func (s *Store) lease(ctx context.Context, op string, l idempotency.Lease, until time.Time) error {

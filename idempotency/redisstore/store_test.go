@@ -95,7 +95,7 @@ func TestRetriedAfterLostReply(t *testing.T) {
 		require.NoError(t, s.SetRecoveryPoint(ctx, l, "order", []byte("o1"), now))
 	})
 	lost("heartbeat", func() { require.NoError(t, s.Heartbeat(ctx, l, now.Add(time.Minute))) })
-	lost("end_lease", func() { require.NoError(t, s.EndLease(ctx, l, now)) })
+	lost("heartbeat to now", func() { require.NoError(t, s.Heartbeat(ctx, l, now)) })
 
 	lost("takeover", func() {
 		res, err = s.Claim(ctx, testClaim("k", "b", now.Add(time.Second)))

@@ -65,13 +65,13 @@ func TestClaimNeverAnswersARecordItWouldWin(t *testing.T) {
 			check(t, c, res)
 		})
 
-		t.Run("a claim against an EndLease meanwhile", func(t *testing.T) {
+		t.Run("a claim against a lease ended meanwhile", func(t *testing.T) {
 			sc := scope("ended")
 			a, _, err := claimed(s.Claim(ctx, claimAt(sc, "A", "fp", t0)))
 			require.NoError(t, err)
 			c := claimAt(sc, "B", "fp", t0.Add(time.Second)) // A's lease is live
 			log.afterNext(func() {
-				require.NoError(t, s.EndLease(ctx, a.Lease(), t0.Add(time.Millisecond)))
+				require.NoError(t, s.Heartbeat(ctx, a.Lease(), t0.Add(time.Millisecond)))
 			})
 			res, err := s.Claim(ctx, c)
 			require.NoError(t, err)

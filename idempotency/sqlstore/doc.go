@@ -127,7 +127,7 @@
 // (the upsert, the read, a conditional UPDATE). When the claim's statement
 // returns no record to answer from and the read then finds one the claim
 // wins (it changed since the statement: a row committed after a
-// PostgreSQL statement began, an EndLease or a Release and a new claim in
+// PostgreSQL statement began, a lease ended or a Release and a new claim in
 // between), the claim wins it with a conditional UPDATE (on MySQL the
 // locking transaction below), and starts over if that finds the record
 // changed again, at most three rounds: every answer is the record as one

@@ -491,7 +491,7 @@ func TestMySQLScopeHashMatchesDocumentedSQL(t *testing.T) {
 
 // MySQL reports the rows an UPDATE changed, not those it matched (unless
 // the DSN sets clientFoundRows=true): a heartbeat to the lease end the
-// record has, an EndLease at it, or a recovery point equal to the stored
+// record has (one that ends it included), or a recovery point equal to the stored
 // one, alone or in a unit (with its transaction begun or not), changes no
 // row. Each still succeeds while the
 // lease holds, and fails with ErrLeaseLost once a successor has it, with
@@ -528,7 +528,7 @@ func TestMySQLWriteThatChangesNothingKeepsTheLease(t *testing.T) {
 			require.NoError(t, u.SetRecoveryPoint(ctx, "p", []byte("d"), t0))
 			require.NoError(t, u.Commit(), "in a unit without a transaction")
 			for range 2 {
-				require.NoError(t, s.EndLease(ctx, l, t0.Add(time.Second)))
+				require.NoError(t, s.Heartbeat(ctx, l, t0.Add(time.Second))) // ends the lease
 			}
 
 			_, won, err = claimed(s.Claim(ctx,

@@ -80,7 +80,7 @@ func TestPostgresLeasesHoldTheRecordsInProgress(t *testing.T) {
 					case 1:
 						note(s.SetRecoveryPoint(ctx, l, "p", []byte("d"), now()))
 					default:
-						note(s.EndLease(ctx, l, now()))
+						note(s.Heartbeat(ctx, l, now())) // ends the lease
 					}
 				}
 				resp := idempotency.Response{Status: 201, Body: []byte("ok")}

@@ -492,13 +492,6 @@ func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.T
 	return retriedErr(func() error { return s.heartbeat(ctx, s.stmts, l, until) })
 }
 
-// EndLease implements idempotency.Store.EndLease with the heartbeat's
-// statement: it sets the lease end to now. idempotency.ErrLeaseLost when l
-// does not own an in-progress record.
-func (s *Store) EndLease(ctx context.Context, l idempotency.Lease, now time.Time) error {
-	return retriedErr(func() error { return s.heartbeat(ctx, s.stmts, l, now) })
-}
-
 // Complete implements idempotency.Store.Complete outside any transaction.
 // idempotency.ErrLeaseLost when l does not own an in-progress record.
 func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempotency.Response,
@@ -520,7 +513,7 @@ func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point
 	return retriedErr(func() error { return s.setPoint(ctx, s.stmts, l, point, data, now) })
 }
 
-// Abandoned implements idempotency.Store.Abandoned: up to limit in-progress
+// Abandoned implements idempotency.Sweeper.Abandoned: up to limit in-progress
 // records whose lease ended before now, the longest-expired first. A limit
 // of 0 or less returns nothing.
 func (s *Store) Abandoned(ctx context.Context, now time.Time, limit int) (
@@ -552,7 +545,7 @@ func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) (
 	return out, nil
 }
 
-// DeleteBefore implements idempotency.Store.DeleteBefore with one bounded
+// DeleteBefore implements idempotency.Sweeper.DeleteBefore with one bounded
 // DELETE: up to limit records last updated before horizon that are completed
 // or whose lease also ended before horizon (on PostgreSQL the records in
 // progress first, by lease end, then the completed ones, oldest first; on

@@ -143,7 +143,7 @@ func TestTakeoverOnlyClaimRaceHasOneWinner(t *testing.T) {
 
 // TestClaimOutcomeIsTheRecordsPreviousState: the outcome of a claim that
 // wins a record is what the record was, whatever its times say. A lease
-// that ended before the record was created (an EndLease or heartbeat into
+// that ended before the record was created (a heartbeat into
 // the past, a clock stepped back) lets a claim at exactly CreatedAt take
 // the record over: ClaimTakenOver with the recovery point, its data and
 // the request it kept, on every dialect. A completed record restarted by a
@@ -157,7 +157,7 @@ func TestClaimOutcomeIsTheRecordsPreviousState(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, s.SetRecoveryPoint(ctx, a.Lease(), "charged", []byte("ch_1"),
 			t0.Add(time.Millisecond)))
-		require.NoError(t, s.EndLease(ctx, a.Lease(), t0.Add(-50*time.Millisecond)))
+		require.NoError(t, s.Heartbeat(ctx, a.Lease(), t0.Add(-50*time.Millisecond)))
 		res, err := s.Claim(ctx, claimAt(scope("taken"), "B", "fp", t0))
 		require.NoError(t, err)
 		require.Equal(t, idempotency.ClaimTakenOver, res.Outcome)
