@@ -125,7 +125,7 @@ func (e *ReplicationError) Is(target error) bool { return target == ErrNotReplic
 // OpError wraps an error of Redis (or of the network to it) with the Store
 // operation that met it ("new", "claim", "get", "heartbeat",
 // "complete", "release", "set_recovery_point", "abandoned",
-// "delete_before"). The middleware answers such errors 503
+// "delete_before", "rearm"). The middleware answers such errors 503
 // CodeStoreUnavailable; a claim on a Redis over its maxmemory wraps
 // idempotency.ErrStoreFull (503 CodeStoreFull). Use errors.As to read Op,
 // errors.Is and errors.As on it to reach the cause.
