@@ -71,7 +71,8 @@ func TestRetriedAfterLostReply(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	prefix := freshPrefix(t, rdb)
-	s := openStore(t, rdb, redisstore.WithPrefix(prefix))
+	// No check of the Store's own through the proxy: its faults are the calls'.
+	s := openStore(t, rdb, redisstore.WithPrefix(prefix), redisstore.WithCheckInterval(time.Hour))
 	ctx := t.Context()
 	now := time.Now()
 	lost := func(what string, f func()) {
@@ -131,7 +132,9 @@ func TestCallsHaveDeadlines(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	prefix := freshPrefix(t, rdb)
-	s := openStore(t, rdb, redisstore.WithPrefix(prefix), redisstore.WithTimeout(200*time.Millisecond))
+	// No check of the Store's own through the proxy: its faults are the calls'.
+	s := openStore(t, rdb, redisstore.WithPrefix(prefix), redisstore.WithTimeout(200*time.Millisecond),
+		redisstore.WithCheckInterval(time.Hour))
 	p.setLatency(3 * time.Second)
 	start := time.Now()
 	_, err := s.Claim(context.Background(), testClaim("slow", "a", time.Now()))
