@@ -205,19 +205,20 @@ func untilReplayed(tb testing.TB, s *redisstore.Store, cs []idempotency.Claim,
 }
 
 // TestClusterOfOwn runs a Cluster of the test's own, three primaries with
-// a replica each, through the client the package documentation gives
-// (ClusterStateReloadInterval: a second):
+// a replica each:
 //   - a replica switched to allkeys-lru refuses claims of new keys within
 //     a check, and switching it back lets them go on;
 //   - FLUSHALL on one primary quarantines its shards only;
-//   - a primary killed: every replay answers again within seconds and
-//     none runs its request again; with WithReplicas(1) the promoted
-//     primary, which has no replica, refuses new keys with a
-//     *ReplicationError (logged by the check) until the killed node comes
+//   - a primary killed: through the client the package documentation gives
+//     (ClusterStateReloadInterval: a second; its Store checks nothing, so
+//     that no check reloads the slot map), every replay answers again
+//     within seconds and none runs its request again; with WithReplicas(1)
+//     the promoted primary, which has no replica, refuses new keys with a
+//     *ReplicationError (logged by the checks) until the killed node comes
 //     back as its replica.
 func TestClusterOfOwn(t *testing.T) {
 	c := startCluster(t)
-	rdb := c.client(t, time.Second)
+	rdb := c.client(t, 0)
 	var logs logBuffer
 	s := openStore(t, rdb, logs.logger(), redisstore.WithReplicas(1, 100*time.Millisecond),
 		redisstore.WithCheckInterval(50*time.Millisecond))
@@ -251,26 +252,29 @@ func TestClusterOfOwn(t *testing.T) {
 	require.NoError(t, err, "the other primaries' shards are not quarantined")
 	require.Equal(t, idempotency.ClaimCreated, res.Outcome)
 	require.NoError(t, s.Rearm(ctx))
-	cs := completeKeys(t, s, "done", 48)
 
-	victim := primaryOf(t, rdb, redisstore.DefaultPrefix, "done-0")
+	fast := c.client(t, time.Second)
+	fs := openStore(t, fast, redisstore.WithReplicas(1, 100*time.Millisecond),
+		redisstore.WithCheckInterval(time.Hour))
+	cs := completeKeys(t, fs, "done", 48)
+	victim := primaryOf(t, fast, redisstore.DefaultPrefix, "done-0")
 	c.node(victim).kill()
-	took := untilReplayed(t, s, cs, 30*time.Second)
+	took := untilReplayed(t, fs, cs, 30*time.Second)
 	t.Logf("replays answered again %v after the primary was killed", took.Round(10*time.Millisecond))
 
-	promoted := primaryOf(t, rdb, redisstore.DefaultPrefix, "done-0")
+	promoted := primaryOf(t, fast, redisstore.DefaultPrefix, "done-0")
 	require.NotEqual(t, victim, promoted)
 	eventually(t, "a new key on the promoted primary is not replicated", func() bool {
-		_, err := s.Claim(ctx, testClaim(keyOn(t, rdb, promoted, false), "a", time.Now()))
+		_, err := fs.Claim(ctx, testClaim(keyOn(t, fast, promoted, false), "a", time.Now()))
 		return errors.Is(err, redisstore.ErrNotReplicated)
 	})
-	eventually(t, "the check logs the missing replica", func() bool {
+	eventually(t, "the checks log the missing replica", func() bool {
 		return strings.Contains(logs.String(), "fewer replicas than WithReplicas") &&
 			strings.Contains(logs.String(), promoted)
 	})
 	c.node(victim).start() // it rejoins as the promoted primary's replica
 	eventually(t, "new keys on the promoted primary, once it has a replica again", func() bool {
-		_, err := s.Claim(ctx, testClaim(keyOn(t, rdb, promoted, false), "a", time.Now()))
+		_, err := fs.Claim(ctx, testClaim(keyOn(t, fast, promoted, false), "a", time.Now()))
 		return err == nil
 	})
 }
