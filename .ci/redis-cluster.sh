@@ -8,8 +8,9 @@
 # DIR holds the nodes' cluster config files, logs and pid files (made if
 # missing). start waits until `cluster info` says cluster_state:ok and
 # prints the addresses, comma-separated, for SAFERETRY_REDIS_CLUSTER_ADDRS.
-# Nothing is persisted (no RDB, no AOF); stop shuts the nodes down and
-# removes their files.
+# Nothing is persisted (no RDB, no AOF): the tests and the chaos demo open
+# their stores with redisstore.WithMemoryOnly(true), which accepts that;
+# stop shuts the nodes down and removes their files.
 set -euo pipefail
 cmd=${1:?usage: redis-cluster.sh start|stop DIR BASEPORT}
 dir=${2:?usage: redis-cluster.sh start|stop DIR BASEPORT}

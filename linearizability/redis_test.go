@@ -89,10 +89,12 @@ func openRedisDeployment(t *testing.T, sh redisShared) *backend {
 	conns := &connSet{conns: map[*trackedConn]bool{}}
 	direct := redisClient(sh, conns.dial)
 	t.Cleanup(func() { _ = direct.Close() })
-	s, err := redisstore.New(direct, redisstore.WithPrefix(sh.Prefix))
+	// The tests' Redis servers keep nothing on disk: WithMemoryOnly accepts them.
+	s, err := redisstore.New(direct, redisstore.WithPrefix(sh.Prefix), redisstore.WithMemoryOnly(true))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = s.Close() })
 
 	var proxies []*toxiproxy.Proxy
 	through := map[string]string{} // server address -> its proxy's
@@ -109,10 +111,11 @@ func openRedisDeployment(t *testing.T, sh redisShared) *backend {
 		return d.DialContext(ctx, network, addr)
 	})
 	t.Cleanup(func() { _ = proxied.Close() })
-	faulty, err := redisstore.New(proxied, redisstore.WithPrefix(sh.Prefix))
+	faulty, err := redisstore.New(proxied, redisstore.WithPrefix(sh.Prefix), redisstore.WithMemoryOnly(true))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = faulty.Close() })
 
 	rnd := rand.New(rand.NewPCG(8, 0)) // killConn runs in one goroutine
 	kill := func(ctx context.Context) (bool, error) {
@@ -211,12 +214,15 @@ func reopenRedis(shared string) (idempotency.Store, func(), error) {
 		return nil, nil, err
 	}
 	rdb := redisClient(sh, nil)
-	s, err := redisstore.New(rdb, redisstore.WithPrefix(sh.Prefix))
+	s, err := redisstore.New(rdb, redisstore.WithPrefix(sh.Prefix), redisstore.WithMemoryOnly(true))
 	if err != nil {
 		_ = rdb.Close()
 		return nil, nil, err
 	}
-	return s, func() { _ = rdb.Close() }, nil
+	return s, func() {
+		_ = s.Close()
+		_ = rdb.Close()
+	}, nil
 }
 
 // deleteRedisPrefix deletes every key under prefix on every server (never

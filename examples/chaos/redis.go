@@ -43,7 +43,11 @@ func openRedis(ctx context.Context, addrs string, cluster, keep bool) (*backend,
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	prefix := "chaos:" + hex.EncodeToString(rnd[:]) + ":"
-	st, err := redisstore.New(rdb, redisstore.WithPrefix(prefix+"idem:"))
+	// The demo's Redis (this machine's, CI's) keeps nothing on disk:
+	// WithMemoryOnly accepts it. A store whose records must survive a
+	// restart leaves it out, and New then refuses such a Redis.
+	st, err := redisstore.New(rdb, redisstore.WithPrefix(prefix+"idem:"),
+		redisstore.WithMemoryOnly(true))
 	if err != nil {
 		_ = rdb.Close()
 		return nil, fmt.Errorf("redis at %s: %w", addrs, err)
@@ -53,6 +57,7 @@ func openRedis(ctx context.Context, addrs string, cluster, keep bool) (*backend,
 		where = "keys " + prefix + "*, kept by -keep"
 	}
 	return &backend{store: st, redis: rdb, prefix: prefix, where: where, close: func() {
+		_ = st.Close()
 		if !keep {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

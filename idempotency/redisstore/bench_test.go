@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -66,8 +67,7 @@ func BenchmarkRedis(b *testing.B) {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(b), ContextTimeoutEnabled: true, PoolSize: 32})
 	b.Cleanup(func() { _ = rdb.Close() })
 	prefix := freshPrefix(b, rdb)
-	s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
-	require.NoError(b, err)
+	s := openStore(b, rdb, redisstore.WithPrefix(prefix))
 	ctx := b.Context()
 
 	const reqBody = `{"amount":4200,"currency":"eur","customer":"cus_1"}`
@@ -229,4 +229,41 @@ func parallel(n, conc int, op func()) {
 		})
 	}
 	wg.Wait()
+}
+
+// BenchmarkClaimGuard measures what the marker check costs a claim, on the
+// same Redis in the same run, interleaved (see interleave), at 1 and 16
+// callers: a claim of a new key, the only claim that reads its shard's
+// marker (inside its script: no round trip of its own), through the Store
+// and through the same script without the check (ClaimUnguarded, the
+// baseline). guarded-ratio is the baseline's time over the Store's: the
+// Store's throughput as a share of the unguarded one's. Run:
+//
+//	SAFERETRY_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench 'BenchmarkClaimGuard$' -benchtime 20000x -count 4 ./idempotency/redisstore/
+func BenchmarkClaimGuard(b *testing.B) {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(b), ContextTimeoutEnabled: true, PoolSize: 32})
+	b.Cleanup(func() { _ = rdb.Close() })
+	s := openStore(b, rdb, redisstore.WithPrefix(freshPrefix(b, rdb)))
+	ctx := b.Context()
+	claim := func(b *testing.B, f func(context.Context, *redisstore.Store, idempotency.Claim) (
+		idempotency.ClaimResult, error)) {
+		c := testClaim("bench-"+randHex(16), "owner", time.Now())
+		c.Request = []byte(`{"amount":4200,"currency":"eur","customer":"cus_1"}`)
+		res, err := f(ctx, s, c)
+		if err != nil || res.Outcome != idempotency.ClaimCreated {
+			b.Errorf("claim: %v %v", res.Outcome, err)
+		}
+	}
+	variants := []benchVariant{
+		{"guarded", func(b *testing.B) {
+			claim(b, func(ctx context.Context, s *redisstore.Store, c idempotency.Claim) (
+				idempotency.ClaimResult, error) {
+				return s.Claim(ctx, c)
+			})
+		}},
+		{"unguarded", func(b *testing.B) { claim(b, redisstore.ClaimUnguarded) }},
+	}
+	for _, conc := range []int{1, 16} {
+		b.Run(fmt.Sprintf("new/c%d", conc), func(b *testing.B) { interleave(b, conc, variants) })
+	}
 }

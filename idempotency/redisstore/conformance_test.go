@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/require"
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/idempotency/idempotencytest"
@@ -28,8 +27,7 @@ func TestConformance(t *testing.T) {
 		idempotencytest.TestStore(t, func(t *testing.T) idempotency.Store {
 			rdb := redis.NewClient(&redis.Options{Addr: redisAddr(t), Protocol: 2, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = rdb.Close() })
-			s, err := redisstore.New(rdb, redisstore.WithPrefix(freshPrefix(t, rdb)))
-			require.NoError(t, err)
+			s := openStore(t, rdb, redisstore.WithPrefix(freshPrefix(t, rdb)))
 			return s
 		})
 	})

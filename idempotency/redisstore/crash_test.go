@@ -170,8 +170,7 @@ func forEachCrashEnv(t *testing.T, f func(t *testing.T, e crashEnv)) {
 	forEach(t, func(t *testing.T, b backend) {
 		rdb := b.client(t)
 		prefix := freshPrefix(t, rdb)
-		s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix+"idem:"))
-		require.NoError(t, err)
+		s := openStore(t, rdb, redisstore.WithPrefix(prefix+"idem:"))
 		f(t, crashEnv{b: b, prefix: prefix, store: s, bin: bin})
 	})
 }

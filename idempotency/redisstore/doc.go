@@ -3,9 +3,11 @@
 // implements idempotency.Store (not idempotency.Transactor: see below).
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
-//	// or redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true}),
+//	// or redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true,
+//	//	ClusterStateReloadInterval: time.Second}),
 //	// redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: addrs, ...})
 //	store, err := redisstore.New(rdb, redisstore.WithPrefix("payments:"))
+//	defer store.Close() // stops its checks
 //	mw := idempotency.New(store, idempotency.WithPrincipal(accountID))
 //
 // # One script per operation
@@ -66,6 +68,78 @@
 // the horizon. A claim with no replay window (ReplayWindow <= 0: never
 // restarted) keeps its completed record for the backstop.
 //
+// # When Redis forgets
+//
+// A Redis restarted without persistence, a failover to an empty replica,
+// FLUSHALL or an eviction lose records, and a retry of a request whose
+// record was lost would run it again. So every shard holds a marker (a key
+// of its slot with no expiry) that Redis loses with the records, and a
+// claim that would create a record reads its shard's marker inside its
+// script (no round trip of its own; replays, 409s and takeovers of the
+// records Redis holds never read it). New arms a prefix that holds no
+// marker at all, a new one, under an epoch of its own (Stores opened
+// together agree on one); a Store trusts the markers of its epoch, and
+// those an operator re-armed. A claim that finds its shard's marker gone,
+// or armed again under another epoch (another server's New found the
+// prefix empty), quarantines the shard and refuses; the Store logs it and
+// quarantines at once every other shard that forgot. A claim that would
+// create a record in a quarantined shard fails with an *OpError wrapping a
+// *ForgottenError (errors.Is ErrForgotten): the middleware answers 503
+// CodeStoreUnavailable, the key runs nowhere. The writes of a live owner
+// whose record was lost fail with idempotency.ErrLeaseLost (its fence is
+// gone with it), which stops its handler. Get reads what Redis holds: a
+// lost record reads as absent (idempotency.ErrNotFound), and a claim is
+// what refuses it.
+//
+// A quarantine ends in either of two ways. Rearm is the operator's word
+// that claims may go on, accepting that a retried request whose record was
+// lost runs again (reconcile those requests from the business data first,
+// if they matter). Or, for each claim, once its replay window and the
+// longer of its lease and a minute have passed since the detection: then
+// no record that could have been lost is still inside its window, and its
+// retry is a new request by the contract (for claims with no replay
+// window, the 30-day backstop). Until then every new key in the
+// quarantined shards is refused: for a store whose Redis may lose
+// records, plan Rearm into the runbook. New on a prefix that shards
+// quarantined stays quarantined (a server started afterwards refuses too);
+// a Store opened with the markers of some shards gone quarantines them.
+//
+// What the markers cannot see: a Redis that forgot while no Store was
+// running (every server restarted with it) looks new to the next New,
+// which arms it; and between another server's New arming a forgotten
+// prefix and a running Store's next claim or check, claims through the new
+// Store trust it. A failover to a replica that lags loses only recent
+// writes, the markers stay: see Asynchronous replication below.
+//
+// # Checks at New and every period
+//
+// New reads every server the client reaches (the server of a
+// *redis.Client, through Sentinel the current primary; every primary and
+// replica of a Cluster, since a replica may become a primary; every shard
+// of a Ring) and refuses one whose maxmemory-policy is not noeviction
+// (*EvictionPolicyError) or that keeps nothing on disk, no RDB save point
+// and appendonly no (*PersistenceError), unless WithMemoryOnly(true)
+// accepts that: tests, demos and caches, whose Redis loses its records
+// with a restart (the markers still refuse new keys afterwards, until
+// Rearm). A server that refuses CONFIG GET (managed services rename or
+// forbid it) cannot be checked: New logs a warning through WithLogger and
+// goes on; make sure of its settings yourself.
+//
+// A goroutine checks again every WithCheckInterval (10 s), until Close:
+// one round trip per server (CONFIG GET of the policy and persistence,
+// INFO stats and replication) and one pipelined read of the prefix's 256
+// markers (one round trip per primary on a Cluster). A server that may
+// evict keys refuses claims of new keys (an *OpError wrapping its
+// *EvictionPolicyError: 503) until a check finds noeviction again;
+// replays, 409s and writes of live owners go on, since a record found is
+// a record kept. A server that evicted keys since the last check
+// (evicted_keys grew) quarantines every shard, as a loss does. A server
+// that stopped persisting is logged (a restart would then be caught by
+// the markers); so is a primary with fewer replicas than WithReplicas
+// asks for. Each finding is logged when it changes. A policy switched on
+// and keys evicted within one period are caught by the next check: keys
+// claimed in between may have run again.
+//
 // # What it cannot promise
 //
 // No transaction with the business write. Redis has no transaction that a
@@ -99,22 +173,42 @@
 // unlikely, not impossible; for a guarantee that survives failover use
 // sqlstore on a database with synchronous replication.
 //
+// After a failover, the promoted primary has the replicas that follow it
+// (none, until one is attached, when each primary had one). With fewer
+// than WithReplicas asks for, its writes fail: a claim of a new key there
+// with a *ReplicationError (the middleware answers 503; the record it
+// wrote stays in progress, unowned, until its lease ends), a completion
+// with one too (the response is sent, unconfirmed on a replica); replays
+// and 409s are answered after WAIT's timeout, since the WAIT of the same
+// round trip waits for it. The Store's check logs it. The operator
+// attaches a replica: restart the failed node, which rejoins as a replica
+// of the new primary (Cluster, Sentinel), or CLUSTER REPLICATE a spare
+// node; or runs n replicas and WithReplicas(n-1) per primary, so that one
+// failover leaves enough.
+//
 // Eviction. Under a maxmemory-policy other than noeviction, a Redis at its
 // maxmemory drops keys, records in progress and within their replay window
 // included (every record has an expiry, so volatile-* policies drop them
-// too), and their requests run again. New checks the policy with CONFIG GET
-// (on every primary and replica of a Cluster; through Sentinel, on the
-// current primary only: set it on the replicas too) and refuses any other
-// than noeviction with an *EvictionPolicyError (errors.Is
-// ErrEvictionPolicy). A server that refuses
-// CONFIG GET (managed services rename or forbid it) cannot be checked: New
-// logs a warning through WithLogger and goes on; make sure of the policy
-// yourself. Under noeviction a Redis at its maxmemory refuses a claim of a
-// new key (an *OpError wrapping idempotency.ErrStoreFull: 503
+// too), and their requests would run again. New refuses such a server and
+// the checks refuse new keys while one is found (see above; through
+// Sentinel only the current primary is read: set the policy on the
+// replicas too). Under noeviction a Redis at its maxmemory refuses a claim
+// of a new key (an *OpError wrapping idempotency.ErrStoreFull: 503
 // CodeStoreFull), while completions, heartbeats, recovery points and
 // releases of the records it holds go through (their scripts are
 // allow-oom), as do replays; a takeover fails with an *OpError (503
 // CodeStoreUnavailable) until memory is freed.
+//
+// # Cluster failover
+//
+// go-redis's Cluster client reloads its slot map on a MOVED answer, and
+// otherwise every ClusterStateReloadInterval (60 s by default): a killed
+// primary answers nothing, so calls for its slots fail until the map is
+// reloaded, after the replica took over. Set ClusterStateReloadInterval:
+// time.Second (one CLUSTER SLOTS a second per client while it is used):
+// replays then answer again within seconds of the takeover. The Store's
+// checks read the Cluster's nodes, which reloads the map too, every
+// WithCheckInterval.
 //
 // # Bounded
 //
@@ -128,7 +222,8 @@
 //
 // # Clocks
 //
-// The Store reads no clock: times come from its callers, so the servers
+// The Store's operations read no clock (its checks date the quarantines
+// they write by the local one): times come from its callers, so the servers
 // need clocks that agree to well below the lease (NTP), as for every
 // shared store: a server whose clock runs ahead takes over a live lease
 // early (the fence stops the old owner's writes, but two executions
@@ -140,7 +235,9 @@
 // Under the prefix P (WithPrefix, "saferetry:"): P{xx}r:<digest> the record
 // (a hash; the digest is the first 16 bytes of the scope's SHA-256, in hex,
 // and xx its first byte, the shard), P{xx}lease and P{xx}done the shard's
-// indexes (sorted sets), and P{xx}n:<nonce> a write's answer for a few
-// seconds. Delete a store's data with the prefix (SCAN and DEL on
-// each primary); never FLUSHALL a Redis that others share.
+// indexes (sorted sets), P{xx}marker the shard's marker (a string, no
+// expiry), and P{xx}n:<nonce> a write's answer for a few seconds. Delete a
+// store's data with the prefix (SCAN and DEL on each primary) while no
+// Store of the prefix runs (a running one takes the markers' absence for a
+// loss); never FLUSHALL a Redis that others share.
 package redisstore

@@ -122,7 +122,16 @@ func newStore(t testing.TB, b backend, opts ...redisstore.Option) (*redisstore.S
 	t.Helper()
 	rdb := b.client(t)
 	prefix := freshPrefix(t, rdb)
-	s, err := redisstore.New(rdb, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)
+	return openStore(t, rdb, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...), rdb, prefix
+}
+
+// openStore returns New(rdb, opts...), closed at cleanup. It accepts a
+// memory-only Redis (WithMemoryOnly, before opts): the shared test servers
+// and the tests' own keep nothing on disk.
+func openStore(t testing.TB, rdb redis.UniversalClient, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(rdb, append([]redisstore.Option{redisstore.WithMemoryOnly(true)}, opts...)...)
 	require.NoError(t, err)
-	return s, rdb, prefix
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }

@@ -32,6 +32,7 @@ type faultProxy struct {
 	mu      sync.Mutex
 	conns   map[net.Conn]bool
 	gate    chan struct{} // nil, or closed by release
+	closed  chan struct{} // closed by close: a held answer is dropped
 }
 
 func newFaultProxy(t *testing.T, target string) *faultProxy {
@@ -39,7 +40,7 @@ func newFaultProxy(t *testing.T, target string) *faultProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	p := &faultProxy{ln: ln, target: target, conns: map[net.Conn]bool{},
-		drop: make(chan struct{}, 16)}
+		drop: make(chan struct{}, 16), closed: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -95,6 +96,7 @@ func (p *faultProxy) track(c net.Conn, on bool) bool {
 }
 
 func (p *faultProxy) close() {
+	close(p.closed)
 	_ = p.ln.Close()
 	p.mu.Lock()
 	for c := range p.conns {
@@ -189,7 +191,11 @@ func (p *faultProxy) connect(client net.Conn) {
 					return // the reply is lost with the connection
 				}
 				if d := time.Duration(p.latency.Load()); d > 0 {
-					time.Sleep(d)
+					select {
+					case <-time.After(d):
+					case <-p.closed:
+						return
+					}
 				}
 				if _, werr := client.Write(buf[:n]); werr != nil {
 					return

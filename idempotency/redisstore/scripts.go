@@ -58,13 +58,34 @@ end
 // it. A call that finds its nonce's key ran before, and answers what it
 // did then, whatever the record went through since.
 
+// Markers. Each shard holds a marker, a key with no expiry in its slot,
+// that vouches that Redis still holds every record written to the shard:
+// "n" and the epoch of the Store whose New armed a new prefix ("p" and the
+// epoch on shard 0 while that arming is under way), "r" and a time once an
+// operator re-armed it (Rearm), or "q" and the time (ns) a loss was
+// detected (quarantined). Redis loses the marker with the records (a
+// restart without persistence, a failover to an empty replica, FLUSHALL),
+// and another Store's New that finds the prefix empty arms it under
+// another epoch: either way a Store that armed or found its own epoch
+// sees that the shard forgot. trusted reports whether marker m vouches for
+// the shard to the Store of epoch e.
+const luaTrusted = `
+local function trusted(m, e)
+  if not m then return false end
+  local kind = m:sub(1, 1)
+  return kind == 'r' or ((kind == 'n' or kind == 'p') and m:sub(2) == e)
+end
+`
+
 // claimScript decides a claim. KEYS: record, lease index, done index, the
-// call's nonce. ARGV: 1-4 principal, method, route, key; 5 fingerprint; 6
-// its version; 7 owner; 8 lease end (ns); 9 request; 10 now (ns); 11 the
-// replay cutoff (ns; "" when completed records never expire); 12 "1" for
-// TakeoverOnly; 13 the index member; 14 the lease score (µs); 15 the
-// lease (ms); 16 w, the keep of a new record (ms); 17 the nonce's expiry
-// (ms).
+// call's nonce, the shard's marker. ARGV: 1-4 principal, method, route,
+// key; 5 fingerprint; 6 its version; 7 owner; 8 lease end (ns); 9 request;
+// 10 now (ns); 11 the replay cutoff (ns; "" when completed records never
+// expire); 12 "1" for TakeoverOnly; 13 the index member; 14 the lease score
+// (µs); 15 the lease (ms); 16 w, the keep of a new record (ms); 17 the
+// nonce's expiry (ms); 18 the Store's epoch; 19 the quarantine cutoff (ns:
+// a quarantine detected before it is over for this claim); 20 "1" while a
+// server of the Store may evict keys.
 //
 // It answers {0} (nothing to take over), {0, st, fp, fv, owner, gen, lu,
 // co, rs, rh, rb} (existing), {1, gen} (created) or {2, gen, rp, rd, rq, ca}
@@ -74,8 +95,18 @@ end
 // again for a record it created; for a takeover it answers the record as
 // it is while the record is still its, and an error (RETRY) once another
 // claim took it: what it found then is gone.
-var claimScript = redis.NewScript(luaLess + luaBackstop + `
-local rec, lease, done, nonce = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+//
+// Only the creation of a record absent from Redis depends on what Redis
+// may have forgotten: a record it holds is answered, taken over or
+// restarted past its window as it is. So a claim that would create one
+// first reads the shard's marker (guard): it answers an error, EVICTING
+// while a server may evict keys, FORGOTTEN and the time when the marker is
+// gone or armed by another Store's New (the claim quarantines the shard:
+// the write may fail on a Redis over its maxmemory, and the Store's check
+// quarantines it then), or QUARANTINED and the time of the detection, and
+// creates nothing.
+var claimLua = luaLess + luaBackstop + luaTrusted + `
+local rec, lease, done, nonce, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local f = redis.call('HMGET', rec, 'st', 'p', 'm', 'u', 'k', 'fp', 'fv', 'o', 'g', 'lu', 'co', 'w',
   'rs', 'rh', 'rb')
 local st = f[1]
@@ -106,8 +137,22 @@ local function create(g)
   return {1, g}
 end
 
+local function guard()
+  if ARGV[20] == '1' then return 'EVICTING a server may evict keys' end
+  local m = redis.call('GET', marker)
+  if trusted(m, ARGV[18]) then return nil end
+  if m and m:sub(1, 1) == 'q' then
+    if lt(m:sub(2), ARGV[19]) then return nil end
+    return 'QUARANTINED ' .. m:sub(2)
+  end
+  redis.pcall('SET', marker, 'q' .. ARGV[10])
+  return 'FORGOTTEN ' .. ARGV[10]
+end
+
 if not st then
   if ARGV[12] == '1' then return {0} end
+  local refused = guard()
+  if refused then return redis.error_reply(refused) end
   return create(1)
 end
 if f[2] ~= ARGV[1] or f[3] ~= ARGV[2] or f[4] ~= ARGV[3] or f[5] ~= ARGV[4] then
@@ -128,7 +173,9 @@ if st == '1' and lt(f[10], ARGV[10]) and f[6] == ARGV[5] and f[7] == ARGV[6] the
   return taken()
 end
 return {0, st, f[6], f[7], f[8], f[9], f[10], f[11], f[13], f[14], f[15]}
-`)
+`
+
+var claimScript = redis.NewScript(claimLua)
 
 // completeScript completes a record. KEYS: record, lease index, done
 // index, the call's nonce. ARGV: 1 owner; 2 generation; 3 status; 4
@@ -259,4 +306,39 @@ return redis.call('HGETALL', rec)
 // reads, and a replica may lag.
 var getScript = redis.NewScript(`#!lua flags=no-writes
 return redis.call('HGETALL', KEYS[1])
+`)
+
+// quarantineScript quarantines a shard whose marker does not vouch for it
+// (the Store's check: see guard). KEYS: the marker. ARGV: 1 the Store's
+// epoch; 2 now (ns); 3 "1" to quarantine a shard whose marker vouches for
+// it too (Redis evicted keys). It answers 0 (the marker vouches for the
+// shard: unchanged), 1 (quarantined now) or 2 (quarantined before:
+// unchanged). allow-oom: the marker is small, and a full Redis is no reason
+// to trust one that forgot.
+var quarantineScript = redis.NewScript(`#!lua flags=allow-oom
+` + luaTrusted + `
+local m = redis.call('GET', KEYS[1])
+if m and m:sub(1, 1) == 'q' then return 2 end
+if ARGV[3] ~= '1' and trusted(m, ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], 'q' .. ARGV[2])
+return 1
+`)
+
+// finishArmScript ends the arming of a new prefix (see guard.arm): it
+// turns shard 0's marker from "p" and the epoch into "n" and the epoch,
+// and changes nothing if it holds anything else. KEYS: the marker. ARGV: 1
+// the epoch.
+var finishArmScript = redis.NewScript(`#!lua flags=allow-oom
+if redis.call('GET', KEYS[1]) == 'p' .. ARGV[1] then
+  redis.call('SET', KEYS[1], 'n' .. ARGV[1])
+end
+return 0
+`)
+
+// markerScript reads a marker (the Store's checks). KEYS: the marker. A
+// script, as getScript, so that it reads the primary: a replica may lag.
+// Sent whole (EVAL), a few bytes, so that a Redis that lost its scripts
+// with its records answers it too.
+var markerScript = redis.NewScript(`#!lua flags=no-writes
+return redis.call('GET', KEYS[1])
 `)

@@ -69,14 +69,12 @@ func TestSentinel(t *testing.T) {
 	}
 	idempotencytest.TestStore(t, func(t *testing.T) idempotency.Store {
 		rdb := open(t)
-		s, err := redisstore.New(rdb, redisstore.WithPrefix(freshPrefix(t, rdb)))
-		require.NoError(t, err)
+		s := openStore(t, rdb, redisstore.WithPrefix(freshPrefix(t, rdb)))
 		return s
 	})
 	t.Run("wait", func(t *testing.T) {
-		s, err := redisstore.New(open(t), redisstore.WithReplicas(1, 20*time.Millisecond))
-		require.NoError(t, err)
-		_, err = s.Claim(t.Context(), testClaim("w", "a", time.Now()))
+		s := openStore(t, open(t), redisstore.WithReplicas(1, 20*time.Millisecond))
+		_, err := s.Claim(t.Context(), testClaim("w", "a", time.Now()))
 		require.ErrorIs(t, err, redisstore.ErrNotReplicated, "the primary has no replica")
 	})
 }

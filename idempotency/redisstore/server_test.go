@@ -19,6 +19,24 @@ import (
 // CI fails, without redis-server on the PATH.
 func startRedis(t testing.TB, args ...string) string {
 	t.Helper()
+	return runRedis(t, args...).addr
+}
+
+// redisProc is a Redis server of the test's own, on a free loopback port,
+// that keeps nothing on disk unless args say otherwise. The test can kill
+// it and start it again on the same port, with the same arguments and
+// directory (a Cluster node finds its nodes.conf there).
+type redisProc struct {
+	t    testing.TB
+	bin  string
+	addr string
+	args []string
+	cmd  *exec.Cmd
+}
+
+// runRedis starts a redisProc and kills it at cleanup.
+func runRedis(t testing.TB, args ...string) *redisProc {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if required() {
@@ -26,26 +44,47 @@ func startRedis(t testing.TB, args ...string) string {
 		}
 		t.Skip("redis-server not on the PATH: skipping a test that runs its own Redis")
 	}
+	port := freePort(t)
+	p := &redisProc{t: t, bin: bin, addr: "127.0.0.1:" + strconv.Itoa(port),
+		args: append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)}
+	t.Cleanup(p.kill)
+	p.start()
+	return p
+}
+
+// freePort returns a loopback port nothing listened on a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	port := ln.Addr().(*net.TCPAddr).Port
 	require.NoError(t, ln.Close())
-	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	return port
+}
+
+// start starts the server and waits until it answers.
+func (p *redisProc) start() {
+	p.t.Helper()
+	p.cmd = exec.Command(p.bin, p.args...)
+	require.NoError(p.t, p.cmd.Start())
+	c := redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for c.Ping(context.Background()).Err() != nil {
-		require.True(t, time.Now().Before(deadline), "redis-server on %s did not start", addr)
+		require.True(p.t, time.Now().Before(deadline), "redis-server on %s did not start", p.addr)
 		time.Sleep(20 * time.Millisecond)
 	}
-	return addr
+}
+
+// kill kills the server (SIGKILL: no shutdown save) and waits for it.
+func (p *redisProc) kill() {
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+	p.cmd = nil
 }
 
 func clientOf(t *testing.T, addr string) *redis.Client {

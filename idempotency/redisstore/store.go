@@ -125,7 +125,7 @@ func (e *ReplicationError) Is(target error) bool { return target == ErrNotReplic
 // OpError wraps an error of Redis (or of the network to it) with the Store
 // operation that met it ("new", "claim", "get", "heartbeat",
 // "complete", "release", "set_recovery_point", "abandoned",
-// "delete_before"). The middleware answers such errors 503
+// "delete_before", "rearm"). The middleware answers such errors 503
 // CodeStoreUnavailable; a claim on a Redis over its maxmemory wraps
 // idempotency.ErrStoreFull (503 CodeStoreFull). Use errors.As to read Op,
 // errors.Is and errors.As on it to reach the cause.
@@ -167,6 +167,8 @@ type config struct {
 	replicas    int
 	waitTimeout time.Duration
 	logger      *slog.Logger
+	memoryOnly  bool
+	checkEvery  time.Duration
 }
 
 // WithPrefix sets the prefix of every key the Store writes (default
@@ -217,45 +219,80 @@ func WithReplicas(n int, timeout time.Duration) Option {
 	return func(c *config) { c.replicas, c.waitTimeout = max(n, 0), timeout }
 }
 
-// WithLogger sets the logger of New's warnings (default slog.Default()):
-// a primary that refuses CONFIG GET, so that its maxmemory-policy cannot
-// be checked. nil means no logging.
+// WithLogger sets the logger of what New and the Store's checks find
+// (default slog.Default()): a server whose settings cannot be read (CONFIG
+// GET refused), a server that may evict keys or keeps nothing on disk, a
+// primary with fewer replicas than WithReplicas asks for, the shards
+// quarantined because Redis lost records, a re-arming. nil means no
+// logging.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
+}
+
+// WithMemoryOnly(true) accepts a Redis that keeps nothing on disk (no RDB
+// save point, appendonly no), which New otherwise refuses with a
+// *PersistenceError: for tests, demos and caches whose records may be lost
+// with a restart. A restart of such a Redis still refuses claims of new
+// keys until Rearm (see the package documentation). Default false.
+func WithMemoryOnly(accept bool) Option {
+	return func(c *config) { c.memoryOnly = accept }
+}
+
+// WithCheckInterval sets the period of the Store's checks of its servers
+// and markers (default 10 s): on every server the client reaches (every
+// primary and replica of a Cluster), one round trip that reads
+// maxmemory-policy, persistence, evicted_keys and replicas; and one
+// pipelined round that reads the prefix's 256 markers (one per primary on
+// a Cluster). A claim that finds its shard forgotten starts a check at
+// once. Each check has the deadline of one call (WithTimeout). Values <= 0
+// keep the default.
+func WithCheckInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.checkEvery = d
+		}
+	}
 }
 
 // Store is an idempotency.Store over Redis: standalone, Sentinel or
 // Cluster, through a redis.UniversalClient. It is safe for concurrent use
 // by many goroutines and many processes sharing the Redis and the prefix.
-// It never reads a clock: every time comes from its arguments (Redis
-// expires records by its own clock, at times computed from them). It is
-// not an idempotency.Transactor (see the package documentation).
+// Its operations read no clock: every time comes from their arguments
+// (Redis expires records by its own clock, at times computed from them);
+// its checks, in a goroutine of its own that Close stops, date the
+// quarantines they write by the local clock. It is not an
+// idempotency.Transactor (see the package documentation).
 type Store struct {
 	rdb     redis.UniversalClient
 	cfg     config
 	shards  *[shards]shardKeys
+	guard   *guard
 	nonceID string        // random, per Store: the base of its calls' nonces
 	nonces  atomic.Uint64 // the calls' nonces
 }
 
 var _ idempotency.Store = (*Store)(nil)
 
-// New returns a Store over rdb, configured by opts. It checks that
-// maxmemory-policy is noeviction (an *EvictionPolicyError otherwise) on the
-// server of a *redis.Client (the current primary, through Sentinel), on
-// every primary and replica of a Cluster and on every shard of a Ring; a
-// server that refuses CONFIG GET, as managed services may, is logged
-// through WithLogger and accepted. The checks are bounded by 10 seconds. Errors:
-// ErrNilClient, ErrInvalidPrefix, ErrUnboundedClient,
-// ErrReplicasUnsupported, *EvictionPolicyError, or an *OpError with Op
-// "new" when the check cannot reach Redis. The caller keeps rdb and closes
-// it after the Store's last use.
+// New returns a Store over rdb, configured by opts, and starts its checks
+// (WithCheckInterval; Close stops them). On the server of a *redis.Client
+// (the current primary, through Sentinel), on every primary and replica of
+// a Cluster and on every shard of a Ring, it checks that maxmemory-policy
+// is noeviction (an *EvictionPolicyError otherwise) and, unless
+// WithMemoryOnly, that the server persists (a *PersistenceError
+// otherwise); a server that refuses CONFIG GET, as managed services may, is
+// logged through WithLogger and accepted. It then reads the prefix's
+// markers: it arms a prefix that holds none (a new one), and quarantines
+// the shards that lost theirs (see the package documentation). All of it is
+// bounded by 10 seconds. Errors: ErrNilClient, ErrInvalidPrefix,
+// ErrUnboundedClient, ErrReplicasUnsupported, *EvictionPolicyError,
+// *PersistenceError, or an *OpError with Op "new" when Redis cannot be
+// reached. The caller keeps rdb and closes it after the Store's Close.
 func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	if rdb == nil {
 		return nil, ErrNilClient
 	}
 	cfg := config{prefix: DefaultPrefix, timeout: defaultTimeout, maxRecord: defaultMaxRecordBytes,
-		logger: slog.Default()}
+		logger: slog.Default(), checkEvery: defaultCheckInterval}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -279,13 +316,57 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), newTimeout)
 	defer cancel()
-	if err := checkEviction(ctx, rdb, cfg.logger); err != nil {
+	sh := newShards(cfg.prefix)
+	s := &Store{rdb: rdb, cfg: cfg, shards: sh}
+	s.guard = newGuard(rdb, sh, &s.cfg)
+	if err := s.guard.checkNew(ctx); err != nil {
 		return nil, err
+	}
+	if err := s.guard.arm(ctx, time.Now()); err != nil {
+		return nil, opErr("new", err)
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &Store{rdb: rdb, cfg: cfg, shards: newShards(cfg.prefix),
-		nonceID: hex.EncodeToString(id[:])}, nil
+	s.nonceID = hex.EncodeToString(id[:])
+	s.guard.start()
+	return s, nil
+}
+
+// Rearm ends every quarantine of the prefix (see the package
+// documentation): the operator's word that claims of new keys may go on,
+// accepting that a request whose record Redis lost runs again if it is
+// retried. It writes the marker of each of the 256 shards, in one
+// pipelined round (one per primary on a Cluster), and logs it. Every Store
+// of the prefix trusts the markers it writes at once. Errors are *OpError
+// with Op "rearm"; a Rearm that failed may have re-armed some shards: call
+// it again.
+func (s *Store) Rearm(ctx context.Context) error {
+	ctx, cancel := s.call(ctx)
+	defer cancel()
+	mark := "r" + ns(time.Now())
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range s.shards {
+			p.Set(ctx, s.shards[i].marker, mark, 0)
+		}
+		return nil
+	})
+	if err != nil {
+		return opErr("rearm", err)
+	}
+	s.guard.log(slog.LevelWarn, "redisstore: re-armed by the operator: claims of new keys go on, "+
+		"and a request whose record Redis lost runs again if it is retried", "prefix", s.cfg.prefix)
+	return nil
+}
+
+// Close stops the Store's checks (WithCheckInterval) and returns when they
+// stopped: at once, or once a check under way ends, within its deadline
+// (WithTimeout). It always returns nil, and a second Close does nothing.
+// It does not close the client. Call it after the Store's last use: the
+// Store's methods still work after Close, but no check notices a server
+// that may evict keys any more.
+func (s *Store) Close() error {
+	s.guard.close()
+	return nil
 }
 
 // checkBounded refuses a client whose calls have no time limit. A Client's
@@ -311,43 +392,10 @@ func checkBounded(rdb redis.UniversalClient) error {
 	return nil
 }
 
-// checkEviction runs CONFIG GET maxmemory-policy on the client's server, on
-// every node of a Cluster, or on every shard of a Ring.
-func checkEviction(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
-	check := func(ctx context.Context, c *redis.Client) error {
-		addr := c.Options().Addr
-		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
-		var rerr redis.Error
-		if errors.As(err, &rerr) {
-			if logger != nil {
-				logger.Warn("redisstore: cannot check maxmemory-policy: make sure it is noeviction",
-					"addr", addr, "err", err)
-			}
-			return nil
-		}
-		if err != nil {
-			return &OpError{Op: "new", Err: err}
-		}
-		if p := v["maxmemory-policy"]; p != "noeviction" {
-			return &EvictionPolicyError{Addr: addr, Policy: p}
-		}
-		return nil
-	}
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachShard(ctx, check) // the replicas too: one may become a primary
-	case *redis.Ring:
-		return c.ForEachShard(ctx, check)
-	case *redis.Client:
-		return check(ctx, c)
-	}
-	return nil
-}
-
 // keys are the Redis keys of one scope: its record and its shard's
 // indexes, which share one hash tag; member names the record in them.
 type keys struct {
-	tag, rec, lease, done, member string
+	tag, rec, lease, done, marker, member string
 }
 
 // scopeDigest is the SHA-256 of the scope's four parts, each preceded by its
@@ -373,7 +421,7 @@ func (s *Store) keysOf(sc idempotency.Scope) keys {
 
 // shardKeys are the names of one shard's keys but its records'.
 type shardKeys struct {
-	tag, lease, done string // P{xx}, P{xx}lease, P{xx}done
+	tag, lease, done, marker string // P{xx}, P{xx}lease, P{xx}done, P{xx}marker
 }
 
 // newShards names the keys of every shard under prefix.
@@ -381,7 +429,7 @@ func newShards(prefix string) *[shards]shardKeys {
 	var ks [shards]shardKeys
 	for i := range ks {
 		tag := prefix + "{" + hex.EncodeToString([]byte{byte(i)}) + "}"
-		ks[i] = shardKeys{tag: tag, lease: tag + "lease", done: tag + "done"}
+		ks[i] = shardKeys{tag: tag, lease: tag + "lease", done: tag + "done", marker: tag + "marker"}
 	}
 	return &ks
 }
@@ -389,7 +437,7 @@ func newShards(prefix string) *[shards]shardKeys {
 func (s *Store) keysFor(shard int, member string) keys {
 	sk := &s.shards[shard]
 	return keys{tag: sk.tag, rec: sk.tag + "r:" + member, lease: sk.lease, done: sk.done,
-		member: member}
+		marker: sk.marker, member: member}
 }
 
 // nonce returns the key, in k's slot, of a name no other call of any Store
@@ -536,9 +584,19 @@ func mulSat(d time.Duration, k int64) time.Duration {
 // WithMaxRecordBytes fails with idempotency.ErrRecordTooLarge; one that
 // would create a record on a Redis over its maxmemory, with an *OpError
 // wrapping idempotency.ErrStoreFull (a takeover there fails with a plain
-// *OpError: the store is full only for new keys). Other errors are *OpError with Op "claim" (a
-// digest collision among them) or a *ReplicationError.
+// *OpError: the store is full only for new keys). One that would create a
+// record in a shard that may have forgotten records fails with an *OpError
+// wrapping a *ForgottenError, and while a server may evict keys, with one
+// wrapping an *EvictionPolicyError; both create nothing. Other errors are
+// *OpError with Op "claim" (a digest collision among them) or a
+// *ReplicationError.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
+	return s.claim(ctx, c, claimScript)
+}
+
+// claim is Claim with the script sc.
+func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script) (
+	idempotency.ClaimResult, error) {
 	size := int64(len(c.Scope.Principal)) + int64(len(c.Scope.Method)) +
 		int64(len(c.Scope.Route)) + int64(len(c.Scope.Key)) + int64(len(c.Fingerprint)) +
 		int64(len(c.Owner)) + int64(len(c.Request))
@@ -558,19 +616,28 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Cla
 		takeoverOnly = "1"
 	}
 	keep := keepFor(c)
+	evicting := "0"
+	if s.guard.evicting.Load() != nil {
+		evicting = "1"
+	}
 	ctx, cancel := s.call(ctx)
 	defer cancel()
-	v, err := s.run(ctx, "claim", claimScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
+	v, err := s.run(ctx, "claim", sc, []string{k.rec, k.lease, k.done, s.nonce(k), k.marker},
 		claimWrote,
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
 		c.Fingerprint, strconv.Itoa(c.FingerprintVersion), c.Owner, ns(leaseUntil),
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
 		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
-		s.nonceTTL())
+		s.nonceTTL(), s.guard.epoch, ns(addSat(c.Now, -keep)), evicting)
 	if err != nil {
-		if redis.HasErrorPrefix(err, "OOM") { // the first write of a new record failed
+		switch {
+		case redis.HasErrorPrefix(err, "OOM"): // the first write of a new record failed
 			full := fmt.Errorf("%w: %v", idempotency.ErrStoreFull, err)
 			return idempotency.ClaimResult{}, &OpError{Op: "claim", Err: full}
+		case redis.HasErrorPrefix(err, "FORGOTTEN"), redis.HasErrorPrefix(err, "QUARANTINED"):
+			return idempotency.ClaimResult{}, s.guard.forgotten(err)
+		case redis.HasErrorPrefix(err, "EVICTING"):
+			return idempotency.ClaimResult{}, s.guard.refusedEviction()
 		}
 		var re *ReplicationError
 		if !errors.As(err, &re) {

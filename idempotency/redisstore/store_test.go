@@ -71,8 +71,8 @@ func TestRetriedAfterLostReply(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	prefix := freshPrefix(t, rdb)
-	s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
-	require.NoError(t, err)
+	// No check of the Store's own through the proxy: its faults are the calls'.
+	s := openStore(t, rdb, redisstore.WithPrefix(prefix), redisstore.WithCheckInterval(time.Hour))
 	ctx := t.Context()
 	now := time.Now()
 	lost := func(what string, f func()) {
@@ -84,6 +84,7 @@ func TestRetriedAfterLostReply(t *testing.T) {
 	}
 
 	var res idempotency.ClaimResult
+	var err error
 	lost("claim", func() {
 		res, err = s.Claim(ctx, testClaim("k", "a", now))
 		require.NoError(t, err)
@@ -131,11 +132,12 @@ func TestCallsHaveDeadlines(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	prefix := freshPrefix(t, rdb)
-	s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix), redisstore.WithTimeout(200*time.Millisecond))
-	require.NoError(t, err)
+	// No check of the Store's own through the proxy: its faults are the calls'.
+	s := openStore(t, rdb, redisstore.WithPrefix(prefix), redisstore.WithTimeout(200*time.Millisecond),
+		redisstore.WithCheckInterval(time.Hour))
 	p.setLatency(3 * time.Second)
 	start := time.Now()
-	_, err = s.Claim(context.Background(), testClaim("slow", "a", time.Now()))
+	_, err := s.Claim(context.Background(), testClaim("slow", "a", time.Now()))
 	var oe *redisstore.OpError
 	require.ErrorAs(t, err, &oe)
 	require.Equal(t, "claim", oe.Op)
@@ -143,8 +145,7 @@ func TestCallsHaveDeadlines(t *testing.T) {
 	p.setLatency(0)
 
 	direct := clientOf(t, redisAddr(t))
-	s2, err := redisstore.New(direct, redisstore.WithPrefix(prefix))
-	require.NoError(t, err)
+	s2 := openStore(t, direct, redisstore.WithPrefix(prefix))
 	rec, err := s2.Get(t.Context(), testScope("slow"))
 	require.NoError(t, err, "the claim reached Redis")
 	require.Equal(t, "a", rec.Owner)
@@ -399,8 +400,7 @@ func TestEvictionPolicy(t *testing.T) {
 	}
 	addr := startRedis(t, "--maxmemory-policy", "allkeys-lru", "--rename-command", "CONFIG", "")
 	var logs strings.Builder
-	s, err := redisstore.New(clientOf(t, addr), redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	require.NoError(t, err)
+	s := openStore(t, clientOf(t, addr), redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.NotNil(t, s)
 	require.Contains(t, logs.String(), "cannot check maxmemory-policy")
 }
@@ -423,8 +423,7 @@ func TestStoreFull(t *testing.T) {
 		}
 	}
 	require.NoError(t, rdb.ConfigSet(t.Context(), "maxmemory", strconv.FormatInt(mem+2<<20, 10)).Err())
-	s, err := redisstore.New(rdb)
-	require.NoError(t, err)
+	s := openStore(t, rdb)
 	ctx := t.Context()
 	now := time.Now()
 	first, err := s.Claim(ctx, testClaim("first", "a", now))
@@ -506,13 +505,11 @@ func TestReplicasWait(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "the replica did not connect")
 			time.Sleep(20 * time.Millisecond)
 		}
-		s, err := redisstore.New(clientOf(t, primary), redisstore.WithReplicas(1, 5*time.Second))
-		require.NoError(t, err)
+		s := openStore(t, clientOf(t, primary), redisstore.WithReplicas(1, 5*time.Second))
 		res, err := s.Claim(t.Context(), testClaim("w", "a", time.Now()))
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(t.Context(), res.Record.Lease(), okResponse, time.Now()))
-		rs, err := redisstore.New(rc)
-		require.NoError(t, err)
+		rs := openStore(t, rc)
 		got, err := rs.Get(t.Context(), testScope("w"))
 		require.NoError(t, err, "the replica holds the record")
 		require.Equal(t, idempotency.Completed, got.State)
@@ -553,8 +550,7 @@ func TestReadsGoToThePrimary(t *testing.T) {
 		},
 	})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s, err := redisstore.New(rdb)
-	require.NoError(t, err)
+	s := openStore(t, rdb)
 	res, err := s.Claim(t.Context(), testClaim("k", "a", time.Now()))
 	require.NoError(t, err)
 	require.Equal(t, idempotency.ClaimCreated, res.Outcome)

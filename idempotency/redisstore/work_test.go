@@ -43,8 +43,7 @@ func BenchmarkRedisWork(b *testing.B) {
 	b.Cleanup(func() { _ = rdb.Close() })
 	ctx := b.Context()
 	const prefix = "work:"
-	s, err := redisstore.New(rdb, redisstore.WithPrefix(prefix))
-	require.NoError(b, err)
+	s := openStore(b, rdb, redisstore.WithPrefix(prefix))
 
 	const reqBody = `{"amount":4200,"currency":"eur","customer":"cus_1"}`
 	respBody := []byte(`{"id":"pay_1","status":"succeeded"}`)
@@ -152,8 +151,7 @@ func BenchmarkRedisWork(b *testing.B) {
 	// Memory: a completed record of its own (the one record under a
 	// prefix of its own), and the done index's usage per member after
 	// the fresh requests.
-	ms, err := redisstore.New(rdb, redisstore.WithPrefix("mem:"))
-	require.NoError(b, err)
+	ms := openStore(b, rdb, redisstore.WithPrefix("mem:"))
 	serve(idempotency.New(ms,
 		idempotency.WithPrincipal(func(*http.Request) (string, error) { return "bench", nil }),
 		idempotency.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))).Wrap(ok),
@@ -176,7 +174,7 @@ func BenchmarkRedisWork(b *testing.B) {
 	require.Len(b, recs, 1)
 	b.ReportMetric(float64(rdb.MemoryUsage(ctx, recs[0], 0).Val()), "record-1k-bytes")
 	require.NoError(b, handClaim.Run(ctx, rdb, hand("big"), "owner-big", 30000).Err())
-	err = handComplete.Run(ctx, rdb, hand("big"), "owner-big", 201, big, 86400000).Err()
+	err := handComplete.Run(ctx, rdb, hand("big"), "owner-big", 201, big, 86400000).Err()
 	require.NoError(b, err)
 	b.ReportMetric(float64(rdb.MemoryUsage(ctx, hand("big")[0], 0).Val()), "hand-record-1k-bytes")
 	var indexBytes, members int64

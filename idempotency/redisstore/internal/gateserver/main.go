@@ -48,10 +48,13 @@ func run(addr, redisAddr string, cluster bool, prefix string, work time.Duration
 	}
 	rdb := rclient.Open(redisAddr, cluster)
 	defer rdb.Close()
-	store, err := redisstore.New(rdb, redisstore.WithPrefix(prefix+"idem:"))
+	// The tests' Redis servers keep nothing on disk: WithMemoryOnly accepts them.
+	store, err := redisstore.New(rdb, redisstore.WithPrefix(prefix+"idem:"),
+		redisstore.WithMemoryOnly(true))
 	if err != nil {
 		return err
 	}
+	defer store.Close()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	mw := idempotency.New(store,
 		idempotency.WithPrincipal(func(*http.Request) (string, error) { return "gate", nil }),

@@ -81,10 +81,13 @@ func run(redisAddr string, cluster bool, prefix, processor, crash string,
 	}
 	rdb := rclient.Open(redisAddr, cluster)
 	defer rdb.Close()
-	store, err := redisstore.New(rdb, redisstore.WithPrefix(prefix+"idem:"))
+	// The tests' Redis servers keep nothing on disk: WithMemoryOnly accepts them.
+	store, err := redisstore.New(rdb, redisstore.WithPrefix(prefix+"idem:"),
+		redisstore.WithMemoryOnly(true))
 	if err != nil {
 		return err
 	}
+	defer store.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
