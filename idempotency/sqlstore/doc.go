@@ -104,34 +104,36 @@
 // and the in-progress state, and returns idempotency.ErrLeaseLost when it
 // changed nothing.
 //
-// On PostgreSQL the claim is one statement that reads before it writes: a
-// replay or an in-progress conflict is a plain read of the statement's
-// snapshot, which locks nothing, takes no transaction ID, writes no WAL and
-// never waits for another transaction (it answers the record as last
-// committed). Only a claim that would win waits for a row another
-// transaction holds, and re-checks the row's latest version. On SQLite the
-// claim is an upsert that creates the record or takes it over, whose
-// condition keeps the row otherwise: a replay or a conflict changes no page
-// (the WAL does not grow), but takes the database's write lock for the
-// statement, as every SQLite write does, so it waits for a writer that
-// holds it. MySQL's claim is below ("MySQL and MariaDB").
+// A claim is at most three steps, the same on every dialect. An INSERT
+// creates the record when the scope has none, and otherwise does nothing:
+// a fresh key costs this one statement. When the key exists, a plain read
+// fetches the record to answer from: a replay or an in-progress conflict
+// is two statements and writes nothing. Only when that record is one the
+// claim wins (an expired lease with the same fingerprint, a completion
+// before the replay window) does a third step win it, a conditional UPDATE
+// (on MySQL a short locking transaction, below); a takeover and a restart
+// are three statements. If the record changes between these steps so that
+// the claim is undecided (it was released or reaped, or another claim won
+// it), the claim starts over, at most three rounds: every answer is the
+// record as one statement saw it, never a record the claim would have won.
+//
+// On PostgreSQL the INSERT reads the key from its snapshot and inserts
+// only when it finds none, so that a replay or a conflict locks nothing,
+// takes no transaction ID, writes no WAL and never waits for another
+// transaction (it answers the record as last committed; a bare ON CONFLICT
+// DO NOTHING would wait for any transaction that holds the record's row,
+// such as a unit whose completion is written but not yet committed). Only
+// a claim that would win waits for a row another transaction holds, and
+// re-checks the row's latest version. On SQLite the INSERT is a plain ON
+// CONFLICT DO NOTHING: a replay or a conflict changes no page (the WAL does
+// not grow), but takes the database's write lock for the statement, as
+// every SQLite write does, so it waits for a writer that holds it. MySQL's
+// claim is below ("MySQL and MariaDB").
 //
 // Statements per guarded request, beyond the handler's own: a fresh key is
 // two, the claim and the completion (in the handler's transaction when it
-// asked for one, with its BEGIN and COMMIT). A replay or an in-progress
-// conflict is one statement on PostgreSQL, which returns the existing
-// record; on SQLite and MySQL two, since SQLite's RETURNING reports only
-// rows a statement wrote and MySQL has none: the claim, which changes
-// nothing, and a read. A takeover is one statement on PostgreSQL and
-// SQLite; a restart past the window one on PostgreSQL, three on SQLite
-// (the upsert, the read, a conditional UPDATE). When the claim's statement
-// returns no record to answer from and the read then finds one the claim
-// wins (it changed since the statement: a row committed after a
-// PostgreSQL statement began, an EndLease or a Release and a new claim in
-// between), the claim wins it with a conditional UPDATE (on MySQL the
-// locking transaction below), and starts over if that finds the record
-// changed again, at most three rounds: every answer is the record as one
-// statement saw it, never a record the claim would have won.
+// asked for one, with its BEGIN and COMMIT); a replay or an in-progress
+// conflict two, the claim's INSERT and its read.
 //
 // # Transactions
 //

@@ -8,6 +8,91 @@ import (
 	"strings"
 )
 
+// sqliteDialect is SQLite's: its SQL, the checks of the pool Open makes,
+// and the steps that upgrade a table of an earlier layout.
+type sqliteDialect struct{ returning }
+
+func (sqliteDialect) name() string { return "sqlite" }
+
+// identify reads sqlite_version(), which only SQLite answers.
+func (sqliteDialect) identify(ctx context.Context, db *sql.DB) (bool, string, error) {
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&v); err != nil {
+		return false, "", err
+	}
+	return true, "SQLite " + v, nil
+}
+
+func (sqliteDialect) check(ctx context.Context, db *sql.DB) error { return checkSQLite(ctx, db) }
+
+// prepared is true: SQLite parses a statement on every unprepared call, and
+// the claim's parse cost more than the rest of the request.
+func (sqliteDialect) prepared() bool { return true }
+
+// txOptions are nil: SQLite transactions are serializable anyway (one
+// writer at a time), and the modernc.org/sqlite driver ignores the
+// isolation level.
+func (sqliteDialect) txOptions() *sql.TxOptions { return nil }
+
+// schema is the table of schemaFmt in SQLite's types, with two partial
+// indexes that serve the background jobs and nothing else: the records in
+// progress by lease end (the Completer's and the Reaper's Abandoned), and
+// the completed records by completion time (the Reaper's DeleteBefore). A
+// record is in one of them at a time, so a claim adds two index entries
+// (the primary key's and the first index's) and a completion two (the
+// primary key's and the second's). A recovery point changes no indexed
+// column.
+func (sqliteDialect) schema(table string) string {
+	return fmt.Sprintf(schemaFmt, table, "BLOB", "") + fmt.Sprintf(`;
+CREATE INDEX IF NOT EXISTS %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
+CREATE INDEX IF NOT EXISTS %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2;
+`, table)
+}
+
+// queries are the shared statements, the claim's plain INSERT, the win's
+// conditional UPDATEs and the Reaper's DELETE, in SQLite's numbered ?N
+// placeholders.
+func (d sqliteDialect) queries(table string) queries {
+	q := sharedQueries(table)
+	q.insert = fmt.Sprintf(`INSERT INTO %[1]s (%[2]s) VALUES (%[3]s)
+ON CONFLICT (scope_hash) DO NOTHING`, table, insertCols, insertVals)
+	q.takeover, q.restart = conditionalWin(table)
+
+	// Bounded: at most $2 rows per statement, chosen by primary key from
+	// the two partial indexes: completed records first, oldest completion
+	// first (for a completed record updated_at is completed_at), then
+	// records in progress whose lease and last update are both past the
+	// horizon. SQLite serialises writers, so no row changes under the
+	// statement; the conditions are repeated on the DELETE itself for the
+	// meaning PostgreSQL's need.
+	q.deleteBefore = fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 2 AND completed_at < $1 AND updated_at < $1
+		ORDER BY completed_at LIMIT $2) done
+	UNION ALL
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 1 AND lease_until < $1 AND updated_at < $1
+		ORDER BY lease_until LIMIT $2) unfinished
+	LIMIT $2)
+  AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table)
+	q.rebind(d.rebind)
+	return q
+}
+
+// rebind turns $N into SQLite's numbered ?N.
+func (sqliteDialect) rebind(q string) string { return strings.ReplaceAll(q, "$", "?") }
+
+// migrate creates the table or upgrades one of an earlier layout, in one
+// transaction (see migrateTx), and drops the earlier layouts' indexes on
+// (state, lease_until) and (updated_at), which every update but a
+// heartbeat changed. SQLite keeps any bytes in a TEXT column as they were:
+// a TEXT recovery_point needs nothing.
+func (sqliteDialect) migrate(ctx context.Context, s *Store) error {
+	return s.migrateTx(ctx, func(tx *sql.Tx) error {
+		return dropIndexes(ctx, tx, s.table, "_lease_idx", "_updated_idx")
+	})
+}
+
 // SQLiteBusyTimeoutMillis is the busy_timeout that SQLiteDSN sets: how long a
 // connection waits for the database's write lock before failing with
 // SQLITE_BUSY.
