@@ -40,3 +40,10 @@ func GateDeleteBefore(s *Store, key int64) {
 	s.q.deleteBefore = strings.Replace(s.q.deleteBefore, at,
 		fmt.Sprintf("WHERE (SELECT true FROM pg_advisory_xact_lock_shared(%d)) AND l.lease_until < $1", key), 1)
 }
+
+// UsePartialIndexes gives s, a PostgreSQL Store, SQLite's layout: two
+// partial indexes and no list of leases (Migrate creates it).
+func UsePartialIndexes(s *Store) {
+	s.d = postgresPartial{}
+	s.q = s.d.queries(s.table)
+}

@@ -20,9 +20,9 @@ import (
 )
 
 // openPGDatabase creates a database of the test's own (dropped at cleanup)
-// with pg_walinspect, an extension of the database (created there and
-// nowhere else), and returns a pool on it and its DSN.
-func openPGDatabase(t *testing.T) (*sql.DB, string) {
+// with an extension of the database (pg_walinspect, pgstattuple: created
+// there and nowhere else), and returns a pool on it and its DSN.
+func openPGDatabase(t testing.TB, extension string) (*sql.DB, string) {
 	t.Helper()
 	dsn := pgDSN(t)
 	admin, err := sql.Open("pgx", dsn)
@@ -40,7 +40,7 @@ func openPGDatabase(t *testing.T) (*sql.DB, string) {
 	db.SetMaxOpenConns(8)
 	t.Cleanup(func() { _ = db.Close() })
 	require.NoError(t, db.Ping())
-	_, err = db.Exec(`CREATE EXTENSION pg_walinspect`)
+	_, err = db.Exec(`CREATE EXTENSION ` + extension)
 	require.NoError(t, err)
 	return db, u.String()
 }
@@ -128,7 +128,7 @@ FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)`, w.from, to)
 // does write.
 func TestPostgresReplayAndConflictWriteNothing(t *testing.T) {
 	ctx := t.Context()
-	db, _ := openPGDatabase(t)
+	db, _ := openPGDatabase(t, "pg_walinspect")
 	s, err := sqlstore.Open(db, sqlstore.Postgres)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(ctx))
@@ -251,7 +251,7 @@ const leasesTable = sqlstore.DefaultTable + "_leases"
 // completion deletes it.
 func TestPostgresIndexWritesPerRequest(t *testing.T) {
 	ctx := t.Context()
-	db, dsn := openPGDatabase(t)
+	db, dsn := openPGDatabase(t, "pg_walinspect")
 	s, err := sqlstore.Open(db, sqlstore.Postgres)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(ctx))
