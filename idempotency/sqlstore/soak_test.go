@@ -63,7 +63,7 @@ var soakSegments = []struct{ conc, n int }{{1, 100}, {16, 2000}, {64, 2000}}
 // autovacuum worker was seen on each relation (pg_stat_progress_vacuum,
 // sampled every 100 ms); pgstattuple's dead and free space and
 // pgstatindex's leaf density; Abandoned's time; and the total size every
-// 10% of the run (b.Log).
+// 10% of the run (lines "soak: ..." on stdout).
 //
 //	SAFERETRY_PG_DSN=... go test -run '^$' -bench 'BenchmarkPostgresSoak$' -benchtime 1000000x -timeout 90m ./idempotency/sqlstore/
 func BenchmarkPostgresSoak(b *testing.B) {
@@ -138,7 +138,7 @@ func BenchmarkPostgresSoak(b *testing.B) {
 		recs, err := l.s.Abandoned(ctx, l.now(), soakBatch)
 		require.NoError(b, err)
 		b.ReportMetric(float64(time.Since(start).Microseconds())/1000, l.name+"-abandoned-ms")
-		b.Logf("%s: Abandoned found %d", l.name, len(recs))
+		soakLog("%s: Abandoned found %d", l.name, len(recs))
 		b.ReportMetric(float64(soakTotalSize(b, db, l.table))/(1<<20), l.name+"-MiB")
 	}
 	for j, seg := range soakSegments {
@@ -146,10 +146,10 @@ func BenchmarkPostgresSoak(b *testing.B) {
 		b.ReportMetric(layouts[1].lateRate(j)/layouts[0].lateRate(j), fmt.Sprintf("late-c%d-ratio", seg.conc))
 	}
 	for _, l := range layouts {
-		b.Logf("%s: %d requests (%d replays, %d taken over by the Completer, %d reaped); c1 %.0f/s, c16 %.0f/s, c64 %.0f/s; last fifth c1 %.0f/s, c16 %.0f/s, c64 %.0f/s",
+		soakLog("%s: %d requests (%d replays, %d taken over by the Completer, %d reaped); c1 %.0f/s, c16 %.0f/s, c64 %.0f/s; last fifth c1 %.0f/s, c16 %.0f/s, c64 %.0f/s",
 			l.name, l.requests.Load(), l.replays.Load(), l.takenOver, l.reaped,
 			l.rate(0), l.rate(1), l.rate(2), l.lateRate(0), l.lateRate(1), l.lateRate(2))
-		b.Logf("%s: total size every tenth of the run (requests:size): %s", l.name, strings.Join(l.sizes, " "))
+		soakLog("%s: total size every tenth of the run (requests:size): %s", l.name, strings.Join(l.sizes, " "))
 		soakReport(b, db, l)
 	}
 }
@@ -376,6 +376,10 @@ WHERE relname IN ($1::text, $1::text || '_leases') AND relkind = 'r'`, table).Sc
 	return n
 }
 
+// soakLog prints a line of the report on stdout, whole: a benchmark's log
+// keeps its first lines only.
+func soakLog(format string, args ...any) { fmt.Printf("soak: "+format+"\n", args...) }
+
 func mib(n int64) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
 
 // soakReport logs the layout's relations: sizes, tuples, vacuums, and
@@ -397,7 +401,7 @@ WHERE s.relname IN ($1::text, $1::text || '_leases') ORDER BY s.relname`, l.tabl
 		require.NoError(b, rows.Scan(&name, &live, &dead, &ins, &upd, &hot, &del, &avac, &aanalyze,
 			&heap, &toast, &idx))
 		tables = append(tables, name)
-		b.Logf("%s: %s heap %s, toast %s, indexes %s; live %d, dead %d; ins %d, upd %d (hot %d), del %d; autovacuum %d (seen %v), autoanalyze %d",
+		soakLog("%s: %s heap %s, toast %s, indexes %s; live %d, dead %d; ins %d, upd %d (hot %d), del %d; autovacuum %d (seen %v), autoanalyze %d",
 			l.name, name, mib(heap), mib(toast), mib(idx), live, dead, ins, upd, hot, del, avac,
 			l.vacuumed[name].Round(100*time.Millisecond), aanalyze)
 	}
@@ -407,7 +411,7 @@ WHERE s.relname IN ($1::text, $1::text || '_leases') ORDER BY s.relname`, l.tabl
 		var dead, free float64
 		require.NoError(b, db.QueryRow(`SELECT dead_tuple_percent, free_percent FROM pgstattuple($1::regclass)`,
 			name).Scan(&dead, &free))
-		b.Logf("%s: %s pgstattuple: dead %.1f%%, free %.1f%%", l.name, name, dead, free)
+		soakLog("%s: %s pgstattuple: dead %.1f%%, free %.1f%%", l.name, name, dead, free)
 		idx, err := db.Query(`SELECT indexrelid::regclass::text, pg_relation_size(indexrelid)
 FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1`, name)
 		require.NoError(b, err)
@@ -426,7 +430,7 @@ FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1`, name)
 			var density, frag float64
 			require.NoError(b, db.QueryRow(`SELECT avg_leaf_density, leaf_fragmentation FROM pgstatindex($1)`,
 				n).Scan(&density, &frag))
-			b.Logf("%s: index %s %s, leaf density %.1f%%, fragmentation %.1f%%", l.name, n, mib(sizes[i]),
+			soakLog("%s: index %s %s, leaf density %.1f%%, fragmentation %.1f%%", l.name, n, mib(sizes[i]),
 				density, frag)
 		}
 	}
@@ -436,6 +440,6 @@ FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1`, name)
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		b.Logf("%s: autovacuum seen on %s for %v", l.name, k, l.vacuumed[k].Round(100*time.Millisecond))
+		soakLog("%s: autovacuum seen on %s for %v", l.name, k, l.vacuumed[k].Round(100*time.Millisecond))
 	}
 }
