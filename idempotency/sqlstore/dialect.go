@@ -151,9 +151,8 @@ func checkDialect(ctx context.Context, db *sql.DB, d Dialect) error {
 // DefaultTable is the table name used when WithTable is not given.
 const DefaultTable = "idempotency_records"
 
-// maxTableLen keeps the derived names ("<table>_pending_idx",
-// "<table>_leases_idx") within PostgreSQL's 63-byte identifier limit
-// (MySQL's is 64).
+// maxTableLen keeps the derived names ("<table>_pending_idx") within
+// PostgreSQL's 63-byte identifier limit (MySQL's is 64).
 const maxTableLen = 48
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

@@ -45,15 +45,29 @@ func (q *queries) rebind(f func(string) string) {
 	}
 }
 
-// schemaFmt is the table of PostgreSQL and SQLite (%[1]s the table, %[2]s
-// the type of bytes, %[3]s the table's options; MySQL's is mysqlSchemaFmt).
-// Every statement of a schema is idempotent (IF NOT EXISTS). The primary key
-// is scope_hash, the SHA-256 of the length-prefixed scope parts (see
-// scopeHash); the parts are kept as bytes beside it, and so is the recovery
-// point. Times are integer nanoseconds since the Unix epoch, UTC, so that
-// comparisons are exact in every dialect; 0 means "not set" (completed_at
-// of an in-progress record).
-const schemaFmt = `CREATE TABLE IF NOT EXISTS %[1]s (
+// schema is the DDL of table on PostgreSQL and SQLite, whose type of bytes
+// is blob (MySQL's is mysqlSchemaFmt). Every statement is idempotent (IF
+// NOT EXISTS). The primary key is scope_hash, the SHA-256 of the
+// length-prefixed scope parts (see scopeHash): 32 bytes whatever the parts
+// hold, so that any bytes of any length work as a principal, method, route
+// or key (PostgreSQL refuses invalid UTF-8 and NUL in TEXT, and B-tree index
+// rows over 2704 bytes). The parts are kept as bytes beside it, and so is
+// the recovery point. Times are integer nanoseconds since the Unix epoch,
+// UTC, so that comparisons are exact in every dialect; 0 means "not set"
+// (completed_at of an in-progress record).
+//
+// Two partial indexes serve the background jobs and nothing else: the
+// records in progress by lease end (the Completer's Abandoned and the
+// Reaper's unfinished records), and the completed records by completion
+// time (the Reaper's DeleteBefore). A record is in one of them at a time,
+// so a claim adds two index entries (the primary key's and the first
+// index's) and a completion two (the primary key's and the second's); on
+// PostgreSQL a completion, which changes the state the indexes select on,
+// is a new row version, and the old one's entries are left to vacuum. A
+// recovery point changes no indexed column (on PostgreSQL a HOT update when
+// its page has room), and a heartbeat changes the first index's.
+func schema(table, blob string) string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
 	scope_hash          %[2]s    NOT NULL PRIMARY KEY, -- SHA-256 of the length-prefixed scope parts
 	principal           %[2]s    NOT NULL,
 	method              %[2]s    NOT NULL,
@@ -74,7 +88,34 @@ const schemaFmt = `CREATE TABLE IF NOT EXISTS %[1]s (
 	created_at          BIGINT   NOT NULL,
 	updated_at          BIGINT   NOT NULL,
 	completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
-)%[3]s`
+);
+CREATE INDEX IF NOT EXISTS %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
+CREATE INDEX IF NOT EXISTS %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2;
+`, table, blob)
+}
+
+// deleteBefore is the Reaper's DELETE on PostgreSQL and SQLite, each
+// subquery's rows locked with lock ("" for none). Bounded: at most $2 rows
+// per statement, chosen by primary key from the two partial indexes:
+// completed records first, oldest completion first (for a completed record
+// updated_at is completed_at), then records in progress whose lease and
+// last update are both past the horizon. The conditions are repeated on
+// the DELETE itself: on PostgreSQL under READ COMMITTED, a row that a
+// concurrent claim, heartbeat or completion changed after the subquery saw
+// it is re-checked against the DELETE's own WHERE only, so without them the
+// reaper would delete a record that was just taken over or completed.
+func deleteBefore(table, lock string) string {
+	return fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 2 AND completed_at < $1 AND updated_at < $1
+		ORDER BY completed_at LIMIT $2%[2]s) done
+	UNION ALL
+	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
+		WHERE state = 1 AND lease_until < $1 AND updated_at < $1
+		ORDER BY lease_until LIMIT $2%[2]s) unfinished
+	LIMIT $2)
+  AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table, lock)
+}
 
 // columns is the list every query that reads a whole record selects, in the
 // order scanRecord expects.

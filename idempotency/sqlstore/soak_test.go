@@ -21,8 +21,8 @@ import (
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
-// Soak parameters: each request moves a layout's clock by soakStep, so
-// that leases end and records pass the cleanup horizon within the run.
+// Soak parameters: each request moves the clock by soakStep, so that
+// leases end and records pass the cleanup horizon within the run.
 const (
 	soakStep    = time.Millisecond
 	soakLease   = 30 * time.Second  // 30,000 requests
@@ -31,39 +31,35 @@ const (
 	soakBatch   = 100               // the Reaper's and the Completer's batch
 )
 
-// soakSegments are the requests each layout serves per round, at each
-// number of callers.
+// soakSegments are the requests served per round, at each number of
+// callers.
 var soakSegments = []struct{ conc, n int }{{1, 100}, {16, 2000}, {64, 2000}}
 
-// BenchmarkPostgresSoak serves b.N requests on each of two layouts of the
-// records on PostgreSQL, side by side in one database of its own, and
-// compares what they leave behind and how fast they serve:
-//
-//   - leases: the Store's table, whose completions are HOT updates, with the
-//     records in progress listed in <table>_leases;
-//   - partial: the same table with SQLite's two partial indexes (the
-//     records in progress by lease end, the completed ones by completion
-//     time) and no second table.
+// BenchmarkPostgresSoak serves b.N requests on PostgreSQL, in a database of
+// its own, with churn: leases run out and the Completer takes their
+// records over, and the Reaper deletes what passes the cleanup horizon.
+// It reports the throughput and what the table and its indexes hold after.
 //
 // Every request has a fresh key but one in twenty, a replay of a key
 // completed shortly before. Of the fresh keys, 5% heartbeat once before
 // they complete, 3% are released, and 2% are abandoned: their lease runs
 // out and the Completer's pass takes them over and completes them. The
-// rest complete. After each segment the layout's Completer (Abandoned,
-// then a takeover-only claim and a completion per record) and Reaper
-// (DeleteBefore until a batch comes back short, horizon 200 s of the
-// layout's clock: about 200,000 records live) run, untimed. Each round
-// serves, per layout, 100 requests from 1 caller, 2,000 from 16 and 2,000
-// from 64 (a pool of 64 connections), the layouts' order alternating.
+// rest complete. Each request moves the clock by 1 ms. After each segment
+// of requests the Completer (Abandoned, then a takeover-only claim and a
+// completion per record) and the Reaper (DeleteBefore until a batch comes
+// back short, horizon 200 s: about 200,000 records live) run, untimed.
+// Each round serves 100 requests from 1 caller, 2,000 from 16 and 2,000
+// from 64 (a pool of 64 connections).
 //
-// It reports per layout: requests per second at each number of callers
-// (and the ratio partial/leases), over the whole run and over its last
-// fifth; the size of each relation (heap, TOAST, each index, the leases'
-// table) after the run; dead tuples, autovacuum runs and the seconds an
-// autovacuum worker was seen on each relation (pg_stat_progress_vacuum,
-// sampled every 100 ms); pgstattuple's dead and free space and
-// pgstatindex's leaf density; Abandoned's time; and the total size every
-// 10% of the run (lines "soak: ..." on stdout).
+// It reports requests per second at each number of callers, over the
+// whole run and over its last fifth; the total size after the run; the
+// Completer's Abandoned, its mean and longest time; and logs the size of each relation (heap, TOAST,
+// indexes), its dead tuples, its autovacuum runs and the seconds an
+// autovacuum worker was seen on it (pg_stat_progress_vacuum, sampled every
+// 100 ms), pgstattuple's dead and free space and pgstatindex's leaf
+// density, and the total size every tenth of the run (lines "soak: ..." on
+// stdout). Run it on a server
+// with autovacuum on (PostgreSQL's default):
 //
 //	SAFERETRY_PG_DSN=... go test -run '^$' -bench 'BenchmarkPostgresSoak$' -benchtime 1000000x -timeout 90m ./idempotency/sqlstore/
 func BenchmarkPostgresSoak(b *testing.B) {
@@ -71,23 +67,14 @@ func BenchmarkPostgresSoak(b *testing.B) {
 	db.SetMaxOpenConns(64)
 	db.SetMaxIdleConns(64)
 	ctx := context.Background()
-
-	layouts := []*soakLayout{{name: "leases"}, {name: "partial"}}
-	for _, l := range layouts {
-		s, err := sqlstore.Open(db, sqlstore.Postgres, sqlstore.WithTable("soak_"+l.name))
-		require.NoError(b, err)
-		if l.name == "partial" {
-			sqlstore.UsePartialIndexes(s)
-		}
-		require.NoError(b, s.Migrate(ctx))
-		l.s, l.table = s, "soak_"+l.name
-		l.spent = make([]time.Duration, len(soakSegments))
-		l.served = make([]int, len(soakSegments))
-		l.lateSpent = make([]time.Duration, len(soakSegments))
-		l.lateServed = make([]int, len(soakSegments))
-		l.vacuumed = map[string]time.Duration{}
-	}
-	relations := soakRelations(b, db, layouts)
+	s, err := sqlstore.Open(db, sqlstore.Postgres)
+	require.NoError(b, err)
+	require.NoError(b, s.Migrate(ctx))
+	l := &soakRun{table: sqlstore.DefaultTable, s: s,
+		spent: make([]time.Duration, len(soakSegments)), served: make([]int, len(soakSegments)),
+		lateSpent:  make([]time.Duration, len(soakSegments)),
+		lateServed: make([]int, len(soakSegments)), vacuumed: map[string]time.Duration{}}
+	relations := soakRelations(b, db, []*soakRun{l})
 
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
@@ -100,64 +87,49 @@ func BenchmarkPostgresSoak(b *testing.B) {
 	rounds := max(1, b.N/perRound)
 	b.ResetTimer()
 	for round := range rounds {
-		for i := range layouts {
-			l := layouts[(i+round)%len(layouts)]
-			late := round >= rounds-rounds/5
-			for j, seg := range soakSegments {
-				start := time.Now()
-				parallel(seg.n, seg.conc, func() { l.request(b) })
-				d := time.Since(start)
-				l.spent[j] += d
-				l.served[j] += seg.n
-				if late {
-					l.lateSpent[j] += d
-					l.lateServed[j] += seg.n
-				}
-				l.jobs(b)
+		late := round >= rounds-rounds/5
+		for j, seg := range soakSegments {
+			start := time.Now()
+			parallel(seg.n, seg.conc, func() { l.request(b) })
+			d := time.Since(start)
+			l.spent[j] += d
+			l.served[j] += seg.n
+			if late {
+				l.lateSpent[j] += d
+				l.lateServed[j] += seg.n
 			}
-			if tenth := max(1, rounds/10); (round+1)%tenth == 0 {
-				l.sizes = append(l.sizes, fmt.Sprintf("%d:%s", l.requests.Load(),
-					mib(soakTotalSize(b, db, l.table))))
-			}
+			l.jobs(b)
+		}
+		if tenth := max(1, rounds/10); (round+1)%tenth == 0 {
+			l.sizes = append(l.sizes, fmt.Sprintf("%d:%s", l.requests.Load(),
+				mib(soakTotalSize(b, db, l.table))))
 		}
 	}
 	b.StopTimer()
 	close(stop)
 	sampler.Wait()
+	l.vacuumed = relations.busy(l.table)
 
-	for _, l := range layouts {
-		for name, d := range relations.busy(l.table) {
-			l.vacuumed[name] = d
-		}
-	}
-	for _, l := range layouts {
-		for j, seg := range soakSegments {
-			b.ReportMetric(float64(l.served[j])/l.spent[j].Seconds(), fmt.Sprintf("%s-c%d-req/s", l.name, seg.conc))
-		}
-		start := time.Now()
-		recs, err := l.s.Abandoned(ctx, l.now(), soakBatch)
-		require.NoError(b, err)
-		b.ReportMetric(float64(time.Since(start).Microseconds())/1000, l.name+"-abandoned-ms")
-		soakLog("%s: Abandoned found %d", l.name, len(recs))
-		b.ReportMetric(float64(soakTotalSize(b, db, l.table))/(1<<20), l.name+"-MiB")
-	}
 	for j, seg := range soakSegments {
-		b.ReportMetric(layouts[1].rate(j)/layouts[0].rate(j), fmt.Sprintf("c%d-ratio", seg.conc))
-		b.ReportMetric(layouts[1].lateRate(j)/layouts[0].lateRate(j), fmt.Sprintf("late-c%d-ratio", seg.conc))
+		b.ReportMetric(l.rate(j), fmt.Sprintf("c%d-req/s", seg.conc))
+		b.ReportMetric(l.lateRate(j), fmt.Sprintf("late-c%d-req/s", seg.conc))
 	}
-	for _, l := range layouts {
-		soakLog("%s: %d requests (%d replays, %d taken over by the Completer, %d reaped); c1 %.0f/s, c16 %.0f/s, c64 %.0f/s; last fifth c1 %.0f/s, c16 %.0f/s, c64 %.0f/s",
-			l.name, l.requests.Load(), l.replays.Load(), l.takenOver, l.reaped,
-			l.rate(0), l.rate(1), l.rate(2), l.lateRate(0), l.lateRate(1), l.lateRate(2))
-		soakLog("%s: total size every tenth of the run (requests:size): %s", l.name, strings.Join(l.sizes, " "))
-		soakReport(b, db, l)
-	}
+	recs, err := l.s.Abandoned(ctx, l.now(), soakBatch)
+	require.NoError(b, err)
+	b.ReportMetric(float64(l.abandonedTime.Microseconds())/1000/float64(l.abandonedCalls),
+		"abandoned-ms")
+	b.ReportMetric(float64(l.abandonedMax.Microseconds())/1000, "abandoned-max-ms")
+	b.ReportMetric(float64(soakTotalSize(b, db, l.table))/(1<<20), "MiB")
+	soakLog("%d requests (%d replays, %d taken over by the Completer, %d reaped); Abandoned found %d",
+		l.requests.Load(), l.replays.Load(), l.takenOver, l.reaped, len(recs))
+	soakLog("total size every tenth of the run (requests:size): %s", strings.Join(l.sizes, " "))
+	soakReport(b, db, l)
 }
 
-// soakLayout is one layout under soak, with its own clock and counts.
-type soakLayout struct {
-	name, table string
-	s           *sqlstore.Store
+// soakRun is the Store under soak, with its clock and counts.
+type soakRun struct {
+	table string
+	s     *sqlstore.Store
 
 	seq      atomic.Int64 // requests served: the clock
 	requests atomic.Int64
@@ -167,19 +139,22 @@ type soakLayout struct {
 	recent []idempotency.Scope // completed keys, for replays
 
 	takenOver, reaped  int
+	abandonedCalls     int
+	abandonedTime      time.Duration // spent in Abandoned, and its longest call
+	abandonedMax       time.Duration
 	spent, lateSpent   []time.Duration
 	served, lateServed []int
 	sizes              []string
 	vacuumed           map[string]time.Duration
 }
 
-func (l *soakLayout) now() time.Time { return t0.Add(time.Duration(l.seq.Load()) * soakStep) }
+func (l *soakRun) now() time.Time { return t0.Add(time.Duration(l.seq.Load()) * soakStep) }
 
-func (l *soakLayout) tick() time.Time { return t0.Add(time.Duration(l.seq.Add(1)) * soakStep) }
+func (l *soakRun) tick() time.Time { return t0.Add(time.Duration(l.seq.Add(1)) * soakStep) }
 
-func (l *soakLayout) rate(j int) float64 { return float64(l.served[j]) / l.spent[j].Seconds() }
+func (l *soakRun) rate(j int) float64 { return float64(l.served[j]) / l.spent[j].Seconds() }
 
-func (l *soakLayout) lateRate(j int) float64 {
+func (l *soakRun) lateRate(j int) float64 {
 	return float64(l.lateServed[j]) / l.lateSpent[j].Seconds()
 }
 
@@ -192,7 +167,7 @@ var (
 
 // request serves one request: a replay, or a fresh key that completes,
 // heartbeats and completes, is released, or is abandoned.
-func (l *soakLayout) request(b *testing.B) {
+func (l *soakRun) request(b *testing.B) {
 	ctx := context.Background()
 	l.requests.Add(1)
 	now := l.tick()
@@ -208,7 +183,7 @@ func (l *soakLayout) request(b *testing.B) {
 			l.replays.Add(1)
 			res, err := l.s.Claim(ctx, soakClaim(sc, now))
 			if err != nil || res.Acquired() {
-				b.Errorf("%s: replay: %v %v", l.name, res.Outcome, err)
+				b.Errorf("replay: %v %v", res.Outcome, err)
 			}
 			return
 		}
@@ -217,7 +192,7 @@ func (l *soakLayout) request(b *testing.B) {
 		Route: "/payments", Key: soakHex(16)}
 	res, err := l.s.Claim(ctx, soakClaim(sc, now))
 	if err != nil || res.Outcome != idempotency.ClaimCreated {
-		b.Errorf("%s: claim: %v %v", l.name, res.Outcome, err)
+		b.Errorf("claim: %v %v", res.Outcome, err)
 		return
 	}
 	lease := res.Record.Lease()
@@ -234,7 +209,7 @@ func (l *soakLayout) request(b *testing.B) {
 		err = l.s.Complete(ctx, lease, soakResponse, now)
 	}
 	if err != nil {
-		b.Errorf("%s: %v", l.name, err)
+		b.Error(err)
 		return
 	}
 	if r >= 10 {
@@ -254,15 +229,20 @@ func soakClaim(sc idempotency.Scope, now time.Time) idempotency.Claim {
 		ReplayWindow: soakWindow}
 }
 
-// jobs runs the layout's Completer and Reaper once, as the idempotency
+// jobs runs the Completer and Reaper once, as the idempotency
 // package's do: the Completer takes over the records whose lease ended and
 // completes them, the Reaper deletes the records past the horizon.
-func (l *soakLayout) jobs(b *testing.B) {
+func (l *soakRun) jobs(b *testing.B) {
 	ctx := context.Background()
 	now := l.now()
 	for {
+		start := time.Now()
 		recs, err := l.s.Abandoned(ctx, now, soakBatch)
 		require.NoError(b, err)
+		d := time.Since(start)
+		l.abandonedCalls++
+		l.abandonedTime += d
+		l.abandonedMax = max(l.abandonedMax, d)
 		for _, rec := range recs {
 			c := soakClaim(rec.Scope, now)
 			c.Fingerprint, c.TakeoverOnly = rec.Fingerprint, true
@@ -293,12 +273,12 @@ func soakHex(n int) string {
 	return hex.EncodeToString(p)
 }
 
-// soakRels maps the oids of the layouts' relations (heaps, TOAST tables,
-// indexes) to their table and name, and counts the time autovacuum was
-// seen working on each.
+// soakRels maps the oids of the soaked relations (heaps, TOAST tables) to
+// their table and name, and counts the time autovacuum was seen working on
+// each.
 type soakRels struct {
 	mu    sync.Mutex
-	table map[int64]string // oid: the layout's table
+	table map[int64]string // oid: the Store's table
 	name  map[int64]string // oid: the relation's name
 	seen  map[int64]time.Duration
 }
@@ -315,15 +295,15 @@ func (r *soakRels) busy(table string) map[string]time.Duration {
 	return out
 }
 
-// soakRelations lists the heaps and TOAST tables of each layout's tables.
-func soakRelations(b *testing.B, db *sql.DB, layouts []*soakLayout) *soakRels {
+// soakRelations lists the heaps and TOAST tables of the runs' tables.
+func soakRelations(b *testing.B, db *sql.DB, layouts []*soakRun) *soakRels {
 	r := &soakRels{table: map[int64]string{}, name: map[int64]string{}, seen: map[int64]time.Duration{}}
 	for _, l := range layouts {
 		rows, err := db.Query(`SELECT c.oid, c.relname FROM pg_class c
-WHERE c.relname IN ($1::text, $1::text || '_leases')
+WHERE c.relname = $1
 UNION ALL
 SELECT t.oid, c.relname || ' (toast)' FROM pg_class c JOIN pg_class t ON t.oid = c.reltoastrelid
-WHERE c.relname IN ($1::text, $1::text || '_leases')`, l.table)
+WHERE c.relname = $1`, l.table)
 		require.NoError(b, err)
 		for rows.Next() {
 			var (
@@ -367,12 +347,11 @@ func soakSampleVacuum(db *sql.DB, r *soakRels, stop <-chan struct{}) {
 	}
 }
 
-// soakTotalSize is the size of the layout's table and its leases' table,
-// with their TOAST tables and indexes.
+// soakTotalSize is the size of table with its TOAST table and indexes.
 func soakTotalSize(b *testing.B, db *sql.DB, table string) int64 {
 	var n int64
 	require.NoError(b, db.QueryRow(`SELECT coalesce(sum(pg_total_relation_size(oid)), 0) FROM pg_class
-WHERE relname IN ($1::text, $1::text || '_leases') AND relkind = 'r'`, table).Scan(&n))
+WHERE relname = $1 AND relkind = 'r'`, table).Scan(&n))
 	return n
 }
 
@@ -382,14 +361,14 @@ func soakLog(format string, args ...any) { fmt.Printf("soak: "+format+"\n", args
 
 func mib(n int64) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
 
-// soakReport logs the layout's relations: sizes, tuples, vacuums, and
+// soakReport logs the run's relations: sizes, tuples, vacuums, and
 // pgstattuple's and pgstatindex's view of their space.
-func soakReport(b *testing.B, db *sql.DB, l *soakLayout) {
+func soakReport(b *testing.B, db *sql.DB, l *soakRun) {
 	rows, err := db.Query(`SELECT s.relname, n_live_tup, n_dead_tup, n_tup_ins, n_tup_upd,
 	n_tup_hot_upd, n_tup_del, autovacuum_count, autoanalyze_count, pg_relation_size(relid),
 	coalesce(pg_total_relation_size(nullif(reltoastrelid, 0)), 0), pg_indexes_size(relid)
 FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-WHERE s.relname IN ($1::text, $1::text || '_leases') ORDER BY s.relname`, l.table)
+WHERE s.relname = $1 ORDER BY s.relname`, l.table)
 	require.NoError(b, err)
 	var tables []string
 	for rows.Next() {
@@ -401,8 +380,8 @@ WHERE s.relname IN ($1::text, $1::text || '_leases') ORDER BY s.relname`, l.tabl
 		require.NoError(b, rows.Scan(&name, &live, &dead, &ins, &upd, &hot, &del, &avac, &aanalyze,
 			&heap, &toast, &idx))
 		tables = append(tables, name)
-		soakLog("%s: %s heap %s, toast %s, indexes %s; live %d, dead %d; ins %d, upd %d (hot %d), del %d; autovacuum %d (seen %v), autoanalyze %d",
-			l.name, name, mib(heap), mib(toast), mib(idx), live, dead, ins, upd, hot, del, avac,
+		soakLog("%s: heap %s, toast %s, indexes %s; live %d, dead %d; ins %d, upd %d (hot %d), del %d; autovacuum %d (seen %v), autoanalyze %d",
+			name, mib(heap), mib(toast), mib(idx), live, dead, ins, upd, hot, del, avac,
 			l.vacuumed[name].Round(100*time.Millisecond), aanalyze)
 	}
 	require.NoError(b, rows.Err())
@@ -411,7 +390,7 @@ WHERE s.relname IN ($1::text, $1::text || '_leases') ORDER BY s.relname`, l.tabl
 		var dead, free float64
 		require.NoError(b, db.QueryRow(`SELECT dead_tuple_percent, free_percent FROM pgstattuple($1::regclass)`,
 			name).Scan(&dead, &free))
-		soakLog("%s: %s pgstattuple: dead %.1f%%, free %.1f%%", l.name, name, dead, free)
+		soakLog("%s pgstattuple: dead %.1f%%, free %.1f%%", name, dead, free)
 		idx, err := db.Query(`SELECT indexrelid::regclass::text, pg_relation_size(indexrelid)
 FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1`, name)
 		require.NoError(b, err)
@@ -430,7 +409,7 @@ FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1`, name)
 			var density, frag float64
 			require.NoError(b, db.QueryRow(`SELECT avg_leaf_density, leaf_fragmentation FROM pgstatindex($1)`,
 				n).Scan(&density, &frag))
-			soakLog("%s: index %s %s, leaf density %.1f%%, fragmentation %.1f%%", l.name, n, mib(sizes[i]),
+			soakLog("index %s %s, leaf density %.1f%%, fragmentation %.1f%%", n, mib(sizes[i]),
 				density, frag)
 		}
 	}
@@ -440,6 +419,6 @@ FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1`, name)
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		soakLog("%s: autovacuum seen on %s for %v", l.name, k, l.vacuumed[k].Round(100*time.Millisecond))
+		soakLog("autovacuum seen on %s for %v", k, l.vacuumed[k].Round(100*time.Millisecond))
 	}
 }

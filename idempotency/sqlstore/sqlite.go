@@ -34,47 +34,18 @@ func (sqliteDialect) prepared() bool { return true }
 // isolation level.
 func (sqliteDialect) txOptions() *sql.TxOptions { return nil }
 
-// schema is the table of schemaFmt in SQLite's types, with two partial
-// indexes that serve the background jobs and nothing else: the records in
-// progress by lease end (the Completer's and the Reaper's Abandoned), and
-// the completed records by completion time (the Reaper's DeleteBefore). A
-// record is in one of them at a time, so a claim adds two index entries
-// (the primary key's and the first index's) and a completion two (the
-// primary key's and the second's). A recovery point changes no indexed
-// column.
-func (sqliteDialect) schema(table string) string {
-	return fmt.Sprintf(schemaFmt, table, "BLOB", "") + fmt.Sprintf(`;
-CREATE INDEX IF NOT EXISTS %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
-CREATE INDEX IF NOT EXISTS %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2;
-`, table)
-}
+// schema is the shared one (see schema), with BLOB columns.
+func (sqliteDialect) schema(table string) string { return schema(table, "BLOB") }
 
 // queries are the shared statements, the claim's plain INSERT, the win's
-// conditional UPDATEs and the Reaper's DELETE, in SQLite's numbered ?N
-// placeholders.
+// conditional UPDATEs and the Reaper's DELETE (SQLite serialises writers,
+// so no row changes under it), in SQLite's numbered ?N placeholders.
 func (d sqliteDialect) queries(table string) queries {
 	q := sharedQueries(table)
 	q.insert = fmt.Sprintf(`INSERT INTO %[1]s (%[2]s) VALUES (%[3]s)
 ON CONFLICT (scope_hash) DO NOTHING`, table, insertCols, insertVals)
 	q.takeover, q.restart = conditionalWin(table)
-
-	// Bounded: at most $2 rows per statement, chosen by primary key from
-	// the two partial indexes: completed records first, oldest completion
-	// first (for a completed record updated_at is completed_at), then
-	// records in progress whose lease and last update are both past the
-	// horizon. SQLite serialises writers, so no row changes under the
-	// statement; the conditions are repeated on the DELETE itself for the
-	// meaning PostgreSQL's need.
-	q.deleteBefore = fmt.Sprintf(`DELETE FROM %[1]s WHERE scope_hash IN (
-	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
-		WHERE state = 2 AND completed_at < $1 AND updated_at < $1
-		ORDER BY completed_at LIMIT $2) done
-	UNION ALL
-	SELECT scope_hash FROM (SELECT scope_hash FROM %[1]s
-		WHERE state = 1 AND lease_until < $1 AND updated_at < $1
-		ORDER BY lease_until LIMIT $2) unfinished
-	LIMIT $2)
-  AND updated_at < $1 AND (state = 2 OR lease_until < $1)`, table)
+	q.deleteBefore = deleteBefore(table, "")
 	q.rebind(d.rebind)
 	return q
 }

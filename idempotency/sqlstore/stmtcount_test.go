@@ -419,15 +419,8 @@ func TestStatementsPerRequest(t *testing.T) {
 	})
 }
 
-// verb is the first word of a statement, or for PostgreSQL's writes of a
-// record and its lease (WITH rec AS (...) ...), the first word of the
-// record's write.
-func verb(stmt string) string {
-	if rest, ok := strings.CutPrefix(stmt, "WITH rec AS ("); ok {
-		stmt = rest
-	}
-	return strings.Fields(stmt)[0]
-}
+// verb is the first word of a statement.
+func verb(stmt string) string { return strings.Fields(stmt)[0] }
 
 // brief shortens each statement to its first words, for messages.
 func brief(stmts []string) []string {

@@ -144,13 +144,12 @@ type config struct {
 // WithTable sets the table name (default DefaultTable, "idempotency_records").
 // The name must be a plain unquoted identifier: 1 to 48 ASCII letters,
 // digits or underscores, not starting with a digit; Open returns an error
-// matching ErrInvalidConfig otherwise. On PostgreSQL the Store also uses
-// <name>_leases, its list of the records in progress (see the package
-// documentation, "Schema"). Two Stores with different tables in one
-// database are independent, so long as no name is another's followed by one
-// of the suffixes Schema gives its table and index names ("_leases",
-// "_created_idx", "_leases_idx", "_pending_idx", "_done_idx"): tables and
-// indexes share one namespace.
+// matching ErrInvalidConfig otherwise. Two Stores with different tables in
+// one database are independent, so long as no name is another's followed by
+// one of the suffixes of the index names Schema gives ("_pending_idx",
+// "_done_idx"; and "_v1", "_leases", "_created_idx", "_lease_idx" and
+// "_updated_idx", which Migrate renames to or drops): tables and indexes
+// share one namespace.
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
 }
@@ -223,11 +222,10 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 // Schema returns the DDL that Migrate runs for this Store's dialect and
 // table: one CREATE TABLE IF NOT EXISTS whose primary key is scope_hash (the
 // SHA-256 of the scope's parts, which are kept beside it) and the indexes
-// of the completer's and the reaper's scans: on SQLite, two partial CREATE
-// INDEX IF NOT EXISTS; on MySQL, two INDEX clauses of the CREATE TABLE,
-// which is the whole DDL; on PostgreSQL, one on created_at and the table
-// <table>_leases of the records in progress with its index.
-// Times are integer Unix nanoseconds (UTC) in every dialect.
+// of the completer's and the reaper's scans: on PostgreSQL and SQLite, two
+// partial CREATE INDEX IF NOT EXISTS; on MySQL, two INDEX clauses of the
+// CREATE TABLE, which is the whole DDL. Times are integer Unix nanoseconds
+// (UTC) in every dialect.
 func (s *Store) Schema() string { return s.d.schema(s.table) }
 
 // splitStatements splits the DDL on its semicolons (the schema has none
@@ -502,10 +500,8 @@ func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) (
 
 // DeleteBefore implements idempotency.Store.DeleteBefore with one bounded
 // DELETE: up to limit records last updated before horizon that are completed
-// or whose lease also ended before horizon (on PostgreSQL the records in
-// progress first, by lease end, then the completed ones, oldest first; on
-// SQLite and MySQL the completed ones first). On PostgreSQL it
-// skips records that a concurrent write holds locked rather than wait for
+// or whose lease also ended before horizon, the completed ones first,
+// oldest first. On PostgreSQL it skips records that a concurrent write holds locked rather than wait for
 // them (a later run finds them if they are still stale), and re-checks the
 // conditions on each row it deletes, so a record taken over, heartbeated or
 // completed meanwhile survives. On MySQL it is two statements, a plain read
