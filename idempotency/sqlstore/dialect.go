@@ -31,7 +31,9 @@ const (
 )
 
 // dialects are the implementations of the Dialects, by value.
-var dialects = [...]dialect{Postgres: postgresDialect{}, SQLite: sqliteDialect{}, MySQL: mysqlDialect{}}
+var dialects = [...]dialect{
+	Postgres: postgresDialect{}, SQLite: sqliteDialect{}, MySQL: mysqlDialect{},
+}
 
 // impl returns d's implementation, nil for an invalid Dialect.
 func (d Dialect) impl() dialect {

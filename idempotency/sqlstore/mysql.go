@@ -283,9 +283,10 @@ func (mysqlDialect) win(ctx context.Context, s *Store, _ execer, c idempotency.C
 	return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: r}, nil
 }
 
-// deleteBefore is two statements, each run again after a deadlock: a plain read of up to limit stale rows'
-// keys, completed records first, and a DELETE of those rows by primary key
-// that checks the conditions again (see queries, stale).
+// deleteBefore is two statements, each run again after a deadlock: a plain
+// read of up to limit stale rows' keys, completed records first, and a
+// DELETE of those rows by primary key that checks the conditions again (see
+// queries, stale).
 func (mysqlDialect) deleteBefore(ctx context.Context, s *Store, h, n int64) (int, error) {
 	keys, err := retried(func() ([]any, error) {
 		rows, err := s.db.QueryContext(ctx, s.q.stale, h, h, n, h, h, n, n)

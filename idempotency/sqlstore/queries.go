@@ -140,8 +140,9 @@ func sharedQueries(table string) queries {
 	return queries{
 		get: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE scope_hash = $1`, table, columns),
 
-		existing: fmt.Sprintf(`SELECT principal = $1 AND method = $2 AND route = $3 AND idem_key = $4,
-	%[2]s FROM %[1]s WHERE scope_hash = $5`, table, existingCols),
+		existing: fmt.Sprintf(`SELECT
+	principal = $1 AND method = $2 AND route = $3 AND idem_key = $4, %[2]s
+FROM %[1]s WHERE scope_hash = $5`, table, existingCols),
 
 		heartbeat: fmt.Sprintf(`UPDATE %[1]s SET lease_until = $1
 WHERE scope_hash = $2 AND owner = $3 AND generation = $4 AND state = 1`, table),

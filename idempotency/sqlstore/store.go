@@ -301,7 +301,9 @@ func (s *Store) claimRound(ctx context.Context, q execer, c idempotency.Claim) (
 	case !wouldWin(rec, c):
 		return idempotency.ClaimResult{Record: rec}, true, nil
 	}
-	res, err := retried(func() (idempotency.ClaimResult, error) { return s.d.win(ctx, s, q, c, rec) })
+	res, err := retried(func() (idempotency.ClaimResult, error) {
+		return s.d.win(ctx, s, q, c, rec)
+	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // it changed again
 		return idempotency.ClaimResult{}, false, nil
@@ -501,14 +503,15 @@ func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) (
 // DeleteBefore implements idempotency.Store.DeleteBefore with one bounded
 // DELETE: up to limit records last updated before horizon that are completed
 // or whose lease also ended before horizon, the completed ones first,
-// oldest first. On PostgreSQL it skips records that a concurrent write holds locked rather than wait for
-// them (a later run finds them if they are still stale), and re-checks the
-// conditions on each row it deletes, so a record taken over, heartbeated or
-// completed meanwhile survives. On MySQL it is two statements, a plain read
-// of the candidates and a DELETE of those by primary key that re-checks
-// them, and it waits for a record a running write holds (see the package
-// documentation, "MySQL and MariaDB"). A limit of 0 or less deletes
-// nothing. Errors are *OpError with Op "delete_before".
+// oldest first. On PostgreSQL it skips records that a concurrent write
+// holds locked rather than wait for them (a later run finds them if they
+// are still stale), and re-checks the conditions on each row it deletes, so
+// a record taken over, heartbeated or completed meanwhile survives. On
+// MySQL it is two statements, a plain read of the candidates and a DELETE
+// of those by primary key that re-checks them, and it waits for a record a
+// running write holds (see the package documentation, "MySQL and MariaDB").
+// A limit of 0 or less deletes nothing. Errors are *OpError with Op
+// "delete_before".
 func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -527,8 +530,8 @@ func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease,
 func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease,
 	resp idempotency.Response, now time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.complete, int64(resp.Status),
-		nullBytes(headercodec.Encode(resp.Header)), nullBytes(resp.Body), unixnano.Of(now), unixnano.Of(now),
-		scopeHash(l.Scope), s.d.text(l.Owner), l.Generation)
+		nullBytes(headercodec.Encode(resp.Header)), nullBytes(resp.Body), unixnano.Of(now),
+		unixnano.Of(now), scopeHash(l.Scope), s.d.text(l.Owner), l.Generation)
 	return s.fenced(ctx, ex, "complete", l, res, err)
 }
 
