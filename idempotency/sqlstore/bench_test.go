@@ -231,7 +231,8 @@ func BenchmarkReplay(b *testing.B) {
 	for _, be := range backends {
 		for _, size := range []int{64, 1 << 20} {
 			b.Run(fmt.Sprintf("%s/body=%d", be.name, size), func(b *testing.B) {
-				s, _ := newStore(b, be)
+				s, db := newStore(b, be)
+				db.SetMaxIdleConns(20) // as many as it may open: no connection is made per call
 				sc := idempotency.Scope{Principal: "bench", Method: http.MethodPost, Route: "/files", Key: "k"}
 				res, err := s.Claim(b.Context(), idempotency.Claim{Scope: sc, Fingerprint: "fp", FingerprintVersion: 1,
 					Owner: "A", Now: time.Now(), LeaseFor: time.Minute, ReplayWindow: time.Hour})
