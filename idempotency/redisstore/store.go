@@ -3,8 +3,6 @@ package redisstore
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/internal/headercodec"
+	"github.com/saferetry/saferetry/internal/scopedigest"
 	"github.com/saferetry/saferetry/internal/unixnano"
 )
 
@@ -398,24 +397,12 @@ type keys struct {
 	tag, rec, lease, done, marker, member string
 }
 
-// scopeDigest is the SHA-256 of the scope's four parts, each preceded by its
-// length as an 8-byte big-endian integer (sqlstore's primary key), so that
-// no two scopes share it whatever bytes their parts hold.
-func scopeDigest(sc idempotency.Scope) [sha256.Size]byte {
-	b := make([]byte, 0, 4*8+len(sc.Principal)+len(sc.Method)+len(sc.Route)+len(sc.Key))
-	for _, p := range [...]string{sc.Principal, sc.Method, sc.Route, sc.Key} {
-		b = binary.BigEndian.AppendUint64(b, uint64(len(p)))
-		b = append(b, p...)
-	}
-	return sha256.Sum256(b)
-}
-
 // keysOf names a scope's keys: its shard is the first byte of its digest,
 // its member the first 16 bytes in hex (128 bits: no two scopes of a
 // store meet; if two ever did, the record's stored scope tells them apart
 // and the claim fails, never answering another scope's record).
 func (s *Store) keysOf(sc idempotency.Scope) keys {
-	d := scopeDigest(sc)
+	d := scopedigest.Sum(sc.Principal, sc.Method, sc.Route, sc.Key)
 	return s.keysFor(int(d[0]), hex.EncodeToString(d[:16]))
 }
 
@@ -558,19 +545,6 @@ func ns(t time.Time) string { return strconv.FormatInt(unixnano.Of(t), 10) }
 // micros returns t's index score.
 func micros(t time.Time) string { return strconv.FormatInt(unixnano.Of(t)/1000, 10) }
 
-// addSat returns t + d, saturating at the times nanos can hold.
-func addSat(t time.Time, d time.Duration) time.Time {
-	n := unixnano.Of(t)
-	r := n + int64(d)
-	switch {
-	case d > 0 && r < n:
-		return unixnano.Max
-	case d < 0 && r > n:
-		return unixnano.Min
-	}
-	return time.Unix(0, r)
-}
-
 // mulSat returns d * k, saturating.
 func mulSat(d time.Duration, k int64) time.Duration {
 	if d > 0 && d > math.MaxInt64/time.Duration(k) {
@@ -606,10 +580,10 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 			idempotency.ErrRecordTooLarge, size, s.cfg.maxRecord)
 	}
 	k := s.keysOf(c.Scope)
-	leaseUntil := addSat(c.Now, c.LeaseFor)
+	leaseUntil := unixnano.Time(unixnano.Add(c.Now, c.LeaseFor))
 	cutoff := "" // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
-		cutoff = ns(addSat(c.Now, -c.ReplayWindow))
+		cutoff = strconv.FormatInt(unixnano.Add(c.Now, -c.ReplayWindow), 10)
 	}
 	takeoverOnly := "0"
 	if c.TakeoverOnly {
@@ -628,7 +602,7 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 		c.Fingerprint, strconv.Itoa(c.FingerprintVersion), c.Owner, ns(leaseUntil),
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
 		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
-		s.nonceTTL(), s.guard.epoch, ns(addSat(c.Now, -keep)), evicting)
+		s.nonceTTL(), s.guard.epoch, strconv.FormatInt(unixnano.Add(c.Now, -keep), 10), evicting)
 	if err != nil {
 		switch {
 		case redis.HasErrorPrefix(err, "OOM"): // the first write of a new record failed

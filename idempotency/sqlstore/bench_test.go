@@ -33,16 +33,14 @@ import (
 //     CONFLICT DO NOTHING RETURNING claim and a conditional UPDATE storing
 //     the response. The table has two partial indexes (claims in progress
 //     by lease end, for finding abandoned ones, and completed ones by
-//     update time, for cleanup), SQLite's Store's layout, which a
-//     hand-written lease table needs in some form.
+//     update time, for cleanup), the Store's layout, which a hand-written
+//     lease table needs in some form.
 //
 // Each sub-benchmark cN runs the three variants interleaved: rounds of
 // batch requests per variant, the variants' order rotating each round, so
 // that a shared machine's drift falls on all three alike. It reports each
 // variant's time and allocations per request and the throughput ratios
-// handwritten time / middleware time and handwritten time / store time,
-// and on PostgreSQL the share of the Store's updates (its completions) that
-// were HOT.
+// handwritten time / middleware time and handwritten time / store time.
 // Run (repeat with -count to see the spread):
 //
 //	SAFERETRY_PG_DSN=... go test -run '^$' -bench 'Benchmark(Postgres|SQLite)$' -benchtime 3000x ./idempotency/sqlstore/
@@ -158,32 +156,8 @@ ON CONFLICT (id) DO NOTHING RETURNING id`
 		}},
 	}
 	for _, conc := range []int{1, 16} {
-		b.Run(fmt.Sprintf("c%d", conc), func(b *testing.B) {
-			var upd, hot int64
-			if d == sqlstore.Postgres {
-				upd, hot = pgUpdates(b, db, 0)
-			}
-			interleave(b, conc, variants)
-			if d == sqlstore.Postgres {
-				u, h := pgUpdates(b, db, upd+2*int64(b.N))
-				b.ReportMetric(100*float64(h-hot)/float64(u-upd), "hot-%")
-			}
-		})
+		b.Run(fmt.Sprintf("c%d", conc), func(b *testing.B) { interleave(b, conc, variants) })
 	}
-}
-
-// pgUpdates returns the updates and the HOT updates of the Store's table
-// once the statistics count at least want updates: the pool's connections
-// are closed first, so that their backends report what they ran.
-func pgUpdates(b *testing.B, db *sql.DB, want int64) (upd, hot int64) {
-	db.SetMaxIdleConns(0)
-	db.SetMaxIdleConns(32)
-	require.Eventually(b, func() bool {
-		require.NoError(b, db.QueryRow(`SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
-WHERE relid = $1::regclass`, sqlstore.DefaultTable).Scan(&upd, &hot))
-		return upd >= want
-	}, 10*time.Second, 20*time.Millisecond)
-	return upd, hot
 }
 
 // benchBatch is how many requests each variant runs per round of
@@ -257,7 +231,8 @@ func BenchmarkReplay(b *testing.B) {
 	for _, be := range backends {
 		for _, size := range []int{64, 1 << 20} {
 			b.Run(fmt.Sprintf("%s/body=%d", be.name, size), func(b *testing.B) {
-				s, _ := newStore(b, be)
+				s, db := newStore(b, be)
+				db.SetMaxIdleConns(20) // as many as it may open: no connection is made per call
 				sc := idempotency.Scope{Principal: "bench", Method: http.MethodPost, Route: "/files", Key: "k"}
 				res, err := s.Claim(b.Context(), idempotency.Claim{Scope: sc, Fingerprint: "fp", FingerprintVersion: 1,
 					Owner: "A", Now: time.Now(), LeaseFor: time.Minute, ReplayWindow: time.Hour})

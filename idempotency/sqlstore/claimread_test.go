@@ -78,6 +78,28 @@ func TestClaimNeverAnswersARecordItWouldWin(t *testing.T) {
 			check(t, c, res)
 		})
 
+		t.Run("a claim against a release meanwhile", func(t *testing.T) {
+			sc := scope("released")
+			a, _, err := claimed(s.Claim(ctx, claimAt(sc, "A", "fp", t0)))
+			require.NoError(t, err)
+			c := claimAt(sc, "B", "fp", t0.Add(time.Second)) // A's lease is live
+			log.afterNext(func() { require.NoError(t, s.Release(ctx, a.Lease())) })
+			m := log.mark()
+			res, err := s.Claim(ctx, c)
+			require.NoError(t, err)
+			var verbs []string
+			for _, st := range log.since(m) {
+				if v := verb(st); v != "DELETE" { // the release
+					verbs = append(verbs, v)
+				}
+			}
+			check(t, c, res)
+			// The INSERT found A's record, the read found none: the claim
+			// starts over and creates the record.
+			require.Equal(t, idempotency.ClaimCreated, res.Outcome)
+			require.Equal(t, []string{"INSERT", "SELECT", "INSERT"}, verbs)
+		})
+
 		t.Run("a claim against a completion past the window meanwhile", func(t *testing.T) {
 			sc := scope("completed")
 			a, _, err := claimed(s.Claim(ctx, claimAt(sc, "A", "fp", t0)))

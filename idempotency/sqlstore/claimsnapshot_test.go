@@ -127,17 +127,20 @@ func TestPostgresLosingClaimAnswersTheCommittedRecordWithoutWaiting(t *testing.T
 	require.Equal(t, "fpY", got.Fingerprint)
 }
 
-// A duplicate claim while a unit's completion is written but not yet
-// committed answers the record in progress (a 409) at once, not waiting for
-// the unit, and the replay once the unit commits.
+// A duplicate claim while a unit's completion is written (the row locked
+// and changed) but not yet committed answers the record in progress (a
+// 409) at once, not waiting for the unit, and the replay once the unit
+// commits.
 func TestPostgresLosingClaimBehindACompletionAnswersInProgressThenCompleted(t *testing.T) {
 	ctx := t.Context()
 	s, _ := newStore(t, backends[1])
 	a, _, err := claimed(s.Claim(ctx, claimAt(scope("k"), "A", "fp", t0)))
 	require.NoError(t, err)
-	u, _, err := s.Begin(ctx, a.Lease())
+	u, uctx, err := s.Begin(ctx, a.Lease())
 	require.NoError(t, err)
 	defer func() { _ = u.Rollback() }()
+	_, began := sqlstore.Tx(uctx) // the unit's transaction writes the completion at once
+	require.True(t, began)
 	require.NoError(t, u.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("done")}, t0))
 	got, acquired := claimNoWait(t, s, claimAt(scope("k"), "C", "fp", t0.Add(time.Second)))
 	require.False(t, acquired)

@@ -39,35 +39,26 @@
 //		created_at          BIGINT   NOT NULL,
 //		updated_at          BIGINT   NOT NULL,
 //		completed_at        BIGINT   NOT NULL DEFAULT 0 -- 0 until completed
-//	) WITH (fillfactor = 80);
-//	CREATE INDEX IF NOT EXISTS idempotency_records_created_idx
-//		ON idempotency_records (created_at);
-//	CREATE TABLE IF NOT EXISTS idempotency_records_leases (
-//		scope_hash  BYTEA  NOT NULL PRIMARY KEY, -- a record of idempotency_records in progress
-//		lease_until BIGINT NOT NULL              -- its lease end, as the record holds it
 //	);
-//	CREATE INDEX IF NOT EXISTS idempotency_records_leases_idx
-//		ON idempotency_records_leases (lease_until);
+//	CREATE INDEX IF NOT EXISTS idempotency_records_pending_idx
+//		ON idempotency_records (lease_until) WHERE state = 1;
+//	CREATE INDEX IF NOT EXISTS idempotency_records_done_idx
+//		ON idempotency_records (completed_at) WHERE state = 2;
 //
-// On PostgreSQL, no column that a completion or a recovery point changes is
-// indexed, so both are HOT updates (no index entry, the new row version on
-// the old one's page, kept free by the fillfactor). The records in progress
-// are listed by lease end in the second table, which the Completer and the
-// Reaper read; every statement that starts, moves or ends a lease (a claim
-// that wins, a heartbeat, a completion, a release, the Reaper's delete)
-// writes both tables as one statement, so that the list holds what the
-// records hold. The Reaper finds completed records by created_at. A claim
-// adds four index entries (both primary keys, created_at, the lease end), a
-// completion none (a body stored out of line adds its TOAST table's), a
-// heartbeat two (its lease row rewritten). SQLite's table is the same with
-// BLOB for BYTEA and without the fillfactor, and it has no second table: its
-// two partial indexes, on lease_until WHERE state = 1 and on completed_at
-// WHERE state = 2, serve the background jobs (SQLite has no HOT update; a
-// claim adds two index entries, a completion two). MySQL's is in "MySQL and
-// MariaDB" below. Times are the callers' times as integer nanoseconds, never
-// a database clock. Principal, method, route, key and recovery point are
-// bytes of any length, and a replay returns the stored status, headers and
-// body byte for byte. The primary key is, in PostgreSQL 11 or later terms,
+// The two partial indexes serve the background jobs and nothing else: the
+// records in progress by lease end (the Completer's Abandoned, the Reaper's
+// unfinished records) and the completed records by completion time (the
+// Reaper's deletes). A record is in one of them at a time, so a claim adds
+// two index entries (the primary key's and the first index's) and a
+// completion two (the primary key's and the second's): on PostgreSQL a
+// completion writes a new row version whose old one, with its index
+// entries, autovacuum removes, and a recovery point is a HOT update (no
+// index entry) when its page has room. SQLite's table is the same with
+// BLOB for BYTEA. MySQL's is in "MySQL and MariaDB" below. Times are the
+// callers' times as integer nanoseconds, never a database clock.
+// Principal, method, route, key and recovery point are bytes of any
+// length, and a replay returns the stored status, headers and body byte
+// for byte. The primary key is, in PostgreSQL 11 or later terms,
 //
 //	sha256(int8send(octet_length(principal)) || principal ||
 //	       int8send(octet_length(method)) || method ||
@@ -79,17 +70,15 @@
 // renamed to <table>_v1 (drop it once you no longer need it) and its records
 // are copied into a new table; on PostgreSQL a TEXT recovery_point becomes
 // BYTEA in place (the table is locked and rewritten); the indexes of earlier
-// layouts, on (state, lease_until) and (updated_at) and on PostgreSQL the
-// two partial ones, are replaced in place by Schema's (writes to the table
-// wait while they are built, and on PostgreSQL reads too once an old index
-// is dropped, until Migrate commits; on a large table, build them first
-// with CREATE INDEX CONCURRENTLY under Schema's names); and on PostgreSQL
-// the table gets its fillfactor, for the pages written from then on, and
-// <table>_leases is created if need be and, once, made to list exactly the
-// records in progress (Schema's DDL creates it empty: upgrade a table that
-// holds records with Migrate). Run it from one process before the servers serve, and stop the
-// servers of the earlier version first: they do not write the leases. A
-// connection that prepared a statement before the change fails it once.
+// layouts, on (state, lease_until) and (updated_at) and on PostgreSQL on
+// created_at, are replaced in place by Schema's (writes to the table wait
+// while they are built, and on PostgreSQL reads too once an old index is
+// dropped, until Migrate commits; on a large table, build them first with
+// CREATE INDEX CONCURRENTLY under Schema's names); and on PostgreSQL the
+// earlier layout's list of the records in progress, <table>_leases, is
+// dropped. Run it from one process before the servers serve, and stop the
+// servers of the earlier version first: they write to what Migrate drops.
+// A connection that prepared a statement before the change fails it once.
 //
 // # Claims and fences
 //
@@ -104,34 +93,36 @@
 // and the in-progress state, and returns idempotency.ErrLeaseLost when it
 // changed nothing.
 //
-// On PostgreSQL the claim is one statement that reads before it writes: a
-// replay or an in-progress conflict is a plain read of the statement's
-// snapshot, which locks nothing, takes no transaction ID, writes no WAL and
-// never waits for another transaction (it answers the record as last
-// committed). Only a claim that would win waits for a row another
-// transaction holds, and re-checks the row's latest version. On SQLite the
-// claim is an upsert that creates the record or takes it over, whose
-// condition keeps the row otherwise: a replay or a conflict changes no page
-// (the WAL does not grow), but takes the database's write lock for the
-// statement, as every SQLite write does, so it waits for a writer that
-// holds it. MySQL's claim is below ("MySQL and MariaDB").
+// A claim is at most three steps, the same on every dialect. An INSERT
+// creates the record when the scope has none, and otherwise does nothing:
+// a fresh key costs this one statement. When the key exists, a plain read
+// fetches the record to answer from: a replay or an in-progress conflict
+// is two statements and writes nothing. Only when that record is one the
+// claim wins (an expired lease with the same fingerprint, a completion
+// before the replay window) does a third step win it, a conditional UPDATE
+// (on MySQL a short locking transaction, below); a takeover and a restart
+// are three statements. If the record changes between these steps so that
+// the claim is undecided (it was released or reaped, or another claim won
+// it), the claim starts over, at most three rounds: every answer is the
+// record as one statement saw it, never a record the claim would have won.
+//
+// On PostgreSQL the INSERT reads the key from its snapshot and inserts
+// only when it finds none, so that a replay or a conflict locks nothing,
+// takes no transaction ID, writes no WAL and never waits for another
+// transaction (it answers the record as last committed; a bare ON CONFLICT
+// DO NOTHING would wait for any transaction that holds the record's row,
+// such as a unit whose completion is written but not yet committed). Only
+// a claim that would win waits for a row another transaction holds, and
+// re-checks the row's latest version. On SQLite the INSERT is a plain ON
+// CONFLICT DO NOTHING: a replay or a conflict changes no page (the WAL does
+// not grow), but takes the database's write lock for the statement, as
+// every SQLite write does, so it waits for a writer that holds it. MySQL's
+// claim is below ("MySQL and MariaDB").
 //
 // Statements per guarded request, beyond the handler's own: a fresh key is
 // two, the claim and the completion (in the handler's transaction when it
-// asked for one, with its BEGIN and COMMIT). A replay or an in-progress
-// conflict is one statement on PostgreSQL, which returns the existing
-// record; on SQLite and MySQL two, since SQLite's RETURNING reports only
-// rows a statement wrote and MySQL has none: the claim, which changes
-// nothing, and a read. A takeover is one statement on PostgreSQL and
-// SQLite; a restart past the window one on PostgreSQL, three on SQLite
-// (the upsert, the read, a conditional UPDATE). When the claim's statement
-// returns no record to answer from and the read then finds one the claim
-// wins (it changed since the statement: a row committed after a
-// PostgreSQL statement began, a lease ended or a Release and a new claim in
-// between), the claim wins it with a conditional UPDATE (on MySQL the
-// locking transaction below), and starts over if that finds the record
-// changed again, at most three rounds: every answer is the record as one
-// statement saw it, never a record the claim would have won.
+// asked for one, with its BEGIN and COMMIT); a replay or an in-progress
+// conflict two, the claim's INSERT and its read.
 //
 // # Transactions
 //
@@ -264,6 +255,7 @@
 // The claim path never deletes records: run the idempotency package's
 // Reaper over the store. Its DELETE is bounded (the Reaper yields between
 // batches), finds its rows through the indexes of the completed records
-// and of the records in progress (see "Schema"), re-checks the horizon on every row, and on PostgreSQL skips
-// rows that a running write holds (on MySQL it waits for them).
+// and of the records in progress (see "Schema"), re-checks the horizon on
+// every row, and on PostgreSQL skips rows that a running write holds (on
+// MySQL it waits for them).
 package sqlstore

@@ -117,15 +117,8 @@ func TestMigrateUpgradesTheTextKeyedLayout(t *testing.T) {
 		}
 		require.Equal(t, many+2, count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable))
 		require.Equal(t, many+2, count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable+`_v1`))
-		var idx int
-		q := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = '` + sqlstore.DefaultTable + `' AND name LIKE '%_idx'`
-		// SQLite's two partial indexes; PostgreSQL's on created_at and on the leases.
-		if b.dialect == sqlstore.Postgres {
-			q = `SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename IN ('` +
-				sqlstore.DefaultTable + `', '` + sqlstore.DefaultTable + `_leases') AND indexname LIKE '%_idx'`
-		}
-		require.NoError(t, db.QueryRow(q).Scan(&idx))
-		require.Equal(t, 2, idx, "the new table has its two indexes")
+		require.Equal(t, []string{"idempotency_records_done_idx", "idempotency_records_pending_idx", "pkey"},
+			indexesOf(t, db, b.dialect), "the new table has its two indexes")
 	})
 }
 
@@ -251,7 +244,7 @@ func indexesOf(t *testing.T, db *sql.DB, d sqlstore.Dialect) []string {
 	q := `SELECT CASE WHEN name LIKE 'sqlite_autoindex_%' THEN 'pkey' ELSE name END
 FROM sqlite_master WHERE type = 'index' AND tbl_name = ? ORDER BY 1`
 	if d == sqlstore.Postgres {
-		q = `SELECT CASE WHEN indexname LIKE '%_pkey' THEN 'pkey' ELSE indexname END FROM pg_indexes
+		q = `SELECT CASE WHEN indexname ~ '_pkey[0-9]*$' THEN 'pkey' ELSE indexname END FROM pg_indexes
 WHERE schemaname = current_schema() AND tablename = $1 ORDER BY 1`
 	}
 	rows, err := db.Query(q, sqlstore.DefaultTable)
@@ -267,65 +260,52 @@ WHERE schemaname = current_schema() AND tablename = $1 ORDER BY 1`
 	return out
 }
 
-// partialIndexes are the indexes of the layout before PostgreSQL's table of
-// the records in progress: partial indexes whose predicate, the state, a
-// completion changed (%[1]s the table).
-const partialIndexes = `;
-CREATE INDEX %[1]s_pending_idx ON %[1]s (lease_until) WHERE state = 1;
-CREATE INDEX %[1]s_done_idx ON %[1]s (completed_at) WHERE state = 2`
+// leasesLayout is the layout whose records in progress PostgreSQL listed
+// in a table of their own, <table>_leases, beside an index on created_at
+// (%[1]s the table).
+const leasesLayout = `;
+CREATE INDEX %[1]s_created_idx ON %[1]s (created_at);
+CREATE TABLE %[1]s_leases (scope_hash BYTEA NOT NULL PRIMARY KEY, lease_until BIGINT NOT NULL);
+CREATE INDEX %[1]s_leases_idx ON %[1]s_leases (lease_until);
+ALTER TABLE %[1]s SET (fillfactor = 80);
+COMMENT ON TABLE %[1]s_leases IS 'sqlstore: lists the records in progress'`
 
 // TestMigrateUpgradesTheIndexesInPlace fills a table of an earlier layout
-// (indexed on (state, lease_until) and (updated_at), and on PostgreSQL also
-// the partial indexes on the state) with records written through the Store
-// (completed ones past and inside the cleanup horizon, one in progress with
-// an expired lease and a recovery point, one live), runs Migrate twice, and
-// checks that the table is the same (no copy), every record reads back as
-// it was, the indexes are Schema's (and on PostgreSQL the fillfactor is set
-// and the table of the records in progress lists the two in progress), and
-// the background jobs and the claims work on it.
+// (indexed on (state, lease_until) and (updated_at); on PostgreSQL also the
+// layout that listed the records in progress in <table>_leases, with an
+// index on created_at) with records written through the Store (completed
+// ones past and inside the cleanup horizon, one in progress with an expired
+// lease and a recovery point, one live), runs Migrate twice, and checks
+// that the table is the same (no copy), every record reads back as it was,
+// the indexes are Schema's (and the table of leases is gone), and the
+// background jobs and the claims work on it.
 func TestMigrateUpgradesTheIndexesInPlace(t *testing.T) {
 	forEachUpgradable(t, func(t *testing.T, b backend) {
 		blob := "BLOB"
 		if b.dialect == sqlstore.Postgres {
 			blob = "BYTEA"
 		}
+		indexed := fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob)
 		t.Run("lease_and_updated", func(t *testing.T) {
-			upgradeInPlace(t, b, fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob),
-				[]string{"idempotency_records_lease_idx", "idempotency_records_updated_idx", "pkey"}, false)
+			upgradeInPlace(t, b, indexed,
+				[]string{"idempotency_records_lease_idx", "idempotency_records_updated_idx", "pkey"})
 		})
 		if b.dialect == sqlstore.Postgres {
-			t.Run("partial", func(t *testing.T) {
-				ddl := strings.Replace(fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob)+
-					fmt.Sprintf(partialIndexes, sqlstore.DefaultTable),
+			t.Run("leases", func(t *testing.T) {
+				ddl := strings.Replace(indexed+fmt.Sprintf(leasesLayout, sqlstore.DefaultTable),
 					"CREATE INDEX idempotency_records_lease_idx ON idempotency_records (state, lease_until);\n"+
 						"CREATE INDEX idempotency_records_updated_idx ON idempotency_records (updated_at);", "", 1)
-				upgradeInPlace(t, b, ddl, []string{"idempotency_records_done_idx",
-					"idempotency_records_pending_idx", "pkey"}, false)
-			})
-			// The operator ran Schema's DDL before Migrate, as the package
-			// documentation suggests for a large table: the leases' table
-			// exists, lists none of the records in progress, and holds a
-			// row of no record.
-			t.Run("partial_leases_created_first", func(t *testing.T) {
-				ddl := strings.Replace(fmt.Sprintf(indexedSchema, sqlstore.DefaultTable, blob)+
-					fmt.Sprintf(partialIndexes, sqlstore.DefaultTable),
-					"CREATE INDEX idempotency_records_lease_idx ON idempotency_records (state, lease_until);\n"+
-						"CREATE INDEX idempotency_records_updated_idx ON idempotency_records (updated_at);", "", 1)
-				upgradeInPlace(t, b, ddl, []string{"idempotency_records_done_idx",
-					"idempotency_records_pending_idx", "pkey"}, true)
+				upgradeInPlace(t, b, ddl, []string{"idempotency_records_created_idx", "pkey"})
 			})
 		}
 	})
 }
 
 // upgradeInPlace is TestMigrateUpgradesTheIndexesInPlace for the layout ddl,
-// whose indexes are indexes. The rows are the same in every layout: on
-// PostgreSQL, the Store writes the leases of the records in progress to a
-// table that is dropped before Migrate, so that the table is as an earlier
-// server left it; with leasesFirst, the leases' table stays, with the
-// live record's lease missing, a wrong lease end for the stale one and a
-// row of no record.
-func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string, leasesFirst bool) {
+// whose indexes are indexes. The rows are the same in every layout; the
+// leases of a layout with a table of them are left as they are (Migrate
+// drops the table).
+func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string) {
 	ctx := t.Context()
 	db := b.open(t)
 	for _, stmt := range strings.Split(ddl, ";") {
@@ -333,11 +313,6 @@ func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string, lease
 		require.NoError(t, err)
 	}
 	require.Equal(t, indexes, indexesOf(t, db, b.dialect))
-	leases := sqlstore.DefaultTable + "_leases"
-	if b.dialect == sqlstore.Postgres {
-		_, err := db.Exec(`CREATE TABLE ` + leases + ` (scope_hash BYTEA PRIMARY KEY, lease_until BIGINT NOT NULL)`)
-		require.NoError(t, err)
-	}
 	s, err := sqlstore.Open(db, b.dialect)
 	require.NoError(t, err)
 
@@ -375,57 +350,18 @@ func upgradeInPlace(t *testing.T, b backend, ddl string, indexes []string, lease
 		require.NoError(t, db.QueryRow(`SELECT $1::regclass::oid::text`, sqlstore.DefaultTable).Scan(&oid))
 	}
 
-	switch {
-	case b.dialect == sqlstore.Postgres && leasesFirst:
-		for _, stmt := range []string{
-			`DELETE FROM ` + leases + ` WHERE scope_hash = (SELECT scope_hash FROM ` + sqlstore.DefaultTable +
-				` WHERE idem_key = 'live'::bytea)`, // missing
-			`UPDATE ` + leases + ` SET lease_until = 1`,     // the stale one's, wrong
-			`INSERT INTO ` + leases + ` VALUES ('\x00', 1)`, // of no record
-		} {
-			_, err := db.Exec(stmt)
-			require.NoError(t, err)
-		}
-	case b.dialect == sqlstore.Postgres:
-		_, err := db.Exec(`DROP TABLE ` + leases)
-		require.NoError(t, err)
-	}
 	require.NoError(t, s.Migrate(ctx))
 	require.NoError(t, s.Migrate(ctx), "a second Migrate changes nothing")
 
-	want := []string{"idempotency_records_done_idx", "idempotency_records_pending_idx", "pkey"}
+	require.Equal(t, []string{"idempotency_records_done_idx", "idempotency_records_pending_idx", "pkey"},
+		indexesOf(t, db, b.dialect))
 	if b.dialect == sqlstore.Postgres {
-		want = []string{"idempotency_records_created_idx", "pkey"}
-		var listed []string
-		rows, err := db.Query(`SELECT encode(l.scope_hash, 'hex') || ' ' || (l.lease_until = r.lease_until)::text
-FROM ` + leases + ` l JOIN ` + sqlstore.DefaultTable + ` r USING (scope_hash) WHERE r.state = 1 ORDER BY r.idem_key`)
-		require.NoError(t, err)
-		for rows.Next() {
-			var v string
-			require.NoError(t, rows.Scan(&v))
-			listed = append(listed, v[strings.IndexByte(v, ' ')+1:])
-		}
-		require.NoError(t, rows.Err())
-		require.NoError(t, rows.Close())
-		require.Equal(t, []string{"true", "true"}, listed, "the live and the stale record, with their lease ends")
-		require.Equal(t, 2, count(t, db, `SELECT COUNT(*) FROM `+leases), "only the records in progress")
-
-		// Migrate fills the list once: on a filled table it reads no
-		// record, so a row added to the list stays.
-		_, err = db.Exec(`INSERT INTO ` + leases + ` VALUES ('\x01', 1)`)
-		require.NoError(t, err)
-		require.NoError(t, s.Migrate(ctx))
-		require.Equal(t, 3, count(t, db, `SELECT COUNT(*) FROM `+leases))
-		_, err = db.Exec(`DELETE FROM ` + leases + ` WHERE scope_hash = '\x01'`)
-		require.NoError(t, err)
-	}
-	require.Equal(t, want, indexesOf(t, db, b.dialect))
-	if b.dialect == sqlstore.Postgres {
-		var after, opts string
-		require.NoError(t, db.QueryRow(`SELECT oid::text, array_to_string(reloptions, ',') FROM pg_class
-WHERE oid = $1::regclass`, sqlstore.DefaultTable).Scan(&after, &opts))
+		var after string
+		var leases sql.NullString
+		require.NoError(t, db.QueryRow(`SELECT $1::regclass::oid::text, to_regclass($2)::text`,
+			sqlstore.DefaultTable, sqlstore.DefaultTable+"_leases").Scan(&after, &leases))
 		require.Equal(t, oid, after, "the same table, upgraded in place")
-		require.Equal(t, "fillfactor=80", opts)
+		require.False(t, leases.Valid, "the table of leases is dropped")
 	}
 	require.Equal(t, len(scopes), count(t, db, `SELECT COUNT(*) FROM `+sqlstore.DefaultTable))
 	for _, sc := range scopes {

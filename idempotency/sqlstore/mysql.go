@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
-	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/internal/unixnano"
@@ -58,90 +58,111 @@ const mysqlSchemaFmt = `CREATE TABLE IF NOT EXISTS %[1]s (
 	INDEX %[1]s_done_idx (state, completed_at)
 ) ENGINE = InnoDB`
 
-func mysqlSchema(table string) string { return fmt.Sprintf(mysqlSchemaFmt, table) }
+// mysqlDialect is MySQL's and MariaDB's: its SQL and its claim, win and
+// DeleteBefore, which take more statements than PostgreSQL's and SQLite's
+// (MySQL has no RETURNING, and reports the rows an UPDATE changed, not
+// those it matched).
+type mysqlDialect struct{}
 
-// mysqlQueries are the statements MySQL runs in place of PostgreSQL's and
-// SQLite's claim statements and deleteBefore. Like every statement
-// MySQL runs, they are written with $N placeholders in the order of the
-// text and rebound to ? (see Dialect.rebind).
-type mysqlQueries struct {
-	// insert creates a fresh record, or fails with a duplicate key (1062)
-	// when the scope's digest has a row: the first statement of a claim.
-	insert string
-	// locked reads the whole record FOR UPDATE, inside the transaction that
-	// takes it over or restarts it with takeover or restart, each fenced on
-	// the generation that locked read.
-	locked, takeover, restart string
-	// held checks, with a locking read, that a lease still holds its record
-	// (see Store.fenced).
-	held string
-	// stale lists what DeleteBefore may delete; deleteBefore, completed
-	// with as many placeholders as stale found, deletes those rows.
-	stale, deleteBefore string
+func (mysqlDialect) name() string { return "mysql" }
+
+// identify asks db for @@version, which only MySQL and MariaDB answer
+// (MariaDB's reads like "10.11.6-MariaDB-0+deb12u1"), and returns the
+// server's name and version, such as "MariaDB 10.11.6" or "MySQL 8.0.36".
+func (mysqlDialect) identify(ctx context.Context, db *sql.DB) (bool, string, error) {
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT @@version").Scan(&v); err != nil {
+		return false, "", err
+	}
+	num, _, _ := strings.Cut(v, "-")
+	if strings.Contains(v, "MariaDB") {
+		return true, "MariaDB " + num, nil
+	}
+	return true, "MySQL " + num, nil
 }
 
-// buildMySQLQueries returns MySQL's own statements with their $N
-// placeholders; buildQueries rebinds them.
-func buildMySQLQueries(table string) mysqlQueries {
-	m := mysqlQueries{
-		insert: fmt.Sprintf(`INSERT INTO %s (scope_hash, principal, method, route, idem_key,
-	state, fingerprint, fingerprint_version, owner, generation, lease_until, recovery_point,
-	recovery_data, request, created_at, updated_at, completed_at)
-VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, 1, $9, '', NULL, $10, $11, $12, 0)`, table),
+func (mysqlDialect) check(context.Context, *sql.DB) error { return nil }
 
-		locked: fmt.Sprintf(`SELECT %s FROM %s WHERE scope_hash = $1 FOR UPDATE`, columns, table),
+// prepared is true: a prepared statement runs in one round trip whatever
+// the DSN (an unprepared one with arguments takes two unless
+// interpolateParams is set).
+func (mysqlDialect) prepared() bool { return true }
 
-		takeover: fmt.Sprintf(`UPDATE %s
+// txOptions are nil: MySQL's fences are locking reads and conditional
+// writes, which InnoDB runs on the latest row version at every level, so a
+// unit keeps the session's level, which the application chose.
+func (mysqlDialect) txOptions() *sql.TxOptions { return nil }
+
+func (mysqlDialect) schema(table string) string { return fmt.Sprintf(mysqlSchemaFmt, table) }
+
+// text passes bytes: the columns are LONGBLOBs, compared byte for byte.
+func (mysqlDialect) text(v string) any { return []byte(v) }
+
+// placeholder is a $N placeholder.
+var placeholder = regexp.MustCompile(`\$[0-9]+`)
+
+// rebind turns $N into a bare ?, which binds by position: every statement
+// MySQL runs names its placeholders in the order of the text, each once
+// (the internal test TestMySQLPlaceholdersAreInTextOrder checks them).
+func (mysqlDialect) rebind(q string) string { return placeholder.ReplaceAllString(q, "?") }
+
+// queries are the shared statements and MySQL's own (mysqlStatements),
+// rebound to ?.
+func (d mysqlDialect) queries(table string) queries {
+	q := mysqlStatements(table)
+	q.rebind(d.rebind)
+	return q
+}
+
+// mysqlStatements are the statements of a MySQL Store, with $N
+// placeholders.
+func mysqlStatements(table string) queries {
+	q := sharedQueries(table)
+
+	// The first statement of a claim: it creates a fresh record, or fails
+	// with a duplicate key (1062) when the scope's digest has a row.
+	q.insert = fmt.Sprintf(`INSERT INTO %s (%s) VALUES (%s)`, table, insertCols, insertVals)
+
+	// locked reads the whole record FOR UPDATE, inside the transaction
+	// that takes it over or restarts it with takeover or restart, each
+	// fenced on the generation that locked read.
+	q.locked = fmt.Sprintf(`SELECT %s FROM %s WHERE scope_hash = $1 FOR UPDATE`, columns, table)
+	q.takeover = fmt.Sprintf(`UPDATE %s
 SET owner = $1, generation = generation + 1, lease_until = $2, updated_at = $3
-WHERE scope_hash = $4 AND generation = $5 AND state = 1`, table),
-
-		restart: fmt.Sprintf(`UPDATE %s
+WHERE scope_hash = $4 AND generation = $5 AND state = 1`, table)
+	q.restart = fmt.Sprintf(`UPDATE %s
 SET state = 1, owner = $1, generation = generation + 1, lease_until = $2, fingerprint = $3,
 	fingerprint_version = $4, recovery_point = '', recovery_data = NULL, request = $5,
 	response_status = NULL, response_header = NULL, response_body = NULL,
 	created_at = $6, updated_at = $7, completed_at = 0
-WHERE scope_hash = $8 AND generation = $9 AND state = 2`, table),
+WHERE scope_hash = $8 AND generation = $9 AND state = 2`, table)
 
-		held: fmt.Sprintf(`SELECT 1 FROM %s
-WHERE scope_hash = $1 AND owner = $2 AND generation = $3 AND state = 1 FOR UPDATE`, table),
+	// held checks, with a locking read, that a lease still holds its
+	// record (see confirmMiss).
+	q.held = fmt.Sprintf(`SELECT 1 FROM %s
+WHERE scope_hash = $1 AND owner = $2 AND generation = $3 AND state = 1 FOR UPDATE`, table)
 
-		// MySQL refuses a LIMIT in an IN subquery and a subquery on the
-		// DELETE's own table, and a DELETE bounded by its own ORDER BY and
-		// LIMIT locks an index before the rows: against a unit, which locks
-		// its row and then changes that index, it deadlocks (and under
-		// REPEATABLE READ it locks the index's gaps, where live records
-		// move to). So a plain read picks the rows, from the two indexes
-		// as PostgreSQL's DELETE does, and the DELETE names them by primary
-		// key, locking rows first as every other write does; it repeats the
-		// conditions, which InnoDB checks on each row's latest version
-		// under its lock, so a record taken over, heartbeated or completed
-		// meanwhile survives.
-		stale: fmt.Sprintf(`(SELECT scope_hash FROM %[1]s
+	// MySQL refuses a LIMIT in an IN subquery and a subquery on the
+	// DELETE's own table, and a DELETE bounded by its own ORDER BY and
+	// LIMIT locks an index before the rows: against a unit, which locks
+	// its row and then changes that index, it deadlocks (and under
+	// REPEATABLE READ it locks the index's gaps, where live records move
+	// to). So a plain read (stale) picks the rows, from the two indexes as
+	// PostgreSQL's DELETE does, and the DELETE names them by primary key,
+	// locking rows first as every other write does; it repeats the
+	// conditions, which InnoDB checks on each row's latest version under
+	// its lock, so a record taken over, heartbeated or completed meanwhile
+	// survives. deleteBefore is completed with as many placeholders as
+	// stale found keys.
+	q.stale = fmt.Sprintf(`(SELECT scope_hash FROM %[1]s
 	WHERE state = 2 AND completed_at < $1 AND updated_at < $2 ORDER BY completed_at LIMIT $3)
 UNION ALL
 (SELECT scope_hash FROM %[1]s
 	WHERE state = 1 AND lease_until < $4 AND updated_at < $5 ORDER BY lease_until LIMIT $6)
-LIMIT $7`, table),
-
-		deleteBefore: fmt.Sprintf(`DELETE FROM %s
-WHERE updated_at < $1 AND (state = 2 OR lease_until < $2) AND scope_hash IN (`, table),
-	}
-	return m
-}
-
-// identifyMySQL asks db for @@version, which only MySQL and MariaDB answer
-// (MariaDB's reads like "10.11.6-MariaDB-0+deb12u1"), and returns the
-// server's name and version, such as "MariaDB 10.11.6" or "MySQL 8.0.36".
-func identifyMySQL(ctx context.Context, db *sql.DB) (Dialect, string, error) {
-	var v string
-	if err := db.QueryRowContext(ctx, "SELECT @@version").Scan(&v); err != nil {
-		return 0, "", err
-	}
-	num, _, _ := strings.Cut(v, "-")
-	if strings.Contains(v, "MariaDB") {
-		return MySQL, "MariaDB " + num, nil
-	}
-	return MySQL, "MySQL " + num, nil
+LIMIT $7`, table)
+	q.deleteBefore = fmt.Sprintf(`DELETE FROM %s
+WHERE updated_at < $1 AND (state = 2 OR lease_until < $2) AND scope_hash IN (`, table)
+	return q
 }
 
 // MySQL server error numbers the Store acts on. After a lock wait timeout
@@ -193,65 +214,54 @@ func isMySQLRetryable(err error) bool {
 	return n == mysqlDeadlock || n == mysqlLockWaitTimeout
 }
 
-// mysqlInsert is the first statement of a claim on MySQL, which has no
-// RETURNING (MariaDB's INSERT has one, its UPDATE none) and no conditional
-// upsert whose outcome a statement reports: ON DUPLICATE KEY UPDATE has no
-// WHERE, and its per-column IF()s would depend on the order MySQL
-// evaluates assignments in (left to right, unless MariaDB's
-// SIMULTANEOUS_ASSIGNMENT mode is set). So the first statement is one
-// INSERT, which creates the record (a fresh key costs this one statement)
-// or fails on the duplicate key, returned as sql.ErrNoRows: Claim then
-// reads the record with a plain read (a replay or an in-progress conflict:
-// two statements, no row written), and only when it would win the record
-// (an expired lease, or a completed record past the replay window) runs
-// mysqlWin. A takeover-only claim never inserts: it starts at the read.
-func (s *Store) mysqlInsert(ctx context.Context, q execer, c idempotency.Claim) (
-	idempotency.ClaimResult, error) {
-	if c.TakeoverOnly {
-		return idempotency.ClaimResult{}, sql.ErrNoRows
+// claim is the first statement of a claim on MySQL, which has no RETURNING
+// (MariaDB's INSERT has one, its UPDATE none) and no conditional upsert
+// whose outcome a statement reports: ON DUPLICATE KEY UPDATE has no WHERE,
+// and its per-column IF()s would depend on the order MySQL evaluates
+// assignments in (left to right, unless MariaDB's SIMULTANEOUS_ASSIGNMENT
+// mode is set). So it is one INSERT, which creates the record or fails on
+// the duplicate key, which is no error here: the claim then reads the
+// record (a replay or an in-progress conflict: two statements, no row
+// written), and only when it would win the record (an expired lease, or a
+// completed record past the replay window) runs win.
+func (mysqlDialect) claim(ctx context.Context, s *Store, q execer, c idempotency.Claim) (
+	bool, error) {
+	_, err := q.ExecContext(ctx, s.q.insert, s.insertArgs(c)...)
+	if mysqlErrorNumber(err) == mysqlDuplicateKey {
+		return false, nil
 	}
-	now := unixnano.Of(c.Now)
-	_, err := q.ExecContext(ctx, s.q.mysql.insert, scopeArgs(c.Scope, []byte(c.Fingerprint),
-		int64(c.FingerprintVersion), []byte(c.Owner), unixnano.Of(c.Now.Add(c.LeaseFor)),
-		nullBytes(c.Request), now, now)...)
-	switch {
-	case err == nil:
-		return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated,
-			Record: claimedRecord(c, 1)}, nil
-	case mysqlErrorNumber(err) == mysqlDuplicateKey:
-		return idempotency.ClaimResult{}, sql.ErrNoRows
-	}
-	return idempotency.ClaimResult{}, err
+	return err == nil, err
 }
 
-// mysqlWin takes over or restarts the record of c's scope in one
-// transaction: it locks the row, decides on the version it locked
-// (wouldWin) and writes with an UPDATE fenced on the locked generation, so
-// concurrent claims never both win, and the outcome is the locked row's
-// state. It answers ClaimExisting with the locked record when c no longer
-// wins it, and sql.ErrNoRows when the row is gone.
-func (s *Store) mysqlWin(ctx context.Context, c idempotency.Claim) (
-	idempotency.ClaimResult, error) {
-	m, hash := s.q.mysql, scopeHash(c.Scope)
+// win takes over or restarts the record of c's scope in one transaction of
+// its own (never on q):
+// it locks the row, decides on the version it locked (wouldWin) and writes
+// with an UPDATE fenced on the locked generation, so concurrent claims
+// never both win, and the outcome is the locked row's state. It answers
+// ClaimExisting with the locked record when c no longer wins it, and
+// sql.ErrNoRows when the row is gone.
+func (mysqlDialect) win(ctx context.Context, s *Store, _ execer, c idempotency.Claim,
+	_ idempotency.Record) (idempotency.ClaimResult, error) {
+	hash := scopeHash(c.Scope)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	rec, err := scanScope(c.Scope, tx.QueryRowContext(ctx, m.locked, hash))
+	rec, err := scanScope(c.Scope, tx.QueryRowContext(ctx, s.q.locked, hash))
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	if !wouldWin(rec, c) { // another claim won it, or its owner completed or heartbeated it
 		return idempotency.ClaimResult{Record: rec}, tx.Commit()
 	}
-	now, lease := unixnano.Of(c.Now), unixnano.Of(c.Now.Add(c.LeaseFor))
+	now, lease := unixnano.Of(c.Now), unixnano.Add(c.Now, c.LeaseFor)
 	var res sql.Result
 	if rec.State == idempotency.Completed {
-		res, err = tx.ExecContext(ctx, m.restart, []byte(c.Owner), lease, []byte(c.Fingerprint),
+		res, err = tx.ExecContext(ctx, s.q.restart, []byte(c.Owner), lease, []byte(c.Fingerprint),
 			int64(c.FingerprintVersion), nullBytes(c.Request), now, now, hash, rec.Generation)
 	} else {
-		res, err = tx.ExecContext(ctx, m.takeover, []byte(c.Owner), lease, now, hash,
+		res, err = tx.ExecContext(ctx, s.q.takeover, []byte(c.Owner), lease, now, hash,
 			rec.Generation)
 	}
 	if err != nil {
@@ -273,15 +283,13 @@ func (s *Store) mysqlWin(ctx context.Context, c idempotency.Claim) (
 	return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: r}, nil
 }
 
-// mysqlDeleteBefore is DeleteBefore on MySQL: two statements, a plain read
-// of up to limit stale rows' keys, completed records first, and a DELETE of
-// those rows by primary key that checks the conditions again (see
-// mysqlQueries.stale).
-func (s *Store) mysqlDeleteBefore(ctx context.Context, horizon time.Time, limit int) (
-	int, error) {
-	h, n := unixnano.Of(horizon), int64(limit)
+// deleteBefore is two statements, each run again after a deadlock: a plain
+// read of up to limit stale rows' keys, completed records first, and a
+// DELETE of those rows by primary key that checks the conditions again (see
+// queries, stale).
+func (mysqlDialect) deleteBefore(ctx context.Context, s *Store, h, n int64) (int, error) {
 	keys, err := retried(func() ([]any, error) {
-		rows, err := s.db.QueryContext(ctx, s.q.mysql.stale, h, h, n, h, h, n, n)
+		rows, err := s.db.QueryContext(ctx, s.q.stale, h, h, n, h, h, n, n)
 		if err != nil {
 			return nil, err
 		}
@@ -297,27 +305,40 @@ func (s *Store) mysqlDeleteBefore(ctx context.Context, horizon time.Time, limit 
 		return keys, rows.Err()
 	})
 	if err != nil || len(keys) == 0 {
-		return 0, opErr("delete_before", err)
+		return 0, err
 	}
-	q := s.q.mysql.deleteBefore + strings.Repeat("?, ", len(keys)-1) + "?)"
+	q := s.q.deleteBefore + strings.Repeat("?, ", len(keys)-1) + "?)"
 	args := append([]any{h, h}, keys...)
 	return retried(func() (int, error) {
 		res, err := s.db.ExecContext(ctx, q, args...)
 		if err != nil {
-			return 0, opErr("delete_before", err)
+			return 0, err
 		}
 		n, err := res.RowsAffected()
-		if err != nil {
-			return 0, opErr("delete_before", err)
-		}
-		return int(n), nil
+		return int(n), err
 	})
 }
 
-// mysqlMigrate runs the schema's one CREATE TABLE IF NOT EXISTS, outside a
+// confirmMiss runs a locking read on ex (a current read, even in a
+// REPEATABLE READ transaction whose snapshot is older) that tells whether l
+// still holds the record: MySQL reports the rows a write changed, not those
+// it matched (unless the DSN sets clientFoundRows), and a heartbeat or
+// recovery point equal to what the record holds changes none.
+func (mysqlDialect) confirmMiss(ctx context.Context, s *Store, ex execer,
+	l idempotency.Lease) error {
+	var one int
+	err := ex.QueryRowContext(ctx, s.q.held, scopeHash(l.Scope), []byte(l.Owner),
+		l.Generation).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idempotency.ErrLeaseLost
+	}
+	return err
+}
+
+// migrate runs the schema's one CREATE TABLE IF NOT EXISTS, outside a
 // transaction (MySQL commits DDL at once); a second run changes nothing.
 // The MySQL dialect has no earlier layout to upgrade.
-func (s *Store) mysqlMigrate(ctx context.Context) error {
-	_, err := s.db.ExecContext(ctx, mysqlSchema(s.table))
-	return opErr("migrate", err)
+func (d mysqlDialect) migrate(ctx context.Context, s *Store) error {
+	_, err := s.db.ExecContext(ctx, d.schema(s.table))
+	return err
 }

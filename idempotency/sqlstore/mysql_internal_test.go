@@ -42,20 +42,16 @@ func TestMySQLErrorNumbers(t *testing.T) {
 // order of its text, each once, since MySQL's ? binds by position: the
 // statements every dialect shares and MySQL's own.
 func TestMySQLPlaceholdersAreInTextOrder(t *testing.T) {
-	shared := sharedQueries(DefaultTable)
-	m := buildMySQLQueries(DefaultTable)
-	for name, q := range map[string]string{
-		"get": shared.get, "existing": shared.existing, "heartbeat": shared.heartbeat,
-		"complete": shared.complete, "release": shared.release, "set_point": shared.setPoint,
-		"abandoned": shared.abandoned, "insert": m.insert, "locked": m.locked,
-		"takeover": m.takeover, "restart": m.restart, "held": m.held, "stale": m.stale,
-		"delete_before": m.deleteBefore,
-	} {
-		got := placeholder.FindAllString(q, -1)
-		for i, p := range got {
-			require.Equal(t, fmt.Sprintf("$%d", i+1), p, "%s: placeholder %d of %q", name, i+1, q)
+	q := mysqlStatements(DefaultTable)
+	for name, p := range q.all() {
+		got := placeholder.FindAllString(*p, -1)
+		require.NotEmpty(t, got, name)
+		for i, ph := range got {
+			require.Equal(t, fmt.Sprintf("$%d", i+1), ph, "%s: placeholder %d of %q", name, i+1, *p)
 		}
-		require.NotContains(t, MySQL.rebind(q), "$", name)
 	}
-	require.Empty(t, buildQueries(MySQL, DefaultTable).claim, "MySQL runs its own claim")
+	bound := mysqlDialect{}.queries(DefaultTable)
+	for name, p := range bound.all() {
+		require.NotContains(t, *p, "$", name)
+	}
 }

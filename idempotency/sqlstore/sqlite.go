@@ -8,6 +8,62 @@ import (
 	"strings"
 )
 
+// sqliteDialect is SQLite's: its SQL, the checks of the pool Open makes,
+// and the steps that upgrade a table of an earlier layout.
+type sqliteDialect struct{ returning }
+
+func (sqliteDialect) name() string { return "sqlite" }
+
+// identify reads sqlite_version(), which only SQLite answers.
+func (sqliteDialect) identify(ctx context.Context, db *sql.DB) (bool, string, error) {
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&v); err != nil {
+		return false, "", err
+	}
+	return true, "SQLite " + v, nil
+}
+
+func (sqliteDialect) check(ctx context.Context, db *sql.DB) error { return checkSQLite(ctx, db) }
+
+// prepared is true: SQLite parses a statement on every unprepared call, and
+// the claim's parse cost more than the rest of the request.
+func (sqliteDialect) prepared() bool { return true }
+
+// txOptions are nil: SQLite transactions are serializable anyway (one
+// writer at a time), and the modernc.org/sqlite driver ignores the
+// isolation level.
+func (sqliteDialect) txOptions() *sql.TxOptions { return nil }
+
+// schema is the shared one (see schema), with BLOB columns.
+func (sqliteDialect) schema(table string) string { return schema(table, "BLOB") }
+
+// queries are the shared statements, the claim's plain INSERT, the win's
+// conditional UPDATEs and the Reaper's DELETE (SQLite serialises writers,
+// so no row changes under it), in SQLite's numbered ?N placeholders.
+func (d sqliteDialect) queries(table string) queries {
+	q := sharedQueries(table)
+	q.insert = fmt.Sprintf(`INSERT INTO %[1]s (%[2]s) VALUES (%[3]s)
+ON CONFLICT (scope_hash) DO NOTHING`, table, insertCols, insertVals)
+	q.takeover, q.restart = conditionalWin(table)
+	q.deleteBefore = deleteBefore(table, "")
+	q.rebind(d.rebind)
+	return q
+}
+
+// rebind turns $N into SQLite's numbered ?N.
+func (sqliteDialect) rebind(q string) string { return strings.ReplaceAll(q, "$", "?") }
+
+// migrate creates the table or upgrades one of an earlier layout, in one
+// transaction (see migrateTx), and drops the earlier layouts' indexes on
+// (state, lease_until) and (updated_at), which every update but a
+// heartbeat changed. SQLite keeps any bytes in a TEXT column as they were:
+// a TEXT recovery_point needs nothing.
+func (sqliteDialect) migrate(ctx context.Context, s *Store) error {
+	return s.migrateTx(ctx, func(tx *sql.Tx) error {
+		return dropIndexes(ctx, tx, s.table, "_lease_idx", "_updated_idx")
+	})
+}
+
 // SQLiteBusyTimeoutMillis is the busy_timeout that SQLiteDSN sets: how long a
 // connection waits for the database's write lock before failing with
 // SQLITE_BUSY.

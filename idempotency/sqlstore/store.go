@@ -2,9 +2,7 @@ package sqlstore
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/internal/headercodec"
+	"github.com/saferetry/saferetry/internal/scopedigest"
 	"github.com/saferetry/saferetry/internal/unixnano"
 )
 
@@ -145,13 +144,12 @@ type config struct {
 // WithTable sets the table name (default DefaultTable, "idempotency_records").
 // The name must be a plain unquoted identifier: 1 to 48 ASCII letters,
 // digits or underscores, not starting with a digit; Open returns an error
-// matching ErrInvalidConfig otherwise. On PostgreSQL the Store also uses
-// <name>_leases, its list of the records in progress (see the package
-// documentation, "Schema"). Two Stores with different tables in one
-// database are independent, so long as no name is another's followed by one
-// of the suffixes Schema gives its table and index names ("_leases",
-// "_created_idx", "_leases_idx", "_pending_idx", "_done_idx"): tables and
-// indexes share one namespace.
+// matching ErrInvalidConfig otherwise. Two Stores with different tables in
+// one database are independent, so long as no name is another's followed by
+// one of the suffixes of the index names Schema gives ("_pending_idx",
+// "_done_idx"; and "_v1", "_leases", "_created_idx", "_lease_idx" and
+// "_updated_idx", which Migrate renames to or drops): tables and indexes
+// share one namespace.
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
 }
@@ -162,11 +160,11 @@ func WithTable(name string) Option {
 // processes sharing the same table. It never reads a clock: every time
 // comes from its arguments.
 type Store struct {
-	db      *sql.DB
-	stmts   *stmtCache // runs the stand-alone statements on db
-	dialect Dialect
-	table   string
-	q       queries
+	db    *sql.DB
+	stmts *stmtCache // runs the stand-alone statements on db
+	d     dialect
+	table string
+	q     queries
 }
 
 var (
@@ -193,7 +191,8 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidConfig)
 	}
-	if !d.valid() {
+	impl := d.impl()
+	if impl == nil {
 		return nil, fmt.Errorf("%w: unknown dialect %v", ErrInvalidConfig, d)
 	}
 	c := config{table: DefaultTable}
@@ -211,26 +210,23 @@ func Open(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if err := checkDialect(ctx, db, d); err != nil {
 		return nil, err
 	}
-	if d == SQLite {
-		if err := checkSQLite(ctx, db); err != nil {
-			return nil, err
-		}
+	if err := impl.check(ctx, db); err != nil {
+		return nil, err
 	}
 	return &Store{
-		db: db, stmts: &stmtCache{db: db, prepare: d != Postgres},
-		dialect: d, table: c.table, q: buildQueries(d, c.table),
+		db: db, stmts: &stmtCache{db: db, prepare: impl.prepared()},
+		d: impl, table: c.table, q: impl.queries(c.table),
 	}, nil
 }
 
 // Schema returns the DDL that Migrate runs for this Store's dialect and
 // table: one CREATE TABLE IF NOT EXISTS whose primary key is scope_hash (the
 // SHA-256 of the scope's parts, which are kept beside it) and the indexes
-// of the completer's and the reaper's scans: on SQLite, two partial CREATE
-// INDEX IF NOT EXISTS; on MySQL, two INDEX clauses of the CREATE TABLE,
-// which is the whole DDL; on PostgreSQL, one on created_at and the table
-// <table>_leases of the records in progress with its index.
-// Times are integer Unix nanoseconds (UTC) in every dialect.
-func (s *Store) Schema() string { return schema(s.dialect, s.table) }
+// of the completer's and the reaper's scans: on PostgreSQL and SQLite, two
+// partial CREATE INDEX IF NOT EXISTS; on MySQL, two INDEX clauses of the
+// CREATE TABLE, which is the whole DDL. Times are integer Unix nanoseconds
+// (UTC) in every dialect.
+func (s *Store) Schema() string { return s.d.schema(s.table) }
 
 // splitStatements splits the DDL on its semicolons (the schema has none
 // inside a statement).
@@ -245,26 +241,24 @@ func splitStatements(ddl string) []string {
 }
 
 // Claim implements idempotency.Store.Claim (see the package documentation,
-// "Claims and fences"). It creates, restarts or takes over the record only
-// if the row under the scope's digest holds the same scope parts, and
-// otherwise changes nothing; every answer is the record as one statement
-// saw it, at a moment between the call and its return. Its first statement
-// decides the claim on PostgreSQL unless a concurrent write changed the
-// record under it; on SQLite it creates the record or takes it over, and
-// on MySQL it creates it. When that statement returns no record to answer
-// from (on SQLite and MySQL, every claim that meets a record it does not
-// win; on PostgreSQL, a record committed after the statement began) a read
-// fetches the record; when the claim wins that record (it changed since
-// the first statement, or the first statement could not win it: a restart
-// on SQLite, any takeover or restart on MySQL), one more step wins it: a
-// conditional UPDATE, or on MySQL a short locking transaction. A record
-// that changes under each of these again makes the claim start over, at
-// most three rounds. A row under the digest that holds another scope (a
-// SHA-256 collision) is never changed: the claim fails. Errors are
-// *OpError with Op "claim".
+// "Claims and fences"). Its first statement is an INSERT that creates the
+// record when the scope has none and otherwise does nothing (a
+// takeover-only claim skips it); a read then fetches the record to answer
+// from (a replay, a conflict: two statements, nothing written); and only
+// when the claim wins that record (an expired lease with the same
+// fingerprint, a completion before the replay window) one more step wins
+// it: a conditional UPDATE, or on MySQL a short locking transaction. It
+// creates, restarts or takes over the record only if the row under the
+// scope's digest holds the same scope parts, and otherwise changes
+// nothing; every answer is the record as one statement saw it, at a moment
+// between the call and its return. A record that changes between these
+// statements so that the claim is undecided (it is gone, or no longer one
+// the claim wins) makes the claim start over, at most three rounds. A row
+// under the digest that holds another scope (a SHA-256 collision) is never
+// changed: the claim fails. Errors are *OpError with Op "claim".
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.ClaimResult, error) {
 	for range claimRounds {
-		res, decided, err := s.claimRound(ctx, c)
+		res, decided, err := s.claimRound(ctx, s.stmts, c)
 		if err != nil {
 			return idempotency.ClaimResult{}, opErr("claim", err)
 		}
@@ -280,35 +274,36 @@ const claimRounds = 3
 
 var errKeptChanging = errors.New("the record kept changing between the claim's statements")
 
-// claimRound runs one round of c: it reports the answer and true, or false
-// when the record changed between its statements in a way that leaves c
-// undecided (the claim then starts over).
-func (s *Store) claimRound(ctx context.Context, c idempotency.Claim) (
+// claimRound runs one round of c, its statements on q (a stand-alone
+// statement each, run again after a serialization failure, or statements
+// of a transaction): it reports the answer and true, or false when the
+// record changed between its statements in a way that leaves c undecided.
+func (s *Store) claimRound(ctx context.Context, q execer, c idempotency.Claim) (
 	idempotency.ClaimResult, bool, error) {
-	res, err := retried(func() (idempotency.ClaimResult, error) {
-		return s.claimOnce(ctx, s.stmts, c)
-	})
-	switch {
-	case err == nil && (res.Acquired() || !wouldWin(res.Record, c)):
-		return res, true, nil
-	case err != nil && !errors.Is(err, sql.ErrNoRows):
-		return idempotency.ClaimResult{}, false, err
+	if !c.TakeoverOnly {
+		created, err := retried(func() (bool, error) { return s.d.claim(ctx, s, q, c) })
+		if err != nil {
+			return idempotency.ClaimResult{}, false, err
+		}
+		if created {
+			return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated,
+				Record: claimedRecord(c, 1)}, true, nil
+		}
 	}
-	// The statement returned no row, or (on PostgreSQL) the version of the
-	// record its snapshot held, which it would have won but found changed.
-	res, err = retried(func() (idempotency.ClaimResult, error) {
-		return scanClaim(s.stmts.QueryRowContext(ctx, s.q.existing, existingArgs(c.Scope)...), c)
+	rec, err := retried(func() (idempotency.Record, error) {
+		return scanExisting(q.QueryRowContext(ctx, s.q.existing, existingArgs(c.Scope)...), c.Scope)
 	})
 	switch {
-	case errors.Is(err, sql.ErrNoRows): // released or reaped meanwhile
+	case errors.Is(err, sql.ErrNoRows): // released or reaped since the INSERT
 		return idempotency.ClaimResult{}, c.TakeoverOnly, nil // nothing to take over
 	case err != nil:
 		return idempotency.ClaimResult{}, false, err
-	case !wouldWin(res.Record, c):
-		return res, true, nil
+	case !wouldWin(rec, c):
+		return idempotency.ClaimResult{Record: rec}, true, nil
 	}
-	rec := res.Record
-	res, err = retried(func() (idempotency.ClaimResult, error) { return s.win(ctx, c, rec) })
+	res, err := retried(func() (idempotency.ClaimResult, error) {
+		return s.d.win(ctx, s, q, c, rec)
+	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // it changed again
 		return idempotency.ClaimResult{}, false, nil
@@ -321,14 +316,13 @@ func (s *Store) claimRound(ctx context.Context, c idempotency.Claim) (
 // wouldWin reports whether c wins rec by the claim's conditions: rec is in
 // progress with a lease that ended before c.Now and c's fingerprint and
 // version, or (unless c is takeover-only) completed before the replay
-// window's cutoff. A record that a claim read without winning it, yet
-// satisfies them, changed since the statement that decided not to win it.
+// window's cutoff.
 func wouldWin(rec idempotency.Record, c idempotency.Claim) bool {
 	now := unixnano.Of(c.Now)
 	switch rec.State {
 	case idempotency.Completed:
 		return !c.TakeoverOnly && c.ReplayWindow > 0 &&
-			unixnano.Of(rec.CompletedAt) < subSat(now, c.ReplayWindow)
+			unixnano.Of(rec.CompletedAt) < unixnano.Add(c.Now, -c.ReplayWindow)
 	case idempotency.InProgress:
 		return unixnano.Of(rec.LeaseUntil) < now && rec.Fingerprint == c.Fingerprint &&
 			rec.FingerprintVersion == c.FingerprintVersion
@@ -341,8 +335,8 @@ type rowQueryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// execer is what the conditional writes need: *sql.Tx or the Store's
-// stmtCache (MySQL's writes may read after they write, see fenced).
+// execer is what the writes need: *sql.Tx or the Store's stmtCache (MySQL's
+// fenced writes may read after they write, see dialect.confirmMiss).
 type execer interface {
 	rowQueryer
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
@@ -362,101 +356,55 @@ func existingArgs(sc idempotency.Scope) []any {
 		scopeHash(sc)}
 }
 
-// claimArgs are the twelve arguments of the statements that decide c on
-// PostgreSQL and SQLite (see claimSQL): the restart and PostgreSQL's claim
-// take them all, SQLite's claim the first sqliteClaimArgs, the takeover the
-// first takeoverArgs.
-func claimArgs(c idempotency.Claim) []any {
+// insertArgs are the twelve arguments of queries.insert (insertVals): the
+// digest and the parts, the fingerprint and its version, the owner, the
+// lease end, the request, and now twice (created and updated).
+func (s *Store) insertArgs(c idempotency.Claim) []any {
 	now := unixnano.Of(c.Now)
+	return scopeArgs(c.Scope, s.d.text(c.Fingerprint), int64(c.FingerprintVersion),
+		s.d.text(c.Owner), unixnano.Add(c.Now, c.LeaseFor), nullBytes(c.Request), now, now)
+}
+
+// claimArgs are the twelve arguments of PostgreSQL's and SQLite's restart,
+// the first takeoverArgs of their takeover (see takeoverSet).
+func claimArgs(c idempotency.Claim) []any {
 	cutoff := int64(math.MinInt64) // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
-		cutoff = subSat(now, c.ReplayWindow)
+		cutoff = unixnano.Add(c.Now, -c.ReplayWindow)
 	}
 	return scopeArgs(c.Scope, c.Fingerprint, int64(c.FingerprintVersion), c.Owner,
-		unixnano.Of(c.Now.Add(c.LeaseFor)), now, nullBytes(c.Request), cutoff)
+		unixnano.Add(c.Now, c.LeaseFor), unixnano.Of(c.Now), nullBytes(c.Request), cutoff)
 }
 
-const (
-	takeoverArgs    = 10
-	sqliteClaimArgs = 11
-)
-
-// claimOnce runs the first statement of a claim once on q and reads its
-// row: sql.ErrNoRows when it returned none. It is the takeover-only UPDATE
-// when c.TakeoverOnly; on MySQL, the INSERT (a duplicate key is
-// sql.ErrNoRows), and nothing for a takeover-only claim.
-func (s *Store) claimOnce(ctx context.Context, q execer, c idempotency.Claim) (
-	idempotency.ClaimResult, error) {
-	switch {
-	case s.dialect == MySQL:
-		return s.mysqlInsert(ctx, q, c)
-	case c.TakeoverOnly:
-		return scanClaim(q.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:takeoverArgs]...), c)
-	case s.dialect == SQLite:
-		return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)[:sqliteClaimArgs]...), c)
-	}
-	return scanClaim(q.QueryRowContext(ctx, s.q.claim, claimArgs(c)...), c)
-}
-
-// win takes over or restarts rec, the record c read and wins, if it is
-// still one c wins: one conditional UPDATE (queries.takeover or
-// queries.restart, chosen by rec's state and checked by its condition), or
-// on MySQL a transaction (mysqlWin). sql.ErrNoRows when the record changed
-// so that the UPDATE matched nothing.
-func (s *Store) win(ctx context.Context, c idempotency.Claim, rec idempotency.Record) (
-	idempotency.ClaimResult, error) {
-	switch {
-	case s.dialect == MySQL:
-		return s.mysqlWin(ctx, c)
-	case rec.State == idempotency.Completed:
-		return scanClaim(s.stmts.QueryRowContext(ctx, s.q.restart, claimArgs(c)...), c)
-	}
-	return scanClaim(s.stmts.QueryRowContext(ctx, s.q.takeover, claimArgs(c)[:takeoverArgs]...), c)
-}
-
-// scanClaim reads the row of a claim statement (see rowExisting) into the
-// result for c: a created record has the claim's own values (Request
-// included) and the generation, a taken-over one also what it kept from its
-// first execution; an existing one has what the row carries.
+// scanExisting reads the row of queries.existing: the record of sc a claim
+// did not create, without its request and recovery data.
 // errScopeMismatch when the row holds another scope.
-func scanClaim(row scanner, c idempotency.Claim) (idempotency.ClaimResult, error) {
+func scanExisting(row scanner, sc idempotency.Scope) (idempotency.Record, error) {
 	var (
-		outcome, generation                     int64
-		point, data, request, header, body      []byte
-		created, state, fpVersion, lease, compl sql.NullInt64
-		status                                  sql.NullInt64
-		fingerprint, owner                      sql.NullString
+		same             bool
+		state, fpVersion int64
+		lease, compl     int64
+		status           sql.NullInt64
+		header, body     []byte
+		r                = idempotency.Record{Scope: sc}
 	)
-	if err := row.Scan(&outcome, &generation, &point, &data, &request, &created,
-		&state, &fingerprint, &fpVersion, &owner, &lease, &compl, &status, &header,
-		&body); err != nil {
-		return idempotency.ClaimResult{}, err
+	if err := row.Scan(&same, &state, &r.Fingerprint, &fpVersion, &r.Owner, &r.Generation,
+		&lease, &compl, &status, &header, &body); err != nil {
+		return idempotency.Record{}, err
 	}
-	switch outcome {
-	case rowCreated:
-		return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated,
-			Record: claimedRecord(c, generation)}, nil
-	case rowTakenOver:
-		r := claimedRecord(c, generation)
-		r.RecoveryPoint, r.RecoveryData, r.Request = string(point), data, request
-		r.CreatedAt = unixnano.Time(created.Int64)
-		return idempotency.ClaimResult{Outcome: idempotency.ClaimTakenOver, Record: r}, nil
-	case rowExisting:
-		r := idempotency.Record{
-			Scope: c.Scope, State: idempotency.State(state.Int64), Fingerprint: fingerprint.String,
-			FingerprintVersion: int(fpVersion.Int64), Owner: owner.String, Generation: generation,
-			LeaseUntil: unixnano.Time(lease.Int64), CompletedAt: unixnano.Time(compl.Int64),
-		}
-		if status.Valid {
-			h, err := headercodec.Decode(header)
-			if err != nil {
-				return idempotency.ClaimResult{}, err
-			}
-			r.Response = &idempotency.Response{Status: int(status.Int64), Header: h, Body: body}
-		}
-		return idempotency.ClaimResult{Record: r}, nil
+	if !same {
+		return idempotency.Record{}, errScopeMismatch
 	}
-	return idempotency.ClaimResult{}, errScopeMismatch
+	r.State, r.FingerprintVersion = idempotency.State(state), int(fpVersion)
+	r.LeaseUntil, r.CompletedAt = unixnano.Time(lease), unixnano.Time(compl)
+	if status.Valid {
+		h, err := headercodec.Decode(header)
+		if err != nil {
+			return idempotency.Record{}, err
+		}
+		r.Response = &idempotency.Response{Status: int(status.Int64), Header: h, Body: body}
+	}
+	return r, nil
 }
 
 // claimedRecord is the record that claim c created with generation gen: the
@@ -466,7 +414,7 @@ func claimedRecord(c idempotency.Claim, gen int64) idempotency.Record {
 	return idempotency.Record{
 		Scope: c.Scope, State: idempotency.InProgress, Fingerprint: c.Fingerprint,
 		FingerprintVersion: c.FingerprintVersion, Owner: c.Owner, Generation: gen,
-		LeaseUntil: unixnano.Time(unixnano.Of(c.Now.Add(c.LeaseFor))), CreatedAt: now, UpdatedAt: now,
+		LeaseUntil: unixnano.Time(unixnano.Add(c.Now, c.LeaseFor)), CreatedAt: now, UpdatedAt: now,
 		Request: c.Request,
 	}
 }
@@ -547,54 +495,41 @@ func (s *Store) abandoned(ctx context.Context, now time.Time, limit int) (
 
 // DeleteBefore implements idempotency.Sweeper.DeleteBefore with one bounded
 // DELETE: up to limit records last updated before horizon that are completed
-// or whose lease also ended before horizon (on PostgreSQL the records in
-// progress first, by lease end, then the completed ones, oldest first; on
-// SQLite and MySQL the completed ones first). On PostgreSQL it
-// skips records that a concurrent write holds locked rather than wait for
-// them (a later run finds them if they are still stale), and re-checks the
-// conditions on each row it deletes, so a record taken over, heartbeated or
-// completed meanwhile survives. On MySQL it is two statements, a plain read
-// of the candidates and a DELETE of those by primary key that re-checks
-// them, and it waits for a record a running write holds (see the package
-// documentation, "MySQL and MariaDB"). A limit of 0 or less deletes
-// nothing. Errors are *OpError with Op "delete_before".
+// or whose lease also ended before horizon, the completed ones first,
+// oldest first. On PostgreSQL it skips records that a concurrent write
+// holds locked rather than wait for them (a later run finds them if they
+// are still stale), and re-checks the conditions on each row it deletes, so
+// a record taken over, heartbeated or completed meanwhile survives. On
+// MySQL it is two statements, a plain read of the candidates and a DELETE
+// of those by primary key that re-checks them, and it waits for a record a
+// running write holds (see the package documentation, "MySQL and MariaDB").
+// A limit of 0 or less deletes nothing. Errors are *OpError with Op
+// "delete_before".
 func (s *Store) DeleteBefore(ctx context.Context, horizon time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	if s.dialect == MySQL {
-		return s.mysqlDeleteBefore(ctx, horizon, limit)
-	}
-	return retried(func() (int, error) {
-		res, err := s.db.ExecContext(ctx, s.q.deleteBefore, unixnano.Of(horizon), int64(limit))
-		if err != nil {
-			return 0, opErr("delete_before", err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return 0, opErr("delete_before", err)
-		}
-		return int(n), nil
-	})
+	n, err := s.d.deleteBefore(ctx, s, unixnano.Of(horizon), int64(limit))
+	return n, opErr("delete_before", err)
 }
 
 func (s *Store) heartbeat(ctx context.Context, ex execer, l idempotency.Lease,
 	until time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.heartbeat, unixnano.Of(until), scopeHash(l.Scope),
-		s.text(l.Owner), l.Generation)
+		s.d.text(l.Owner), l.Generation)
 	return s.fenced(ctx, ex, "heartbeat", l, res, err)
 }
 
 func (s *Store) complete(ctx context.Context, ex execer, l idempotency.Lease,
 	resp idempotency.Response, now time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.complete, int64(resp.Status),
-		nullBytes(headercodec.Encode(resp.Header)), nullBytes(resp.Body), unixnano.Of(now), unixnano.Of(now),
-		scopeHash(l.Scope), s.text(l.Owner), l.Generation)
+		nullBytes(headercodec.Encode(resp.Header)), nullBytes(resp.Body), unixnano.Of(now),
+		unixnano.Of(now), scopeHash(l.Scope), s.d.text(l.Owner), l.Generation)
 	return s.fenced(ctx, ex, "complete", l, res, err)
 }
 
 func (s *Store) release(ctx context.Context, ex execer, l idempotency.Lease) error {
-	res, err := ex.ExecContext(ctx, s.q.release, scopeHash(l.Scope), s.text(l.Owner),
+	res, err := ex.ExecContext(ctx, s.q.release, scopeHash(l.Scope), s.d.text(l.Owner),
 		l.Generation)
 	return s.fenced(ctx, ex, "release", l, res, err)
 }
@@ -602,27 +537,13 @@ func (s *Store) release(ctx context.Context, ex execer, l idempotency.Lease) err
 func (s *Store) setPoint(ctx context.Context, ex execer, l idempotency.Lease, point string,
 	data []byte, now time.Time) error {
 	res, err := ex.ExecContext(ctx, s.q.setPoint, []byte(point), nullBytes(data), unixnano.Of(now),
-		scopeHash(l.Scope), s.text(l.Owner), l.Generation)
+		scopeHash(l.Scope), s.d.text(l.Owner), l.Generation)
 	return s.fenced(ctx, ex, "set_recovery_point", l, res, err)
 }
 
-// text is the argument for a value of a TEXT column (owner, fingerprint):
-// bytes on MySQL, whose columns are LONGBLOBs compared byte for byte, the
-// string elsewhere (SQLite never finds a BLOB equal to a TEXT).
-func (s *Store) text(v string) any {
-	if s.dialect == MySQL {
-		return []byte(v)
-	}
-	return v
-}
-
 // fenced turns the result of a write fenced on l into nil, ErrLeaseLost (no
-// row matched the fence) or an *OpError. MySQL reports the rows a write
-// changed, not those it matched (unless the DSN sets clientFoundRows), and
-// a heartbeat or recovery point equal to what the record holds changes
-// none: there, a write that changed no row is followed by a locking read on
-// ex (a current read, even in a REPEATABLE READ transaction whose snapshot
-// is older) that tells whether l still holds the record.
+// row matched the fence) or an *OpError. A write that changed no row asks
+// the dialect whether l still holds the record (dialect.confirmMiss).
 func (s *Store) fenced(ctx context.Context, ex execer, op string, l idempotency.Lease,
 	res sql.Result, err error) error {
 	if err != nil {
@@ -635,14 +556,9 @@ func (s *Store) fenced(ctx context.Context, ex execer, op string, l idempotency.
 	if n > 0 {
 		return nil
 	}
-	if s.dialect != MySQL {
-		return idempotency.ErrLeaseLost
-	}
-	var one int
-	err = ex.QueryRowContext(ctx, s.q.mysql.held, scopeHash(l.Scope), []byte(l.Owner),
-		l.Generation).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return idempotency.ErrLeaseLost
+	err = s.d.confirmMiss(ctx, s, ex, l)
+	if errors.Is(err, idempotency.ErrLeaseLost) {
+		return err
 	}
 	return opErr(op, err)
 }
@@ -664,20 +580,11 @@ func scanScope(sc idempotency.Scope, row scanner) (idempotency.Record, error) {
 	return rec, err
 }
 
-// scopeHash returns the record's primary key: the SHA-256 of the scope's
-// four parts (principal, method, route, key), each preceded by its length as
-// an 8-byte big-endian integer, so that no two scopes share the input
-// whatever bytes their parts hold. On PostgreSQL 11 or later the same value
-// is sha256(int8send(octet_length(p1)) || p1 || ...) over the parts as bytea.
+// scopeHash returns the record's primary key: the scope's digest
+// (scopedigest.Sum).
 func scopeHash(sc idempotency.Scope) []byte {
-	parts := [...]string{sc.Principal, sc.Method, sc.Route, sc.Key}
-	b := make([]byte, 0, 4*8+len(sc.Principal)+len(sc.Method)+len(sc.Route)+len(sc.Key))
-	for _, p := range parts {
-		b = binary.BigEndian.AppendUint64(b, uint64(len(p)))
-		b = append(b, p...)
-	}
-	sum := sha256.Sum256(b)
-	return sum[:]
+	d := scopedigest.Sum(sc.Principal, sc.Method, sc.Route, sc.Key)
+	return d[:]
 }
 
 // scanRecord scans the columns of a record.
@@ -723,16 +630,4 @@ func nullBytes(b []byte) any {
 		return nil
 	}
 	return b
-}
-
-// subSat returns n - d, saturating at the int64 bounds.
-func subSat(n int64, d time.Duration) int64 {
-	r := n - int64(d)
-	if d > 0 && r > n {
-		return math.MinInt64 + 1
-	}
-	if d < 0 && r < n {
-		return math.MaxInt64
-	}
-	return r
 }

@@ -88,23 +88,6 @@ func (s *Store) Begin(ctx context.Context, l idempotency.Lease) (
 	return u, context.WithValue(ctx, unitKey{}, u), nil
 }
 
-// txOptions are the options of a unit's transaction. PostgreSQL units run
-// READ COMMITTED whatever the server's or session's default: the fence
-// relies on a conditional write that waited for a row changed by a
-// concurrent takeover re-reading the row and matching nothing (ErrLeaseLost),
-// where REPEATABLE READ or SERIALIZABLE fail it with SQLSTATE 40001. SQLite
-// transactions are serializable anyway (one writer at a time); the
-// modernc.org/sqlite driver ignores the isolation level, so SQLite keeps the
-// driver's default (nil). MySQL's fences are locking reads and conditional
-// writes, which InnoDB runs on the latest row version at every level, so
-// MySQL keeps the session's level (nil), which the application chose.
-func (s *Store) txOptions() *sql.TxOptions {
-	if s.dialect == Postgres {
-		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
-	}
-	return nil
-}
-
 // unit is one transaction bound to a lease, begun at the first Tx call.
 // Until then its record writes wait in pending, for Commit. When a
 // conditional write finds the lease lost, the unit rolls itself back at
@@ -141,7 +124,7 @@ func (u *unit) begin() (*sql.Tx, error) {
 	}
 	ctx, cancel := context.WithCancelCause(u.ctx)
 	timer := time.AfterFunc(beginTimeout, func() { cancel(errBeginTimeout) })
-	tx, err := u.s.db.BeginTx(ctx, u.s.txOptions())
+	tx, err := u.s.db.BeginTx(ctx, u.s.d.txOptions())
 	if !timer.Stop() { // the wait ran out: ctx is canceled, and tx with it
 		if err == nil {
 			_ = tx.Rollback()

@@ -1,5 +1,6 @@
 // Package unixnano converts times to and from the int64 Unix nanoseconds the
-// SQL and Redis stores keep, saturating where int64 ends.
+// SQL and Redis stores keep, and adds durations to them, saturating where
+// int64 ends.
 package unixnano
 
 import (
@@ -25,6 +26,20 @@ func Of(t time.Time) int64 {
 		return math.MaxInt64
 	}
 	return t.UnixNano()
+}
+
+// Add returns Of(t) + d, saturating at the bounds Of keeps: MinInt64+1
+// and MaxInt64.
+func Add(t time.Time, d time.Duration) int64 {
+	n := Of(t)
+	r := n + int64(d)
+	switch {
+	case d > 0 && r < n:
+		return math.MaxInt64
+	case d < 0 && (r > n || r == math.MinInt64):
+		return math.MinInt64 + 1
+	}
+	return r
 }
 
 // Time returns the UTC time of n Unix nanoseconds, the zero time for 0.
