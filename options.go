@@ -75,8 +75,10 @@ func defaultConfig() config {
 }
 
 // WithMaxAttempts sets the number of attempts in all, the first included
-// (default 3), hedges (WithHedging) and retries together. 1, and any value
-// below 1, means a single attempt: no retries, no hedges.
+// (default 3), hedges (WithHedging), retries and the base transport's own
+// re-sends together. 1, and any value below 1, means a single attempt: no
+// retries, no hedges. A re-send of the base transport's, which nothing can
+// refuse, is counted even past the limit (see the package documentation).
 func WithMaxAttempts(n int) Option {
 	return func(c *config) { c.maxAttempts = max(1, n) }
 }
