@@ -35,8 +35,13 @@ type attempt struct {
 	handed bool // the response is the caller's: close does nothing
 	closed bool // close has run
 	own    bool // req.Header is the attempt's own map, which a re-send renumbers in place
+	// The sends of an attempt that the base transport may send again by
+	// itself (resent.go): their count since it was prepared, which the
+	// GotConn of trace, on its context, keeps, and when the last began,
+	// after start.
+	sends  int32
+	resent time.Duration
 	start  time.Time
-	since  time.Time       // when its last send began: start, or that of a re-send
 	octx   context.Context // what the AttemptStart observers returned
 	ctx    context.Context // the attempt's own, a child of octx
 	cancel context.CancelCauseFunc
@@ -58,11 +63,7 @@ type attempt struct {
 	// included), or the request body of an attempt never sent.
 	body io.ReadCloser
 
-	// The sends of an attempt that the base transport may send again by
-	// itself (resent.go): the trace on its context, whose GotConn counts
-	// them, and their count since it was prepared.
-	trace httptrace.ClientTrace
-	sends int
+	trace httptrace.ClientTrace // on ctx when the base may send it again (watch)
 
 	panicked any // what the base transport or a rule panicked with, on the attempt's goroutine
 }
@@ -78,13 +79,11 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 	cost int) (*attempt, error) {
 	t := c.t
 	n := int(c.numbered.Add(1))
-	a := &c.first
-	if n == 1 {
-		a.start = c.start
-	} else {
+	a := &c.first // its start is the call's, set up before it
+	if n > 1 {
 		a = &attempt{start: time.Now()}
 	}
-	a.n, a.hedge, a.octx, a.since = n, hedge, ctx, a.start
+	a.n, a.hedge, a.octx = n, hedge, ctx
 	a.until = c.overall
 	if d := t.cfg.attemptTimeout; d > 0 && (a.until.IsZero() || a.start.Add(d).Before(a.until)) {
 		a.until = a.start.Add(d)
@@ -154,6 +153,10 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 	c.sent.Add(1)
 	return a, nil
 }
+
+// sendStart is when attempt a's last send began: its start, or a
+// re-send's.
+func (a *attempt) sendStart() time.Time { return a.start.Add(a.resent) }
 
 // timeLeft is the deadline.Header value of a send at now, before the
 // overall deadline: the whole milliseconds left, rounded down, at least 0.

@@ -139,7 +139,6 @@ type call struct {
 	idempotent   bool
 	sendDeadline bool // each attempt carries deadline.Header
 	maxAttempts  int
-	start        time.Time
 	overall      time.Time // the overall deadline; zero for none
 	bud          budget.Budget
 	hedge        *hedging // the hedged rounds (hedge.go); nil when the call does not hedge
@@ -166,16 +165,21 @@ type call struct {
 	stop    retry.Reason
 	ended   time.Time
 
-	first     attempt       // attempt 1 (the others are allocated on their own)
+	// first is attempt 1 (the others are allocated on their own); its
+	// start is the call's (start).
+	first     attempt
 	delivered deliveredBody // the body of the response handed over (handOver)
 }
+
+// start is when the loop's clock started, and attempt 1 with it.
+func (c *call) start() time.Time { return c.first.start }
 
 // run is the retry loop: attempt (with its hedges, hedge.go), classify,
 // decide, then wait and go on, or return what the call ends with, which
 // finish then ends.
 func (c *call) run() (*http.Response, error) {
 	ctx := c.req.Context()
-	decide.Begin(c.bud, c.start)
+	decide.Begin(c.bud, c.start())
 	var (
 		retrying retry.Class // the class of the outcome the next attempt retries
 		prevWait time.Duration
@@ -293,7 +297,7 @@ func (c *call) finish(resp **http.Response, err *error) {
 	if c.t.obs.callDone {
 		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key,
 			Attempts: sent, Outcome: c.outcome, Stop: c.stop, Response: *resp, Err: *err,
-			Total: c.ended.Sub(c.start)})
+			Total: c.ended.Sub(c.start())})
 	}
 }
 
@@ -371,11 +375,11 @@ func (c *call) observe(a *attempt, outcome Outcome, step decide.Result, now time
 		return
 	}
 	info := AttemptDoneInfo{Request: c.req, Attempt: a.n, Key: c.key, Hedge: a.hedge,
-		Elapsed: now.Sub(a.since), Total: now.Sub(c.start), Outcome: outcome, Stop: step.Stop}
+		Elapsed: now.Sub(a.sendStart()), Total: now.Sub(c.start()), Outcome: outcome, Stop: step.Stop}
 	if outcome != OutcomeLost {
 		info.Decision, info.Response, info.Err = a.d, a.resp, a.err
 		if !a.classified.IsZero() {
-			info.Elapsed = a.classified.Sub(a.since)
+			info.Elapsed = a.classified.Sub(a.sendStart())
 		}
 	}
 	switch {
@@ -482,9 +486,9 @@ func (c *call) setUp() error {
 	// The loop's clock starts once the request is ready (its body read, if
 	// it had to be buffered): the time spent reading the caller's body is
 	// not taken from the attempts.
-	c.start = time.Now()
+	c.first.start = time.Now()
 	if t.cfg.maxElapsed > 0 {
-		c.overall = c.start.Add(t.cfg.maxElapsed)
+		c.overall = c.first.start.Add(t.cfg.maxElapsed)
 	}
 	if hasDeadline && (c.overall.IsZero() || ctxDeadline.Before(c.overall)) {
 		c.overall = ctxDeadline

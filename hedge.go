@@ -195,7 +195,7 @@ func (h *hedging) nextDelay() (time.Duration, bool) {
 // (never hedge after pushback).
 func (h *hedging) heard(a *attempt) {
 	if h.est != nil && a.resp != nil {
-		h.est.Add(a.answered.Sub(a.since))
+		h.est.Add(a.answered.Sub(a.sendStart()))
 	}
 	if hop.Marked(a.resp) || a.d.HasRetryAfter {
 		h.stopped = true

@@ -60,7 +60,7 @@ func (c *call) resent(a *attempt) {
 	a.cost = decide.Grant(c.bud, now, decide.Result{}).Cost
 	n := int(c.numbered.Add(1))
 	c.sent.Add(1)
-	a.n, a.since = n, now
+	a.n, a.resent = n, now.Sub(a.start)
 	if c.t.obs.attemptStart {
 		a.octx = c.startAttempt(c.req.Context(), AttemptStartInfo{Request: c.req, Attempt: n,
 			Key: c.key, Retrying: retry.ClassResend, Hedge: a.hedge})
