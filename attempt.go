@@ -92,8 +92,7 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 		a.octx = c.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key,
 			Retrying: retrying, NotRetrying: c.notRetrying, Hedge: hedge})
 	}
-	prep := len(t.cfg.prepare) > 0
-	a.ctx, a.cancel = context.WithCancelCause(c.watch(a, prep))
+	a.ctx, a.cancel = context.WithCancelCause(c.watch(a))
 	// The limit is a timer, not a deadline of the context, so that it can
 	// stop when the response is handed over. When the caller's own deadline
 	// is as early, that deadline alone ends the attempt, and the error
@@ -104,6 +103,7 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 
 	r := c.req.WithContext(a.ctx)
 	r.Header = c.header
+	prep := len(t.cfg.prepare) > 0
 	switch {
 	case prep:
 		// The preparation may change headers and the URL: its own copies,

@@ -250,6 +250,11 @@ func WithRetryPolicy(rules ...retry.Rule) Option {
 // the attempt with ErrKeyChanged, since a signature over a key the
 // Transport put back would be wrong.
 //
+// f does not run again for a re-send that net/http makes of a bodyless
+// attempt by itself (see the package documentation): the re-send goes as f
+// prepared it, with a Request-Attempt and a Request-Deadline-Ms of its own,
+// so leave those two fields out of a signature.
+//
 // An error from f, or ErrKeyChanged, ends the loop before the attempt is
 // sent: RoundTrip returns a *retry.ExhaustedError with Reason
 // retry.ReasonPrepare, Attempts the attempts sent before, and an Err that

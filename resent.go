@@ -16,11 +16,11 @@ import (
 // watch returns the parent of attempt a's own context: a.octx, with a
 // trace whose GotConn tells each send of a (connected), when the base
 // transport may send a again by itself. net/http does so only for an
-// attempt without a body (one with a body carries the GetBody that refuses,
-// resend.GetBody), or whose preparation (prep) might take its body away.
-// The trace composes with any the caller put on the request's context.
-func (c *call) watch(a *attempt, prep bool) context.Context {
-	if !prep && c.body != nil && c.body != http.NoBody {
+// attempt without a body: one with a body carries the GetBody that
+// refuses (resend.GetBody), and a preparation never changes the body. The
+// trace composes with any the caller put on the request's context.
+func (c *call) watch(a *attempt) context.Context {
+	if c.body != nil && c.body != http.NoBody {
 		return a.octx
 	}
 	a.trace = httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { c.connected(a) }}
