@@ -334,9 +334,12 @@ func TestEachResendIsAnAttemptPastTheLimit(t *testing.T) {
 			if tc.ctx != nil {
 				req = req.WithContext(tc.ctx(req.Context()))
 			}
+			req.Header.Set("Accept", "application/json")
+			header := req.Header.Clone()
 			resp, err := tr.RoundTrip(req)
 			require.NoError(t, err)
 			resp.Body.Close()
+			assert.Equal(t, header, req.Header, "the caller's header is the caller's")
 			wire := srv.take()
 			t.Logf("%s: Request-Attempt on the wire %v, observed %v", tc.name, attempts(wire), n.observed)
 			assert.Len(t, wire, tc.conns+1)
