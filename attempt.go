@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"time"
 
@@ -29,10 +30,17 @@ import (
 // handed over goes through once and only once. Attempt 1 lives in its call
 // (call.first); the others are allocated on their own.
 type attempt struct {
-	n      int
+	n      int  // its number; a re-send of the base transport's takes the next (resent)
 	hedge  bool // sent beside attempts still in flight, not after one
 	handed bool // the response is the caller's: close does nothing
 	closed bool // close has run
+	own    bool // req.Header is the attempt's own map, which a re-send renumbers in place
+	// The sends of an attempt that the base transport may send again by
+	// itself (resent.go): their count since it was prepared, which the
+	// GotConn of trace, on its context, keeps, and when the last began,
+	// after start.
+	sends  int32
+	resent time.Duration
 	start  time.Time
 	octx   context.Context // what the AttemptStart observers returned
 	ctx    context.Context // the attempt's own, a child of octx
@@ -55,6 +63,8 @@ type attempt struct {
 	// included), or the request body of an attempt never sent.
 	body io.ReadCloser
 
+	trace httptrace.ClientTrace // on ctx when the base may send it again (watch)
+
 	panicked any // what the base transport or a rule panicked with, on the attempt's goroutine
 }
 
@@ -68,12 +78,9 @@ type attempt struct {
 func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 	cost int) (*attempt, error) {
 	t := c.t
-	c.started++
-	n := c.started
-	a := &c.first
-	if n == 1 {
-		a.start = c.start
-	} else {
+	n := int(c.numbered.Add(1))
+	a := &c.first // its start is the call's, set up before it
+	if n > 1 {
 		a = &attempt{start: time.Now()}
 	}
 	a.n, a.hedge, a.octx = n, hedge, ctx
@@ -82,10 +89,10 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 		a.until = a.start.Add(d)
 	}
 	if t.obs.attemptStart {
-		a.octx = t.obs.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key,
+		a.octx = c.startAttempt(ctx, AttemptStartInfo{Request: c.req, Attempt: n, Key: c.key,
 			Retrying: retrying, NotRetrying: c.notRetrying, Hedge: hedge})
 	}
-	a.ctx, a.cancel = context.WithCancelCause(a.octx)
+	a.ctx, a.cancel = context.WithCancelCause(c.watch(a))
 	// The limit is a timer, not a deadline of the context, so that it can
 	// stop when the response is handed over. When the caller's own deadline
 	// is as early, that deadline alone ends the attempt, and the error
@@ -108,14 +115,15 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 		u := *c.req.URL
 		r.URL = &u
 		r.GetBody = c.getBody
+		a.own = true
 	case c.sendDeadline || n > 1 && t.cfg.attemptHeader:
 		// Each attempt its own map: the base transport may still hold an
 		// earlier attempt's request.
 		r.Header = cloneHeader(c.header)
+		a.own = true
 	}
 	if c.sendDeadline {
-		ms := max(0, c.overall.Sub(a.start)/time.Millisecond) // whole ms, rounded down
-		r.Header[deadline.Header] = []string{strconv.FormatInt(int64(ms), 10)}
+		r.Header[deadline.Header] = timeLeft(c.overall, a.start)
 	}
 	if n > 1 && t.cfg.attemptHeader {
 		r.Header[hop.AttemptHeader] = hop.AttemptValue(n) // attempt 1's is in c.header
@@ -130,21 +138,31 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 			}
 			return a, c.redact(err)
 		}
-		if (r.Body == nil || r.Body == http.NoBody) && !resend.ByMethod(r.Method) {
-			r.Header, _ = resend.Respell(r.Header, true, cloneHeader) // as setUp does
-		}
+		a.sends = 0 // the preparation's own requests are not sends of the attempt
 	}
-	// The base transport never sends the attempt again by itself: a body
-	// is rewound only through GetBody, which refuses (resend.GetBody), and
-	// the loop decides instead.
+	// net/http rewinds a body only through GetBody, which refuses
+	// (resend.GetBody): it never sends an attempt with a body again by
+	// itself, and the loop decides instead. One without a body it may send
+	// again, and watch counts each send.
 	r.GetBody = nil
 	if r.Body != nil && r.Body != http.NoBody {
 		r.GetBody = resend.GetBody
 	}
 	a.req, a.cost = r, cost
 	c.unsent -= cost
-	c.sent++
+	c.sent.Add(1)
 	return a, nil
+}
+
+// sendStart is when attempt a's last send began: its start, or a
+// re-send's.
+func (a *attempt) sendStart() time.Time { return a.start.Add(a.resent) }
+
+// timeLeft is the deadline.Header value of a send at now, before the
+// overall deadline: the whole milliseconds left, rounded down, at least 0.
+func timeLeft(overall, now time.Time) []string {
+	ms := max(0, overall.Sub(now)/time.Millisecond)
+	return []string{strconv.FormatInt(int64(ms), 10)}
 }
 
 // roundTrip sends attempt a through the base transport and classifies its

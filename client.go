@@ -1,12 +1,14 @@
 package saferetry
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/saferetry/saferetry/budget"
@@ -16,7 +18,6 @@ import (
 	"github.com/saferetry/saferetry/internal/hosts"
 	"github.com/saferetry/saferetry/internal/latency"
 	"github.com/saferetry/saferetry/internal/nilcheck"
-	"github.com/saferetry/saferetry/internal/resend"
 	"github.com/saferetry/saferetry/internal/wait"
 	"github.com/saferetry/saferetry/keygen"
 	"github.com/saferetry/saferetry/retry"
@@ -138,7 +139,6 @@ type call struct {
 	idempotent   bool
 	sendDeadline bool // each attempt carries deadline.Header
 	maxAttempts  int
-	start        time.Time
 	overall      time.Time // the overall deadline; zero for none
 	bud          budget.Budget
 	hedge        *hedging // the hedged rounds (hedge.go); nil when the call does not hedge
@@ -149,9 +149,14 @@ type call struct {
 	getBody     func() (io.ReadCloser, error)
 	notRetrying retry.Reason // why the body cannot be sent again, "" if it can
 
-	started int // attempts begun: the number of the last one
-	sent    int // attempts sent
-	unsent  int // what the budget took for attempts not sent: finish gives it back
+	// The attempts begun (the number of the last one) and sent, a re-send
+	// of the base transport's included (resent.go), which may count one
+	// on the goroutine of a hedge in flight; mu keeps the observers' calls
+	// of one call from running at once.
+	numbered atomic.Int32
+	sent     atomic.Int32
+	mu       sync.Mutex
+	unsent   int // what the budget took for attempts not sent: finish gives it back
 
 	// How the call ends, for finish: the attempt it ends with, what the
 	// loop did with it and why, and when.
@@ -160,16 +165,21 @@ type call struct {
 	stop    retry.Reason
 	ended   time.Time
 
-	first     attempt       // attempt 1 (the others are allocated on their own)
+	// first is attempt 1 (the others are allocated on their own); its
+	// start is the call's (start).
+	first     attempt
 	delivered deliveredBody // the body of the response handed over (handOver)
 }
+
+// start is when the loop's clock started, and attempt 1 with it.
+func (c *call) start() time.Time { return c.first.start }
 
 // run is the retry loop: attempt (with its hedges, hedge.go), classify,
 // decide, then wait and go on, or return what the call ends with, which
 // finish then ends.
 func (c *call) run() (*http.Response, error) {
 	ctx := c.req.Context()
-	decide.Begin(c.bud, c.start)
+	decide.Begin(c.bud, c.start())
 	var (
 		retrying retry.Class // the class of the outcome the next attempt retries
 		prevWait time.Duration
@@ -177,7 +187,7 @@ func (c *call) run() (*http.Response, error) {
 		lastErr  error
 	)
 	for {
-		if c.started > 0 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
+		if c.numbered.Load() > 0 && !c.overall.IsZero() && !time.Now().Before(c.overall) {
 			// No time left for the retry (an observer took it): it is
 			// neither sent nor counted.
 			return c.stopped(retry.ReasonDeadline, lastErr)
@@ -233,14 +243,16 @@ func (c *call) end(a *attempt, step decide.Result, now time.Time) (*http.Respons
 	if a.resp != nil {
 		return a.resp, nil
 	}
-	return nil, &retry.ExhaustedError{Attempts: c.sent, Reason: step.Stop, Err: a.err, Key: c.key}
+	return nil, &retry.ExhaustedError{Attempts: int(c.sent.Load()), Reason: step.Stop, Err: a.err,
+		Key: c.key}
 }
 
 // stopped ends the loop, for reason, before an attempt could be judged:
 // the error wraps err.
 func (c *call) stopped(reason retry.Reason, err error) (*http.Response, error) {
 	c.outcome, c.stop = OutcomeStopped, reason
-	return nil, &retry.ExhaustedError{Attempts: c.sent, Reason: reason, Err: err, Key: c.key}
+	return nil, &retry.ExhaustedError{Attempts: int(c.sent.Load()), Reason: reason, Err: err,
+		Key: c.key}
 }
 
 // finish is the call's one exit, deferred by RoundTrip, and the only place
@@ -257,7 +269,7 @@ func (c *call) finish(resp **http.Response, err *error) {
 	if c.body != nil {
 		c.body.Close()
 	}
-	if c.started == 0 {
+	if c.numbered.Load() == 0 {
 		return // refused before any attempt
 	}
 	if c.ended.IsZero() {
@@ -276,15 +288,16 @@ func (c *call) finish(resp **http.Response, err *error) {
 		status = (*resp).StatusCode
 		decide.End(c.bud, c.ended, status, c.last.cost)
 	}
-	if decide.PushBack(c.stop, c.sent, status, hop.Marked(*resp)) {
+	sent := int(c.sent.Load())
+	if decide.PushBack(c.stop, sent, status, hop.Marked(*resp)) {
 		if rec := hop.FromContext(c.req.Context()); rec != nil {
 			rec.NoteRetriedBelow()
 		}
 	}
 	if c.t.obs.callDone {
 		c.t.obs.doneCall(c.req.Context(), CallDoneInfo{Request: c.req, Key: c.key,
-			Attempts: c.sent, Outcome: c.outcome, Stop: c.stop, Response: *resp, Err: *err,
-			Total: c.ended.Sub(c.start)})
+			Attempts: sent, Outcome: c.outcome, Stop: c.stop, Response: *resp, Err: *err,
+			Total: c.ended.Sub(c.start())})
 	}
 }
 
@@ -296,7 +309,7 @@ func (c *call) judge(a *attempt, prevWait time.Duration) (decide.Result, time.Ti
 	now := time.Now()
 	step := decide.Decide(decide.Config{MaxAttempts: c.maxAttempts, Backoff: cfg.backoff,
 		MaxRetryAfter: cfg.maxRetryAfter}, decide.Input{
-		Outcome: a.d, Attempt: c.sent, Canceled: c.req.Context().Err() != nil,
+		Outcome: a.d, Attempt: int(c.sent.Load()), Canceled: c.req.Context().Err() != nil,
 		Marked: hop.Marked(a.resp), Body: c.notRetrying,
 		Now: now, Deadline: c.overall, PrevWait: prevWait,
 	})
@@ -362,11 +375,11 @@ func (c *call) observe(a *attempt, outcome Outcome, step decide.Result, now time
 		return
 	}
 	info := AttemptDoneInfo{Request: c.req, Attempt: a.n, Key: c.key, Hedge: a.hedge,
-		Elapsed: now.Sub(a.start), Total: now.Sub(c.start), Outcome: outcome, Stop: step.Stop}
+		Elapsed: now.Sub(a.sendStart()), Total: now.Sub(c.start()), Outcome: outcome, Stop: step.Stop}
 	if outcome != OutcomeLost {
 		info.Decision, info.Response, info.Err = a.d, a.resp, a.err
 		if !a.classified.IsZero() {
-			info.Elapsed = a.classified.Sub(a.start)
+			info.Elapsed = a.classified.Sub(a.sendStart())
 		}
 	}
 	switch {
@@ -375,7 +388,17 @@ func (c *call) observe(a *attempt, outcome Outcome, step decide.Result, now time
 	case step.Stop == retry.ReasonBudget:
 		info.BudgetLeft = step.BudgetLeft
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.t.obs.doneAttempt(a.octx, info)
+}
+
+// startAttempt tells the AttemptStart observers that an attempt starts,
+// and returns the context they return.
+func (c *call) startAttempt(ctx context.Context, info AttemptStartInfo) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.obs.startAttempt(ctx, info)
 }
 
 // setUp checks the caller's request and fixes what all its attempts share:
@@ -463,9 +486,9 @@ func (c *call) setUp() error {
 	// The loop's clock starts once the request is ready (its body read, if
 	// it had to be buffered): the time spent reading the caller's body is
 	// not taken from the attempts.
-	c.start = time.Now()
+	c.first.start = time.Now()
 	if t.cfg.maxElapsed > 0 {
-		c.overall = c.start.Add(t.cfg.maxElapsed)
+		c.overall = c.first.start.Add(t.cfg.maxElapsed)
 	}
 	if hasDeadline && (c.overall.IsZero() || ctxDeadline.Before(c.overall)) {
 		c.overall = ctxDeadline
@@ -481,13 +504,7 @@ func (c *call) setUp() error {
 		c.header, own = withoutSpellings(c.header, own, hop.AttemptHeader)
 	}
 	if c.sendDeadline {
-		c.header, own = withoutSpellings(c.header, own, deadline.Header)
-	}
-	if (c.body == nil || c.body == http.NoBody) && !resend.ByMethod(method) {
-		// A bodyless request has no GetBody to refuse net/http's re-send
-		// with (attempt.go): its key fields go under names net/http does
-		// not take for a replayable request's.
-		c.header, _ = resend.Respell(c.header, own, cloneHeader)
+		c.header, _ = withoutSpellings(c.header, own, deadline.Header)
 	}
 	if t.cfg.hedging {
 		c.hedge = c.newHedging(method)

@@ -46,11 +46,12 @@ func Idempotent(ctx context.Context, idempotent bool) context.Context {
 }
 
 // NoRetry returns a context that turns retries off for the request made with
-// it: the Transport makes one attempt, which the base transport does not
-// send again by itself, but for the bodyless GET, HEAD, OPTIONS or TRACE
-// that net/http re-sends on a dead kept-alive connection (see the package
-// documentation). An automatic key is still attached. It keeps an
-// Idempotent mark on ctx.
+// it: the Transport makes one attempt and retries nothing. net/http may
+// still send a request without a body again by itself (a kept-alive
+// connection that died before the answer, an HTTP/2 stream the server did
+// not process), which the Transport counts as attempt 2, past the limit
+// (see the package documentation). An automatic key is still attached. It
+// keeps an Idempotent mark on ctx.
 func NoRetry(ctx context.Context) context.Context {
 	return withOverride(ctx, func(o *overrides) { o.noRetry = true })
 }

@@ -120,28 +120,43 @@
 //
 // # Every request on the wire is an attempt
 //
-// net/http's Transport sends a request again by itself, once, when the
-// kept-alive connection it rode closed before the answer and the request is
-// a GET, HEAD, OPTIONS or TRACE or carries an Idempotency-Key or
-// X-Idempotency-Key field (and has no body, or a GetBody); its HTTP/2
-// transport does so for a stream the server refused or did not process.
-// Against a provider that ignores keys, that re-send of a keyed POST is a
-// second charge. The Transport keeps every attempt from going out twice
-// behind its back, so that its loop decides, numbers, logs and charges
-// every send: the base transport gets a GetBody that refuses, so that a
-// re-send fails before anything is written (the attempt's class is
-// retry.ClassResend, retried as net/http would have judged it: when the
-// request may be repeated, or whatever the method where the server did not
-// process it), and the key fields of a bodyless request go in lower case
-// (idempotency-key), a spelling net/http does not look up and a server
-// reads as the same field. Only a request body could stop the two re-sends
-// left, and a body would change what the server sees: net/http still
-// re-sends a bodyless GET, HEAD, OPTIONS or TRACE on an HTTP/1.1
-// connection that closed before the answer (both carry Request-Attempt:
-// 1), and a bodyless request whose HTTP/2 stream the server refused or did
-// not process. A base transport that reads GetBody itself (to sign the
-// payload) gets the refusal too: sign in WithPrepare, which sees the
-// request's own GetBody.
+// net/http's Transport sends a request again by itself when the kept-alive
+// connection it rode closed before the answer and the request is a GET,
+// HEAD, OPTIONS or TRACE or carries an Idempotency-Key or
+// X-Idempotency-Key field (and has no body, or a GetBody), and goes on for
+// as long as the connection it picks next is one more that died; its
+// HTTP/2 transport does so for a stream the server refused or did not
+// process (REFUSED_STREAM, a GOAWAY), up to 7 times, the first at once,
+// then after 1 s, 2 s, 4 s and on. Against a provider that ignores keys, a
+// re-send of a keyed POST is a second charge. The Transport makes every
+// send an attempt of its own, numbered, logged, told to the observers and
+// charged:
+//
+//   - An attempt with a body carries a GetBody that refuses, so that
+//     net/http never sends it again: the re-send fails before anything is
+//     written (class retry.ClassResend), and the loop decides the retry as
+//     any other, after its backoff, when net/http would have judged it safe
+//     (the request may be repeated, or the server did not process it,
+//     whatever the method).
+//   - An attempt without a body cannot be kept from a re-send without
+//     sending a body, which would change what the server sees. The
+//     Transport sees each of its sends (httptrace's GotConn, on the
+//     attempt's context, composed with any trace of the caller's) and makes
+//     a re-send the next attempt before it is written: the send before it
+//     is told done as retried at once (class retry.ClassResend, no wait);
+//     the re-send takes the next number, in its Request-Attempt field, is
+//     logged and told to the observers, counts toward WithMaxAttempts, and
+//     is charged to the retry budget as a transient retry. It is on its
+//     way when the Transport learns of it, so nothing refuses it: past the
+//     attempt limit (NoRetry included), for a request marked
+//     Idempotent(ctx, false), or with the budget spent (it then goes
+//     uncharged), it is counted all the same. It goes as the attempt was
+//     prepared: WithPrepare does not run again.
+//
+// A base transport that reads GetBody itself (to sign the payload) gets the
+// refusal too: sign in WithPrepare, which sees the request's own GetBody.
+// One that makes requests of its own with the attempt's context has their
+// sends counted as re-sends (a preparation's are not).
 //
 // # Deadlines
 //

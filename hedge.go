@@ -195,7 +195,7 @@ func (h *hedging) nextDelay() (time.Duration, bool) {
 // (never hedge after pushback).
 func (h *hedging) heard(a *attempt) {
 	if h.est != nil && a.resp != nil {
-		h.est.Add(a.answered.Sub(a.start))
+		h.est.Add(a.answered.Sub(a.sendStart()))
 	}
 	if hop.Marked(a.resp) || a.d.HasRetryAfter {
 		h.stopped = true
@@ -207,7 +207,7 @@ func (h *hedging) heard(a *attempt) {
 func (h *hedging) may(ctx context.Context, inFlight int) bool {
 	c := h.c
 	return decide.Hedge(c.maxAttempts, max(1, c.t.cfg.hedge.MaxHedges), decide.HedgeInput{
-		Sent: c.sent, InFlight: inFlight, Canceled: ctx.Err() != nil, Stopped: h.stopped,
+		Sent: int(c.sent.Load()), InFlight: inFlight, Canceled: ctx.Err() != nil, Stopped: h.stopped,
 		Now: time.Now(), Deadline: c.overall,
 	})
 }

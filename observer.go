@@ -43,12 +43,14 @@ const (
 // compose, and each sees every event, in the order they were given (the
 // logging observer of WithLogger first).
 //
-// The functions run synchronously on the goroutine of RoundTrip, on the
-// request's path: they must be fast and must not block. They may be called
-// concurrently for different requests. They must not read or close a
-// response body, nor modify the request, the response or the headers they
-// are given. The Key they are given is the raw key: never log or export it,
-// use keygen.Digest. A panic in them is not recovered.
+// The functions run synchronously on the request's path, on the goroutine
+// of RoundTrip or, for a re-send of the base transport's (see the package
+// documentation), on the goroutine that sends it: a hedge's runs beside
+// RoundTrip's. They must be fast and must not block. They may be called
+// concurrently for different requests, never for one. They must not read
+// or close a response body, nor modify the request, the response or the
+// headers they are given. The Key they are given is the raw key: never log
+// or export it, use keygen.Digest. A panic in them is not recovered.
 type Observer struct {
 	// AttemptStart is called before each attempt is prepared (WithPrepare)
 	// and sent. The context it returns, which must be ctx or derived from
@@ -57,14 +59,19 @@ type Observer struct {
 	// AttemptDone receives. Return ctx to add nothing; a nil return counts
 	// as ctx. It should only add values (a tracing span): a returned context
 	// that ends (a deadline, a cancellation) ends the attempt with it, and
-	// that error is not retried.
+	// that error is not retried. For a re-send of the base transport's, it
+	// is called once the re-send has a connection, before it is written,
+	// and the context it returns goes only to AttemptDone: the request is
+	// on its way with the attempt's context.
 	AttemptStart func(ctx context.Context, info AttemptStartInfo) context.Context
 
 	// AttemptDone is called once per attempt whose AttemptStart was called,
 	// when its outcome and what the loop does next are known: before the
 	// sleep of a retry, before RoundTrip returns after the last one; for a
 	// hedged request, also when an attempt is discarded, and when one that
-	// lost has ended (OutcomeLost). ctx is the context AttemptStart
+	// lost has ended (OutcomeLost); for an attempt the base transport sends
+	// again by itself, when the re-send starts (OutcomeRetry, class
+	// retry.ClassResend, no wait). ctx is the context AttemptStart
 	// returned.
 	AttemptDone func(ctx context.Context, info AttemptDoneInfo)
 

@@ -75,8 +75,10 @@ func defaultConfig() config {
 }
 
 // WithMaxAttempts sets the number of attempts in all, the first included
-// (default 3), hedges (WithHedging) and retries together. 1, and any value
-// below 1, means a single attempt: no retries, no hedges.
+// (default 3), hedges (WithHedging), retries and the base transport's own
+// re-sends together. 1, and any value below 1, means a single attempt: no
+// retries, no hedges. A re-send of the base transport's, which nothing can
+// refuse, is counted even past the limit (see the package documentation).
 func WithMaxAttempts(n int) Option {
 	return func(c *config) { c.maxAttempts = max(1, n) }
 }
@@ -247,6 +249,11 @@ func WithRetryPolicy(rules ...retry.Rule) Option {
 // be replayed. It must not change the idempotency key header: that fails
 // the attempt with ErrKeyChanged, since a signature over a key the
 // Transport put back would be wrong.
+//
+// f does not run again for a re-send that net/http makes of a bodyless
+// attempt by itself (see the package documentation): the re-send goes as f
+// prepared it, with a Request-Attempt and a Request-Deadline-Ms of its own,
+// so leave those two fields out of a signature.
 //
 // An error from f, or ErrKeyChanged, ends the loop before the attempt is
 // sent: RoundTrip returns a *retry.ExhaustedError with Reason

@@ -51,7 +51,7 @@ go test -c -o "$tmp/bench.test" .
 go build -o "$tmp/ratios" ./cmd/ratios
 
 bt() { "$tmp/bench.test" -test.run '^$' -test.count 1 "$@"; }
-HAPPY=(-test.bench '^(BenchmarkHappy|BenchmarkPost64K)$' -test.benchtime "$BENCHTIME")
+HAPPY=(-test.bench '^(BenchmarkHappy|BenchmarkHappyPost|BenchmarkPost64K)$' -test.benchtime "$BENCHTIME")
 FAIL=(-test.bench '^(BenchmarkTransient|BenchmarkOutage)$' -test.benchtime "${FAILN}x")
 MW=(-test.bench '^BenchmarkMiddleware$' -test.benchtime "$BENCHTIME")
 HEDGE=(-test.bench '^BenchmarkHedge$' -test.benchtime "${HEDGEN}x")
@@ -85,7 +85,7 @@ go run ./cmd/postsafety >"$tmp/post.md"
 
 if [ -x "$BENCHSTAT" ]; then
 	{
-		"$BENCHSTAT" -col /client -filter '.name:(Happy OR Post64K OR Transient OR Outage OR Hedge)' "$RAW"
+		"$BENCHSTAT" -col /client -filter '.name:(Happy OR HappyPost OR Post64K OR Transient OR Outage OR Hedge)' "$RAW"
 		echo
 		"$BENCHSTAT" -col /store -filter '.name:Middleware' "$RAW"
 	} >results/benchstat.txt 2>&1 || echo "benchstat failed" >>results/benchstat.txt

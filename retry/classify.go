@@ -49,12 +49,14 @@ const (
 	ClassKeyReused       Class = "key_reused"        // a conflict idempotency_key_reused
 	ClassNotRetryable    Class = "not_retryable"     // an unrecognised error, or no outcome at all
 
-	// ClassResend: the base transport went to send the request again by
-	// itself, and the saferetry Transport refused so that its loop decides:
-	// net/http does after a kept-alive connection closed before the answer
-	// (retried when the request is idempotent), and for an HTTP/2 stream
-	// the server refused or did not process, or when nothing was written
-	// (retried whatever the method, as net/http itself judges).
+	// ClassResend: the base transport sent the request again by itself, or
+	// went to (a *ResendError): net/http does after a kept-alive connection
+	// closed before the answer (retried when the request is idempotent),
+	// and for an HTTP/2 stream the server refused or did not process, or
+	// when nothing was written (retried whatever the method, as net/http
+	// itself judges). The saferetry Transport refuses the re-send of a
+	// request with a body, so that its loop decides, and counts that of a
+	// bodyless one as the next attempt.
 	ClassResend Class = "resend"
 )
 

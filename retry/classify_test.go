@@ -206,3 +206,22 @@ func TestExhaustedError(t *testing.T) {
 		require.Regexp(t, `^[a-z0-9]+(_[a-z0-9]+)*$`, string(c), "a label is snake_case")
 	}
 }
+
+// A ResendError says whether the base transport sent the request again or
+// the Transport refused it, and why the server may not have processed it.
+func TestAResendErrorSaysWhetherTheRequestWentAgain(t *testing.T) {
+	for _, tc := range []struct {
+		err  ResendError
+		want string
+	}{
+		{ResendError{MayHaveArrived: true},
+			"saferetry: connection closed before the answer; the base transport's re-send refused"},
+		{ResendError{}, "saferetry: request not processed; the base transport's re-send refused"},
+		{ResendError{MayHaveArrived: true, Resent: true},
+			"saferetry: connection closed before the answer; the base transport sent it again, as the next attempt"},
+		{ResendError{Resent: true},
+			"saferetry: request not processed; the base transport sent it again, as the next attempt"},
+	} {
+		require.Equal(t, tc.want, tc.err.Error())
+	}
+}

@@ -82,12 +82,14 @@ func (e *ExhaustedError) Unwrap() []error {
 	return []error{ErrExhausted, e.Err}
 }
 
-// ResendError is the error of an attempt that the base transport went to
-// send again by itself, which the saferetry Transport refused so that its
-// loop decides instead (ClassResend): net/http does so after the kept-alive
-// connection the attempt rode closed before the answer, for an HTTP/2
-// stream the server refused or did not process, and when nothing of the
-// request was written. Nothing was written for the re-send.
+// ResendError is the error of an attempt that the base transport sent, or
+// went to send, again by itself (ClassResend): net/http does so after the
+// kept-alive connection the attempt rode closed before the answer, for an
+// HTTP/2 stream the server refused or did not process, and when nothing of
+// the request was written. The saferetry Transport refuses the re-send of
+// an attempt with a body, so that its loop decides instead (nothing is
+// written for the re-send), and counts that of an attempt without a body
+// as the next attempt, whose send before it ends with this error.
 type ResendError struct {
 	// MayHaveArrived is true when the request is one net/http re-sends
 	// after a kept-alive connection closed before the answer (a GET, HEAD,
@@ -97,11 +99,18 @@ type ResendError struct {
 	// re-sends it only where the server has not processed it: it is
 	// retried whatever its method, as net/http itself would have.
 	MayHaveArrived bool
+	// Resent is true when the base transport did send it again, as the
+	// next attempt; false when the Transport refused the re-send.
+	Resent bool
 }
 
 func (e *ResendError) Error() string {
+	why := "request not processed"
 	if e.MayHaveArrived {
-		return "saferetry: connection closed before the answer; the base transport's re-send refused"
+		why = "connection closed before the answer"
 	}
-	return "saferetry: request not processed; the base transport's re-send refused"
+	if e.Resent {
+		return "saferetry: " + why + "; the base transport sent it again, as the next attempt"
+	}
+	return "saferetry: " + why + "; the base transport's re-send refused"
 }

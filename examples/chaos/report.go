@@ -148,9 +148,9 @@ func printTable(w io.Writer, cfg config, s summary) {
 		fmt.Fprintf(w, "      still failing: %s\n", r)
 	}
 	fmt.Fprintf(w, "  attempt outcomes: %s\n", s.Outcomes)
-	fmt.Fprintf(w, "  * requests reset on their way out never reach the server; and net/http itself silently re-sends\n")
-	fmt.Fprintf(w, "    a request with an Idempotency-Key once when a reused keep-alive connection dies before any\n")
-	fmt.Fprintf(w, "    answer (not an attempt of the Transport's); the key makes that re-send harmless too.\n")
+	fmt.Fprintf(w, "  * requests reset on their way out never reach the server; every request that does is an attempt\n")
+	fmt.Fprintf(w, "    counted above (net/http's own re-sends included: the Transport refuses them for a payment,\n")
+	fmt.Fprintf(w, "    which has a body, and would count them for a bodyless request).\n")
 	fmt.Fprintf(w, "  faults injected into requests by the HTTP layer: %s\n", injectedSummary(s.Injected))
 	if s.WrongAnswers != 0 || s.StrayRows != 0 {
 		fmt.Fprintf(w, "  WRONG: %d successes carried a payment id that is not their key's row; %d rows under unknown keys\n", s.WrongAnswers, s.StrayRows)

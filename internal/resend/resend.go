@@ -1,20 +1,20 @@
-// Package resend keeps a base transport from sending an attempt of the
-// saferetry Transport again by itself, so that every request on the wire is
-// an attempt the Transport decides, numbers, logs and charges.
+// Package resend keeps a base transport from sending a request again by
+// itself where that can be done without changing what the server sees, so
+// that the saferetry Transport's loop decides the retry instead.
 //
 // net/http's Transport sends a request again, once and silently, when the
 // kept-alive connection it rode closed before the answer and the request
 // is replayable (Request.isReplayable: a GET, HEAD, OPTIONS or TRACE, or a
 // request with an Idempotency-Key or X-Idempotency-Key field, that has no
 // body or a GetBody); its HTTP/2 transport does so for a stream the server
-// refused or did not process. It rewinds a body only through GetBody, so an
-// attempt with a body carries one that refuses (GetBody): the re-send fails
-// with Err before anything is written, and the Transport's loop decides
-// instead. A
-// bodyless request has nothing to rewind: the Transport writes the key
-// fields of one under other spellings (Respell), so that only a bodyless
-// GET, HEAD, OPTIONS or TRACE is still re-sent by net/http over HTTP/1.1,
-// and HTTP/2 still re-sends a bodyless request the server did not process.
+// refused or did not process. It rewinds a body only through GetBody, so a
+// request with a body carries one that refuses (GetBody): the re-send fails
+// with Err before anything is written. A bodyless request has nothing to
+// rewind: the Transport counts each of its sends instead (httptrace's
+// GotConn), and a client that must send a bodyless keyed request once
+// writes its key fields under other spellings (Respell), which leaves only
+// a bodyless GET, HEAD, OPTIONS or TRACE re-sent over HTTP/1.1, and any
+// bodyless request whose HTTP/2 stream the server did not process.
 package resend
 
 import (
@@ -64,8 +64,8 @@ func ByMethod(method string) bool {
 
 // Respell returns h with its Idempotency-Key and X-Idempotency-Key fields
 // under their lower-case names, which net/http does not look up: copied
-// first (by clone) unless own says that h is the Transport's map already,
-// and whether the result is. The value slices are never modified. Field
+// first (by clone) unless own says that h is the caller's to change, and
+// whether the result is. The value slices are never modified. Field
 // names are case-insensitive (RFC 9110 section 5.1), and HTTP/2 sends
 // every name in lower case: the server reads the same fields.
 func Respell(h http.Header, own bool, clone func(http.Header) http.Header) (http.Header, bool) {

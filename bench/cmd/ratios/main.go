@@ -286,7 +286,8 @@ func (d *data) targets() []check {
 
 // peerTable prints the happy path's price of saferetry and of the peers
 // against bare net/http, side by side: the extra allocations and bytes per
-// request in memory, and the time ratios to bare, in memory and over
+// request in memory (a GET, and a small POST when BenchmarkHappyPost ran),
+// and the time ratios to bare, in memory and over
 // loopback, at 1 and 16 callers.
 func (d *data) peerTable(w io.Writer) {
 	cols := []string{"client=saferetry", "client=retryablehttp", "client=aws-standard", "client=bare-timeout"}
@@ -330,6 +331,10 @@ func (d *data) peerTable(w io.Writer) {
 	}
 	row("extra allocations per request", extra("Happy/net=memory/conc=1", "allocs/op", "%+.0f"))
 	row("extra bytes per request", extra("Happy/net=memory/conc=1", "B/op", "%+.0f B"))
+	if has("HappyPost/net=memory/conc=1", "client=bare", "allocs/op") {
+		row("extra allocations per POST", extra("HappyPost/net=memory/conc=1", "allocs/op", "%+.0f"))
+		row("extra bytes per POST", extra("HappyPost/net=memory/conc=1", "B/op", "%+.0f B"))
+	}
 	for _, conc := range []string{"1", "16"} {
 		row("time in memory, "+conc+" caller(s)", ratio("Happy/net=memory/conc="+conc))
 	}
