@@ -36,7 +36,7 @@ func crashed(t *testing.T, s idempotency.Store, sc idempotency.Scope, path, body
 			"application/json", []byte(body)),
 		FingerprintVersion: idempotency.FingerprintVersion,
 		Owner:              "dead-owner",
-		Request:            idempotency.StoredRequest("0123456789abcdef", sc.Method, path, "shop.example", "application/json", []byte(body)),
+		Request:            idempotency.StoredRequest(sc.Method, path, "shop.example", "application/json", []byte(body)),
 		Now:                now, LeaseFor: 30 * time.Second, ReplayWindow: 24 * time.Hour,
 	})
 	require.NoError(t, err)
@@ -80,7 +80,7 @@ func TestCompleterFinishesAnAbandonedRequest(t *testing.T) {
 		require.Equal(t, idempotency.CompleterReport{Found: 1, Completed: 1}, rep)
 		require.Zero(t, s.runs.Load(), "the order phase was not run again")
 		calls, lookups := s.proc.counts()
-		require.Equal(t, map[string]int{idempotency.DownstreamKeyOf(shopScope, "0123456789abcdef", "charge"): 1}, calls)
+		require.Equal(t, map[string]int{idempotency.DownstreamKeyOf(shopScope, "charge"): 1}, calls)
 		require.Empty(t, lookups)
 		_, receipts := s.state()
 		require.Equal(t, []string{"rcpt_ord_1_ch_1"}, receipts)

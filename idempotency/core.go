@@ -70,7 +70,6 @@ type request struct {
 	scope  Scope
 	input  fingerprintInput
 	fp     string // the fingerprint of fingerprintVersion
-	execID string // storedRequest.ID of a record this call creates
 	stored []byte // Record.Request of a record this call creates
 	// ctx is the caller's context; bg the same without its cancellation,
 	// the one holder of it: the claim, every store call of the execution
@@ -83,9 +82,8 @@ type request struct {
 // fingerprint covers in, and which stores sr (its ID set here) when it
 // creates its record.
 func newRequest(ctx context.Context, s Scope, in fingerprintInput, sr storedRequest) request {
-	sr.ID = rand.Text()
 	fp, _ := fingerprint(in, fingerprintVersion)
-	return request{scope: s, input: in, fp: fp, execID: sr.ID, stored: sr.encode(), ctx: ctx,
+	return request{scope: s, input: in, fp: fp, stored: sr.encode(), ctx: ctx,
 		bg: context.WithoutCancel(ctx)}
 }
 

@@ -32,8 +32,8 @@ func Fingerprint(v int, method, route, path, rawQuery, contentType string, body 
 }
 
 // StoredRequest returns a request as the middleware stores it at a claim.
-func StoredRequest(id, method, url, host, contentType string, body []byte) []byte {
-	return storedRequest{ID: id, Method: method, URL: url, Host: host, ContentType: contentType, Body: body}.encode()
+func StoredRequest(method, url, host, contentType string, body []byte) []byte {
+	return storedRequest{Method: method, URL: url, Host: host, ContentType: contentType, Body: body}.encode()
 }
 
 // CompleterBackoffs returns how many records c is backing off from.
@@ -43,8 +43,7 @@ func CompleterBackoffs(c *Completer) int {
 	return len(c.backoff)
 }
 
-// DownstreamKeyOf returns Run.DownstreamKey(phase) of an execution of s
-// whose first claim minted the ID id.
-func DownstreamKeyOf(s Scope, id, phase string) string {
-	return (&Run{Scope: s, execID: id}).DownstreamKey(phase)
+// DownstreamKeyOf returns Run.DownstreamKey(phase) of an execution of s.
+func DownstreamKeyOf(s Scope, phase string) string {
+	return (&Run{Scope: s}).DownstreamKey(phase)
 }

@@ -90,7 +90,7 @@ func TestCompleterYieldsAsLongAsEachRecordTook(t *testing.T) {
 					"application/json", body),
 				FingerprintVersion: idempotency.FingerprintVersion,
 				Owner:              "dead-owner",
-				Request: idempotency.StoredRequest("0123456789abcdef", "POST", "/orders", "shop.example",
+				Request: idempotency.StoredRequest("POST", "/orders", "shop.example",
 					"application/json", body),
 				Now: time.Now(), LeaseFor: 30 * time.Second, ReplayWindow: 24 * time.Hour,
 			})

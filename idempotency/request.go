@@ -17,10 +17,6 @@ import (
 // a newline, then the body's own bytes (not base64: a third smaller, and no
 // encoding work for the largest part).
 type storedRequest struct {
-	// ID identifies the logical request: minted at the claim that created
-	// the record, kept by every takeover, new for a key reused after the
-	// replay window. Run.DownstreamKey derives from it.
-	ID          string `json:"id,omitempty"`
 	Method      string `json:"method"`
 	URL         string `json:"url"` // the request URI: escaped path and query
 	Host        string `json:"host,omitempty"`

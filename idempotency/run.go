@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -40,10 +39,8 @@ type Run struct {
 	m            *Middleware
 	recoveryData []byte // the record's at the claim
 	// bg is request.bg: the execution's store calls, and its units, use it.
-	bg      context.Context
-	execID  string                  // storedRequest.ID: the base of downstream keys
-	created time.Time               // the record's CreatedAt: the base without an ID
-	cancel  context.CancelCauseFunc // cancels the work's context: only cancelWork calls it
+	bg     context.Context
+	cancel context.CancelCauseFunc // cancels the work's context: only cancelWork calls it
 
 	beginMu sync.Mutex // held by Unit while it begins the request's unit
 
@@ -62,8 +59,7 @@ type Run struct {
 }
 
 // newRun returns the Run of an execution that created or took over
-// res.Record: a takeover keeps the first execution's identity (the ID of
-// the request stored in the record), a new record has req.execID.
+// res.Record.
 func (m *Middleware) newRun(req request, res ClaimResult) *Run {
 	rec := res.Record
 	run := &Run{
@@ -71,12 +67,7 @@ func (m *Middleware) newRun(req request, res ClaimResult) *Run {
 			Generation: rec.Generation},
 		RecoveryPoint: rec.RecoveryPoint, Payload: req.payload(), m: m,
 		recoveryData: rec.RecoveryData, bg: req.bg,
-		created: rec.CreatedAt, leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
-	}
-	if res.Outcome == ClaimCreated {
-		run.execID = req.execID
-	} else if sr, err := decodeRequest(rec.Request); err == nil {
-		run.execID = sr.ID
+		leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
 	}
 	return run
 }
@@ -217,22 +208,17 @@ func (r *Run) extend(until time.Time) {
 }
 
 // DownstreamKey returns the idempotency key this execution uses towards
-// another service for phase: the same in every execution of the request or
-// call (a takeover and a resume keep it), different for another
-// principal, operation, route or method and for a key reused after the
-// replay window. It is phase and a digest (SHA-256) of the scope and of
-// the identity the first claim minted, never the client's key, which so
-// never reaches the other service or its logs. External passes it to its
-// call; use it for any other downstream call that can de-duplicate. It is
-// a valid bare key (keygen.Validate).
+// another service for phase: phase and a digest (SHA-256) of the scope, so
+// the same in every execution of the request or call (a retry after the
+// key was given up, a takeover and a resume alike) and different for
+// another principal, operation, route or method. It never carries the
+// client's key, which so never reaches the other service or its logs.
+// External passes it to its call; use it for any other downstream call
+// that can de-duplicate. It is a valid bare key (keygen.Validate).
 func (r *Run) DownstreamKey(phase string) string {
 	s := r.Scope
-	id := r.execID
-	if id == "" {
-		id = strconv.FormatInt(r.created.UnixNano(), 10) // a record stored without an ID
-	}
 	h := sha256.New()
-	for _, part := range [...]string{s.Principal, s.Method, s.Route, s.Key, id} {
+	for _, part := range [...]string{s.Principal, s.Method, s.Route, s.Key} {
 		var n [8]byte
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
 		h.Write(n[:])
