@@ -69,7 +69,7 @@ func ExampleMiddleware_Monitor() {
 
 	accepted := send(http.MethodPost, "/charges", "acct-42", "Idempotency-Key", "order-7-charge")
 	show(accepted)
-	monitor := accepted.header.Get("Location") // "/operations/" and a sealed identifier
+	monitor := accepted.header.Get("Location")     // "/operations/" and a sealed identifier
 	show(send(http.MethodGet, monitor, "acct-42")) // still running: Retry-After: 1
 	other := send(http.MethodGet, monitor, "acct-9")
 	fmt.Println(other.status, other.header.Get("Content-Type")) // another principal
@@ -77,7 +77,7 @@ func ExampleMiddleware_Monitor() {
 	for send(http.MethodGet, monitor, "acct-42").status == http.StatusAccepted {
 		time.Sleep(10 * time.Millisecond)
 	}
-	show(send(http.MethodGet, monitor, "acct-42")) // the stored response
+	show(send(http.MethodGet, monitor, "acct-42"))       // the stored response
 	show(send(http.MethodGet, "/operations/", "acct-42", // a lookup by key
 		"Idempotency-Key", "order-7-charge", "Idempotency-Lookup", "POST /charges"))
 	fmt.Println("the key in the monitor URL:", strings.Contains(monitor, "order-7"))

@@ -484,4 +484,3 @@ func serve(ctx context.Context, cfg config, out io.Writer) error {
 		return srv.Shutdown(sctx)
 	}
 }
-

@@ -368,4 +368,3 @@ func TestKilledMidChargeTheCompleterFinishesIt(t *testing.T) {
 	require.Equal(t, 1, calls, "called once: the resume looked the charge up")
 	require.Equal(t, 1, lookups)
 }
-
