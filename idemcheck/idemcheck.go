@@ -101,7 +101,8 @@ const (
 // support it.
 type Check struct {
 	// Name is the check's name: replay, concurrent, in_progress, mismatch,
-	// scope, invalid_key or marker.
+	// scope, invalid_key, marker or monitor (only for a target that
+	// advertises a status monitor).
 	Name string `json:"name"`
 	// Result is the outcome.
 	Result Result `json:"result"`
