@@ -46,10 +46,11 @@ const (
 // middleware's WithAcceptAfter sends both), the Transport polls the monitor
 // with GET, under the same overall deadline, with the request's headers
 // (its credentials and its idempotency key; not its body, its Content-*
-// fields, nor the attempt and deadline headers), and returns what the
-// operation ends with: the stored response (the monitor's answer that
-// carries Idempotent-Replayed: true, or any other 2xx but a 202), or a
-// *FollowError. The wait before each poll is the monitor's Retry-After (1 s
+// fields, nor the attempt and deadline headers; WithPrepare does not run
+// for a poll, so a signature per request does not reach it), and returns
+// what the operation ends with: the stored response (the monitor's answer
+// that carries Idempotent-Replayed: true, or any other 2xx but a 202), or
+// a *FollowError. The wait before each poll is the monitor's Retry-After (1 s
 // without one), at least 50 ms and at most WithMaxRetryAfter; no poll
 // starts that would end after the overall deadline (with none, 30 s after
 // the 202). A poll is not an attempt: it takes nothing from the retry

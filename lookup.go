@@ -88,12 +88,7 @@ func (t *Transport) Lookup(ctx context.Context, monitorURL string, req *http.Req
 	if err != nil {
 		return LookupResult{}, fmt.Errorf("saferetry: lookup: %w", err)
 	}
-	lr.Header = pollHeader(req.Header, "")
-	for k := range lr.Header {
-		if http.CanonicalHeaderKey(k) == t.keyName {
-			delete(lr.Header, k)
-		}
-	}
+	lr.Header = pollHeader(req.Header, t.keyName)
 	lr.Header.Set(t.keyName, keygen.FormatHeader(key))
 	lr.Header.Set(monitor.LookupHeader, method+" "+req.URL.RequestURI())
 	resp, err := t.RoundTrip(lr)
@@ -122,8 +117,7 @@ func (t *Transport) Lookup(ctx context.Context, monitorURL string, req *http.Req
 		return LookupResult{}, fmt.Errorf("saferetry: lookup: the monitor's answer is unknown "+
 			"(%d): the request's outcome is still unknown", resp.StatusCode)
 	case resp.StatusCode == http.StatusUnauthorized, resp.StatusCode == http.StatusForbidden,
-		resp.StatusCode == http.StatusBadRequest && code != "",
-		resp.StatusCode == http.StatusServiceUnavailable:
+		resp.StatusCode == http.StatusBadRequest && code != "":
 		return LookupResult{}, fmt.Errorf("saferetry: lookup: the monitor refused it: %d %s",
 			resp.StatusCode, code)
 	}
