@@ -182,14 +182,16 @@ func run(ctx context.Context, cfg config, out io.Writer) ([]figures, error) {
 		fmt.Fprintf(tw, "%s\t%v\t%v\t\n", name, v(figs[0]), v(figs[1]))
 	}
 	row("", func(f figures) any { return f.mode })
-	row("unknown outcomes after the client's retries", func(f figures) any { return f.unknownAfterLoop })
+	row("unknown outcomes after the client's retries",
+		func(f figures) any { return f.unknownAfterLoop })
 	row("resolution rounds", func(f figures) any { return f.rounds })
 	row("orders sent again (re-sends)", func(f figures) any { return f.resends })
 	row("lookups", func(f figures) any { return f.lookups })
 	row("lookups without an answer", func(f figures) any { return f.lookupFailures })
 	row("POSTs that reached the server", func(f figures) any { return f.reachedPOST })
 	row("lookups that reached the server", func(f figures) any { return f.reachedGET })
-	row("requests that reached the server", func(f figures) any { return f.reachedPOST + f.reachedGET })
+	row("requests that reached the server",
+		func(f figures) any { return f.reachedPOST + f.reachedGET })
 	row("unknown outcomes left to the caller", func(f figures) any { return f.leftUnknown })
 	row("orders made (effects)", func(f figures) any { return f.effects })
 	row("keys with more than one order", func(f figures) any { return f.duplicated })

@@ -96,7 +96,8 @@ func (s *store) effects(ctx context.Context) (orders, duplicated int, err error)
 // orderID returns the id of the one order the store holds for key.
 func (s *store) orderID(ctx context.Context, account, key string) (int64, error) {
 	var id int64
-	err := s.db.QueryRowContext(ctx, `SELECT id FROM orders WHERE account = $1 AND idem_key = $2`, account, key).Scan(&id)
+	err := s.db.QueryRowContext(ctx, `SELECT id FROM orders WHERE account = $1 AND idem_key = $2`,
+		account, key).Scan(&id)
 	return id, err
 }
 
