@@ -34,6 +34,11 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		return rep, fmt.Errorf("idemcheck: %s could not be checked: no answer to the first "+
 			"request: %w",
 			c.target, a.err)
+	} else if _, mon, ok := c.advertisedBy(a); ok && a.status == http.StatusAccepted {
+		return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer is 202 "+
+			"Accepted with a status monitor (%s): the request runs on, and its answer is at the "+
+			"monitor; the checker does not follow it: check a route, or a setting of the target, "+
+			"that answers before it answers 202", c.target, mon)
 	} else if !success(a.status) {
 		return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer is %d %s, "+
 			"not a success (2xx); check the URL, method, body and headers: %s",

@@ -17,25 +17,32 @@ import (
 // target (Operation-Location, else Location, on a conflict or a 202
 // Accepted), and the monitor's URL, resolved against the target's.
 func (c *checker) advertised() (answer, *url.URL, bool) {
-	base, err := url.Parse(c.target)
-	if err != nil {
-		return answer{}, nil, false
-	}
 	cands := append(append([]answer(nil), c.conflicts...), c.ipConflicts...)
 	cands = append(cands, c.fresh...)
 	for _, a := range cands {
-		if a.err != nil || (!conflict(a.status) && a.status != http.StatusAccepted) {
-			continue
-		}
-		v := a.header.Get("Operation-Location")
-		if v == "" {
-			v = a.header.Get("Location")
-		}
-		if ref, err := url.Parse(v); v != "" && err == nil {
-			return a, base.ResolveReference(ref), true
+		if a, mon, ok := c.advertisedBy(a); ok {
+			return a, mon, true
 		}
 	}
 	return answer{}, nil, false
+}
+
+// advertisedBy returns the monitor URL a points to, when a is a conflict or
+// a 202 Accepted with Operation-Location or Location.
+func (c *checker) advertisedBy(a answer) (answer, *url.URL, bool) {
+	base, err := url.Parse(c.target)
+	if err != nil || a.err != nil || (!conflict(a.status) && a.status != http.StatusAccepted) {
+		return answer{}, nil, false
+	}
+	v := a.header.Get("Operation-Location")
+	if v == "" {
+		v = a.header.Get("Location")
+	}
+	ref, err := url.Parse(v)
+	if v == "" || err != nil {
+		return answer{}, nil, false
+	}
+	return a, base.ResolveReference(ref), true
 }
 
 // monitor checks the status monitor the target advertised, when it did

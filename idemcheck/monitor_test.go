@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -150,4 +151,25 @@ func TestMonitorCheckFailures(t *testing.T) {
 			require.Contains(t, c.Detail, tc.want)
 		})
 	}
+}
+
+// A target whose first answer is a 202 with a monitor cannot be checked:
+// its answers are at the monitor, which the checker does not follow; it
+// says so instead of failing checks.
+func TestAcceptedTargetIsNotChecked(t *testing.T) {
+	mw := idempotency.New(newStore(), idempotency.WithPrincipal(principal),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)),
+		idempotency.WithMonitor("/operations/", bytes.Repeat([]byte("s"), 32)),
+		idempotency.WithAcceptAfter(time.Millisecond))
+	release := make(chan struct{})
+	defer close(release)
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter,
+		r *http.Request) {
+		<-release
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	_, err := idemcheck.Run(t.Context(), config(srv.URL, 2))
+	require.ErrorContains(t, err, "its first answer is 202 Accepted with a status monitor")
 }
