@@ -127,7 +127,7 @@ func (t *Transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 	if err := c.setUp(); err != nil {
 		return nil, err
 	}
-	return c.run()
+	return c.follow(c.run())
 }
 
 // call is one logical request across its attempts.

@@ -114,9 +114,10 @@
 // use WithAutoKeys(false). With both halves, a logical request takes effect
 // effectively once within the key's scope and the server's replay window;
 // nothing over a network is delivered exactly once. When the loop ends
-// without a definitive answer (an error, a final 503 or in-progress 409),
-// the outcome is unknown: send the request again later with the same key,
-// never a new one.
+// without a definitive answer (Definitive: an error, a final 429, 502, 503
+// or 504, the in-progress 409, a 202 with a monitor), the outcome is
+// unknown: look the key up (Transport.Lookup), or send the request again
+// later with the same key, never a new one.
 //
 // # Every request on the wire is an attempt
 //
@@ -233,6 +234,23 @@
 // A Transport never retries a marked answer. So one layer retries and the
 // layers above do not. Package deadline has the details, docs/CONTRACT.md
 // the headers.
+//
+// # Long operations and unknown outcomes
+//
+// A server may answer a request that runs long with 202 Accepted and the
+// URL of a status monitor (the idempotency middleware's WithAcceptAfter).
+// With WithFollowAccepted the Transport follows it under the same overall
+// deadline and key, honouring its Retry-After up to WithMaxRetryAfter, and
+// returns the operation's response or a *FollowError. A poll is not an
+// attempt: it takes nothing from the budget, has no attempt number, and is
+// seen as a poll (Observer.Poll) and logged as one.
+//
+// When the loop ends without a definitive answer (Definitive), ask before
+// sending again: Transport.Lookup asks the server's monitor what became of
+// the request's key, without its body, and says absent (send it again with
+// the same key), in progress, or completed (with the stored response); a
+// server without a monitor gives ErrNoMonitor, and the request is sent
+// again with the same key. docs/CONTRACT.md has the wire contract.
 //
 // # Plugging in
 //

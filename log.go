@@ -17,7 +17,7 @@ type logObserver struct {
 }
 
 func (l logObserver) observer() Observer {
-	return Observer{AttemptStart: l.attemptStart, AttemptDone: l.attemptDone}
+	return Observer{AttemptStart: l.attemptStart, AttemptDone: l.attemptDone, Poll: l.poll}
 }
 
 func (l logObserver) get() *slog.Logger {

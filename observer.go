@@ -80,6 +80,11 @@ type Observer struct {
 	// not called when RoundTrip fails before any attempt (an invalid key, an
 	// unreadable body).
 	CallDone func(ctx context.Context, info CallDoneInfo)
+
+	// Poll is called once per poll of a 202's monitor (WithFollowAccepted),
+	// when its outcome and what follows are known, before CallDone. ctx is
+	// the request's context.
+	Poll func(ctx context.Context, info PollInfo)
 }
 
 // AttemptStartInfo describes an attempt about to be sent.
@@ -161,6 +166,7 @@ type observers struct {
 	attemptStart bool
 	attemptDone  bool
 	callDone     bool
+	poll         bool
 }
 
 func newObservers(list []Observer) observers {
@@ -169,6 +175,7 @@ func newObservers(list []Observer) observers {
 		o.attemptStart = o.attemptStart || x.AttemptStart != nil
 		o.attemptDone = o.attemptDone || x.AttemptDone != nil
 		o.callDone = o.callDone || x.CallDone != nil
+		o.poll = o.poll || x.Poll != nil
 	}
 	return o
 }
@@ -196,6 +203,14 @@ func (o *observers) doneCall(ctx context.Context, info CallDoneInfo) {
 	for _, x := range o.list {
 		if x.CallDone != nil {
 			x.CallDone(ctx, info)
+		}
+	}
+}
+
+func (o *observers) donePoll(ctx context.Context, info PollInfo) {
+	for _, x := range o.list {
+		if x.Poll != nil {
+			x.Poll(ctx, info)
 		}
 	}
 }

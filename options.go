@@ -51,6 +51,7 @@ type config struct {
 	observers       []Observer
 	hedging         bool // WithHedging was given
 	hedge           Hedging
+	followAccepted  bool // WithFollowAccepted
 }
 
 // deadlineMode says when a request carries deadline.Header.
@@ -276,7 +277,7 @@ func WithPrepare(f func(r *http.Request, attempt int) error) Option {
 // Observer with no function set is skipped.
 func WithObserver(o Observer) Option {
 	return func(c *config) {
-		if o.AttemptStart != nil || o.AttemptDone != nil || o.CallDone != nil {
+		if o.AttemptStart != nil || o.AttemptDone != nil || o.CallDone != nil || o.Poll != nil {
 			c.observers = append(c.observers, o)
 		}
 	}

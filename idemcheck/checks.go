@@ -34,6 +34,11 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		return rep, fmt.Errorf("idemcheck: %s could not be checked: no answer to the first "+
 			"request: %w",
 			c.target, a.err)
+	} else if _, mon, ok := c.advertisedBy(a); ok && a.status == http.StatusAccepted {
+		return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer is 202 "+
+			"Accepted with a status monitor (%s): the request runs on, and its answer is at the "+
+			"monitor; the checker does not follow it: check a route, or a setting of the target, "+
+			"that answers before it answers 202", c.target, mon)
 	} else if !success(a.status) {
 		return rep, fmt.Errorf("idemcheck: %s could not be checked: its first answer is %d %s, "+
 			"not a success (2xx); check the URL, method, body and headers: %s",
@@ -69,11 +74,15 @@ func (c *checker) run(ctx context.Context) (Report, error) {
 		{"scope", c.scope},
 		{"invalid_key", c.invalidKey},
 		{"marker", c.marker},
+		{"monitor", c.monitor},
 	}
 	for _, ch := range checks {
 		c.byEffect = false
 		c.transients.Store(0)
 		res, detail, ev := ch.f(ctx)
+		if res == "" {
+			continue // not run: the target advertises no monitor
+		}
 		if ev == nil {
 			ev = []string{} // JSON: a list, never null
 		}
@@ -135,22 +144,29 @@ var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}
 // a URL. An answer that only repeats what its request sent (the key, the
 // account, the body) gives the same value under every key.
 func (c *checker) echoFree(a answer) string {
-	forms := []string{a.key}
-	if bare, err := strconv.Unquote(a.key); err == nil {
-		forms = append(forms, bare)
-	}
-	forms = append(forms, uuidRE.FindAllString(a.key, -1)...)
-	for _, f := range slices.Clone(forms) {
-		forms = append(forms, url.QueryEscape(f), url.PathEscape(f))
-	}
-	slices.SortFunc(forms, func(x, y string) int { return len(y) - len(x) }) // the longest first
 	e := c.effect(a)
-	for _, f := range forms {
+	for _, f := range keyForms(a.key) {
 		if f != "" {
 			e = strings.ReplaceAll(e, f, "\x00key\x00")
 		}
 	}
 	return e
+}
+
+// keyForms returns the forms of a key as it may be echoed: as sent, its
+// bare form (an sf-string's content), its random part, and their escapes
+// in a URL, the longest first.
+func keyForms(key string) []string {
+	forms := []string{key}
+	if bare, err := strconv.Unquote(key); err == nil {
+		forms = append(forms, bare)
+	}
+	forms = append(forms, uuidRE.FindAllString(key, -1)...)
+	for _, f := range slices.Clone(forms) {
+		forms = append(forms, url.QueryEscape(f), url.PathEscape(f))
+	}
+	slices.SortFunc(forms, func(x, y string) int { return len(y) - len(x) })
+	return forms
 }
 
 // unverified turns the result of a check that rests on telling effects
@@ -341,6 +357,7 @@ func (c *checker) inProgress(ctx context.Context) (Result, string, []string) {
 			b, showKey(key), c.n,
 			strings.Join(statuses, ", ")))
 	}
+	c.ipConflicts = conflicts
 	if len(conflicts) == 0 {
 		return Skip, fmt.Sprintf("unverified: no conflict seen in %d bursts of %d duplicates sent "+
 			"at once (each got the effect or its replay), so what a client that retries while the "+

@@ -73,13 +73,25 @@
 //     again after no answer) carries Idempotent-Replayed: true, which
 //     fails. One that does, when others do not, is reported: a proxy that
 //     sends a request again after losing the target's answer explains it.
+//   - monitor: only when the target advertises a status monitor
+//     (Operation-Location, else Location, on an in-progress conflict or a
+//     202 Accepted; otherwise the check is not in the report). Its URL
+//     must hold no form of the key; for the completed operation (asked
+//     again while it answers 202, at most three more times) it must answer
+//     what the key's replay answers, status and body byte for byte; a
+//     guessed identifier (the URL's last segment with a character changed)
+//     must get no success, and the second principal (Other) neither the
+//     operation nor another answer than a guessed identifier gets (a 403
+//     where that gets 404 tells it that the operation exists). A monitor
+//     on another origin is info: the checker sends its credentials to the
+//     target's origin only.
 //
 // # What the target must allow
 //
 // A run makes 13 requests plus N (up to 2N more when the first burst sees
 // no conflict, up to three retries after a conflict, three more when the
-// target accepts malformed keys, and one more per transient or lost
-// answer) and
+// target accepts malformed keys, up to eight reads and a replay when it
+// advertises a monitor, and one more per transient or lost answer) and
 // creates seven effects (six without Other; one more per extra burst and
 // per malformed key accepted): point it at a sandbox or staging endpoint
 // where that is harmless. The request ([Config.Method], [Config.Body],

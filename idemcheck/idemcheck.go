@@ -101,7 +101,8 @@ const (
 // support it.
 type Check struct {
 	// Name is the check's name: replay, concurrent, in_progress, mismatch,
-	// scope, invalid_key or marker.
+	// scope, invalid_key, marker or monitor (only for a target that
+	// advertises a status monitor).
 	Name string `json:"name"`
 	// Result is the outcome.
 	Result Result `json:"result"`
@@ -180,7 +181,9 @@ func (r Report) String() string {
 // Run checks the endpoint cfg describes and returns the report. Its error
 // is non-nil only when the target could not be checked: a Config that
 // cannot be used, a target that does not answer, or a first answer that is
-// not a success (2xx), such as a 404; the report is then empty. A check
+// not a success (2xx), such as a 404, or is a 202 Accepted that points to a
+// status monitor (the checker does not follow it); the report is then
+// empty. A check
 // whose own request fails (a timeout, say) fails; it does not end the run.
 // ctx bounds the whole run; cancelling it ends every request in flight.
 // Run is safe for concurrent use (each call has its own keys).

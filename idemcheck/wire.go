@@ -47,6 +47,7 @@ type checker struct {
 	concKey       string       // the concurrent check's key
 	concEffect    string       // the one effect it saw ("" when none)
 	conflicts     []answer     // conflicts seen by the concurrent check
+	ipConflicts   []answer     // conflicts seen by the in_progress check
 }
 
 func (c *checker) close() {

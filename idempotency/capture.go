@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // capture buffers a handler's whole response, so that the record commits
@@ -19,6 +20,7 @@ import (
 // (bytes written to a hijacked connection could never be replayed); Unwrap
 // lets http.ResponseController reach the underlying writer's deadlines.
 type capture struct {
+	mu          sync.Mutex // guards w, which detach replaces
 	w           http.ResponseWriter
 	header      http.Header
 	status      int
@@ -78,8 +80,22 @@ func (c *capture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		http.ErrNotSupported)
 }
 
-// Unwrap returns the underlying http.ResponseWriter.
-func (c *capture) Unwrap() http.ResponseWriter { return c.w }
+// Unwrap returns the underlying http.ResponseWriter; after detach, a
+// writer that has no client.
+func (c *capture) Unwrap() http.ResponseWriter {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.w
+}
+
+// detach cuts the capture from its client's writer, which ServeHTTP is
+// about to leave (WithAcceptAfter): the handler's answer is still captured
+// and stored, never sent.
+func (c *capture) detach() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.w = &discardWriter{header: make(http.Header)}
+}
 
 func (c *capture) statusCode() int {
 	if !c.wroteHeader {

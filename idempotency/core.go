@@ -60,6 +60,9 @@ func New(store Store, opts ...Option) *Middleware {
 	}
 	m.obs = append(m.obs, cfg.observers...)
 	m.g = newGateway(store, m.obs)
+	if cfg.monitorErr != nil && cfg.logger != nil {
+		cfg.logger.Error("idempotency: the monitor is off", "error", cfg.monitorErr.Error())
+	}
 	return m
 }
 

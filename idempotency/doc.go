@@ -41,7 +41,8 @@
 // again, or, once a phase committed, keep it with its lease ended, so that
 // the retry resumes. While an External call's outcome is unknown nothing is
 // stored: 503 CodeRequestIncomplete. Every answer of the middleware's own
-// is RFC 9457 problem+json with a stable code.
+// but the status body of a request in progress (see the status monitor) is
+// RFC 9457 problem+json with a stable code.
 //
 // # The function door
 //
@@ -118,6 +119,23 @@
 //	run, _ := idempotency.FromContext(ctx)
 //	order, err := run.Phase(ctx, "order", insertOrder)
 //	charge, err := run.External(ctx, "charge", cards.Charge, cards.Find)
+//
+// # The status monitor
+//
+// Monitor is an http.Handler, mounted where WithMonitor says, that answers
+// what became of a request without running anything: by the identifier of
+// a 202 Accepted (WithAcceptAfter: a request still running that long
+// answers 202 with its monitor URL, and its handler runs on) or of an
+// in-progress 409's Location, and by key (the key in its header, never in
+// the URL, and "Idempotency-Lookup: POST /payments"): in progress (202,
+// Retry-After, its age), completed (the stored response, as a replay gives
+// it) or absent (404 CodeRequestAbsent: send the request again with the
+// same key). It is scoped by principal as requests are; its identifiers are
+// sealed under a secret of the fleet's and hold no form of the key.
+//
+//	mw := idempotency.New(store, idempotency.WithPrincipal(accountID),
+//		idempotency.WithMonitor("/operations/", secret), idempotency.WithAcceptAfter(2*time.Second))
+//	mux.Handle("GET /operations/", mw.Monitor(mux))
 //
 // # Observing
 //

@@ -55,20 +55,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.cfg.header+": "+err.Error(), nil)
 		return
 	}
-	principal, err := m.cfg.principal(r)
-	switch {
-	case errors.Is(err, ErrPrincipalRefused):
-		m.refuse(ctx, w, unscoped, http.StatusUnauthorized, CodePrincipalRefused, "", err)
-		return
-	case err != nil:
-		m.refuse(ctx, w, unscoped, http.StatusServiceUnavailable, CodePrincipalUnavailable,
-			"the server could not identify the caller; retry later with the same key", err)
-		return
-	}
-	if principal == "" && !m.cfg.anonymous {
-		// Fail closed: anonymous callers would share one namespace of keys.
-		m.refuse(ctx, w, unscoped, http.StatusUnauthorized, CodePrincipalMissing,
-			"a request with an idempotency key must identify its caller", nil)
+	principal, ok := m.principalOf(w, r, unscoped)
+	if !ok {
 		return
 	}
 	route := h.route(r)
@@ -92,6 +80,30 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}, storedRequest{Method: method, URL: r.URL.RequestURI(), Host: r.Host, ContentType: ct,
 		Body: body})
 	h.serve(w, r, req)
+}
+
+// principalOf returns the principal of r, the first part of its scope
+// (WithPrincipal), or answers r with the refusal (s: what is known of the
+// scope) and reports false.
+func (m *Middleware) principalOf(w http.ResponseWriter, r *http.Request, s Scope) (string,
+	bool) {
+	ctx := r.Context()
+	principal, err := m.cfg.principal(r)
+	switch {
+	case errors.Is(err, ErrPrincipalRefused):
+		m.refuse(ctx, w, s, http.StatusUnauthorized, CodePrincipalRefused, "", err)
+		return "", false
+	case err != nil:
+		m.refuse(ctx, w, s, http.StatusServiceUnavailable, CodePrincipalUnavailable,
+			"the server could not identify the caller; retry later with the same key", err)
+		return "", false
+	case principal == "" && !m.cfg.anonymous:
+		// Fail closed: anonymous callers would share one namespace of keys.
+		m.refuse(ctx, w, s, http.StatusUnauthorized, CodePrincipalMissing,
+			"a request with an idempotency key must identify its caller", nil)
+		return "", false
+	}
+	return principal, true
 }
 
 // route names r's route in its scope (WithRoute).
@@ -119,6 +131,8 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 		return // the client went away while it waited: nobody to answer
 	case c.err != nil:
 		m.refuseStore(req.ctx, w, req.scope, c.err)
+	case c.verdict == verdictRun && m.accepts():
+		h.runAccepting(w, r, req, c.res)
 	case c.verdict == verdictRun:
 		// The key is ours: the handler runs to its end even if the client
 		// goes away, so that its response is stored and the client's retry
@@ -141,6 +155,7 @@ func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, s Scope,
 	case verdictReplay:
 		m.replay(ctx, w, s, rec)
 	default:
+		m.locate(w.Header(), s, rec)
 		m.refuse(ctx, w, s, http.StatusConflict, CodeInProgress,
 			"a request with this idempotency key is being processed; "+
 				"retry later with the same key", nil)
@@ -152,9 +167,17 @@ func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, s Scope,
 // through w; it returns the outcome (see Observer.Executed).
 func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, res ClaimResult,
 	background bool) Outcome {
-	m := h.m
 	cw := &capture{w: w, header: make(http.Header)}
-	e, s := m.execute(req, res, background, !background, func(ctx context.Context,
+	e, s := h.exec(cw, r, req, res, background)
+	h.respond(cw, req, s)
+	return s.outcome(e)
+}
+
+// exec executes the handler as the owner of res.Record, its response
+// captured in cw, and settles the record.
+func (h *handler) exec(cw *capture, r *http.Request, req request, res ClaimResult,
+	background bool) (ending, settled) {
+	return h.m.execute(req, res, background, !background, func(ctx context.Context,
 		_ *Run) ending {
 		r2 := r.WithContext(ctx)
 		r2.Body = io.NopCloser(bytes.NewReader(req.input.body))
@@ -162,7 +185,12 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, res C
 		h.next.ServeHTTP(cw, r2)
 		return h.ending(cw, background)
 	})
-	outcome := s.outcome(e)
+}
+
+// respond answers the request through cw.w after the execution settled as
+// s says: the handler's response, or a problem when it cannot stand.
+func (h *handler) respond(cw *capture, req request, s settled) {
+	m := h.m
 	switch {
 	case s.lost():
 		if s.recErr == nil && s.rec.State == Completed {
@@ -172,6 +200,9 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, res C
 			}
 			m.answer(req.bg, cw.w, req.scope, v, s.rec)
 			break
+		}
+		if s.recErr == nil && s.rec.State == InProgress {
+			m.locate(cw.w.Header(), req.scope, s.rec)
 		}
 		writeProblem(cw.w, http.StatusConflict, CodeInProgress,
 			"another execution took over this idempotency key; retry later with the same key", 0)
@@ -186,7 +217,6 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, req request, res C
 	default:
 		cw.release() // stored, not stored, or done and not undoable: send it
 	}
-	return outcome
 }
 
 // ending is what the handler's answer, captured in cw, comes to: the

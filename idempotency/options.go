@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"math"
@@ -86,6 +87,10 @@ type config struct {
 	logger         *slog.Logger // nil: no logging
 	observers      []Observer
 	shutdown       context.Context
+	monitorPath    string        // WithMonitor's path, ending in "/"; "" for none
+	monitorIDs     *ids          // nil: no identifiers (no 202, no Location)
+	monitorErr     error         // why WithMonitor's values were refused
+	acceptAfter    time.Duration // WithAcceptAfter; 0: never
 }
 
 func defaultConfig() config {
@@ -347,4 +352,64 @@ func WithLogger(l *slog.Logger) Option {
 // its Reaper (default none). Each sees every event, in the order given.
 func WithObserver(o Observer) Option {
 	return func(c *config) { c.observers = append(c.observers, o) }
+}
+
+// WithMonitor tells the middleware where its status monitor (Monitor) is
+// mounted, and the secret that seals the monitor's identifiers. path is the
+// path (or absolute URL) of the monitor as clients reach it, such as
+// "/operations/" ("/" is added when it does not end with one): the
+// in-progress 409 and the 202 of WithAcceptAfter carry the URL of their
+// operation there, path followed by its identifier, in Location. Default
+// none: no Location, no 202, and the Monitor answers lookups by key only.
+//
+// An identifier is the request's method, route and key, and a prefix of
+// its fingerprint, encrypted and authenticated (AES-256-GCM) under a key
+// derived from secret (HKDF-SHA-256), with the principal as associated
+// data: it reveals nothing of the key, cannot be made from the key without
+// the secret, and opens only for the principal it was issued to; one
+// request always gets the same identifier. secret must be at least 32
+// random bytes, the same on every server of a fleet (from a secret store,
+// never in code), so that any of them opens what another issued. previous
+// are secrets that still open identifiers but no longer seal them: rotate
+// by deploying first (old, new) as (secret, previous), so that every server
+// opens identifiers sealed with new, then (new, old), then, once the 202s
+// sealed with old are past the replay window, new alone. An identifier
+// whose secret is gone answers 404 CodeRequestAbsent, as any unknown one;
+// its client can still look the key up, or send its request again with the
+// same key, which replays it. A path of "" or a secret under 32 bytes is
+// refused: the monitor stays off, and New logs the reason at Error.
+func WithMonitor(path string, secret []byte, previous ...[]byte) Option {
+	return func(c *config) {
+		c.monitorPath, c.monitorIDs, c.monitorErr = "", nil, nil
+		if path == "" {
+			c.monitorErr = errors.New("idempotency: WithMonitor: empty path")
+			return
+		}
+		ids, err := newIDs(append([][]byte{secret}, previous...))
+		if err != nil {
+			c.monitorErr = fmt.Errorf("WithMonitor: %w", err)
+			return
+		}
+		if !strings.HasSuffix(path, "/") {
+			path += "/"
+		}
+		c.monitorPath, c.monitorIDs = path, ids
+	}
+}
+
+// WithAcceptAfter makes a guarded request whose handler has not answered d
+// after its key was claimed answer 202 Accepted, with its operation's
+// monitor URL in Location and Operation-Location, Retry-After: 1 and a
+// status body (docs/CONTRACT.md), while the handler runs on to its end: its
+// response is stored as any other, and the monitor (Monitor) or a retry
+// with the same key then gives it. It needs WithMonitor; without it, or
+// with d <= 0 (the default), no request answers 202. The handler then runs
+// on a goroutine of its own, which outlives ServeHTTP after a 202:
+// http.Server.Shutdown does not wait for it, WithShutdown's context
+// cancels it, and the Completer resumes what a stopped process left. A
+// panic of a handler that answered 202 is reported to the observers
+// (OutcomePanicked) and not raised again; before the 202 it goes on to
+// net/http as usual.
+func WithAcceptAfter(d time.Duration) Option {
+	return func(c *config) { c.acceptAfter = max(d, 0) }
 }

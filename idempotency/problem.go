@@ -54,6 +54,16 @@ const (
 	// response body was over WithMaxStoredBody; "original_status" holds its
 	// status. Do not retry.
 	CodeResponseNotReplayable Code = "idempotency_response_not_replayable"
+	// CodeRequestAbsent (404, the Monitor only): no request with this key
+	// in the caller's scope, or one that completed longer ago than the
+	// replay window, or an identifier that names nothing of the caller's.
+	// Sending the request again with the same key is safe: it runs once.
+	CodeRequestAbsent Code = "idempotency_request_absent"
+	// CodeLookupInvalid (400, or 405 for a method other than GET or HEAD;
+	// the Monitor only): a lookup whose Idempotency-Lookup header is
+	// missing, malformed, or names a method the middleware does not guard
+	// or a route the monitor does not know. Do not retry as is.
+	CodeLookupInvalid Code = "idempotency_lookup_invalid"
 )
 
 const problemTypeBase = "https://saferetry.dev/problems/"
@@ -82,6 +92,8 @@ var problemTitles = map[Code]string{
 	CodePrincipalMissing:      "A request with an idempotency key must identify its caller",
 	CodeResponseNotReplayable: "The stored response cannot be replayed",
 	CodeRequestIncomplete:     "The request could not be finished yet",
+	CodeRequestAbsent:         "No request with this idempotency key",
+	CodeLookupInvalid:         "The lookup is invalid",
 }
 
 // writeProblem writes a problem+json answer with Cache-Control: no-store,
