@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"runtime/debug"
+	"time"
 	"unicode/utf8"
 
 	"github.com/saferetry/saferetry/keygen"
@@ -47,7 +48,8 @@ var (
 	// WithMaxRequestBody, or a nil fn. Calling again as is cannot succeed.
 	ErrInvalidCall = errors.New("idempotency: invalid call")
 	// ErrInProgress: a call with the same scope and payload is running
-	// (its lease alive) past WithMaxInProgressWait, or took the record
+	// (its lease alive) past WithMaxInProgressWait (the error is then an
+	// *InProgressError, which says when to call again), or took the record
 	// over from this one (then the error wraps ErrLeaseLost too). fn did
 	// not run, or its outcome was not stored. Call again later with the
 	// same key.
@@ -84,6 +86,23 @@ var (
 	ErrOutputTooLarge = errors.New(
 		"idempotency: the call completed, but its output was too large to store")
 )
+
+// InProgressError is the error of a call of Do whose key a running
+// execution holds: errors.Is(err, ErrInProgress) holds. RetryAfter is what
+// that execution's lease had left when Do returned, at least 1 ms: a call
+// with the same key after it finds the outcome stored, the lease extended
+// by a live owner (another InProgressError), or the record free to take
+// over from an owner that stopped. A consumer redelivers the message after
+// it rather than after a guess.
+type InProgressError struct {
+	RetryAfter time.Duration
+}
+
+// Error returns ErrInProgress's message.
+func (e *InProgressError) Error() string { return ErrInProgress.Error() }
+
+// Unwrap returns ErrInProgress.
+func (e *InProgressError) Unwrap() error { return ErrInProgress }
 
 // PanicError is the error of a call of Do whose fn panicked: the key is
 // given up (or kept for a resume after a committed phase), as for a
@@ -205,7 +224,10 @@ func (m *Middleware) answerCall(ctx context.Context, s Scope, v verdict,
 		return m.replayCall(ctx, s, rec)
 	}
 	m.obs.refused(ctx, Event{Scope: s, Code: CodeInProgress})
-	return Result{}, ErrInProgress
+	// The lease is alive up to and including LeaseUntil: a claim takes it
+	// over strictly after.
+	return Result{}, &InProgressError{
+		RetryAfter: max(time.Until(rec.LeaseUntil)+time.Millisecond, time.Millisecond)}
 }
 
 // replayCall answers a call with rec's stored outcome.

@@ -415,7 +415,7 @@ func work(cfg config) error {
 			}
 			return keygen.Event("charge", o.Order), nil
 		}),
-		natsconsumer.WithStore(store), natsconsumer.WithLogger(nil))
+		natsconsumer.WithLogger(nil))
 	if err != nil {
 		return err
 	}

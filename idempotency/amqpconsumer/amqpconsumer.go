@@ -34,7 +34,6 @@ type Handler struct {
 	fn     Func
 	scope  consume.Scope[delivery]
 	policy consume.Policy
-	store  idempotency.Store
 	log    *slog.Logger
 }
 
@@ -52,7 +51,6 @@ type config struct {
 	key, tenant func(amqp.Delivery) (string, error)
 	maxAttempts int
 	base, cap   time.Duration
-	store       idempotency.Store
 	logger      *slog.Logger
 }
 
@@ -97,12 +95,6 @@ func WithBackoff(base, cap time.Duration) Option {
 	return func(c *config) { c.base, c.cap = base, cap }
 }
 
-// WithStore gives the Handler the store of its Middleware, from which it
-// reads, when a message's key is in progress elsewhere, how long the
-// other execution's lease has left: the message comes back when it ends.
-// Default none: it comes back after the backoff.
-func WithStore(s idempotency.Store) Option { return func(c *config) { c.store = s } }
-
 // WithLogger sets the logger (default slog.Default()); nil means no
 // logging. Records name a message by its queue, delivery tag and key
 // digest, never its raw key.
@@ -145,7 +137,7 @@ func New(mw *idempotency.Middleware, operation string, fn Func, opts ...Option) 
 	return &Handler{mw: mw, fn: fn, scope: s,
 		policy: consume.Policy{MaxAttempts: max(cfg.maxAttempts, 1), Base: cfg.base,
 			Cap: cfg.cap},
-		store: cfg.store, log: cfg.logger}, nil
+		log: cfg.logger}, nil
 }
 
 // DelayQueue returns the name of the queue through which Consume
@@ -272,10 +264,9 @@ func (h *Handler) decide(ctx context.Context, m delivery, attempt int) (consume.
 	})
 	r := randv2.Float64()
 	wait := h.policy.Backoff(attempt, r)
-	if errors.Is(err, idempotency.ErrInProgress) {
-		if rem, ok := consume.LeaseRemainder(ctx, h.store, c, time.Now()); ok {
-			wait = rem
-		}
+	var busy *idempotency.InProgressError
+	if errors.As(err, &busy) {
+		wait = busy.RetryAfter // when the other execution's lease ends
 	}
 	v := consume.Decide(err, attempt, h.policy, wait, r)
 	if v.Action == consume.Ack && res.Replayed {

@@ -5,8 +5,7 @@
 // never exactly once, which no network gives.
 //
 //	h, err := amqpconsumer.New(mw, "charge", charge,
-//		amqpconsumer.WithKey(orderKey), // event-derived; default message-id
-//		amqpconsumer.WithStore(store))
+//		amqpconsumer.WithKey(orderKey)) // event-derived; default message-id
 //	_ = ch.Qos(16, 0, false)
 //	err = h.Consume(ctx, ch, "orders") // in n goroutines for n messages at a time
 //
@@ -43,7 +42,7 @@
 //     confirmed: a lost one brings a redelivery, answered from the store;
 //   - completed duplicate: acknowledged without running the Func;
 //   - in progress elsewhere: comes back when the other execution's lease
-//     ends (WithStore; else after the backoff), without counting as an
+//     ends (idempotency.InProgressError), without counting as an
 //     attempt;
 //   - definitive failure (the Func's error wraps idempotency.ErrDefinitive):
 //     stored, and the message dead-lettered (definitive); a redelivery or a

@@ -48,8 +48,7 @@ func Example() {
 				return "", err // undecodable: dead-lettered at once
 			}
 			return keygen.Event("order-charge", o.Order), nil
-		}),
-		amqpconsumer.WithStore(store))
+		}))
 	if err != nil {
 		log.Fatal(err)
 	}

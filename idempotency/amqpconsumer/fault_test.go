@@ -116,7 +116,7 @@ func childMain() int {
 			}
 			return charge(ctx, run, d)
 		},
-		amqpconsumer.WithKey(orderKey), amqpconsumer.WithStore(store),
+		amqpconsumer.WithKey(orderKey),
 		amqpconsumer.WithMaxAttempts(4), amqpconsumer.WithBackoff(10*time.Millisecond,
 			100*time.Millisecond),
 		amqpconsumer.WithLogger(slog.New(slog.NewTextHandler(os.Stderr,

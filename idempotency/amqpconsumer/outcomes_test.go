@@ -270,7 +270,7 @@ func TestInProgressWaitsForTheLease(t *testing.T) {
 			started <- struct{}{}
 			<-release
 			return effect(ctx, "order-1")
-		}, amqpconsumer.WithKey(businessKey), amqpconsumer.WithStore(r.store),
+		}, amqpconsumer.WithKey(businessKey),
 		amqpconsumer.WithMaxAttempts(1), amqpconsumer.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)

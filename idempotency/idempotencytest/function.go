@@ -146,9 +146,14 @@ func testDoInProgress(t *testing.T, s idempotency.Store) {
 	res, err := mw.Do(ctx(t), call("busy", nil), func(ctx context.Context,
 		run *idempotency.Run) ([]byte, error) {
 		runs++
-		if _, err := mw.Do(ctx, call("busy", nil), counted(&runs, nil)); !errors.Is(err,
-			idempotency.ErrInProgress) {
-			t.Errorf("a call while the first runs: %v, want ErrInProgress", err)
+		_, err := mw.Do(ctx, call("busy", nil), counted(&runs, nil))
+		var busy *idempotency.InProgressError
+		switch {
+		case !errors.Is(err, idempotency.ErrInProgress) || !errors.As(err, &busy):
+			t.Errorf("a call while the first runs: %v, want an InProgressError", err)
+		case busy.RetryAfter < 20*time.Second || busy.RetryAfter > 30*time.Second+time.Millisecond:
+			t.Errorf("RetryAfter %v: want what the first call's lease (30 s) has left",
+				busy.RetryAfter)
 		}
 		return []byte("first"), nil
 	})

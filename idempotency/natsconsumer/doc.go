@@ -6,7 +6,6 @@
 //
 //	h, err := natsconsumer.New(mw, "charge", charge,
 //		natsconsumer.WithKey(orderKey), // event-derived; default Nats-Msg-Id
-//		natsconsumer.WithStore(store),
 //		natsconsumer.WithDeadLetter(js, "dead.orders"))
 //	err = h.Consume(ctx, cons) // in n goroutines for n messages at a time
 //
@@ -45,7 +44,7 @@
 //     is answered from the store;
 //   - completed duplicate: acknowledged without running the Func;
 //   - in progress elsewhere: redelivered (NakWithDelay) when the other
-//     execution's lease ends (WithStore; else after the backoff); never
+//     execution's lease ends (idempotency.InProgressError); never
 //     dead-lettered for it. If that execution died, its lease expires and
 //     the redelivery takes the record over, fenced;
 //   - definitive failure (the Func's error wraps idempotency.ErrDefinitive):

@@ -122,7 +122,7 @@ func childMain() int {
 			}
 			return charge(ctx, run, m)
 		},
-		natsconsumer.WithKey(orderKey), natsconsumer.WithStore(store),
+		natsconsumer.WithKey(orderKey),
 		natsconsumer.WithMaxAttempts(4), natsconsumer.WithBackoff(10*time.Millisecond,
 			100*time.Millisecond),
 		natsconsumer.WithDeadLetter(js, os.Getenv("CHILD_DL_SUBJECT")),

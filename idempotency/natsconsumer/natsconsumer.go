@@ -47,7 +47,6 @@ type Handler struct {
 	fn     Func
 	scope  consume.Scope[Message]
 	policy consume.Policy
-	store  idempotency.Store
 	dlJS   jetstream.JetStream
 	dlSubj string
 	log    *slog.Logger
@@ -61,7 +60,6 @@ type config struct {
 	key, tenant func(Message) (string, error)
 	maxAttempts int
 	base, cap   time.Duration
-	store       idempotency.Store
 	dlJS        jetstream.JetStream
 	dlSubj      string
 	logger      *slog.Logger
@@ -106,12 +104,6 @@ func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n 
 func WithBackoff(base, cap time.Duration) Option {
 	return func(c *config) { c.base, c.cap = base, cap }
 }
-
-// WithStore gives the Handler the store of its Middleware, from which it
-// reads, when a message's key is in progress elsewhere, how long the
-// other execution's lease has left: the message is redelivered when it
-// ends. Default none: it is redelivered after the backoff.
-func WithStore(s idempotency.Store) Option { return func(c *config) { c.store = s } }
 
 // WithDeadLetter sets where dead-lettered messages go: before it
 // terminates a message, the Handler publishes a copy to subject through
@@ -167,7 +159,7 @@ func New(mw *idempotency.Middleware, operation string, fn Func, opts ...Option) 
 		},
 		policy: consume.Policy{MaxAttempts: max(cfg.maxAttempts, 1), Base: cfg.base,
 			Cap: cfg.cap},
-		store: cfg.store, dlJS: cfg.dlJS, dlSubj: cfg.dlSubj, log: cfg.logger,
+		dlJS: cfg.dlJS, dlSubj: cfg.dlSubj, log: cfg.logger,
 	}, nil
 }
 
@@ -272,10 +264,9 @@ func (h *Handler) decide(ctx context.Context, m Message) (consume.Verdict, idemp
 	})
 	r := rand.Float64()
 	wait := h.policy.Backoff(m.Delivered, r)
-	if errors.Is(err, idempotency.ErrInProgress) {
-		if d, ok := consume.LeaseRemainder(ctx, h.store, c, time.Now()); ok {
-			wait = d
-		}
+	var busy *idempotency.InProgressError
+	if errors.As(err, &busy) {
+		wait = busy.RetryAfter // when the other execution's lease ends
 	}
 	v := consume.Decide(err, m.Delivered, h.policy, wait, r)
 	if v.Action == consume.Ack && res.Replayed {

@@ -298,7 +298,7 @@ func TestInProgressWaitsForTheLease(t *testing.T) {
 			started <- struct{}{}
 			<-release
 			return effect(ctx, "order-1")
-		}, natsconsumer.WithKey(businessKey), natsconsumer.WithStore(r.store),
+		}, natsconsumer.WithKey(businessKey),
 		natsconsumer.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@
 package consume
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -182,30 +181,4 @@ func (s Scope[M]) Call(m M, payload []byte) (idempotency.Call, error) {
 		return c, &PoisonError{Reason: KeyInvalid, Err: err}
 	}
 	return c, nil
-}
-
-// LeaseRemainder returns how long the execution that holds c's key has
-// left on its lease as of now, read from store (the Middleware's), and
-// false when it cannot tell (no store, the record not found, a store
-// error): the caller then waits its backoff. A completed record has 0 left.
-func LeaseRemainder(ctx context.Context, store idempotency.Store, c idempotency.Call,
-	now time.Time) (time.Duration, bool) {
-	if store == nil {
-		return 0, false
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	rec, err := store.Get(ctx, idempotency.Scope{Principal: c.Principal, Route: c.Operation,
-		Key: c.Key})
-	switch {
-	case err != nil:
-		return 0, false
-	case rec.State == idempotency.Completed:
-		return 0, true
-	case rec.State != idempotency.InProgress:
-		return 0, false
-	}
-	// The lease is alive up to and including LeaseUntil: a claim takes it
-	// over strictly after.
-	return max(rec.LeaseUntil.Sub(now)+time.Millisecond, time.Millisecond), true
 }
