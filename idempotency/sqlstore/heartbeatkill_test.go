@@ -54,7 +54,11 @@ type backendKiller struct {
 	lock func(ctx context.Context, key string) (func(), error)
 }
 
-// pgKiller opens a PostgreSQL pool of at most 16 connections whose
+// maxConns is the size of the pools of the tests that terminate
+// connections.
+const maxConns = 16
+
+// pgKiller opens a PostgreSQL pool of at most maxConns connections whose
 // application_name is the test's own, and its killer.
 func pgKiller(t *testing.T) backendKiller {
 	t.Helper()
@@ -62,8 +66,8 @@ func pgKiller(t *testing.T) backendKiller {
 	app := "hb_" + randHex(6)
 	db, err := sql.Open("pgx", withParam(base, "application_name", app))
 	require.NoError(t, err)
-	db.SetMaxOpenConns(16)
-	db.SetMaxIdleConns(16)
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
 	t.Cleanup(func() { _ = db.Close() })
 	admin, err := sql.Open("pgx", base)
 	require.NoError(t, err)
@@ -87,9 +91,9 @@ SELECT pid FROM mine WHERE pg_terminate_backend(pid)`, app, state, n))
 	}
 }
 
-// mysqlKiller opens a MariaDB pool of at most 16 connections on a database
-// of the test's own, and its killer, whose own connections use another
-// database.
+// mysqlKiller opens a MariaDB pool of at most maxConns connections (as
+// openMySQLConfig does) on a database of the test's own, and its killer,
+// whose own connections use another database.
 func mysqlKiller(t *testing.T) backendKiller {
 	t.Helper()
 	cfg := mysqlDatabaseConfig(t)
@@ -255,8 +259,8 @@ func (c *longCalls) repeated() (keys, runs int) {
 }
 
 // A long handler's heartbeats go on while the pool's connections die
-// under them: every 100-150 ms, one idle connection of the test's pool and
-// one that runs a statement at that moment are terminated
+// under them: every 100-150 ms, every idle connection of the test's pool
+// and one that runs a statement at that moment are terminated
 // (pg_terminate_backend; KILL on MariaDB) while six calls of Do, each as
 // long as two leases, run. A heartbeat that fails on a dead connection
 // is tried again on a fresh one while the lease holds: no handler is
@@ -280,12 +284,12 @@ func TestHeartbeatsSurviveTerminatedBackends(t *testing.T) {
 						return
 					case <-time.After(time.Duration(100+rng.IntN(51)) * time.Millisecond):
 					}
-					for _, kill := range []func(context.Context, int) ([]int64, error){k.idle, k.busy} {
-						ids, err := kill(context.Background(), 1)
-						assert.NoError(t, err)
-						for _, id := range ids {
-							ended[id] = true
-						}
+					idle, err := k.idle(context.Background(), maxConns)
+					assert.NoError(t, err)
+					busy, err := k.busy(context.Background(), 1)
+					assert.NoError(t, err)
+					for _, id := range append(idle, busy...) {
+						ended[id] = true
 					}
 				}
 			})
@@ -341,7 +345,7 @@ func TestHeartbeatSurvivesItsBusyBackendTerminated(t *testing.T) {
 				deadline := time.Now().Add(5 * time.Second)
 				for n := len(ended); len(ended) < n+2; {
 					require.True(t, time.Now().Before(deadline), "no heartbeat waited for the lock")
-					ids, err := k.busy(ctx, 10)
+					ids, err := k.busy(ctx, maxConns)
 					require.NoError(t, err)
 					for _, id := range ids {
 						ended[id] = true
