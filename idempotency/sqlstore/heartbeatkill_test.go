@@ -166,22 +166,24 @@ func lockRecord(ctx context.Context, admin *sql.DB, query, key string) (func(), 
 	return func() { _ = tx.Rollback() }, nil
 }
 
-// killBackends is the PostgreSQL and MariaDB backends of the tests that
-// terminate connections.
-var killBackends = []struct {
+// killBackend is a backend of the tests that terminate connections.
+type killBackend struct {
 	name string
 	open func(t *testing.T) backendKiller
 	d    sqlstore.Dialect
-}{
+}
+
+var killBackends = []killBackend{
 	{"postgres", pgKiller, sqlstore.Postgres},
 	{"mysql", mysqlKiller, sqlstore.MySQL},
 }
 
-// longCalls runs long calls of Do (each hold long, its fn honouring its
-// context) on a store over k's pool with a lease of lease, and counts
+// longCalls runs long calls of Do (each two leases of killLease long, its
+// fn honouring its context) on a store over a killer's pool, and counts
 // what happened to them.
 type longCalls struct {
 	mw       *idempotency.Middleware
+	lease    time.Duration
 	hold     time.Duration
 	mu       sync.Mutex
 	runs     map[string]int // executions of fn, by key
@@ -190,13 +192,15 @@ type longCalls struct {
 	failures atomic.Int64   // heartbeat tries that failed (not ErrLeaseLost)
 }
 
-func newLongCalls(t *testing.T, k backendKiller, d sqlstore.Dialect,
-	lease, hold time.Duration) *longCalls {
+// newLongCalls opens b's pool, its killer and the store of its long calls.
+func newLongCalls(t *testing.T, b killBackend) (*longCalls, backendKiller) {
 	t.Helper()
-	s, err := sqlstore.Open(k.db, d)
+	k := b.open(t)
+	s, err := sqlstore.Open(k.db, b.d)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(t.Context()))
-	c := &longCalls{hold: hold, runs: map[string]int{}}
+	lease := killLease(t)
+	c := &longCalls{lease: lease, hold: 2 * lease, runs: map[string]int{}}
 	c.mw = idempotency.New(s, idempotency.WithLease(lease),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)),
 		idempotency.WithObserver(idempotency.Observer{StoreCall: func(_ context.Context, e idempotency.Event) {
@@ -204,7 +208,7 @@ func newLongCalls(t *testing.T, k backendKiller, d sqlstore.Dialect,
 				c.failures.Add(1)
 			}
 		}}))
-	return c
+	return c, k
 }
 
 // call calls Do for key until it returns fn's output, as a job whose calls
@@ -269,9 +273,7 @@ func TestHeartbeatsSurviveTerminatedBackends(t *testing.T) {
 	for _, b := range killBackends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			k := b.open(t)
-			lease := killLease(t)
-			c := newLongCalls(t, k, b.d, lease, 2*lease)
+			c, k := newLongCalls(t, b)
 			const calls = 6
 			ended := map[int64]bool{}
 			stop := make(chan struct{})
@@ -323,9 +325,7 @@ func TestHeartbeatSurvivesItsBusyBackendTerminated(t *testing.T) {
 	for _, b := range killBackends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			k := b.open(t)
-			lease := killLease(t)
-			c := newLongCalls(t, k, b.d, lease, 2*lease)
+			c, k := newLongCalls(t, b)
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
@@ -353,7 +353,7 @@ func TestHeartbeatSurvivesItsBusyBackendTerminated(t *testing.T) {
 					time.Sleep(time.Millisecond)
 				}
 				release()
-				time.Sleep(lease / 2)
+				time.Sleep(c.lease / 2)
 			}
 			<-done
 			keys, runs := c.repeated()
