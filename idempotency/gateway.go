@@ -54,16 +54,17 @@ type kind struct {
 // policy. A read and a fenced write outside a unit are tried again: a
 // repeat of a write that applied changes nothing, or fails with
 // ErrLeaseLost when the write ended the record's progress (then the record
-// is read back). A claim is not: the record is read back once instead
-// (claim), so that an outage does not multiply the claims of every
-// request. A heartbeat waits for the next beat. A unit's write and Commit
+// is read back). So is a heartbeat, a fenced write too, within the bound
+// its beat gives it (the context's deadline: see heartbeat.beat). A claim
+// is not: the record is read back once instead (claim), so that an outage
+// does not multiply the claims of every request. A unit's write and Commit
 // cannot be repeated (the record is read back). Begin, Rollback and the
 // background jobs' listings and deletes are their callers' to repeat.
 var (
 	kindClaim          = kind{OpClaim, false}
 	kindClaimReadBack  = kind{OpGet, false}
 	kindGet            = kind{OpGet, true}
-	kindHeartbeat      = kind{OpHeartbeat, false}
+	kindHeartbeat      = kind{OpHeartbeat, true}
 	kindEndLease       = kind{OpEndLease, true}
 	kindRelease        = kind{OpRelease, true}
 	kindComplete       = kind{OpComplete, true}

@@ -229,11 +229,15 @@ func WithMaxInProgressWait(d time.Duration) Option {
 }
 
 // WithLease sets the lease a claim holds (default 30 s). It is heartbeated
-// every lease/3 while the handler runs; if the process stalls and it
+// every lease/3 while the handler runs, a failed heartbeat tried again on
+// a fresh connection; the handler's context is canceled (cause matching
+// ErrLeaseLost) when the store answers ErrLeaseLost, or when no heartbeat
+// got through until lease/6 is left, the margin for the servers' clocks,
+// which must agree to well within it. If the process stalls and the lease
 // expires, a retry or the Completer takes the record over and the stalled
 // owner's writes fail with ErrLeaseLost. Set it well above the store's
-// worst latency. A value under the minimum, 3 ms (0 and negative values
-// included), means 3 ms.
+// worst latency, a new connection's included. A value under the minimum,
+// 3 ms (0 and negative values included), means 3 ms.
 func WithLease(d time.Duration) Option {
 	return func(c *config) { c.lease = max(d, minLease) }
 }

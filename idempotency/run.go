@@ -78,11 +78,12 @@ func (m *Middleware) newRun(req request, res ClaimResult) *Run {
 var ErrMisuse = errors.New("idempotency: misuse of a run")
 
 // errLeaseExpired is the cause with which the middleware cancels a
-// handler's context when its heartbeats kept failing (the store
-// unreachable) until less than a third of the lease was left: past that
-// point a retry or the Completer may take the record over, so the first
-// execution must stop. Phase and External then fail with it; what the
-// handler did before is still completed, fenced, when it returns.
+// handler's context when no heartbeat got through (the store unreachable)
+// until a sixth of the lease was left: the margin for the servers' clocks,
+// past which a retry or the Completer may take the record over, so the
+// first execution must stop (see heartbeat). Phase and External then fail
+// with it; what the handler did before is still completed, fenced, when it
+// returns.
 var errLeaseExpired = fmt.Errorf("%w: it ran out while heartbeats failed", ErrLeaseLost)
 
 // Unit returns the unit of work in which the handler's writes at ctx
@@ -196,6 +197,13 @@ func (r *Run) expiring(now time.Time, margin time.Duration) bool {
 	}
 	r.expired = true
 	return true
+}
+
+// leaseEnd returns the end of the lease as the run last extended it.
+func (r *Run) leaseEnd() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.leaseUntil
 }
 
 // extend records a successful heartbeat.
