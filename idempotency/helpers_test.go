@@ -171,11 +171,6 @@ const (
 	tick    = time.Millisecond
 )
 
-// claimed unpacks a Claim's result as (record, acquired, error).
-func claimed(res idempotency.ClaimResult, err error) (idempotency.Record, bool, error) {
-	return res.Record, res.Acquired(), err
-}
-
 // send serves one guarded POST /payments through h in process (no
 // network, so that it runs in a testing/synctest bubble too). It sends no
 // credentials: give h WithAnonymousKeys(true).
