@@ -2,9 +2,11 @@ package saferetry
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,4 +66,71 @@ func TestREADMEInstallsEveryLibraryModule(t *testing.T) {
 				"README.md's install lines give no replace line for module %s", dir)
 		}
 	}
+}
+
+// TestDocLinksResolve checks that every relative link of the README and
+// the guides in docs/ names a file of the repository and, with a #
+// fragment, one of its headings (as GitHub makes its anchors).
+func TestDocLinksResolve(t *testing.T) {
+	pages, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	pages = append(pages, "README.md")
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	anchors := map[string]map[string]bool{}
+	headingsOf := func(path string) map[string]bool {
+		if a, ok := anchors[path]; ok {
+			return a
+		}
+		a := map[string]bool{}
+		text, err := os.ReadFile(path)
+		require.NoError(t, err)
+		fence := false
+		for _, line := range strings.Split(string(text), "\n") {
+			if strings.HasPrefix(line, "```") {
+				fence = !fence
+			}
+			if h, ok := strings.CutPrefix(line, "#"); ok && !fence {
+				a[slug(strings.TrimLeft(h, "#"))] = true
+			}
+		}
+		anchors[path] = a
+		return a
+	}
+	for _, page := range pages {
+		text, err := os.ReadFile(page)
+		require.NoError(t, err)
+		for _, m := range link.FindAllStringSubmatch(string(text), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, frag, _ := strings.Cut(target, "#")
+			path := page
+			if file != "" {
+				path = filepath.Join(filepath.Dir(page), file)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s links to %s: no such file", page, target)
+				continue
+			}
+			if frag != "" && strings.HasSuffix(path, ".md") && !headingsOf(path)[frag] {
+				t.Errorf("%s links to %s: no such heading in %s", page, target, path)
+			}
+		}
+	}
+}
+
+// slug returns the anchor GitHub gives a heading: lower case, spaces as
+// hyphens, punctuation but hyphens and underscores dropped.
+func slug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
