@@ -1,7 +1,8 @@
-// Package recipes holds the README's three recipes: a client, a guarded
-// handler and a guarded job. The README quotes the lines between each
-// "begin recipe" and "end recipe" comment byte for byte, one tab less
-// (TestREADMEQuotesTheRecipes), and TestRecipes runs them together.
+// Package recipes holds the README's three recipes (a client, a guarded
+// handler and a guarded job) and the client guide's observers. The README
+// and docs/CLIENT.md quote the lines between each "begin recipe" and "end
+// recipe" comment byte for byte, one tab less (TestDocsQuoteTheRecipes),
+// and TestRecipes and TestObservers run them.
 package recipes
 
 import (
@@ -10,8 +11,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/saferetry/saferetry"
 	"github.com/saferetry/saferetry/idempotency"
@@ -105,4 +108,34 @@ func Transfer(ctx context.Context, mw *idempotency.Middleware, msgID string, bod
 	// res.Replayed: the stored output, byte for byte; transfer did not run again.
 	// end recipe: job
 	return err == nil && !res.Replayed, err
+}
+
+// Observers returns a client option and a server option that log, at
+// Debug, what each observer function sees: the observers' signatures.
+func Observers(log *slog.Logger) (saferetry.Option, idempotency.Option) {
+	// begin recipe: observers
+	client := saferetry.WithObserver(saferetry.Observer{
+		AttemptStart: func(ctx context.Context, info saferetry.AttemptStartInfo) context.Context {
+			return ctx // or a context with a span: the attempt's parent
+		},
+		AttemptDone: func(ctx context.Context, info saferetry.AttemptDoneInfo) {
+			log.DebugContext(ctx, "attempt", "n", info.Attempt, "class", info.Decision.Class,
+				"outcome", info.Outcome, "stop", info.Stop, "wait", info.Wait)
+		},
+		CallDone: func(ctx context.Context, info saferetry.CallDoneInfo) {},
+		Poll:     func(ctx context.Context, info saferetry.PollInfo) {}, // WithFollowAccepted
+	})
+	event := func(ctx context.Context, e idempotency.Event) {
+		log.DebugContext(ctx, "idempotency", "outcome", e.Outcome, "code", e.Code, "op", e.Op)
+	}
+	server := idempotency.WithObserver(idempotency.Observer{
+		Claimed: event, Executed: event, Replayed: event, Refused: event, StoreCall: event,
+		Unfinished: func(ctx context.Context, rec idempotency.Record, age time.Duration) {
+			log.WarnContext(ctx, "unfinished record", "age", age) // rec.Scope holds the raw key
+		},
+		CompleterRun: func(ctx context.Context, rep idempotency.CompleterReport, err error) {},
+		ReaperRun:    func(ctx context.Context, rep idempotency.ReaperReport, err error) {},
+	})
+	// end recipe: observers
+	return client, server
 }

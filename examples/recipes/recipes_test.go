@@ -6,11 +6,13 @@ import (
 	"database/sql"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -19,7 +21,9 @@ import (
 	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
 
+	"github.com/saferetry/saferetry"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/memstore"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
@@ -97,26 +101,80 @@ func TestRecipes(t *testing.T) {
 	require.NoError(t, <-done)
 }
 
-// TestREADMEQuotesTheRecipes checks that each recipe in README.md, between
-// its markers, is the code of this package between its comments.
-func TestREADMEQuotesTheRecipes(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
+// TestDocsQuoteTheRecipes checks that each recipe in README.md and
+// docs/CLIENT.md, between its markers, is the code of this package between
+// its comments.
+func TestDocsQuoteTheRecipes(t *testing.T) {
 	code, err := os.ReadFile("recipes.go")
 	require.NoError(t, err)
-	for _, name := range []string{"client", "handler", "job"} {
-		_, rest, ok := bytes.Cut(readme, []byte("<!-- begin recipe: "+name+" -->\n```go\n"))
-		require.True(t, ok, "README.md has no recipe %q", name)
-		quoted, _, ok := bytes.Cut(rest, []byte("```\n<!-- end recipe: "+name+" -->\n"))
-		require.True(t, ok, "README.md's recipe %q has no end marker", name)
-		_, rest, ok = bytes.Cut(code, []byte("\t// begin recipe: "+name+"\n"))
-		require.True(t, ok, "recipes.go has no recipe %q", name)
-		body, _, ok := bytes.Cut(rest, []byte("\t// end recipe: "+name+"\n"))
-		require.True(t, ok, "recipes.go's recipe %q has no end", name)
+	for _, q := range []struct{ doc, name string }{
+		{"README.md", "client"}, {"README.md", "handler"}, {"README.md", "job"},
+		{"docs/CLIENT.md", "observers"},
+	} {
+		doc, err := os.ReadFile("../../" + q.doc)
+		require.NoError(t, err)
+		_, rest, ok := bytes.Cut(doc, []byte("<!-- begin recipe: "+q.name+" -->\n```go\n"))
+		require.True(t, ok, "%s has no recipe %q", q.doc, q.name)
+		quoted, _, ok := bytes.Cut(rest, []byte("```\n<!-- end recipe: "+q.name+" -->\n"))
+		require.True(t, ok, "%s's recipe %q has no end marker", q.doc, q.name)
+		_, rest, ok = bytes.Cut(code, []byte("\t// begin recipe: "+q.name+"\n"))
+		require.True(t, ok, "recipes.go has no recipe %q", q.name)
+		body, _, ok := bytes.Cut(rest, []byte("\t// end recipe: "+q.name+"\n"))
+		require.True(t, ok, "recipes.go's recipe %q has no end", q.name)
 		var want strings.Builder
 		for _, line := range strings.SplitAfter(string(body), "\n") {
 			want.WriteString(strings.TrimPrefix(line, "\t"))
 		}
-		assert.Equal(t, want.String(), string(quoted), "README.md quotes recipe %q", name)
+		assert.Equal(t, want.String(), string(quoted), "%s quotes recipe %q", q.doc, q.name)
 	}
+}
+
+// TestObservers runs the observers of the client guide: a POST answered 503
+// then 201 logs two attempts, and the middleware's claim, execution and
+// replay are logged.
+func TestObservers(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	var out bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &out, mu: &mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	clientObs, serverObs := Observers(log)
+	mw := idempotency.New(memstore.New(), serverObs)
+	var served atomic.Int32
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if served.Add(1) == 1 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	client := saferetry.NewClient(clientObs, saferetry.WithLogger(nil))
+	defer client.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}"))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer acct_1")
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	mu.Lock()
+	logged := out.String()
+	mu.Unlock()
+	assert.Equal(t, 2, strings.Count(logged, "msg=attempt "), logged)
+	assert.Contains(t, logged, "class=status_503")
+	assert.Contains(t, logged, "outcome=retry")
+	assert.Contains(t, logged, "msg=idempotency")
+	assert.Contains(t, logged, "op=claim")
+}
+
+// lockedWriter serialises the writes of concurrent log records.
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
