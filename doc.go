@@ -10,6 +10,11 @@
 //
 // or build one: client := saferetry.NewClient(saferetry.WithMaxAttempts(3)).
 //
+// The server half, package idempotency, honours the key: it runs each keyed
+// request once per key and replays its answer to every retry, over memory,
+// SQLite (embedded), PostgreSQL, MySQL/MariaDB or Redis (standalone,
+// Sentinel or Cluster).
+//
 // This documentation is where the allow-list and the defaults are stated;
 // the README and docs/CONTRACT.md link here.
 //
@@ -213,8 +218,8 @@
 //
 // # Across a chain of services
 //
-// Retries multiply across layers: three layers of three attempts send 27
-// requests to a failing service at the bottom. When a service runs behind
+// Retries multiply across layers (docs/CHAIN.md counts them), so one layer
+// retries and the layers above do not. When a service runs behind
 // deadline.Middleware and its handlers call other services with a
 // Transport and the request's context (req.WithContext(r.Context())), the
 // middleware marks the service's own 5xx or 429 answer "Retried-Below:

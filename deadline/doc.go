@@ -21,9 +21,9 @@
 // observers receive the request's context), so that an operator can see
 // what share of a service's load is retries.
 //
-// Pushback, across a chain of services. Retries multiply across layers:
-// three layers of three attempts send 27 requests to a failing service at
-// the bottom. So one layer retries and the layers above do not. A saferetry
+// Pushback, across a chain of services. Retries multiply across layers
+// (docs/CHAIN.md counts them), so one layer retries and the layers above do
+// not. A saferetry
 // Transport whose request is made with the context of a request served
 // behind Middleware (req.WithContext(r.Context()), as handlers do) notes in
 // the record when its call:

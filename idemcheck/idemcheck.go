@@ -81,8 +81,11 @@ type Result string
 const (
 	// Pass: the target behaved as a retrying client needs.
 	Pass Result = "pass"
-	// Fail: the target did something that harms a retrying client; the
-	// check's Detail says what the client would suffer.
+	// Fail: the target did something that harms a retrying client, which
+	// a lossy path to it cannot explain: a transient 502, 503 or 504 and a
+	// lost answer are sent again with the same key, and judged allowing
+	// for a replay, so a correct target behind a proxy that loses answers
+	// fails nothing. The check's Detail says what the client would suffer.
 	Fail Result = "fail"
 	// Skip: unverified. The check could not run (no second principal,
 	// say), or what it saw is no evidence either way (answers that do not

@@ -8,7 +8,12 @@
 // through the same claim, lease, fence, recovery points, completion and
 // store. docs/CONTRACT.md is the contract for clients.
 //
-//	store := memstore.New() // or sqlstore.Open(db, sqlstore.Postgres)
+// The stores: memory, SQLite (embedded), PostgreSQL, MySQL/MariaDB or Redis
+// (standalone, Sentinel or Cluster): package memstore, package sqlstore for
+// the three SQL databases, package redisstore for Redis (see "Stores").
+//
+//	store := memstore.New() // or sqlstore.Open(db, sqlstore.Postgres), sqlstore.SQLite,
+//	                        // sqlstore.MySQL; or redisstore.New(rdb)
 //	mw := idempotency.New(store, idempotency.WithPrincipal(accountID))
 //	http.Handle("POST /payments", mw.Wrap(payments))
 //	defer mw.Completer(map[string]http.Handler{"POST /payments": payments}).Start(ctx, 0)()
@@ -19,28 +24,17 @@
 // path, query, content type and body. Its record goes from absent to in
 // progress (claimed atomically, held by a lease with a fencing generation,
 // heartbeated every lease/3) to completed (the response stored, replayed with
-// Idempotent-Replayed: true). The answers:
-//
-//   - absent, or completed longer ago than the replay window: claim, run the
-//     handler (its context survives the client, not the lease, the deadline
-//     or WithShutdown's context), store and send its response;
-//   - in progress, lease alive: 409 CodeInProgress, Retry-After: 1;
-//   - in progress, lease expired: take over and run again from the recovery
-//     point;
-//   - completed: replay status, allow-listed headers and body;
-//   - another fingerprint: 422 CodeKeyReused;
-//   - no key: pass through (400 CodeKeyMissing with WithKeyRequired); a bad
-//     key: 400 CodeKeyInvalid; no principal: 401 CodePrincipalMissing;
-//     credentials refused (ErrPrincipalRefused): 401 CodePrincipalRefused;
-//     the principal function failed otherwise: 503
-//     CodePrincipalUnavailable;
-//   - the store down: 503 CodeStoreUnavailable; full: 503 CodeStoreFull.
+// Idempotent-Replayed: true). An expired lease is taken over and the
+// request runs again from its recovery point; another fingerprint is
+// refused. What the middleware answers in each case (status, problem code,
+// Retry-After) is stated once, in the table of docs/CONTRACT.md, section 5
+// ("What you can receive"); the codes are the Code* constants.
 //
 // 2xx, 3xx and 4xx answers but 408, 409, 425 and 429 are stored; the others,
 // 5xx (unless WithStore5xx) and panics give the key up, so that a retry runs
 // again, or, once a phase committed, keep it with its lease ended, so that
 // the retry resumes. While an External call's outcome is unknown nothing is
-// stored: 503 CodeRequestIncomplete. Every answer of the middleware's own
+// stored (CodeRequestIncomplete). Every answer of the middleware's own
 // but the status body of a request in progress (see the status monitor) is
 // RFC 9457 problem+json with a stable code.
 //

@@ -370,6 +370,17 @@ func (r *Run) saveIn(unit *openUnit, point string, rec recovery) error {
 // CodeRequestIncomplete, Do returns ErrIncomplete, and the record is kept
 // for a resume. name follows Phase's rules. Errors are *PhaseError (Step
 // "intent", "lookup", "call", "commit", or one of Phase's).
+//
+// A warning for call: Go's net/http sends a request again by itself, once
+// and silently, when the kept-alive connection it rode dies before the
+// answer, if the request may be replayed, and a POST that carries an
+// Idempotency-Key header (with a GetBody, as http.NewRequest sets) may.
+// Against a provider that ignores the key, that re-send is a second charge
+// that call never sees and no log shows. Send call's requests through a
+// saferetry Transport, which refuses that re-send for a request with a body
+// (its own loop decides the retry) and counts a bodyless request's re-send
+// as an attempt; a plain http.Client does neither. Against such a provider,
+// also give lookup a way to find the first call's effect.
 func (r *Run) External(ctx context.Context, name string,
 	call func(ctx context.Context, downstreamKey string) ([]byte, error),
 	lookup func(ctx context.Context, downstreamKey string) (result []byte, found bool, err error),

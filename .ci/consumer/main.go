@@ -5,7 +5,10 @@
 // first answer is lost after the handler committed (a 503 replaces it); the
 // client retries with the same key and gets the stored answer. It exits 0
 // when the payment has one row, the retry was a replay, and both halves'
-// metrics counted it; 1 otherwise.
+// metrics counted it; 1 otherwise. It also imports the Redis store and both
+// broker adapters, each a module of its own, so that an install line missing
+// for any of them fails CI; they need a server, so the program only names
+// their constructors.
 //
 // The directory's name starts with a dot, so the go command of the clone
 // ignores it: it builds only as a module of its own.
@@ -31,11 +34,19 @@ import (
 
 	"github.com/saferetry/saferetry"
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/amqpconsumer"
+	"github.com/saferetry/saferetry/idempotency/natsconsumer"
+	"github.com/saferetry/saferetry/idempotency/redisstore"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 	"github.com/saferetry/saferetry/otelsaferetry"
 )
 
+// modules names a constructor of each module that needs a server to run:
+// the program links them, and a missing replace line fails its build.
+var modules = []any{redisstore.New, natsconsumer.New, amqpconsumer.New}
+
 func main() {
+	_ = modules
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)

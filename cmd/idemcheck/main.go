@@ -16,6 +16,14 @@
 // goes to stderr; with -json, stdout holds the report all the same, with
 // the checks that ran (maybe none) and the error in its "error" member,
 // and the verdicts go to stderr as they come.
+//
+// Its client sends each request once. A Go client of your own does not:
+// net/http sends a POST that carries an Idempotency-Key again by itself,
+// once and silently, when the kept-alive connection it rode dies before
+// the answer, and against a provider that ignores keys that is a second
+// charge no log shows. The saferetry Transport refuses that re-send for a
+// request with a body and counts it as an attempt for a bodyless one; a
+// plain http.Client does neither (see package idemcheck).
 package main
 
 import (
@@ -54,7 +62,10 @@ seven effects (up to twelve): point it at a sandbox or staging API.
 
 Each check's verdict is printed as the check finishes:
   PASS  the target did what a retrying client needs;
-  FAIL  it did something that harms a retrying client: the line says what;
+  FAIL  it did something that harms a retrying client, which answers lost
+        on the way cannot explain (a transient or lost answer is sent
+        again with the same key and judged allowing for a replay): the
+        line says what;
   SKIP  unverified: the check could not run (no -other), or what it saw is
         no evidence either way (answers that do not identify their effect,
         or only echo what the request sent: set -id-field);

@@ -4,11 +4,12 @@
 // the default). It runs the same user requests twice, without and with
 // pushback, and prints how many requests reach the bottom per user request.
 //
-// Without pushback the retries multiply: 3 x 3 x 3 = 27 at the bottom. With
-// pushback every service runs behind deadline.Middleware: the middle's call
-// to the bottom gives up after its 3 attempts, so the middleware marks the
-// middle's 503 "Retried-Below: true", and neither the front nor the client
-// retries a marked answer: 3 at the bottom.
+// Without pushback every layer retries, and the retries multiply
+// (docs/CHAIN.md). With pushback every service runs behind
+// deadline.Middleware: the middle's call to the bottom gives up after its 3
+// attempts, so the middleware marks the middle's 503 "Retried-Below: true",
+// and neither the front nor the client retries a marked answer: 3 at the
+// bottom.
 //
 //	go run ./examples/chain [-requests 20] [-concurrency 10] [-fail 1] [-budgets]
 //	                        [-base 50ms] [-seed 1]

@@ -85,7 +85,7 @@ func TestContentionDeterministic(t *testing.T) {
 	assert.NotEqual(t, one, RunOCC(c))
 }
 
-// The outage experiment with the parameters the README shows: the same
+// The outage experiment with the parameters docs/BENCHMARKS.md shows: the same
 // arrivals for every policy; without a budget every request of the outage is
 // sent 3 times; the token bucket lets 35 retries per client through, then
 // only what time refills; the ratio budget stays within its guarantee;
@@ -139,7 +139,7 @@ func TestOutageAmplification(t *testing.T) {
 	assert.Greater(t, none.PeakDuringOutage(c), 2*c.Clients*int(c.RatePerClient))
 }
 
-// The chain experiment with the parameters the README shows, a 3-tier chain
+// The chain experiment with the parameters docs/CHAIN.md shows, a 3-tier chain
 // with 3 attempts per layer: at full outage of the bottom, 27 requests there
 // per user request without pushback and 3 with it (as one layer), and once
 // the budgets drain 1.0 plus what time refills them; at 50%, with pushback,

@@ -151,7 +151,7 @@ func (c Check) String() string {
 	return fmt.Sprintf("%s: %s", c.Claim, mark)
 }
 
-// CheckOCC checks the orderings the README relies on at one contention level.
+// CheckOCC checks the orderings docs/BENCHMARKS.md relies on at one contention level.
 func CheckOCC(r OCCRow) []Check {
 	fewest := true
 	for s := range Strategies {

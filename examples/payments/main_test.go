@@ -114,7 +114,7 @@ func TestProcessorLooksUpAChargeByItsKey(t *testing.T) {
 }
 
 // TestServeIsAnIdemcheckTarget serves the API as -serve -delay 200ms does
-// and runs the idemcheck checker against it, as the README's section does:
+// and runs the idemcheck checker against it, as the server guide's section does:
 // no check fails or is skipped, and every run pays once per key it meant
 // to pay with.
 func TestServeIsAnIdemcheckTarget(t *testing.T) {

@@ -1,6 +1,6 @@
 // Command server is a payments API whose POST /charges is guarded by the
-// idempotency middleware on an embedded SQLite file: the README's server
-// sample, complete.
+// idempotency middleware on an embedded SQLite file: the server guide's
+// sample (docs/SERVER.md), complete.
 //
 //	go run ./examples/server -addr 127.0.0.1:8080 -db /tmp/payments.db
 //	curl -i -H 'Authorization: Bearer acct_1' -H 'Idempotency-Key: order-42' \

@@ -128,18 +128,18 @@ func TestChargeAndRetry(t *testing.T) {
 	assert.Equal(t, []string{"acct_1", "acct_2"}, got, "one row per account's charge, none for the retry")
 }
 
-// TestREADMEQuotesTheProgram checks that the README's server sample is this
+// TestGuideQuotesTheProgram checks that the server guide's sample is this
 // program, byte for byte, between its markers.
-func TestREADMEQuotesTheProgram(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+func TestGuideQuotesTheProgram(t *testing.T) {
+	readme, err := os.ReadFile("../../docs/SERVER.md")
 	require.NoError(t, err)
 	program, err := os.ReadFile("main.go")
 	require.NoError(t, err)
 	const begin = "<!-- begin examples/server/main.go -->\n```go\n"
 	const end = "```\n<!-- end examples/server/main.go -->\n"
 	_, rest, ok := bytes.Cut(readme, []byte(begin))
-	require.True(t, ok, "README.md has no line %q", strings.SplitN(begin, "\n", 2)[0])
+	require.True(t, ok, "docs/SERVER.md has no line %q", strings.SplitN(begin, "\n", 2)[0])
 	quoted, _, ok := bytes.Cut(rest, []byte(end))
-	require.True(t, ok, "README.md has no line %q after the sample", strings.SplitN(end, "\n", 3)[1])
-	assert.Equal(t, string(program), string(quoted), "README.md quotes examples/server/main.go")
+	require.True(t, ok, "docs/SERVER.md has no line %q after the sample", strings.SplitN(end, "\n", 3)[1])
+	assert.Equal(t, string(program), string(quoted), "docs/SERVER.md quotes examples/server/main.go")
 }
