@@ -1,0 +1,407 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/idempotency/sqlstore"
+)
+
+// oneTxServer serves POST /orders guarded by a Middleware over s made
+// WithOneTransaction(true) (and opts). The handler inserts the order
+// named by its key into onetx_orders through sqlstore.Tx, then calls
+// hook (when set) with its transaction, then answers the status in
+// ?status= (default 201) with a body naming the run. runs counts the
+// handler's executions.
+func oneTxServer(t *testing.T, s *sqlstore.Store, db *sql.DB,
+	hook func(ctx context.Context, tx *sql.Tx), opts ...idempotency.Option) (
+	*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	_, err := db.Exec(`CREATE TABLE onetx_orders (id VARCHAR(200) PRIMARY KEY)`)
+	require.NoError(t, err)
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		tx, ok := sqlstore.Tx(r.Context())
+		if !ok {
+			http.Error(w, "no transaction", http.StatusInternalServerError)
+			return
+		}
+		key := r.Header.Get("Idempotency-Key")
+		if _, err := tx.ExecContext(r.Context(), `INSERT INTO onetx_orders (id) VALUES ($1)`,
+			key); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if hook != nil {
+			hook(r.Context(), tx)
+		}
+		status := http.StatusCreated
+		if v := r.URL.Query().Get("status"); v != "" {
+			_, _ = fmt.Sscan(v, &status)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = fmt.Fprintf(w, `{"order":%q,"run":%d}`, key, n)
+	})
+	opts = append([]idempotency.Option{idempotency.WithOneTransaction(true),
+		idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }),
+		idempotency.WithMonitor("/operations/", []byte(strings.Repeat("s", 32))),
+		idempotency.WithLogger(nil)}, opts...)
+	mw := idempotency.New(s, opts...)
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Wrap(h))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, &runs
+}
+
+type oneTxAnswer struct {
+	status   int
+	body     string
+	header   http.Header
+	replayed bool
+}
+
+func oneTxPost(t *testing.T, srv *httptest.Server, query, key string) oneTxAnswer {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/orders"+query,
+		strings.NewReader(`{"amount":100}`))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return oneTxAnswer{status: resp.StatusCode, body: string(b), header: resp.Header,
+		replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}
+}
+
+// oneTxCounts returns how many orders and idempotency records key has.
+func oneTxCounts(t *testing.T, db *sql.DB, key string) (orders, records int) {
+	t.Helper()
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM onetx_orders WHERE id = $1`, key).
+		Scan(&orders))
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+sqlstore.DefaultTable+
+		` WHERE idem_key = $1`, []byte(key)).Scan(&records))
+	return orders, records
+}
+
+// A fresh key commits its claim, the handler's write and the response at
+// once; a retry replays the response byte for byte without running the
+// handler; an answer that is not stored (500) rolls the claim back with
+// the handler's write, and the retry runs once.
+func TestOneTransactionLifecycle(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		s, db := newStore(t, b)
+		srv, runs := oneTxServer(t, s, db, nil)
+
+		first := oneTxPost(t, srv, "", "k1")
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+		require.False(t, first.replayed)
+		orders, records := oneTxCounts(t, db, "k1")
+		require.Equal(t, [2]int{1, 1}, [2]int{orders, records})
+		rec, err := s.Get(t.Context(), idempotency.Scope{Principal: "acct_1", Method: "POST",
+			Route: "POST /orders", Key: "k1"})
+		require.NoError(t, err)
+		require.Equal(t, idempotency.Completed, rec.State)
+
+		again := oneTxPost(t, srv, "", "k1")
+		require.Equal(t, http.StatusCreated, again.status)
+		require.True(t, again.replayed)
+		require.Equal(t, first.body, again.body)
+		require.Equal(t, first.header.Get("Content-Type"), again.header.Get("Content-Type"))
+		require.EqualValues(t, 1, runs.Load())
+
+		failed := oneTxPost(t, srv, "?status=500", "k2")
+		require.Equal(t, http.StatusInternalServerError, failed.status)
+		orders, records = oneTxCounts(t, db, "k2")
+		require.Equal(t, [2]int{0, 0}, [2]int{orders, records}, "a 500 rolls everything back")
+		retry := oneTxPost(t, srv, "", "k2")
+		require.Equal(t, http.StatusCreated, retry.status)
+		require.False(t, retry.replayed)
+		require.EqualValues(t, 3, runs.Load())
+		orders, records = oneTxCounts(t, db, "k2")
+		require.Equal(t, [2]int{1, 1}, [2]int{orders, records})
+	})
+}
+
+// Concurrent requests with one key: the first holds the key in its
+// transaction; the others wait on the key, then replay its response. One
+// order, one execution.
+func TestOneTransactionConcurrentDuplicates(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		s, db := newStore(t, b)
+		hold := func(context.Context, *sql.Tx) { time.Sleep(100 * time.Millisecond) }
+		srv, runs := oneTxServer(t, s, db, hold, idempotency.WithMaxInProgressWait(30*time.Second))
+		const n = 8
+		answers := make([]oneTxAnswer, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { answers[i] = oneTxPost(t, srv, "", "dup") })
+		}
+		wg.Wait()
+		var fresh, replays int
+		for _, a := range answers {
+			require.Equal(t, http.StatusCreated, a.status, a.body)
+			require.Equal(t, answers[0].body, a.body)
+			if a.replayed {
+				replays++
+			} else {
+				fresh++
+			}
+		}
+		require.Equal(t, [2]int{1, n - 1}, [2]int{fresh, replays})
+		require.EqualValues(t, 1, runs.Load())
+		orders, records := oneTxCounts(t, db, "dup")
+		require.Equal(t, [2]int{1, 1}, [2]int{orders, records})
+	})
+}
+
+// A request whose key another transaction holds past WithMaxInProgressWait
+// gets the in-progress 409 (without a monitor Location: nothing of the
+// record can be read), and a call of Do an *InProgressError; once the
+// holder commits, both replay. SQLite waits for its write lock instead
+// (the busy timeout), which this does not test.
+func TestOneTransactionBoundedWait(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		if b.dialect == sqlstore.SQLite {
+			t.Skip("SQLite bounds the wait by its busy timeout, not WithMaxInProgressWait")
+		}
+		s, db := newStore(t, b)
+		entered, release := make(chan struct{}), make(chan struct{})
+		hold := func(context.Context, *sql.Tx) { close(entered); <-release }
+		wait := 300 * time.Millisecond // MySQL rounds it up to 1 s
+		srv, runs := oneTxServer(t, s, db, hold, idempotency.WithMaxInProgressWait(wait))
+		done := make(chan oneTxAnswer)
+		go func() { done <- oneTxPost(t, srv, "", "held") }()
+		<-entered
+
+		start := time.Now()
+		busy := oneTxPost(t, srv, "", "held")
+		require.Equal(t, http.StatusConflict, busy.status, busy.body)
+		require.Contains(t, busy.body, string(idempotency.CodeInProgress))
+		require.Empty(t, busy.header.Get("Location"))
+		require.GreaterOrEqual(t, time.Since(start), wait, "it waited on the key first")
+
+		mw := idempotency.New(s, idempotency.WithOneTransaction(true),
+			idempotency.WithMaxInProgressWait(wait), idempotency.WithLogger(nil))
+		call := idempotency.Call{Principal: "acct_1", Operation: "op", Key: "held-do"}
+		doEntered, doRelease := make(chan struct{}), make(chan struct{})
+		doDone := make(chan error)
+		go func() {
+			_, err := mw.Do(t.Context(), call, func(ctx context.Context, _ *idempotency.Run) (
+				[]byte, error) {
+				close(doEntered)
+				<-doRelease
+				return []byte("out"), nil
+			})
+			doDone <- err
+		}()
+		<-doEntered
+		_, err := mw.Do(t.Context(), call, func(context.Context, *idempotency.Run) ([]byte, error) {
+			return nil, errors.New("must not run")
+		})
+		var ipe *idempotency.InProgressError
+		require.ErrorAs(t, err, &ipe)
+		require.Equal(t, time.Second, ipe.RetryAfter.Round(100*time.Millisecond))
+		close(doRelease)
+		require.NoError(t, <-doDone)
+		res, err := mw.Do(t.Context(), call, func(context.Context, *idempotency.Run) ([]byte, error) {
+			return nil, errors.New("must not run")
+		})
+		require.NoError(t, err)
+		require.Equal(t, idempotency.Result{Output: []byte("out"), Replayed: true}, res)
+
+		close(release)
+		first := <-done
+		require.Equal(t, http.StatusCreated, first.status)
+		after := oneTxPost(t, srv, "", "held")
+		require.True(t, after.replayed)
+		require.Equal(t, first.body, after.body)
+		require.EqualValues(t, 1, runs.Load())
+	})
+}
+
+// killOwnConnection ends, server side, the connection that runs tx: the
+// crash of the transaction's connection in the middle of a handler.
+func killOwnConnection(ctx context.Context, t *testing.T, b backend, db *sql.DB, tx *sql.Tx) {
+	var id int64
+	switch b.dialect {
+	case sqlstore.Postgres:
+		require.NoError(t, tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&id))
+		var ok bool
+		require.NoError(t, db.QueryRowContext(ctx, `SELECT pg_terminate_backend($1)`, id).Scan(&ok))
+		require.True(t, ok)
+	case sqlstore.MySQL:
+		require.NoError(t, tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id))
+		_, err := db.ExecContext(ctx, fmt.Sprintf("KILL %d", id))
+		require.NoError(t, err)
+	}
+}
+
+// The connection of a one-transaction request dies after the handler's
+// write and before the completion: the request answers 503, and neither
+// the order nor the claim is left (nothing to resume); the retry runs
+// once.
+func TestOneTransactionCrash(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		if b.dialect == sqlstore.SQLite {
+			t.Skip("an embedded database has no connection of its own to kill")
+		}
+		s, db := newStore(t, b)
+		var kill atomic.Bool
+		kill.Store(true)
+		hook := func(ctx context.Context, tx *sql.Tx) {
+			if kill.CompareAndSwap(true, false) {
+				killOwnConnection(ctx, t, b, db, tx)
+			}
+		}
+		srv, runs := oneTxServer(t, s, db, hook)
+		crashed := oneTxPost(t, srv, "", "crash")
+		require.Equal(t, http.StatusServiceUnavailable, crashed.status, crashed.body)
+		orders, records := oneTxCounts(t, db, "crash")
+		require.Equal(t, [2]int{0, 0}, [2]int{orders, records}, "the order and the claim vanish")
+
+		retry := oneTxPost(t, srv, "", "crash")
+		require.Equal(t, http.StatusCreated, retry.status, retry.body)
+		require.False(t, retry.replayed)
+		require.EqualValues(t, 2, runs.Load())
+		orders, records = oneTxCounts(t, db, "crash")
+		require.Equal(t, [2]int{1, 1}, [2]int{orders, records})
+	})
+}
+
+// The function door: fn's write and its output commit with the claim; an
+// error of fn and a panic roll everything back, and the next call runs
+// once; concurrent calls make one order; Phase and External fail with
+// ErrOneTransaction.
+func TestOneTransactionDo(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		s, db := newStore(t, b)
+		_, err := db.Exec(`CREATE TABLE onetx_orders (id VARCHAR(200) PRIMARY KEY)`)
+		require.NoError(t, err)
+		mw := idempotency.New(s, idempotency.WithOneTransaction(true),
+			idempotency.WithMaxInProgressWait(30*time.Second), idempotency.WithLogger(nil))
+		var runs atomic.Int64
+		fail := errors.New("declined for now")
+		do := func(key string, mode string) (idempotency.Result, error) {
+			return mw.Do(t.Context(), idempotency.Call{Principal: "acct_1", Operation: "order",
+				Key: key}, func(ctx context.Context, run *idempotency.Run) ([]byte, error) {
+				n := runs.Add(1)
+				tx, ok := sqlstore.Tx(ctx)
+				if !ok {
+					return nil, errors.New("no transaction")
+				}
+				if _, err := tx.ExecContext(ctx, `INSERT INTO onetx_orders (id) VALUES ($1)`,
+					key); err != nil {
+					return nil, err
+				}
+				switch mode {
+				case "fail":
+					return nil, fail
+				case "panic":
+					panic("boom")
+				case "hold":
+					time.Sleep(100 * time.Millisecond)
+				}
+				return fmt.Appendf(nil, "order %s run %d", key, n), nil
+			})
+		}
+		res, err := do("d1", "")
+		require.NoError(t, err)
+		require.Equal(t, "order d1 run 1", string(res.Output))
+		again, err := do("d1", "")
+		require.NoError(t, err)
+		require.Equal(t, idempotency.Result{Output: res.Output, Replayed: true}, again)
+
+		_, err = do("d2", "fail")
+		require.ErrorIs(t, err, fail)
+		_, err = do("d2", "panic")
+		var pe *idempotency.PanicError
+		require.ErrorAs(t, err, &pe)
+		orders, records := oneTxCounts(t, db, "d2")
+		require.Equal(t, [2]int{0, 0}, [2]int{orders, records})
+		_, err = do("d2", "")
+		require.NoError(t, err)
+		require.EqualValues(t, 4, runs.Load())
+
+		var wg sync.WaitGroup
+		var fresh atomic.Int64
+		for range 6 {
+			wg.Go(func() {
+				res, err := do("d3", "hold")
+				if err == nil && !res.Replayed {
+					fresh.Add(1)
+				}
+				require.NoError(t, err)
+			})
+		}
+		wg.Wait()
+		require.EqualValues(t, 1, fresh.Load())
+		orders, records = oneTxCounts(t, db, "d3")
+		require.Equal(t, [2]int{1, 1}, [2]int{orders, records})
+
+		_, err = mw.Do(t.Context(), idempotency.Call{Principal: "acct_1", Operation: "order",
+			Key: "d4"}, func(ctx context.Context, run *idempotency.Run) ([]byte, error) {
+			_, perr := run.Phase(ctx, "charge", func(context.Context) ([]byte, error) {
+				return nil, nil
+			})
+			require.ErrorIs(t, perr, idempotency.ErrOneTransaction)
+			require.ErrorIs(t, perr, idempotency.ErrMisuse)
+			_, xerr := run.External(ctx, "psp",
+				func(context.Context, string) ([]byte, error) { return nil, nil },
+				func(context.Context, string) ([]byte, bool, error) { return nil, false, nil })
+			require.ErrorIs(t, xerr, idempotency.ErrOneTransaction)
+			return nil, errors.Join(perr, xerr)
+		})
+		require.ErrorIs(t, err, idempotency.ErrOneTransaction)
+		_, records = oneTxCounts(t, db, "d4")
+		require.Zero(t, records)
+	})
+}
+
+// The bound on the claim's lock wait is the claim's alone: the handler's
+// statements in the transaction wait on locks as the session's setting
+// says.
+func TestOneTransactionHandlerLockWait(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		if b.dialect == sqlstore.SQLite {
+			t.Skip("SQLite has no lock wait per statement")
+		}
+		s, db := newStore(t, b)
+		read := `SELECT current_setting('lock_timeout')`
+		if b.dialect == sqlstore.MySQL {
+			read = `SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR)`
+		}
+		var session string
+		require.NoError(t, db.QueryRow(read).Scan(&session))
+		var inHandler string
+		hook := func(ctx context.Context, tx *sql.Tx) {
+			require.NoError(t, tx.QueryRowContext(ctx, read).Scan(&inHandler))
+		}
+		srv, _ := oneTxServer(t, s, db, hook, idempotency.WithMaxInProgressWait(0))
+		require.Equal(t, http.StatusCreated, oneTxPost(t, srv, "", "lw").status)
+		require.Equal(t, session, inHandler)
+		var after string
+		for range 20 { // every connection of the pool, the claim's included
+			require.NoError(t, db.QueryRow(read).Scan(&after))
+			require.Equal(t, session, after)
+		}
+	})
+}
