@@ -32,7 +32,7 @@ type gateway struct {
 	store   Store
 	tx      Transactor      // the store, when it is one
 	claimTx ClaimTransactor // the store, when it is one
-	sweeper Sweeper    // the store, when it is one
+	sweeper Sweeper         // the store, when it is one
 	obs     observers
 }
 
@@ -301,7 +301,7 @@ type openUnit struct {
 	// claimed: the unit holds the claim of its record (ClaimInUnit), which
 	// its Rollback undoes.
 	claimed bool
-	ended bool                    // committed (or its Commit failed) or rolled back
+	ended   bool // committed (or its Commit failed) or rolled back
 }
 
 // autoCommit returns the auto-commit unit of l: its writes are the store's
