@@ -405,3 +405,36 @@ func TestOneTransactionHandlerLockWait(t *testing.T) {
 		}
 	})
 }
+
+// The statements of a one-transaction request, as the store's driver
+// sends them: a fresh key is BEGIN, the claim, the handler's INSERT, the
+// completion and COMMIT, one commit (MySQL adds the two statements that
+// bound the claim's lock wait and restore it); a replay is BEGIN, the
+// claim that inserts nothing, the read and ROLLBACK, no commit.
+func TestOneTransactionStatements(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		db, log := openCounted(t, b)
+		s, err := sqlstore.Open(db, b.dialect)
+		require.NoError(t, err)
+		require.NoError(t, s.Migrate(t.Context()))
+		srv, _ := oneTxServer(t, s, db, nil)
+		words := func(m int) string {
+			var got []string
+			for _, st := range log.since(m) {
+				got = append(got, strings.ToUpper(verb(st)))
+			}
+			return strings.Join(got, " ")
+		}
+		fresh, replay := "BEGIN INSERT INSERT UPDATE COMMIT", "BEGIN INSERT SELECT ROLLBACK"
+		if b.dialect == sqlstore.MySQL {
+			fresh, replay = "BEGIN SET INSERT SET INSERT UPDATE COMMIT",
+				"BEGIN SET INSERT SET SELECT ROLLBACK"
+		}
+		m := log.mark()
+		require.Equal(t, http.StatusCreated, oneTxPost(t, srv, "", "s1").status)
+		require.Equal(t, fresh, words(m), "%q", brief(log.since(m)))
+		m = log.mark()
+		require.True(t, oneTxPost(t, srv, "", "s1").replayed)
+		require.Equal(t, replay, words(m), "%q", brief(log.since(m)))
+	})
+}
