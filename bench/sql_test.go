@@ -215,11 +215,14 @@ FROM generate_series(1, $2::bigint) g`, old, records); err != nil {
 // business INSERT in autocommit (bare) with the same handler behind the
 // middleware, which makes the INSERT through sqlstore.Tx, in the
 // transaction that stores the response (claim, BEGIN, INSERT, UPDATE,
-// COMMIT), at 16 and 64 concurrent clients, with a fresh key per request
-// and ServeHTTP called directly (no network). The four variants run
+// COMMIT: two commits), and behind a middleware made
+// WithOneTransaction(true) (onetx: BEGIN, claim, INSERT, UPDATE, COMMIT:
+// one commit), at 16 and 64 concurrent clients, with a fresh key per
+// request and ServeHTTP called directly (no network). The six variants run
 // interleaved in rounds (their order rotating), so that a shared machine's
 // drift falls on all alike. It reports each variant's requests per second,
-// ratio-c16 and ratio-c64 (middleware over bare: the goal is 0.5 or more at
+// ratio-c16 and ratio-c64 (middleware over bare), ratio-onetx-c16 and
+// ratio-onetx-c64 (one transaction over bare: the goal is 0.5 or more at
 // 64), the gain of each from 16 to 64 clients (scale-*), and, sampled from
 // pg_stat_activity while the middleware runs at 64 clients, how many of the
 // pool's backends are idle in a transaction on average (idle-in-tx) and
@@ -251,8 +254,7 @@ func BenchmarkFleetInsert(b *testing.B) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	guarded := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct", nil }),
-		idempotency.WithLogger(DiscardLogger)).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	inTx := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, ok := sqlstore.Tx(r.Context())
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -263,7 +265,11 @@ func BenchmarkFleetInsert(b *testing.B) {
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
-	}))
+	})
+	principal := idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct", nil })
+	guarded := idempotency.New(s, principal, idempotency.WithLogger(DiscardLogger)).Wrap(inTx)
+	oneTx := idempotency.New(s, principal, idempotency.WithLogger(DiscardLogger),
+		idempotency.WithOneTransaction(true)).Wrap(inTx)
 	var seq atomic.Int64
 	run := func(h http.Handler) {
 		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"amount":4200}`))
@@ -281,7 +287,8 @@ func BenchmarkFleetInsert(b *testing.B) {
 		conc int
 	}
 	variants := []variant{{"bare-c16", bare, 16}, {"middleware-c16", guarded, 16},
-		{"bare-c64", bare, 64}, {"middleware-c64", guarded, 64}}
+		{"bare-c64", bare, 64}, {"middleware-c64", guarded, 64},
+		{"onetx-c16", oneTx, 16}, {"onetx-c64", oneTx, 64}}
 	admin, err := sql.Open("pgx", os.Getenv("SAFERETRY_PG_DSN"))
 	if err != nil {
 		b.Fatal(err)
@@ -346,6 +353,8 @@ WHERE application_name = $1 AND state = 'idle in transaction'`, app)
 	}
 	b.ReportMetric(rps[1]/rps[0], "ratio-c16")
 	b.ReportMetric(rps[3]/rps[2], "ratio-c64")
+	b.ReportMetric(rps[4]/rps[0], "ratio-onetx-c16")
+	b.ReportMetric(rps[5]/rps[2], "ratio-onetx-c64")
 	b.ReportMetric(rps[2]/rps[0], "scale-bare")
 	b.ReportMetric(rps[3]/rps[1], "scale-middleware")
 	if samples > 0 {
