@@ -242,13 +242,13 @@ func (mysqlDialect) claim(ctx context.Context, s *Store, q execer, c idempotency
 }
 
 // claimInTx bounds the session's innodb_lock_wait_timeout by wait
-// (rounded up to whole seconds, at least 1: MySQL's unit and minimum),
+// (at least minClaimWait, rounded up to whole seconds: MySQL's unit),
 // runs the claim's INSERT, which waits for a row of the key that another
 // transaction inserted and has not committed, and restores the session's
 // value: three statements.
 func (d mysqlDialect) claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
 	wait time.Duration) (bool, error) {
-	secs := min(max(int64((wait+time.Second-1)/time.Second), 1), 1<<30)
+	secs := min(int64((max(wait, minClaimWait)+time.Second-1)/time.Second), 1<<30)
 	if _, err := tx.ExecContext(ctx, s.q.setWait, secs); err != nil {
 		return false, err
 	}

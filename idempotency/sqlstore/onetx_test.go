@@ -186,7 +186,7 @@ func TestOneTransactionBoundedWait(t *testing.T) {
 		s, db := newStore(t, b)
 		entered, release := make(chan struct{}), make(chan struct{})
 		hold := func(context.Context, *sql.Tx) { close(entered); <-release }
-		wait := 300 * time.Millisecond // MySQL rounds it up to 1 s
+		wait := 300 * time.Millisecond // the stores wait 1 s at least
 		srv, runs := oneTxServer(t, s, db, hold, idempotency.WithMaxInProgressWait(wait))
 		done := make(chan oneTxAnswer)
 		go func() { done <- oneTxPost(t, srv, "", "held") }()

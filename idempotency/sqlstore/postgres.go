@@ -118,11 +118,14 @@ WHERE attrelid = to_regclass($1) AND attname = 'recovery_point' AND NOT attisdro
 	return err
 }
 
-// claimInTx runs insertWait with the lock_timeout wait (at least 1 ms:
-// PostgreSQL reads 0 as no limit).
+// claimInTx runs insertWait with wait, at least minClaimWait, as the
+// lock_timeout: the timeout ends any lock wait of the INSERT, not only the
+// one on another transaction's row of the key (the relation's extension
+// lock, under many concurrent inserts, waits too), so a shorter one would
+// answer a fresh key in progress.
 func (postgresDialect) claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
 	wait time.Duration) (bool, error) {
-	ms := min(max(wait.Milliseconds(), 1), math.MaxInt32)
+	ms := min(max(wait, minClaimWait).Milliseconds(), math.MaxInt32)
 	res, err := tx.ExecContext(ctx, s.q.insertWait,
 		append(s.insertArgs(c), strconv.FormatInt(ms, 10)+"ms")...)
 	if err != nil {

@@ -261,6 +261,10 @@ func (u *unit) Rollback() error {
 	return opErr("rollback", err)
 }
 
+// minClaimWait is the shortest wait of ClaimInUnit on a key another
+// transaction holds.
+const minClaimWait = time.Second
+
 // ClaimInUnit implements idempotency.ClaimTransactor, for
 // idempotency.WithOneTransaction: it begins a transaction and in it
 // creates c's record when the scope has none; the Unit it then returns
@@ -268,11 +272,14 @@ func (u *unit) Rollback() error {
 // Complete and Commit complete the record with the handler's writes, in
 // one commit. Until then no other connection sees the record: a claim of
 // the same key waits for the transaction to end, then finds the completed
-// record, or none. The wait is bounded by wait, at least 1 ms, on
+// record, or none. The wait is bounded by wait, at least 1 s, on
 // PostgreSQL (the transaction's lock_timeout, reset for the handler's
-// statements) and by wait rounded up to whole seconds, at least 1 s, on
-// MySQL (the session's innodb_lock_wait_timeout, restored likewise);
-// either way the error then matches idempotency.ErrInProgress. On SQLite
+// statements) and on MySQL (the session's innodb_lock_wait_timeout, in
+// whole seconds, restored likewise); either way the error then matches
+// idempotency.ErrInProgress. The floor is there because the bound ends
+// any lock wait of the claim's INSERT, which under load waits for other
+// locks than the key's (PostgreSQL's relation extension lock): shorter,
+// it answers fresh keys in progress. On SQLite
 // the transaction begins IMMEDIATE: it waits for the database's write
 // lock up to the busy timeout, whichever key its holder claimed.
 //
