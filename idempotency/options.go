@@ -430,9 +430,10 @@ func WithAcceptAfter(d time.Duration) Option {
 // It is an option, not automatic, because it changes what others see and
 // what a handler may do. While the transaction is open no in-progress
 // record is visible: a request (or call of Do) with the same key waits on
-// the key (bounded as the store's ClaimInUnit says: on PostgreSQL and
-// MySQL by WithMaxInProgressWait, on SQLite by its busy timeout), then
-// replays the response, or runs when the first rolled back, or gets 409
+// the key (bounded as the store's ClaimInUnit says: sqlstore's waits
+// WithMaxInProgressWait, at least 1 s, on PostgreSQL and MySQL, and its
+// busy timeout on SQLite), then replays the response, or runs when the
+// first rolled back, or gets 409
 // CodeInProgress (Do: an *InProgressError with RetryAfter 1 s); the
 // Monitor's lookup answers absent. The lease is the transaction's: no
 // heartbeat runs and nothing can take the record over; a crash or a lost

@@ -25,7 +25,9 @@ type unitKey struct{}
 // phase that never calls Tx holds no transaction (on SQLite, no write
 // lock) while it works, and its record write commits on its own. Call Tx
 // when you are about to write, and after the handler's last phase. The
-// first call waits at most 10 seconds for a connection.
+// first call waits at most 10 seconds for a connection. Under
+// idempotency.WithOneTransaction the request's transaction began with the
+// claim (see ClaimInUnit), and Tx returns it.
 //
 // It returns false outside a guarded handler, with a store other than this
 // package's, or when the transaction could not be begun (the request then
