@@ -438,3 +438,137 @@ func TestOneTransactionStatements(t *testing.T) {
 		require.Equal(t, replay, words(m), "%q", brief(log.since(m)))
 	})
 }
+
+// The concurrency gate on one-transaction routes: 4 servers, each with a
+// pool of its own on one database, take 160 concurrent requests with one
+// key, the default in-progress wait (none: the stores' floor of 1 s
+// applies) and a handler that holds its transaction 300 ms and makes a
+// side effect outside it. Exactly one execution and one business row;
+// every other answer is a replay identical to the one success, or the
+// in-progress conflict; a later retry on any server replays it.
+func TestOneTransactionGate(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		const servers, requests = 4, 160
+		var open func() *sql.DB
+		switch b.dialect {
+		case sqlstore.Postgres:
+			dsn := pgSchemaDSN(t)
+			open = func() *sql.DB {
+				db, err := sql.Open("pgx", dsn)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = db.Close() })
+				return db
+			}
+		case sqlstore.MySQL:
+			cfg := mysqlDatabaseConfig(t)
+			open = func() *sql.DB { return openMySQLConfig(t, cfg, nil) }
+		default:
+			path := sqlstore.SQLiteDSN(t.TempDir() + "/gate.db")
+			open = func() *sql.DB {
+				db, err := sql.Open("sqlite", path)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = db.Close() })
+				return db
+			}
+		}
+		var executions atomic.Int64
+		var urls []string
+		var first *sql.DB
+		for i := range servers {
+			db := open()
+			db.SetMaxOpenConns(8)
+			s, err := sqlstore.Open(db, b.dialect)
+			require.NoError(t, err)
+			if i == 0 {
+				first = db
+				require.NoError(t, s.Migrate(t.Context()))
+				_, err = db.Exec(`CREATE TABLE onetx_orders (id VARCHAR(200) PRIMARY KEY)`)
+				require.NoError(t, err)
+			}
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n := executions.Add(1) // the side effect outside the transaction
+				tx, ok := sqlstore.Tx(r.Context())
+				if !ok {
+					http.Error(w, "no transaction", http.StatusInternalServerError)
+					return
+				}
+				if _, err := tx.ExecContext(r.Context(),
+					`INSERT INTO onetx_orders (id) VALUES ($1)`, fmt.Sprint("order-", n)); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				time.Sleep(300 * time.Millisecond)
+				w.WriteHeader(http.StatusCreated)
+				_, _ = fmt.Fprintf(w, `{"order":%d,"server":%d}`, n, i)
+			})
+			mw := idempotency.New(s, idempotency.WithOneTransaction(true), idempotency.WithLogger(nil),
+				idempotency.WithPrincipal(func(*http.Request) (string, error) { return "gate", nil }))
+			srv := httptest.NewServer(mw.Wrap(h))
+			t.Cleanup(srv.Close)
+			urls = append(urls, srv.URL)
+		}
+		client := &http.Client{Timeout: 60 * time.Second,
+			Transport: &http.Transport{MaxIdleConnsPerHost: requests}}
+		t.Cleanup(client.CloseIdleConnections)
+		send := func(url string) (int, string, bool) {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/orders",
+				strings.NewReader(`{"amount":4200}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", "gate-key")
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			return resp.StatusCode, string(body), resp.Header.Get(idempotency.ReplayedHeader) == "true"
+		}
+		type result struct {
+			status   int
+			body     string
+			replayed bool
+		}
+		results := make([]result, requests)
+		var wg sync.WaitGroup
+		for i := range requests {
+			wg.Go(func() {
+				st, body, rep := send(urls[i%servers])
+				results[i] = result{st, body, rep}
+			})
+		}
+		wg.Wait()
+		var originals, replays, conflicts int
+		success := ""
+		for i, r := range results {
+			switch {
+			case r.status == http.StatusCreated && !r.replayed:
+				originals++
+				success = r.body
+			case r.status == http.StatusCreated:
+				replays++
+			case r.status == http.StatusConflict &&
+				strings.Contains(r.body, string(idempotency.CodeInProgress)):
+				conflicts++
+			default:
+				t.Fatalf("request %d: %d %q", i, r.status, r.body)
+			}
+		}
+		require.Equal(t, 1, originals)
+		require.EqualValues(t, 1, executions.Load())
+		for _, r := range results {
+			if r.replayed {
+				require.Equal(t, success, r.body)
+			}
+		}
+		var rows int
+		require.NoError(t, first.QueryRow(`SELECT COUNT(*) FROM onetx_orders`).Scan(&rows))
+		require.Equal(t, 1, rows)
+		t.Logf("%d requests over %d servers: 1 original, %d replays, %d in-progress conflicts",
+			requests, servers, replays, conflicts)
+		for _, u := range urls {
+			st, body, rep := send(u)
+			require.Equal(t, [2]any{http.StatusCreated, true}, [2]any{st, rep})
+			require.Equal(t, success, body)
+		}
+	})
+}
