@@ -116,7 +116,7 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r && p.unit != nil {
 		return p.unit.Unit, mergeValues(ctx, p.unit.ctx), nil
 	}
-	if r.m.g.tx == nil {
+	if r.m.g.tx == nil && r.unit == nil { // r.unit: set by a claim in one transaction alone
 		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work "+
 			"(not a Transactor): %w", errors.ErrUnsupported)
 	}
