@@ -443,7 +443,7 @@ func WithAcceptAfter(d time.Duration) Option {
 // execution of such a Middleware: keep handlers with phases or External
 // on one without the option. A handler that holds its transaction while
 // it calls a slow service holds a connection, and on SQLite the write
-// lock, as long.
+// lock, as long; so does a request that waits on a key held so.
 //
 // A key that has a record (a replay, a conflict, a completion past the
 // replay window, an expired lease) is claimed the ordinary way, and a

@@ -166,7 +166,8 @@
 // the transaction (on PostgreSQL and MySQL at most WithMaxInProgressWait,
 // never less than a second, see ClaimInUnit; on SQLite, whose
 // transactions take the database's write lock at BEGIN, up to the busy
-// timeout), then replays, or runs when the first rolled back. A crash, a
+// timeout), then replays, or runs when the first rolled back; it holds a
+// connection of the pool while it waits. A crash, a
 // killed connection, an error or a panic of the handler rolls the claim
 // back with the handler's writes: there is nothing to resume and nothing
 // for the Completer. Keep handlers with phases or External calls, which
