@@ -572,3 +572,68 @@ func TestOneTransactionGate(t *testing.T) {
 		}
 	})
 }
+
+// A shutdown cancels a one-transaction handler in the middle: its answer
+// (503) is not stored, its write rolls back with the claim, and the retry,
+// on a server that is up, runs once.
+func TestOneTransactionShutdownMidHandler(t *testing.T) {
+	forEach(t, func(t *testing.T, b backend) {
+		s, db := newStore(t, b)
+		shutdown, stop := context.WithCancel(t.Context())
+		entered := make(chan struct{})
+		var once sync.Once
+		hook := func(ctx context.Context, tx *sql.Tx) {
+			once.Do(func() {
+				close(entered)
+				<-ctx.Done() // the shutdown
+			})
+		}
+		srv, runs := oneTxServer(t, s, db, hook, idempotency.WithShutdown(shutdown))
+		// After the hook the handler answers 503, as one stopped by a shutdown does.
+		done := make(chan oneTxAnswer)
+		go func() { done <- oneTxPost(t, srv, "?status=503", "sd") }()
+		<-entered
+		orders, records := oneTxCounts(t, db, "sd")
+		require.Equal(t, [2]int{0, 0}, [2]int{orders, records}, "nothing is visible before the commit")
+		stop()
+		require.Equal(t, http.StatusServiceUnavailable, (<-done).status)
+		orders, records = oneTxCounts(t, db, "sd")
+		require.Equal(t, [2]int{0, 0}, [2]int{orders, records})
+
+		up, upRuns := oneTxServer2(t, s)
+		retry := oneTxPost(t, up, "", "sd")
+		require.Equal(t, http.StatusCreated, retry.status, retry.body)
+		require.EqualValues(t, 1, runs.Load())
+		require.EqualValues(t, 1, upRuns.Load())
+		orders, records = oneTxCounts(t, db, "sd")
+		require.Equal(t, [2]int{1, 1}, [2]int{orders, records})
+	})
+}
+
+// oneTxServer2 is oneTxServer's handler on the existing onetx_orders
+// table, without hook and options.
+func oneTxServer2(t *testing.T, s *sqlstore.Store) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		tx, ok := sqlstore.Tx(r.Context())
+		if !ok {
+			http.Error(w, "no transaction", http.StatusInternalServerError)
+			return
+		}
+		if _, err := tx.ExecContext(r.Context(), `INSERT INTO onetx_orders (id) VALUES ($1)`,
+			r.Header.Get("Idempotency-Key")); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	mw := idempotency.New(s, idempotency.WithOneTransaction(true), idempotency.WithLogger(nil),
+		idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct_1", nil }))
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Wrap(h))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, &runs
+}
