@@ -78,18 +78,47 @@ type oneTxAnswer struct {
 
 func oneTxPost(t *testing.T, srv *httptest.Server, query, key string) oneTxAnswer {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/orders"+query,
-		strings.NewReader(`{"amount":100}`))
+	a, err := oneTxSend(t.Context(), srv.Client(), srv.URL, query, key)
 	require.NoError(t, err)
+	return a
+}
+
+// oneTxSend posts to url's /orders with key, from any goroutine.
+func oneTxSend(ctx context.Context, c *http.Client, url, query, key string) (oneTxAnswer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/orders"+query,
+		strings.NewReader(`{"amount":100}`))
+	if err != nil {
+		return oneTxAnswer{}, err
+	}
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := srv.Client().Do(req)
-	require.NoError(t, err)
+	resp, err := c.Do(req)
+	if err != nil {
+		return oneTxAnswer{}, err
+	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
 	return oneTxAnswer{status: resp.StatusCode, body: string(b), header: resp.Header,
-		replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}
+		replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}, err
+}
+
+// oneTxAsync posts as oneTxSend does on a goroutine of its own; the
+// channel gives its answer once, its error failing t on t's goroutine.
+func oneTxAsync(t *testing.T, srv *httptest.Server, query, key string) func() oneTxAnswer {
+	type result struct {
+		a   oneTxAnswer
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		a, err := oneTxSend(t.Context(), srv.Client(), srv.URL, query, key)
+		ch <- result{a, err}
+	}()
+	return func() oneTxAnswer {
+		r := <-ch
+		require.NoError(t, r.err)
+		return r.a
+	}
 }
 
 // oneTxCounts returns how many orders and idempotency records key has.
@@ -150,12 +179,14 @@ func TestOneTransactionConcurrentDuplicates(t *testing.T) {
 		hold := func(context.Context, *sql.Tx) { time.Sleep(100 * time.Millisecond) }
 		srv, runs := oneTxServer(t, s, db, hold, idempotency.WithMaxInProgressWait(30*time.Second))
 		const n = 8
-		answers := make([]oneTxAnswer, n)
-		var wg sync.WaitGroup
+		waits := make([]func() oneTxAnswer, n)
 		for i := range n {
-			wg.Go(func() { answers[i] = oneTxPost(t, srv, "", "dup") })
+			waits[i] = oneTxAsync(t, srv, "", "dup")
 		}
-		wg.Wait()
+		answers := make([]oneTxAnswer, n)
+		for i, w := range waits {
+			answers[i] = w()
+		}
 		var fresh, replays int
 		for _, a := range answers {
 			require.Equal(t, http.StatusCreated, a.status, a.body)
@@ -188,8 +219,7 @@ func TestOneTransactionBoundedWait(t *testing.T) {
 		hold := func(context.Context, *sql.Tx) { close(entered); <-release }
 		wait := 300 * time.Millisecond // the stores wait 1 s at least
 		srv, runs := oneTxServer(t, s, db, hold, idempotency.WithMaxInProgressWait(wait))
-		done := make(chan oneTxAnswer)
-		go func() { done <- oneTxPost(t, srv, "", "held") }()
+		done := oneTxAsync(t, srv, "", "held")
 		<-entered
 
 		start := time.Now()
@@ -229,7 +259,7 @@ func TestOneTransactionBoundedWait(t *testing.T) {
 		require.Equal(t, idempotency.Result{Output: []byte("out"), Replayed: true}, res)
 
 		close(release)
-		first := <-done
+		first := done()
 		require.Equal(t, http.StatusCreated, first.status)
 		after := oneTxPost(t, srv, "", "held")
 		require.True(t, after.replayed)
@@ -240,19 +270,28 @@ func TestOneTransactionBoundedWait(t *testing.T) {
 
 // killOwnConnection ends, server side, the connection that runs tx: the
 // crash of the transaction's connection in the middle of a handler.
-func killOwnConnection(ctx context.Context, t *testing.T, b backend, db *sql.DB, tx *sql.Tx) {
+func killOwnConnection(ctx context.Context, b backend, db *sql.DB, tx *sql.Tx) error {
 	var id int64
 	switch b.dialect {
 	case sqlstore.Postgres:
-		require.NoError(t, tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&id))
+		if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&id); err != nil {
+			return err
+		}
 		var ok bool
-		require.NoError(t, db.QueryRowContext(ctx, `SELECT pg_terminate_backend($1)`, id).Scan(&ok))
-		require.True(t, ok)
+		if err := db.QueryRowContext(ctx, `SELECT pg_terminate_backend($1)`, id).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("backend %d not terminated", id)
+		}
 	case sqlstore.MySQL:
-		require.NoError(t, tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id))
+		if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {
+			return err
+		}
 		_, err := db.ExecContext(ctx, fmt.Sprintf("KILL %d", id))
-		require.NoError(t, err)
+		return err
 	}
+	return nil
 }
 
 // The connection of a one-transaction request dies after the handler's
@@ -267,13 +306,15 @@ func TestOneTransactionCrash(t *testing.T) {
 		s, db := newStore(t, b)
 		var kill atomic.Bool
 		kill.Store(true)
+		killed := make(chan error, 1)
 		hook := func(ctx context.Context, tx *sql.Tx) {
 			if kill.CompareAndSwap(true, false) {
-				killOwnConnection(ctx, t, b, db, tx)
+				killed <- killOwnConnection(ctx, b, db, tx)
 			}
 		}
 		srv, runs := oneTxServer(t, s, db, hook)
 		crashed := oneTxPost(t, srv, "", "crash")
+		require.NoError(t, <-killed)
 		require.Equal(t, http.StatusServiceUnavailable, crashed.status, crashed.body)
 		orders, records := oneTxCounts(t, db, "crash")
 		require.Equal(t, [2]int{0, 0}, [2]int{orders, records}, "the order and the claim vanish")
@@ -343,16 +384,18 @@ func TestOneTransactionDo(t *testing.T) {
 
 		var wg sync.WaitGroup
 		var fresh atomic.Int64
-		for range 6 {
+		errs := make([]error, 6)
+		for i := range errs {
 			wg.Go(func() {
-				res, err := do("d3", "hold")
-				if err == nil && !res.Replayed {
+				var res idempotency.Result
+				res, errs[i] = do("d3", "hold")
+				if errs[i] == nil && !res.Replayed {
 					fresh.Add(1)
 				}
-				require.NoError(t, err)
 			})
 		}
 		wg.Wait()
+		require.NoError(t, errors.Join(errs...))
 		require.EqualValues(t, 1, fresh.Load())
 		orders, records = oneTxCounts(t, db, "d3")
 		require.Equal(t, [2]int{1, 1}, [2]int{orders, records})
@@ -392,11 +435,13 @@ func TestOneTransactionHandlerLockWait(t *testing.T) {
 		var session string
 		require.NoError(t, db.QueryRow(read).Scan(&session))
 		var inHandler string
+		var readErr error
 		hook := func(ctx context.Context, tx *sql.Tx) {
-			require.NoError(t, tx.QueryRowContext(ctx, read).Scan(&inHandler))
+			readErr = tx.QueryRowContext(ctx, read).Scan(&inHandler)
 		}
 		srv, _ := oneTxServer(t, s, db, hook, idempotency.WithMaxInProgressWait(0))
 		require.Equal(t, http.StatusCreated, oneTxPost(t, srv, "", "lw").status)
+		require.NoError(t, readErr) // written before the answer the post waited for
 		require.Equal(t, session, inHandler)
 		var after string
 		for range 20 { // every connection of the pool, the claim's included
@@ -510,33 +555,16 @@ func TestOneTransactionGate(t *testing.T) {
 		client := &http.Client{Timeout: 60 * time.Second,
 			Transport: &http.Transport{MaxIdleConnsPerHost: requests}}
 		t.Cleanup(client.CloseIdleConnections)
-		send := func(url string) (int, string, bool) {
-			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/orders",
-				strings.NewReader(`{"amount":4200}`))
-			require.NoError(t, err)
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Idempotency-Key", "gate-key")
-			resp, err := client.Do(req)
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			require.NoError(t, err)
-			return resp.StatusCode, string(body), resp.Header.Get(idempotency.ReplayedHeader) == "true"
-		}
-		type result struct {
-			status   int
-			body     string
-			replayed bool
-		}
-		results := make([]result, requests)
+		results := make([]oneTxAnswer, requests)
+		errs := make([]error, requests)
 		var wg sync.WaitGroup
 		for i := range requests {
 			wg.Go(func() {
-				st, body, rep := send(urls[i%servers])
-				results[i] = result{st, body, rep}
+				results[i], errs[i] = oneTxSend(t.Context(), client, urls[i%servers], "", "gate-key")
 			})
 		}
 		wg.Wait()
+		require.NoError(t, errors.Join(errs...))
 		var originals, replays, conflicts int
 		success := ""
 		for i, r := range results {
@@ -566,9 +594,10 @@ func TestOneTransactionGate(t *testing.T) {
 		t.Logf("%d requests over %d servers: 1 original, %d replays, %d in-progress conflicts",
 			requests, servers, replays, conflicts)
 		for _, u := range urls {
-			st, body, rep := send(u)
-			require.Equal(t, [2]any{http.StatusCreated, true}, [2]any{st, rep})
-			require.Equal(t, success, body)
+			a, err := oneTxSend(t.Context(), client, u, "", "gate-key")
+			require.NoError(t, err)
+			require.Equal(t, [2]any{http.StatusCreated, true}, [2]any{a.status, a.replayed})
+			require.Equal(t, success, a.body)
 		}
 	})
 }
@@ -590,13 +619,12 @@ func TestOneTransactionShutdownMidHandler(t *testing.T) {
 		}
 		srv, runs := oneTxServer(t, s, db, hook, idempotency.WithShutdown(shutdown))
 		// After the hook the handler answers 503, as one stopped by a shutdown does.
-		done := make(chan oneTxAnswer)
-		go func() { done <- oneTxPost(t, srv, "?status=503", "sd") }()
+		done := oneTxAsync(t, srv, "?status=503", "sd")
 		<-entered
 		orders, records := oneTxCounts(t, db, "sd")
 		require.Equal(t, [2]int{0, 0}, [2]int{orders, records}, "nothing is visible before the commit")
 		stop()
-		require.Equal(t, http.StatusServiceUnavailable, (<-done).status)
+		require.Equal(t, http.StatusServiceUnavailable, done().status)
 		orders, records = oneTxCounts(t, db, "sd")
 		require.Equal(t, [2]int{0, 0}, [2]int{orders, records})
 
