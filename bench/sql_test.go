@@ -215,12 +215,18 @@ FROM generate_series(1, $2::bigint) g`, old, records); err != nil {
 // business INSERT in autocommit (bare) with the same handler behind the
 // middleware, which makes the INSERT through sqlstore.Tx, in the
 // transaction that stores the response (claim, BEGIN, INSERT, UPDATE,
-// COMMIT), at 16 and 64 concurrent clients, with a fresh key per request
-// and ServeHTTP called directly (no network). The four variants run
+// COMMIT: two commits), and behind a middleware made
+// WithOneTransaction(true) (onetx: BEGIN, claim, INSERT, UPDATE, COMMIT:
+// one commit), at 16 and 64 concurrent clients, and the one-transaction
+// protocol written by hand without the library (floor, at 64), with a
+// fresh key per request and ServeHTTP called directly (no network). The
+// seven variants run
 // interleaved in rounds (their order rotating), so that a shared machine's
 // drift falls on all alike. It reports each variant's requests per second,
-// ratio-c16 and ratio-c64 (middleware over bare: the goal is 0.5 or more at
-// 64), the gain of each from 16 to 64 clients (scale-*), and, sampled from
+// ratio-c16 and ratio-c64 (middleware over bare), ratio-onetx-c16 and
+// ratio-onetx-c64 (one transaction over bare: the goal is 0.5 or more at
+// 64), ratio-floor-c64 and onetx-over-floor-c64 (the hand-written
+// protocol over bare, and the library over it), the gain of each from 16 to 64 clients (scale-*), and, sampled from
 // pg_stat_activity while the middleware runs at 64 clients, how many of the
 // pool's backends are idle in a transaction on average (idle-in-tx) and
 // how many of those sit after the library's own completion, before its COMMIT
@@ -251,8 +257,7 @@ func BenchmarkFleetInsert(b *testing.B) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	guarded := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct", nil }),
-		idempotency.WithLogger(DiscardLogger)).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	inTx := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, ok := sqlstore.Tx(r.Context())
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -263,7 +268,51 @@ func BenchmarkFleetInsert(b *testing.B) {
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
-	}))
+	})
+	// floor is the one-transaction protocol written by hand, on a table
+	// of its own without the library: BEGIN, a claim INSERT, the business
+	// INSERT, a completion UPDATE, COMMIT. What it loses to bare is the
+	// protocol's; what onetx loses to it, the library's.
+	if _, err := db.Exec(`CREATE TABLE floor_claims (key TEXT PRIMARY KEY, state SMALLINT NOT NULL,
+	status INTEGER, body BYTEA)`); err != nil {
+		b.Fatal(err)
+	}
+	floor := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		err := func() error {
+			tx, err := db.BeginTx(r.Context(), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback() }()
+			res, err := tx.ExecContext(r.Context(),
+				`INSERT INTO floor_claims (key, state) VALUES ($1, 1) ON CONFLICT DO NOTHING`, key)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n != 1 {
+				return fmt.Errorf("claimed %d: %v", n, err)
+			}
+			if _, err := tx.ExecContext(r.Context(), insert, key, 4200); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(r.Context(),
+				`UPDATE floor_claims SET state = 2, status = 201, body = $2 WHERE key = $1 AND state = 1`,
+				key, []byte{}); err != nil {
+				return err
+			}
+			return tx.Commit()
+		}()
+		if err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	principal := idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct", nil })
+	guarded := idempotency.New(s, principal, idempotency.WithLogger(DiscardLogger)).Wrap(inTx)
+	oneTx := idempotency.New(s, principal, idempotency.WithLogger(DiscardLogger),
+		idempotency.WithOneTransaction(true)).Wrap(inTx)
 	var seq atomic.Int64
 	run := func(h http.Handler) {
 		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"amount":4200}`))
@@ -281,7 +330,8 @@ func BenchmarkFleetInsert(b *testing.B) {
 		conc int
 	}
 	variants := []variant{{"bare-c16", bare, 16}, {"middleware-c16", guarded, 16},
-		{"bare-c64", bare, 64}, {"middleware-c64", guarded, 64}}
+		{"bare-c64", bare, 64}, {"middleware-c64", guarded, 64},
+		{"onetx-c16", oneTx, 16}, {"onetx-c64", oneTx, 64}, {"floor-c64", floor, 64}}
 	admin, err := sql.Open("pgx", os.Getenv("SAFERETRY_PG_DSN"))
 	if err != nil {
 		b.Fatal(err)
@@ -346,6 +396,10 @@ WHERE application_name = $1 AND state = 'idle in transaction'`, app)
 	}
 	b.ReportMetric(rps[1]/rps[0], "ratio-c16")
 	b.ReportMetric(rps[3]/rps[2], "ratio-c64")
+	b.ReportMetric(rps[4]/rps[0], "ratio-onetx-c16")
+	b.ReportMetric(rps[5]/rps[2], "ratio-onetx-c64")
+	b.ReportMetric(rps[6]/rps[2], "ratio-floor-c64")
+	b.ReportMetric(rps[5]/rps[6], "onetx-over-floor-c64")
 	b.ReportMetric(rps[2]/rps[0], "scale-bare")
 	b.ReportMetric(rps[3]/rps[1], "scale-middleware")
 	if samples > 0 {

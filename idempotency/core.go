@@ -60,6 +60,10 @@ func New(store Store, opts ...Option) *Middleware {
 	}
 	m.obs = append(m.obs, cfg.observers...)
 	m.g = newGateway(store, m.obs)
+	if cfg.oneTx && store != nil && m.g.claimTx == nil && cfg.logger != nil {
+		cfg.logger.Warn("idempotency: WithOneTransaction: the store cannot claim in a " +
+			"transaction (not a ClaimTransactor); every request runs the multi-step lifecycle")
+	}
 	if cfg.monitorErr != nil && cfg.logger != nil {
 		cfg.logger.Error("idempotency: the monitor is off", "error", cfg.monitorErr.Error())
 	}
@@ -175,8 +179,14 @@ func (m *Middleware) claim(req request) claimed {
 	// The claims go on when the caller goes away: one that committed while
 	// its caller gave up would leave the key in progress, with nobody to
 	// finish or release it, until its lease expired.
-	res, err := m.g.claim(req.bg, claim)
+	res, err := m.claimOnce(req.bg, claim, waitUntil)
 	for claims := 1; ; {
+		if errors.Is(err, ErrInProgress) {
+			// Another caller's transaction holds the key past the wait:
+			// nothing of it can be read, so the answer says retry in 1 s.
+			return claimed{verdict: verdictBusy, res: ClaimResult{Record: Record{
+				Scope: req.scope, State: InProgress, LeaseUntil: time.Now().Add(time.Second)}}}
+		}
 		if err != nil {
 			return claimed{err: err}
 		}
@@ -207,11 +217,27 @@ func (m *Middleware) claim(req request) claimed {
 					claim.Fingerprint, claim.FingerprintVersion = fp, rec.FingerprintVersion
 				}
 			}
-			res, err = m.g.claim(req.bg, claim)
+			res, err = m.claimOnce(req.bg, claim, waitUntil)
 		default:
 			return claimed{verdict: v, res: res}
 		}
 	}
+}
+
+// claimOnce makes one claim of c: in a unit of the store's under
+// WithOneTransaction (when the store is a ClaimTransactor), waiting on a
+// key another unit holds until waitUntil at most, and the ordinary way
+// when the store says so; else the ordinary way.
+func (m *Middleware) claimOnce(ctx context.Context, c Claim, waitUntil time.Time) (ClaimResult,
+	error) {
+	if !m.cfg.oneTx || m.g.claimTx == nil {
+		return m.g.claim(ctx, c)
+	}
+	res, err := m.g.claimInUnit(ctx, c, max(time.Until(waitUntil), 0))
+	if err != nil || res.unit != nil || res.Record.State != Absent {
+		return res, err
+	}
+	return m.g.claim(ctx, c)
 }
 
 // ending is what a door's work came to, for the core to settle.
@@ -324,7 +350,9 @@ func (m *Middleware) newExecution(req request, res ClaimResult, background,
 	}
 	x := &execution{m: m, run: run, req: req, start: time.Now(), background: background,
 		ctx: ctx, stopHooks: func() { unhook(); release() }}
-	x.hb.start(m, run)
+	if res.unit == nil { // a claim in one transaction holds its lease until it ends
+		x.hb.start(m, run)
+	}
 	return x
 }
 
@@ -398,6 +426,9 @@ func (x *execution) settle(e ending) settled {
 		s.undone = unit.inTx
 	}
 	x.m.g.end(x.req.bg, unit)
+	if unit.claimed && !s.lost() {
+		return s // the claim rolled back with the unit: the key is free, nothing to give up
+	}
 	if !s.lost() {
 		x.hb.drain()
 		kept, err := x.giveUp(e.needsCredentials)

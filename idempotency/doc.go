@@ -93,7 +93,10 @@
 // MariaDB), redisstore (standalone, Sentinel, Cluster), and the conformance
 // suite of idempotencytest that every Store passes, through both doors. A
 // Transactor store lets the handler's (or fn's) writes commit with the
-// stored response (Run.Unit, sqlstore.Tx); a Sweeper lists and deletes
+// stored response (Run.Unit, sqlstore.Tx); a ClaimTransactor lets a
+// Middleware made WithOneTransaction(true) claim a fresh key in that very
+// transaction, one commit per request for handlers whose effects are all
+// in the store's database; a Sweeper lists and deletes
 // records for the Completer and the Reaper. When the store ran a claim but
 // its answer was lost, the record is read back: one that holds the
 // claim's owner token is the claim's, and its work runs; no lease is left

@@ -30,14 +30,16 @@ const (
 // store's answers.
 type gateway struct {
 	store   Store
-	tx      Transactor // the store, when it is one
-	sweeper Sweeper    // the store, when it is one
+	tx      Transactor      // the store, when it is one
+	claimTx ClaimTransactor // the store, when it is one
+	sweeper Sweeper         // the store, when it is one
 	obs     observers
 }
 
 func newGateway(store Store, obs observers) gateway {
 	g := gateway{store: store, obs: obs}
 	g.tx, _ = store.(Transactor)
+	g.claimTx, _ = store.(ClaimTransactor)
 	g.sweeper, _ = store.(Sweeper)
 	return g
 }
@@ -176,6 +178,43 @@ func (g gateway) claim(ctx context.Context, c Claim) (ClaimResult, error) {
 	return ClaimResult{Outcome: outcome, Record: rec}, nil
 }
 
+// errClaimTimeout ends the wait of claimInUnit.
+var errClaimTimeout = fmt.Errorf(
+	"idempotency: the store did not claim in a unit of work within its bound: %w",
+	context.DeadlineExceeded)
+
+// claimInUnit claims c.Scope in a unit of the store's (OpClaim), as
+// ClaimInUnit says, waiting for it at most storeTimeout after wait. A
+// claim that created the record holds it in res.unit, which lives until it
+// is written or ended, like begin's; one that did not is the store's
+// answer, or a zero Record when c is to be claimed with claim. Nothing is
+// read back: a unit that failed committed nothing.
+func (g gateway) claimInUnit(ctx context.Context, c Claim, wait time.Duration) (ClaimResult,
+	error) {
+	start := time.Now()
+	bctx, abort := context.WithCancelCause(ctx)
+	timer := time.AfterFunc(addSat(storeTimeout, wait), func() { abort(errClaimTimeout) })
+	res, u, uctx, err := g.claimTx.ClaimInUnit(bctx, c, wait)
+	if !timer.Stop() && err == nil { // the wait ran out: bctx is canceled, and the unit with it
+		err = errClaimTimeout
+	}
+	g.obs.storeCall(ctx, OpClaim, c.Scope, start, err)
+	if err != nil || u == nil {
+		if u != nil {
+			g.end(ctx, &openUnit{Unit: u, lease: res.Record.Lease(), inTx: true})
+		}
+		abort(nil)
+		if err != nil {
+			return ClaimResult{}, err
+		}
+		res.unit = nil
+		return res, nil
+	}
+	res.unit = &openUnit{Unit: u, lease: res.Record.Lease(), ctx: uctx, abort: abort, inTx: true,
+		claimed: true}
+	return res, nil
+}
+
 // claimedBy reports whether rec is in progress under c's owner token.
 func claimedBy(rec Record, c Claim) bool {
 	return rec.State == InProgress && rec.Owner == c.Owner
@@ -259,7 +298,10 @@ type openUnit struct {
 	ctx   context.Context         // Begin's, carrying the transaction; nil for auto-commit
 	abort context.CancelCauseFunc // cancels the context Begin was given; nil for auto-commit
 	inTx  bool                    // a unit of the store's: its writes can be rolled back
-	ended bool                    // committed (or its Commit failed) or rolled back
+	// claimed: the unit holds the claim of its record (ClaimInUnit), which
+	// its Rollback undoes.
+	claimed bool
+	ended   bool // committed (or its Commit failed) or rolled back
 }
 
 // autoCommit returns the auto-commit unit of l: its writes are the store's

@@ -70,7 +70,9 @@ func (hb *heartbeat) stop() {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	hb.stopped = true
-	hb.timer.Stop()
+	if hb.timer != nil { // nil: never started (a claim in one transaction)
+		hb.timer.Stop()
+	}
 }
 
 // drain waits for a beat still in flight after stop.

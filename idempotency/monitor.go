@@ -228,8 +228,8 @@ func (m *Middleware) inProgress(w http.ResponseWriter, s Scope, rec Record) {
 // whose record is rec, and returns it; "" (and nothing set) without
 // WithMonitor, for a call of Do, and for an identifier over maxIDLength.
 func (m *Middleware) locate(h http.Header, s Scope, rec Record) string {
-	if m.cfg.monitorIDs == nil || s.Method == "" {
-		return ""
+	if m.cfg.monitorIDs == nil || s.Method == "" || rec.Fingerprint == "" {
+		return "" // "": a record nobody can see yet (WithOneTransaction)
 	}
 	id := m.cfg.monitorIDs.seal(s.Principal, operation{
 		method: s.Method, route: s.Route, key: s.Key, fingerprint: rec.Fingerprint})

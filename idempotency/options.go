@@ -91,6 +91,7 @@ type config struct {
 	monitorIDs     *ids          // nil: no identifiers (no 202, no Location)
 	monitorErr     error         // why WithMonitor's values were refused
 	acceptAfter    time.Duration // WithAcceptAfter; 0: never
+	oneTx          bool          // WithOneTransaction
 }
 
 func defaultConfig() config {
@@ -416,4 +417,39 @@ func WithMonitor(path string, secret []byte, previous ...[]byte) Option {
 // net/http as usual.
 func WithAcceptAfter(d time.Duration) Option {
 	return func(c *config) { c.acceptAfter = max(d, 0) }
+}
+
+// WithOneTransaction makes the claim of a fresh key, the handler's writes
+// in the request's unit (sqlstore.Tx) and the stored response commit in
+// one transaction of the store's: one commit per request instead of two
+// (the claim's, then the completion's), for handlers whose every effect is
+// a write in the store's database. Default false: the claim commits on
+// its own and the record is in progress, visible to all, while the
+// handler runs.
+//
+// It is an option, not automatic, because it changes what others see and
+// what a handler may do. While the transaction is open no in-progress
+// record is visible: a request (or call of Do) with the same key waits on
+// the key (bounded as the store's ClaimInUnit says: sqlstore's waits
+// WithMaxInProgressWait, at least 1 s, on PostgreSQL and MySQL, and its
+// busy timeout on SQLite), then replays the response, or runs when the
+// first rolled back, or gets 409
+// CodeInProgress (Do: an *InProgressError with RetryAfter 1 s); the
+// Monitor's lookup answers absent. The lease is the transaction's: no
+// heartbeat runs and nothing can take the record over; a crash or a lost
+// connection rolls the claim back with the handler's writes, so there is
+// nothing to resume. Phase and External, which need records in progress
+// with committed recovery points, fail with ErrOneTransaction on every
+// execution of such a Middleware: keep handlers with phases or External
+// on one without the option. A handler that holds its transaction while
+// it calls a slow service holds a connection, and on SQLite the write
+// lock, as long; so does a request that waits on a key held so.
+//
+// A key that has a record (a replay, a conflict, a completion past the
+// replay window, an expired lease) is claimed the ordinary way, and a
+// record taken over or restarted so runs the multi-step lifecycle. A store
+// that is not a ClaimTransactor (memstore, redisstore) runs every request
+// that way; New logs it at Warn.
+func WithOneTransaction(on bool) Option {
+	return func(c *config) { c.oneTx = on }
 }

@@ -68,6 +68,7 @@ func (m *Middleware) newRun(req request, res ClaimResult) *Run {
 		RecoveryPoint: rec.RecoveryPoint, Payload: req.payload(), m: m,
 		recoveryData: rec.RecoveryData, bg: req.bg,
 		leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
+		unit: res.unit, // the unit of a claim in one transaction, else begun by Unit
 	}
 	return run
 }
@@ -76,6 +77,14 @@ func (m *Middleware) newRun(req request, res ClaimResult) *Run {
 // made safe: after its handler returned, or with phases out of their rules
 // (see Run.Phase).
 var ErrMisuse = errors.New("idempotency: misuse of a run")
+
+// ErrOneTransaction is matched by the *PhaseError of Phase and External
+// on a Middleware made WithOneTransaction(true): phases and External calls
+// need records in progress with committed recovery points, which one
+// transaction does not have. It matches ErrMisuse too.
+var ErrOneTransaction = fmt.Errorf(
+	"%w: phases and External calls need the multi-step lifecycle, not WithOneTransaction",
+	ErrMisuse)
 
 // errLeaseExpired is the cause with which the middleware cancels a
 // handler's context when no heartbeat got through (the store unreachable)
@@ -107,7 +116,7 @@ func (r *Run) Unit(ctx context.Context) (Unit, context.Context, error) {
 	if p, ok := ctx.Value(phaseKey{}).(*phaseCtx); ok && p.run == r && p.unit != nil {
 		return p.unit.Unit, mergeValues(ctx, p.unit.ctx), nil
 	}
-	if r.m.g.tx == nil {
+	if r.m.g.tx == nil && r.unit == nil { // r.unit: set by a claim in one transaction alone
 		return nil, ctx, fmt.Errorf("idempotency: the store has no units of work "+
 			"(not a Transactor): %w", errors.ErrUnsupported)
 	}

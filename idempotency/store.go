@@ -154,6 +154,8 @@ func (o ClaimOutcome) String() string {
 type ClaimResult struct {
 	Outcome ClaimOutcome
 	Record  Record
+
+	unit *openUnit // the core's: the unit a claim in one transaction holds the record in
 }
 
 // Acquired reports whether the claimant now owns the record: it was
@@ -305,4 +307,34 @@ type Unit interface {
 	// Commit (then a no-op that does not undo it) and more than once; its
 	// error is the store's, for logging only.
 	Rollback() error
+}
+
+// ClaimTransactor is implemented by stores that can claim a fresh key
+// inside the transaction that completes it (sqlstore), for the routes of
+// a Middleware made WithOneTransaction(true): the claim, the handler's
+// writes in the unit and the completion then commit at once, or not at
+// all. It is optional, as Transactor is; the concurrency and context
+// rules are Transactor's.
+type ClaimTransactor interface {
+	// ClaimInUnit begins a unit of work and, in it, creates c's record
+	// when the scope has none: then the result is ClaimCreated (its Record
+	// as Claim gives it) with the Unit, whose Complete and Commit complete
+	// the record and whose Rollback leaves no trace of it, and a context
+	// that carries the transaction (as Begin's does). Until Commit nobody
+	// else sees the record: a claim of the same scope by another caller
+	// waits for the unit to end, and then finds the completed record or
+	// none. ctx lives as long as the unit, as for Begin.
+	//
+	// With a record already there, ClaimInUnit ends the unit and returns
+	// a nil Unit: ClaimExisting with the record when c would not win it
+	// (Claim's answer), or ClaimExisting with a zero Record (State Absent)
+	// when the caller is to claim the ordinary way (Store.Claim): the
+	// record is one c would take over or restart, or it vanished
+	// meanwhile. When another caller's unit holds the scope past wait
+	// (a store may wait longer, as its documentation says), the error
+	// matches ErrInProgress; any other error means nothing was claimed.
+	// c.TakeoverOnly is not used: the caller claims such a claim with
+	// Store.Claim.
+	ClaimInUnit(ctx context.Context, c Claim, wait time.Duration) (ClaimResult, Unit,
+		context.Context, error)
 }

@@ -120,6 +120,8 @@ func (c caller) call(ctx context.Context, in input) (output, error) {
 			return errorOutput(err), err
 		}
 		return output{Outcome: res.Outcome, Rec: c.view(in.Key, res.Record)}, nil
+	case opClaimTx:
+		return c.claimTx(ctx, in)
 	case opGet:
 		rec, err := c.store.Get(ctx, c.scope(in.Key))
 		if err != nil {
@@ -129,18 +131,62 @@ func (c caller) call(ctx context.Context, in input) (output, error) {
 	case opHeartbeat:
 		err = c.store.Heartbeat(ctx, c.lease(in), at(in.Until))
 	case opComplete:
-		resp := idempotency.Response{
-			Status: in.Resp.Status, Header: http.Header{}, Body: bytesOf(in.Resp.Body)}
-		if in.Resp.Header != "" {
-			resp.Header.Set(leaseHeader, in.Resp.Header)
-		}
-		err = c.store.Complete(ctx, c.lease(in), resp, at(in.Now))
+		err = c.store.Complete(ctx, c.lease(in), storedResponse(in), at(in.Now))
 	case opRelease:
 		err = c.store.Release(ctx, c.lease(in))
 	case opSetPoint:
 		err = c.store.SetRecoveryPoint(ctx, c.lease(in), in.Point, bytesOf(in.Data), at(in.Now))
 	}
 	return errorOutput(err), err
+}
+
+// claimTx makes an opClaimTx call: ClaimInUnit, then, when it holds the
+// record, the unit's Complete and Commit, or its Rollback. An error after
+// the claim (the unit's or its Commit's) leaves the outcome unknown, as
+// does the claim's ErrInProgress: another call's unit held the key, and
+// this one changed nothing.
+func (c caller) claimTx(ctx context.Context, in input) (output, error) {
+	ct, ok := c.store.(idempotency.ClaimTransactor)
+	if !ok {
+		err := errors.New("the store is not an idempotency.ClaimTransactor")
+		return errorOutput(err), err
+	}
+	res, u, _, err := ct.ClaimInUnit(ctx, idempotency.Claim{
+		Scope: c.scope(in.Key), Fingerprint: in.FP, FingerprintVersion: fingerprintVersion,
+		Owner: in.Owner, Request: bytesOf(in.Request), Now: at(in.Now),
+		LeaseFor: time.Duration(in.LeaseFor), ReplayWindow: time.Duration(in.Window),
+	}, 0)
+	if err != nil {
+		return errorOutput(err), err
+	}
+	out := output{Outcome: res.Outcome, Rec: c.view(in.Key, res.Record)}
+	if u == nil {
+		return out, nil
+	}
+	if !in.Commit {
+		if err := u.Rollback(); err != nil {
+			return errorOutput(err), err
+		}
+		return out, nil
+	}
+	if err := u.Complete(ctx, storedResponse(in), at(in.Now)); err != nil {
+		_ = u.Rollback()
+		return output{Err: errOther, Unknown: true}, err
+	}
+	if err := u.Commit(); err != nil {
+		return output{Err: errOther, Unknown: true}, err
+	}
+	return out, nil
+}
+
+// storedResponse is the response in.Resp stands for.
+func storedResponse(in input) idempotency.Response {
+	resp := idempotency.Response{
+		Status: in.Resp.Status, Header: http.Header{}, Body: bytesOf(in.Resp.Body)}
+	if in.Resp.Header != "" {
+		resp.Header.Set(leaseHeader, in.Resp.Header)
+	}
+	return resp
 }
 
 // leaseHeader is the one header of a stored response: the lease that

@@ -66,7 +66,7 @@ func runKilled(t *testing.T, sc storeCase, b *backend) {
 	clk, h, st := newClock(), &history{}, &runStats{}
 	principal := "lin-" + randHex(4)
 	parent := killedWorkload
-	parent.seed, parent.owner = 5, "w"
+	parent.seed, parent.owner, parent.oneTx = 5, "w", sc.oneTx
 
 	cfg, err := json.Marshal(childConfig{
 		Store: sc.name, Shared: b.shared, Principal: principal, Epoch: clk.epoch,
@@ -218,7 +218,7 @@ func childMain(cfgJSON string) int {
 	clk := &clock{epoch: cfg.Epoch, unit: newClock().unit}
 	clk.tick.Store(cfg.Tick)
 	w := killedWorkload
-	w.seed, w.workers, w.ops, w.owner = cfg.Seed, cfg.Workers, math.MaxInt32, "c"
+	w.seed, w.workers, w.ops, w.owner, w.oneTx = cfg.Seed, cfg.Workers, math.MaxInt32, "c", sc.oneTx
 	w.run(env{c: caller{store, cfg.Principal}, clk: clk, rec: out, st: &runStats{},
 		deadline: time.Now().Add(childLimit)})
 	return 0

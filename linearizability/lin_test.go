@@ -45,8 +45,10 @@ func TestLinearizable(t *testing.T) {
 			start := time.Now()
 			b := sc.open(t)
 			t.Run("contention", func(t *testing.T) {
-				st := runPhase(t, b, contention, nil, nil)
-				requireCoverage(t, st, false)
+				w := contention
+				w.oneTx = sc.oneTx
+				st := runPhase(t, b, w, nil, nil)
+				requireCoverage(t, st, false, sc.oneTx)
 			})
 			t.Run("faults", func(t *testing.T) {
 				network := b.faulty != nil || b.killConn != nil
@@ -58,9 +60,10 @@ func TestLinearizable(t *testing.T) {
 				for round := range max(b.faultRounds, 1) {
 					w := faulty
 					w.seed += uint64(round) * 10
+					w.oneTx = sc.oneTx
 					all.add(runPhase(t, b, w, b.faulty, inject))
 				}
-				requireCoverage(t, all, network)
+				requireCoverage(t, all, network, sc.oneTx)
 			})
 			switch {
 			case sc.reopen == nil:
@@ -122,9 +125,9 @@ func runPhase(t *testing.T, b *backend, w workload, faulty idempotency.Store,
 
 // requireCoverage fails t unless the history took the paths the check is
 // about: creations, restarts past the replay window, takeovers, fenced
-// writes that held and that failed, and (under network faults) calls whose
-// outcome stayed unknown.
-func requireCoverage(t *testing.T, st *runStats, unknown bool) {
+// writes that held and that failed, (under network faults) calls whose
+// outcome stayed unknown, and (oneTx) records created in one transaction.
+func requireCoverage(t *testing.T, st *runStats, unknown, oneTx bool) {
 	t.Helper()
 	var missing []string
 	for _, c := range []struct {
@@ -136,6 +139,7 @@ func requireCoverage(t *testing.T, st *runStats, unknown bool) {
 		{"taken over", &st.takenOver, true}, {"existing", &st.existing, true},
 		{"fenced writes", &st.writes, true}, {"lease lost", &st.leaseLost, true},
 		{"unknown outcomes", &st.unknown, unknown},
+		{"claims in one transaction", &st.oneTx, oneTx},
 	} {
 		if c.want && c.n.Load() == 0 {
 			missing = append(missing, c.name)

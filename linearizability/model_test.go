@@ -32,6 +32,11 @@ const (
 	opComplete
 	opRelease
 	opSetPoint
+	// opClaimTx is a request on a route that commits in one transaction
+	// (idempotency.ClaimTransactor): ClaimInUnit, then, when it holds the
+	// record, the unit's Complete at Now and Commit (or Rollback): one
+	// step, at the commit.
+	opClaimTx
 )
 
 func (k opKind) String() string {
@@ -48,6 +53,8 @@ func (k opKind) String() string {
 		return "release"
 	case opSetPoint:
 		return "set_recovery_point"
+	case opClaimTx:
+		return "claim_in_unit"
 	}
 	return "unknown"
 }
@@ -78,7 +85,9 @@ type input struct {
 
 	Point string   `json:"point,omitempty"` // SetRecoveryPoint
 	Data  string   `json:"data,omitempty"`
-	Resp  response `json:"resp,omitzero"` // Complete
+	Resp  response `json:"resp,omitzero"` // Complete, and opClaimTx's completion
+
+	Commit bool `json:"commit,omitempty"` // opClaimTx: commit the unit (else roll it back)
 }
 
 // errKind is the outcome class of a call that returned.
@@ -232,6 +241,8 @@ func apply(s record, in input) (record, output) {
 	switch in.Op {
 	case opClaim:
 		return claim(s, in)
+	case opClaimTx:
+		return claimTx(s, in)
 	case opGet:
 		if s.State == idempotency.Absent {
 			return s, output{Err: errNotFound}
@@ -281,6 +292,28 @@ func claim(s record, in input) (record, output) {
 	return s, output{Outcome: idempotency.ClaimExisting, Rec: s.view()}
 }
 
+// claimTx is opClaimTx: on an absent record, the claim creates it and the
+// unit completes it with in.Resp at in.Now, both at the commit (or
+// neither, rolled back), and the answer is the created record; on any
+// other, the answer is Claim's existing one and nothing changes (a record
+// the claim would win answers a zero Record too, see matches).
+func claimTx(s record, in input) (record, output) {
+	if s.State != idempotency.Absent {
+		return s, output{Outcome: idempotency.ClaimExisting, Rec: s.view()}
+	}
+	n := record{
+		State: idempotency.InProgress, Owner: in.Owner, Gen: 1, FP: in.FP,
+		LeaseUntil: in.Now + in.LeaseFor, CreatedAt: in.Now, Window: in.Window,
+		Request: in.Request,
+	}
+	out := output{Outcome: idempotency.ClaimCreated, Rec: n.view()}
+	if !in.Commit {
+		return s, out
+	}
+	n.State, n.CompletedAt, n.Resp, n.Request = idempotency.Completed, in.Now, in.Resp, ""
+	return n, out
+}
+
 func (r record) view() view {
 	v := view{
 		ScopeOK: true, State: r.State, Owner: r.Owner, Gen: r.Gen, FP: r.FP,
@@ -302,6 +335,15 @@ func matches(in input, want, got output) bool {
 	}
 	switch in.Op {
 	case opClaim:
+		return got.Outcome == want.Outcome && claimMatches(in, want.Outcome, want.Rec, got.Rec)
+	case opClaimTx:
+		if got.Outcome == idempotency.ClaimExisting && got.Rec.State == idempotency.Absent {
+			// A zero Record: the caller is to claim the ordinary way. The
+			// contract allows it for a record the claim would win, and
+			// for one that vanished between the store's statements; the
+			// check allows it from any state, where it changes nothing.
+			return true
+		}
 		return got.Outcome == want.Outcome && claimMatches(in, want.Outcome, want.Rec, got.Rec)
 	case opGet:
 		return want.Err != errNone || getMatches(want.Rec, got.Rec)
@@ -416,13 +458,16 @@ func (m model) describeOp(in input, out output) string {
 		call = fmt.Sprintf("release(%s/g%d)", in.Owner, in.Gen)
 	case opSetPoint:
 		call = fmt.Sprintf("set_recovery_point(%s/g%d %q)", in.Owner, in.Gen, in.Point)
+	case opClaimTx:
+		call = fmt.Sprintf("claim_in_unit(%s now=%s lease=%s fp=%s commit=%t)",
+			in.Owner, m.ms(in.Now), m.dur(in.LeaseFor), in.FP, in.Commit)
 	}
 	switch {
 	case out.Unknown:
 		return call + " -> unknown"
 	case out.Err != errNone:
 		return call + " -> " + out.Err.String()
-	case in.Op == opClaim:
+	case in.Op == opClaim || in.Op == opClaimTx:
 		if out.Outcome == idempotency.ClaimExisting && out.Rec.State == idempotency.Absent {
 			return call + " -> existing (none)"
 		}

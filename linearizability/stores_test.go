@@ -30,6 +30,10 @@ type storeCase struct {
 	// reopen opens, in a child process, the store that backend.shared
 	// names; nil when the store's state lives in one process.
 	reopen func(shared string) (idempotency.Store, func(), error)
+	// oneTx: a third of the workers' claims are requests in one
+	// transaction (idempotency.ClaimTransactor.ClaimInUnit, then the
+	// unit's completion and commit, or its rollback).
+	oneTx bool
 }
 
 // stores are the stores the check runs on. Adding a store is one entry: a
@@ -41,6 +45,9 @@ var stores = []storeCase{
 	{name: "sqlite", open: openSQLite, reopen: reopenSQLite},
 	{name: "postgres", open: openPostgres, reopen: reopenPostgres},
 	{name: "mysql", open: openMySQL, reopen: reopenMySQL},
+	{name: "sqlite-onetx", open: openSQLite, reopen: reopenSQLite, oneTx: true},
+	{name: "postgres-onetx", open: openPostgres, reopen: reopenPostgres, oneTx: true},
+	{name: "mysql-onetx", open: openMySQL, reopen: reopenMySQL, oneTx: true},
 	{name: "redis", open: openRedis, reopen: reopenRedis},
 	{name: "redis-cluster", open: openRedisCluster, reopen: reopenRedis},
 }

@@ -30,6 +30,7 @@ type workload struct {
 	timeouts float64 // share of calls made with a deadline of 50 µs to 5 ms
 	owner    string  // workers' owner tokens are owner + index
 	client   int     // the first porcupine ClientId
+	oneTx    bool    // a third of the claims are requests in one transaction (opClaimTx)
 }
 
 // callTimeout bounds every call that has no short deadline.
@@ -66,6 +67,8 @@ func (w *workload) worker(id int, clients *atomic.Int64) *worker {
 // exercises what the check is about.
 type runStats struct {
 	calls, unknown, created, restarted, takenOver, existing, leaseLost, notFound, writes atomic.Int64
+	// oneTx counts the opClaimTx calls that created a record in their unit.
+	oneTx atomic.Int64
 
 	mu     sync.Mutex
 	causes map[string]int // why outcomes were unknown
@@ -73,9 +76,10 @@ type runStats struct {
 
 func (s *runStats) String() string {
 	str := fmt.Sprintf("%d calls: %d unknown; claims %d created (%d restarts after the window), "+
-		"%d taken over, %d existing; %d fenced writes ok, %d lease lost; %d not found",
+		"%d taken over, %d existing; %d fenced writes ok, %d lease lost; %d not found; "+
+		"%d claims in one transaction",
 		s.calls.Load(), s.unknown.Load(), s.created.Load(), s.restarted.Load(), s.takenOver.Load(),
-		s.existing.Load(), s.writes.Load(), s.leaseLost.Load(), s.notFound.Load())
+		s.existing.Load(), s.writes.Load(), s.leaseLost.Load(), s.notFound.Load(), s.oneTx.Load())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.causes) > 0 {
@@ -90,6 +94,7 @@ func (s *runStats) add(o *runStats) {
 		{&s.calls, &o.calls}, {&s.unknown, &o.unknown}, {&s.created, &o.created},
 		{&s.restarted, &o.restarted}, {&s.takenOver, &o.takenOver}, {&s.existing, &o.existing},
 		{&s.leaseLost, &o.leaseLost}, {&s.notFound, &o.notFound}, {&s.writes, &o.writes},
+		{&s.oneTx, &o.oneTx},
 	} {
 		c.dst.Add(c.src.Load())
 	}
@@ -110,6 +115,10 @@ func (s *runStats) count(in input, out output, err error) {
 		s.leaseLost.Add(1)
 	case out.Err == errNotFound:
 		s.notFound.Add(1)
+	case in.Op == opClaimTx && out.Outcome == idempotency.ClaimCreated:
+		s.oneTx.Add(1)
+	case in.Op == opClaimTx:
+		s.existing.Add(1)
 	case in.Op == opClaim && out.Outcome == idempotency.ClaimCreated:
 		s.created.Add(1)
 		if out.Rec.Gen > 1 {
@@ -249,6 +258,11 @@ func (wk *worker) choose(key string, now, unit, tick int64) input {
 		}
 		in.TakeoverOnly = rnd.IntN(20) == 0
 		in.Request = fmt.Sprintf("req-%s-%d", wk.owner, tick)
+		if w.oneTx && rnd.IntN(3) == 0 {
+			in.Op, in.TakeoverOnly, in.Commit = opClaimTx, false, rnd.IntN(5) > 0
+			in.Resp = response{Status: 201, Header: wk.owner + "/tx",
+				Body: fmt.Sprintf("body-%s-%d", wk.owner, tick)}
+		}
 		return in
 	case len(held) == 0 || p < 0.22:
 		in.Op = opGet
@@ -301,6 +315,7 @@ func (wk *worker) learn(in input, out output) {
 	switch {
 	case in.Op == opClaim && out.Outcome != idempotency.ClaimExisting:
 		wk.hold(k, out.Rec.Gen)
+	case in.Op == opClaimTx: // its lease ended with its unit
 	case in.Op == opClaim || in.Op == opGet:
 		if out.Err == errNone && out.Rec.State == idempotency.InProgress && out.Rec.Owner == wk.owner {
 			wk.hold(k, out.Rec.Gen) // its own lease, seen again

@@ -16,7 +16,10 @@
 // UnitLeaseLostAtCommit, UnitRaceWithTakeover) and the unit half of
 // MiddlewareCompletionAnswerLost run for a store that implements
 // idempotency.Transactor (memstore, sqlstore) and are not registered for
-// one that does not (redisstore); the subtests of the listings and of the
+// one that does not (redisstore); the ClaimInUnit subtests
+// (ClaimInUnitCommit, ClaimInUnitRollback, ClaimInUnitLeavesWinsToClaim)
+// for a store that implements idempotency.ClaimTransactor (sqlstore); the
+// subtests of the listings and of the
 // background jobs (Abandoned, DeleteBefore, MiddlewareResumeWithoutCredentials,
 // MiddlewareDurationsAtTheirLimits, DoCompleterResumes), and the listing
 // checks of other subtests, for a store that implements

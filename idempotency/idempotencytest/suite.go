@@ -69,6 +69,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"UnitLeaseLostAtCommit", testUnitLeaseLost, needsTransactor},
 		{"UnitRaceWithTakeover", testUnitRace, needsTransactor},
 	}
+	tests = append(tests, claimUnitTests...)
 	tests = append(tests, bytesTests...)
 	tests = append(tests, middlewareTests...)
 	tests = append(tests, functionTests...)
@@ -113,6 +114,7 @@ type needs uint8
 const (
 	needsTransactor needs = 1 << iota
 	needsSweeper
+	needsClaimTransactor
 )
 
 func (n needs) String() string {
@@ -122,6 +124,9 @@ func (n needs) String() string {
 	}
 	if n&needsSweeper != 0 {
 		names = append(names, "idempotency.Sweeper")
+	}
+	if n&needsClaimTransactor != 0 {
+		names = append(names, "idempotency.ClaimTransactor")
 	}
 	return strings.Join(names, " and ")
 }
@@ -134,6 +139,9 @@ func needsOf(s idempotency.Store) needs {
 	}
 	if _, ok := s.(idempotency.Sweeper); ok {
 		n |= needsSweeper
+	}
+	if _, ok := s.(idempotency.ClaimTransactor); ok {
+		n |= needsClaimTransactor
 	}
 	return n
 }

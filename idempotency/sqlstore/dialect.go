@@ -84,6 +84,16 @@ type dialect interface {
 	// claim runs the first statement of a claim that may create a record
 	// (see Store.Claim) on q: it reports whether it created the record.
 	claim(ctx context.Context, s *Store, q execer, c idempotency.Claim) (bool, error)
+	// claimInTx runs, in tx, the transaction of a claim in one
+	// transaction (Store.ClaimInUnit), what creates c's record when the
+	// scope has none, waiting on a record another transaction holds
+	// uncommitted for wait at most where the dialect can bound it: it
+	// reports whether it created the record. It leaves the transaction's
+	// lock wait as it was for the handler's statements.
+	claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
+		wait time.Duration) (bool, error)
+	// heldPastWait reports whether err is claimInTx's wait running out.
+	heldPastWait(err error) bool
 	// win takes over or restarts rec, the record of c's scope that a read
 	// on q found and that c wins, if it is still one c wins, on q (MySQL's
 	// in a transaction of its own). sql.ErrNoRows when the record changed

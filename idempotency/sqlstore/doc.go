@@ -145,6 +145,34 @@
 // *OpError matching ErrSerialization: nothing committed and the lease is
 // still the caller's.
 //
+// # One transaction per request
+//
+// A Middleware made with idempotency.WithOneTransaction(true) claims a
+// fresh key with Store.ClaimInUnit: BEGIN, then the claim's INSERT in
+// that transaction; Tx gives the handler the same transaction; the
+// completion's UPDATE and the COMMIT end it. The claim, the handler's
+// writes and the response commit at once: one commit per request where
+// the ordinary path makes two (the claim's, then the unit's). Through
+// database/sql, BEGIN and COMMIT are round trips of their own, so the
+// library sends 4 statements around the handler's on PostgreSQL and
+// SQLite (BEGIN, INSERT, UPDATE, COMMIT), 6 on MySQL (the claim's lock
+// wait is set and restored around its INSERT); a replay is 4 (BEGIN, the
+// INSERT that inserts nothing, the read, ROLLBACK) where the ordinary path
+// sends 2.
+//
+// Until the COMMIT no other connection sees the record, so nothing
+// reads it in progress and nothing can take it over: the lease is the
+// transaction's, and no heartbeat runs. A claim of the same key waits for
+// the transaction (on PostgreSQL and MySQL at most WithMaxInProgressWait,
+// never less than a second, see ClaimInUnit; on SQLite, whose
+// transactions take the database's write lock at BEGIN, up to the busy
+// timeout), then replays, or runs when the first rolled back; it holds a
+// connection of the pool while it waits. A crash, a
+// killed connection, an error or a panic of the handler rolls the claim
+// back with the handler's writes: there is nothing to resume and nothing
+// for the Completer. Keep handlers with phases or External calls, which
+// need committed recovery points, on a Middleware without the option.
+//
 // # Clocks
 //
 // The Store never reads a clock. A takeover compares the lease end written

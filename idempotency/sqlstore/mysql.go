@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/internal/unixnano"
@@ -137,6 +138,13 @@ SET state = 1, owner = $1, generation = generation + 1, lease_until = $2, finger
 	created_at = $6, updated_at = $7, completed_at = 0
 WHERE scope_hash = $8 AND generation = $9 AND state = 2`, table)
 
+	// setWait and resetWait bound the lock wait of a claim in one
+	// transaction (innodb_lock_wait_timeout, whole seconds) and restore
+	// the session's value for the handler's statements.
+	q.setWait = `SET @saferetry_lock_wait = @@SESSION.innodb_lock_wait_timeout,
+	SESSION innodb_lock_wait_timeout = $1`
+	q.resetWait = `SET SESSION innodb_lock_wait_timeout = @saferetry_lock_wait`
+
 	// held checks, with a locking read, that a lease still holds its
 	// record (see confirmMiss).
 	q.held = fmt.Sprintf(`SELECT 1 FROM %s
@@ -231,6 +239,29 @@ func (mysqlDialect) claim(ctx context.Context, s *Store, q execer, c idempotency
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// claimInTx bounds the session's innodb_lock_wait_timeout by wait
+// (at least minClaimWait, rounded up to whole seconds: MySQL's unit),
+// runs the claim's INSERT, which waits for a row of the key that another
+// transaction inserted and has not committed, and restores the session's
+// value: three statements.
+func (d mysqlDialect) claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
+	wait time.Duration) (bool, error) {
+	secs := min(int64((max(wait, minClaimWait)+time.Second-1)/time.Second), 1<<30)
+	if _, err := tx.ExecContext(ctx, s.q.setWait, secs); err != nil {
+		return false, err
+	}
+	created, err := d.claim(ctx, s, tx, c)
+	if _, rerr := tx.ExecContext(ctx, s.q.resetWait); rerr != nil && err == nil {
+		return false, rerr
+	}
+	return created, err
+}
+
+// heldPastWait: a lock wait timeout (1205).
+func (mysqlDialect) heldPastWait(err error) bool {
+	return mysqlErrorNumber(err) == mysqlLockWaitTimeout
 }
 
 // win takes over or restarts the record of c's scope in one transaction of

@@ -3,8 +3,14 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
+	"time"
+
+	"github.com/saferetry/saferetry/idempotency"
 )
 
 // postgresDialect is PostgreSQL's: its SQL, and the steps that upgrade a
@@ -59,6 +65,17 @@ SELECT %[3]s WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE scope_hash = $1)
 ON CONFLICT (scope_hash) DO NOTHING`, table, insertCols, insertVals)
 	q.takeover, q.restart = conditionalWin(table)
 
+	// The claim in one transaction sets the transaction's lock_timeout to
+	// $13 before its INSERT may wait for another transaction's uncommitted
+	// row of the key, and resets it (to the session's startup value, as
+	// RESET does) once it inserted, for the handler's statements: one
+	// round trip. A claim that inserts nothing ends its transaction.
+	q.insertWait = fmt.Sprintf(`INSERT INTO %[1]s (%[2]s)
+SELECT %[3]s WHERE set_config('lock_timeout', $13, true) <> ''
+	AND NOT EXISTS (SELECT 1 FROM %[1]s WHERE scope_hash = $1)
+ON CONFLICT (scope_hash) DO NOTHING
+RETURNING set_config('lock_timeout', NULL, true)`, table, insertCols, insertVals)
+
 	// The subqueries lock their rows and skip the ones a running write
 	// holds (FOR UPDATE SKIP LOCKED): the reaper never waits for a claim,
 	// and a claim waiting for a row the reaper locked inserts afresh once
@@ -99,6 +116,29 @@ WHERE attrelid = to_regclass($1) AND attname = 'recovery_point' AND NOT attisdro
 	ALTER COLUMN recovery_point TYPE BYTEA USING convert_to(recovery_point, 'UTF8'),
 	ALTER COLUMN recovery_point SET DEFAULT ''`)
 	return err
+}
+
+// claimInTx runs insertWait with wait, at least minClaimWait, as the
+// lock_timeout: the timeout ends any lock wait of the INSERT, not only the
+// one on another transaction's row of the key (the relation's extension
+// lock, under many concurrent inserts, waits too), so a shorter one would
+// answer a fresh key in progress.
+func (postgresDialect) claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
+	wait time.Duration) (bool, error) {
+	ms := min(max(wait, minClaimWait).Milliseconds(), math.MaxInt32)
+	res, err := tx.ExecContext(ctx, s.q.insertWait,
+		append(s.insertArgs(c), strconv.FormatInt(ms, 10)+"ms")...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// heldPastWait: SQLSTATE 55P03, lock_not_available (lock_timeout).
+func (postgresDialect) heldPastWait(err error) bool {
+	var se interface{ SQLState() string }
+	return errors.As(err, &se) && se.SQLState() == "55P03"
 }
 
 // rebind keeps the $N placeholders.

@@ -17,6 +17,9 @@ type queries struct {
 	get, existing string
 	// insert is the first statement of a claim (dialect.claim).
 	insert string
+	// insertWait is PostgreSQL's insert for a claim in one transaction
+	// (dialect.claimInTx).
+	insertWait string
 	// takeover and restart are the writes of dialect.win.
 	takeover, restart string
 	// The fenced writes: each changes the record only while the lease
@@ -25,17 +28,18 @@ type queries struct {
 	// The background jobs' statements.
 	abandoned, deleteBefore string
 	// MySQL's own: the locking read of its win, the check of a fence
-	// that changed no row, the read of DeleteBefore's candidates.
-	locked, held, stale string
+	// that changed no row, the read of DeleteBefore's candidates, the
+	// bound of a claim's lock wait in one transaction and its restore.
+	locked, held, stale, setWait, resetWait string
 }
 
 // all returns every statement, by name.
 func (q *queries) all() map[string]*string {
-	return map[string]*string{"get": &q.get, "existing": &q.existing, "insert": &q.insert,
+	return map[string]*string{"get": &q.get, "existing": &q.existing, "insert": &q.insert, "insert_wait": &q.insertWait,
 		"takeover": &q.takeover, "restart": &q.restart, "heartbeat": &q.heartbeat,
 		"complete": &q.complete, "release": &q.release, "set_point": &q.setPoint,
 		"abandoned": &q.abandoned, "delete_before": &q.deleteBefore, "locked": &q.locked,
-		"held": &q.held, "stale": &q.stale}
+		"held": &q.held, "stale": &q.stale, "set_wait": &q.setWait, "reset_wait": &q.resetWait}
 }
 
 // rebind turns the $N placeholders of every statement into a dialect's.

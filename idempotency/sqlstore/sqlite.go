@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/saferetry/saferetry/idempotency"
 )
 
 // sqliteDialect is SQLite's: its SQL, the checks of the pool Open makes,
@@ -49,6 +52,18 @@ ON CONFLICT (scope_hash) DO NOTHING`, table, insertCols, insertVals)
 	q.rebind(d.rebind)
 	return q
 }
+
+// claimInTx runs the claim's INSERT: the transaction began IMMEDIATE, so
+// it holds the database's write lock, for which it waited up to the busy
+// timeout whatever wait is; no other transaction holds a row.
+func (d sqliteDialect) claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
+	_ time.Duration) (bool, error) {
+	return d.claim(ctx, s, tx, c)
+}
+
+// heldPastWait is false: a write lock not had within the busy timeout is
+// SQLITE_BUSY, a failure of the store, whichever key its holder claimed.
+func (sqliteDialect) heldPastWait(error) bool { return false }
 
 // rebind turns $N into SQLite's numbered ?N.
 func (sqliteDialect) rebind(q string) string { return strings.ReplaceAll(q, "$", "?") }

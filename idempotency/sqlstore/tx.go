@@ -25,7 +25,9 @@ type unitKey struct{}
 // phase that never calls Tx holds no transaction (on SQLite, no write
 // lock) while it works, and its record write commits on its own. Call Tx
 // when you are about to write, and after the handler's last phase. The
-// first call waits at most 10 seconds for a connection.
+// first call waits at most 10 seconds for a connection. Under
+// idempotency.WithOneTransaction the request's transaction began with the
+// claim (see ClaimInUnit), and Tx returns it.
 //
 // It returns false outside a guarded handler, with a store other than this
 // package's, or when the transaction could not be begun (the request then
@@ -259,4 +261,96 @@ func (u *unit) Rollback() error {
 		return nil
 	}
 	return opErr("rollback", err)
+}
+
+// minClaimWait is the shortest wait of ClaimInUnit on a key another
+// transaction holds.
+const minClaimWait = time.Second
+
+// ClaimInUnit implements idempotency.ClaimTransactor, for
+// idempotency.WithOneTransaction: it begins a transaction and in it
+// creates c's record when the scope has none; the Unit it then returns
+// holds that transaction, which Tx returns to the handler, and its
+// Complete and Commit complete the record with the handler's writes, in
+// one commit. Until then no other connection sees the record: a claim of
+// the same key waits for the transaction to end, then finds the completed
+// record, or none. The wait is bounded by wait, at least 1 s, on
+// PostgreSQL (the transaction's lock_timeout, reset for the handler's
+// statements) and on MySQL (the session's innodb_lock_wait_timeout, in
+// whole seconds, restored likewise); either way the error then matches
+// idempotency.ErrInProgress. The floor is there because the bound ends
+// any lock wait of the claim's INSERT, which under load waits for other
+// locks than the key's (PostgreSQL's relation extension lock): shorter,
+// it answers fresh keys in progress. On SQLite
+// the transaction begins IMMEDIATE: it waits for the database's write
+// lock up to the busy timeout, whichever key its holder claimed.
+//
+// A scope that has a record ends the transaction: ClaimInUnit answers as
+// Claim would, from the record read in it, or, when c would take it over
+// or restart it (or it vanished), with a zero Record for the caller to
+// Claim. A claim of the same key that deadlocks (MySQL) is made again, up
+// to three times. Statements, on PostgreSQL: BEGIN and the INSERT; the
+// completion is the unit's UPDATE and COMMIT. On MySQL two more, which set
+// and restore the lock wait. Errors are *OpError with Op "claim".
+func (s *Store) ClaimInUnit(ctx context.Context, c idempotency.Claim, wait time.Duration) (
+	idempotency.ClaimResult, idempotency.Unit, context.Context, error) {
+	if c.TakeoverOnly {
+		res, err := s.Claim(ctx, c)
+		return res, nil, ctx, err
+	}
+	var err error
+	for range statementTries {
+		var (
+			res idempotency.ClaimResult
+			u   *unit
+		)
+		res, u, err = s.claimInUnit(ctx, c, wait)
+		switch {
+		case err == nil && u != nil:
+			return res, u, context.WithValue(ctx, unitKey{}, u), nil
+		case err == nil:
+			return res, nil, ctx, nil
+		case s.d.heldPastWait(err):
+			return idempotency.ClaimResult{}, nil, ctx, fmt.Errorf(
+				"%w: another transaction holds the key: %w", idempotency.ErrInProgress,
+				opErr("claim", err))
+		case !isSerialization(err):
+			return idempotency.ClaimResult{}, nil, ctx, opErr("claim", err)
+		}
+	}
+	return idempotency.ClaimResult{}, nil, ctx, opErr("claim", err)
+}
+
+// claimInUnit is one try of ClaimInUnit: the unit that holds the record
+// it created, or its answer without a unit (the transaction ended).
+func (s *Store) claimInUnit(ctx context.Context, c idempotency.Claim, wait time.Duration) (
+	idempotency.ClaimResult, *unit, error) {
+	tctx, cancel := context.WithCancelCause(ctx)
+	tx, err := s.db.BeginTx(tctx, s.d.txOptions())
+	if err != nil {
+		cancel(nil)
+		return idempotency.ClaimResult{}, nil, err
+	}
+	created, err := s.d.claimInTx(tctx, s, tx, c, wait)
+	if err == nil && created {
+		u := &unit{s: s, ctx: ctx, tx: tx, cancel: cancel,
+			lease: idempotency.Lease{Scope: c.Scope, Owner: c.Owner, Generation: 1}}
+		return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated,
+			Record: claimedRecord(c, 1)}, u, nil
+	}
+	var res idempotency.ClaimResult
+	if err == nil {
+		var rec idempotency.Record
+		rec, err = scanExisting(tx.QueryRowContext(tctx, s.q.existing,
+			existingArgs(c.Scope)...), c.Scope)
+		switch {
+		case errors.Is(err, sql.ErrNoRows): // gone since the INSERT: the caller claims
+			err = nil
+		case err == nil && !wouldWin(rec, c):
+			res.Record = rec
+		}
+	}
+	_ = tx.Rollback()
+	cancel(nil)
+	return res, nil, err
 }
