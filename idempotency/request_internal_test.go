@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -30,15 +32,25 @@ func TestReadBodyIgnoresAWrongContentLength(t *testing.T) {
 	}
 }
 
-// A stored request decodes to what was encoded, whatever its bytes
-// (encoding/json replaces invalid UTF-8 in strings with U+FFFD).
+// A stored request is encoded in encoding/json's form and decodes to what
+// was encoded, whatever its bytes (encoding/json replaces invalid UTF-8 in
+// strings with U+FFFD).
 func FuzzStoredRequest(f *testing.F) {
 	f.Add("POST", "/orders?a=1&b=<2>", "api.example", "application/json", []byte(`{"a":1}`))
 	f.Add("PATCH", "/\u00e9\"\\\n", "", "", []byte{})
 	f.Add("", "", "h\xff", "text/plain; charset=\"utf-8\"", []byte{0, 1, 2})
+	f.Add("GET", "/a&b<c>\u2028\x7f", "h", "t\tx", []byte(nil))
 	f.Fuzz(func(t *testing.T, method, url, host, ct string, body []byte) {
 		in := storedRequest{Method: method, URL: url, Host: host, ContentType: ct, Body: body}
-		out, err := decodeRequest(in.encode())
+		enc := in.encode()
+		meta, err := json.Marshal(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := append(append(meta, '\n'), body...); !bytes.Equal(enc, want) {
+			t.Fatalf("encoded %q, encoding/json's form is %q", enc, want)
+		}
+		out, err := decodeRequest(enc)
 		if err != nil {
 			t.Fatal(err)
 		}

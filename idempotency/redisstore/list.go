@@ -28,7 +28,7 @@ func doneIndex(k *shardKeys) string  { return k.done }
 // scan lists, in every shard's index that index names, up to limit members
 // scored at most below (µs), in one pipelined round, the lowest scores
 // first.
-func (s *Store) scan(ctx context.Context, index func(*shardKeys) string, below string,
+func (s *Store) scan(ctx context.Context, index func(*shardKeys) string, below int64,
 	limit int) ([]candidate, error) {
 	ctx, cancel := s.call(ctx)
 	defer cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -102,4 +103,55 @@ func TestRoundTrips(t *testing.T) {
 		close(release)
 		require.Equal(t, http.StatusCreated, <-done)
 	})
+}
+
+// TestScriptCalls counts the commands the Store's scripts run inside Redis
+// for the middleware's requests, on a Redis of its own (INFO commandstats
+// counts a script's inner calls): a new key's claim 6 (the record read,
+// the nonce and the marker in one MGET, the record's write, its expiry,
+// its lease index entry, the nonce) and completion 9, a replay's claim 2.
+func TestScriptCalls(t *testing.T) {
+	addr := startRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := openStore(t, rdb, redisstore.WithPrefix("calls:"), redisstore.WithCheckInterval(time.Hour))
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":"ch_1"}`))
+	})
+	mw := idempotency.New(s, idempotency.WithPrincipal(func(*http.Request) (string, error) { return "acct", nil })).Wrap(h)
+	serve := func(key string) {
+		req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		mw.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusCreated, rec.Code)
+	}
+	serve("warm-up") // loads the scripts
+	calls := func() int {
+		info, err := rdb.Info(t.Context(), "commandstats").Result()
+		require.NoError(t, err)
+		n := 0
+		for line := range strings.Lines(info) {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+			switch {
+			case !ok, strings.HasPrefix(name, "eval"):
+				continue
+			case name == "info", name == "hello", name == "client", name == "ping":
+				continue // the count's own, and a new connection's
+			}
+			v, _, _ := strings.Cut(rest, ",")
+			c, err := strconv.Atoi(v)
+			require.NoError(t, err)
+			n += c
+		}
+		return n
+	}
+	before := calls()
+	serve("k")
+	fresh := calls()
+	serve("k")
+	replay := calls()
+	require.Equal(t, 6+9, fresh-before, "a new key's claim and completion")
+	require.Equal(t, 2, replay-fresh, "a replay's claim")
 }

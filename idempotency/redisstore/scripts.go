@@ -99,7 +99,7 @@ end
 // Only the creation of a record absent from Redis depends on what Redis
 // may have forgotten: a record it holds is answered, taken over or
 // restarted past its window as it is. So a claim that would create one
-// first reads the shard's marker (guard): it answers an error, EVICTING
+// first checks the shard's marker, read with the nonce (guard): it answers an error, EVICTING
 // while a server may evict keys, FORGOTTEN and the time when the marker is
 // gone or armed by another Store's New (the claim quarantines the shard:
 // the write may fail on a Redis over its maxmemory, and the Store's check
@@ -116,7 +116,10 @@ local function taken()
   return {2, t[1], t[2], t[3], t[4], t[5]}
 end
 
-local prior = redis.call('GET', nonce)
+-- The nonce and the marker in one read: every claim reads the nonce, and
+-- a claim that creates a record needs the marker.
+local nm = redis.call('MGET', nonce, marker)
+local prior, m = nm[1], nm[2]
 if prior then
   if prior:sub(1, 1) == 'c' then return {1, tonumber(prior:sub(2))} end
   if st == '1' and f[8] == ARGV[7] and f[9] == prior:sub(2) then return taken() end
@@ -139,7 +142,6 @@ end
 
 local function guard()
   if ARGV[20] == '1' then return 'EVICTING a server may evict keys' end
-  local m = redis.call('GET', marker)
   if trusted(m, ARGV[18]) then return nil end
   if m and m:sub(1, 1) == 'q' then
     if lt(m:sub(2), ARGV[19]) then return nil end

@@ -342,7 +342,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 func (s *Store) Rearm(ctx context.Context) error {
 	ctx, cancel := s.call(ctx)
 	defer cancel()
-	mark := "r" + ns(time.Now())
+	mark := "r" + strconv.FormatInt(ns(time.Now()), 10)
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range s.shards {
 			p.Set(ctx, s.shards[i].marker, mark, 0)
@@ -539,11 +539,12 @@ func opErr(op string, err error) error {
 }
 
 // Times are decimal Unix nanoseconds in records, microseconds in index
-// scores, milliseconds in expiries.
-func ns(t time.Time) string { return strconv.FormatInt(unixnano.Of(t), 10) }
+// scores, milliseconds in expiries. The numbers are passed to Redis as
+// int64, which go-redis writes in decimal: no string of their own.
+func ns(t time.Time) int64 { return unixnano.Of(t) }
 
 // micros returns t's index score.
-func micros(t time.Time) string { return strconv.FormatInt(unixnano.Of(t)/1000, 10) }
+func micros(t time.Time) int64 { return unixnano.Of(t) / 1000 }
 
 // mulSat returns d * k, saturating.
 func mulSat(d time.Duration, k int64) time.Duration {
@@ -581,9 +582,9 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 	}
 	k := s.keysOf(c.Scope)
 	leaseUntil := unixnano.Time(unixnano.Add(c.Now, c.LeaseFor))
-	cutoff := "" // ReplayWindow <= 0: completed records never expire
+	var cutoff any = "" // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
-		cutoff = strconv.FormatInt(unixnano.Add(c.Now, -c.ReplayWindow), 10)
+		cutoff = unixnano.Add(c.Now, -c.ReplayWindow)
 	}
 	takeoverOnly := "0"
 	if c.TakeoverOnly {
@@ -599,10 +600,10 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 	v, err := s.run(ctx, "claim", sc, []string{k.rec, k.lease, k.done, s.nonce(k), k.marker},
 		claimWrote,
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
-		c.Fingerprint, strconv.Itoa(c.FingerprintVersion), c.Owner, ns(leaseUntil),
+		c.Fingerprint, c.FingerprintVersion, c.Owner, ns(leaseUntil),
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
 		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
-		s.nonceTTL(), s.guard.epoch, strconv.FormatInt(unixnano.Add(c.Now, -keep), 10), evicting)
+		s.nonceTTL(), s.guard.epoch, unixnano.Add(c.Now, -keep), evicting)
 	if err != nil {
 		switch {
 		case redis.HasErrorPrefix(err, "OOM"): // the first write of a new record failed
@@ -893,7 +894,7 @@ func (s *Store) fenced(ctx context.Context, op string, sc *redis.Script, k []str
 	return nil
 }
 
-func gen(l idempotency.Lease) string { return strconv.FormatInt(l.Generation, 10) }
+func gen(l idempotency.Lease) int64 { return l.Generation }
 
 // Heartbeat implements idempotency.Store.Heartbeat: it sets the lease end
 // to until. idempotency.ErrLeaseLost when l does not own an in-progress
@@ -921,7 +922,7 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 		hasHeader = "1"
 	}
 	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
-		l.Owner, gen(l), strconv.Itoa(resp.Status), header, hasHeader, resp.Body, ns(now), k.member,
+		l.Owner, gen(l), resp.Status, header, hasHeader, resp.Body, ns(now), k.member,
 		micros(now), s.nonceTTL())
 }
 

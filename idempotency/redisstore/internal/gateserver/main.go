@@ -1,7 +1,7 @@
 // Command gateserver is the server process of the cross-process
-// concurrency gate on Redis (gate_test.go in package redisstore): POST
-// /charges guarded by the idempotency middleware over the Redis store, with
-// a handler that counts its executions in Redis (INCR, an external side
+// concurrency gate on Redis (gate_test.go in package redisstore): the
+// shared gate server (idempotency/internal/gateserver) over the Redis
+// store. Its handler counts its executions in Redis (INCR, an external side
 // effect that nothing rolls back) and appends one charge to a list.
 // Several processes share one Redis and one prefix; the test counts both.
 //
@@ -15,15 +15,11 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"log/slog"
-	"net"
-	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
-	"github.com/saferetry/saferetry/idempotency"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/saferetry/saferetry/idempotency/internal/gateserver"
 	"github.com/saferetry/saferetry/idempotency/redisstore"
 	"github.com/saferetry/saferetry/idempotency/redisstore/internal/rclient"
 )
@@ -55,55 +51,19 @@ func run(addr, redisAddr string, cluster bool, prefix string, work time.Duration
 		return err
 	}
 	defer store.Close()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	mw := idempotency.New(store,
-		idempotency.WithPrincipal(func(*http.Request) (string, error) { return "gate", nil }),
-		idempotency.WithLogger(logger))
+	return gateserver.Run(addr, store, charges{rdb: rdb, prefix: prefix}, work)
+}
 
-	pid := os.Getpid()
-	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
-		run, _ := idempotency.FromContext(ctx)
-		if err := rdb.Incr(ctx, prefix+"executions").Err(); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		charge := fmt.Sprintf("%s/%d", run.Scope.Key, pid)
-		id, err := rdb.RPush(ctx, prefix+"charges", charge).Result()
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		select { // the side effect takes a while: others arrive meanwhile
-		case <-time.After(work):
-		case <-ctx.Done():
-			http.Error(w, "canceled", http.StatusServiceUnavailable)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = fmt.Fprintf(w, `{"charge":%d,"pid":%d}`, id, pid)
-	})
-	mux := http.NewServeMux()
-	mux.Handle("POST /charges", mw.Wrap(charge))
+// charges counts the executions and lists the charges under prefix.
+type charges struct {
+	rdb    redis.UniversalClient
+	prefix string
+}
 
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Printf("listening on %s\n", ln.Addr())
+func (c charges) Execution(ctx context.Context, _ string, _ int) error {
+	return c.rdb.Incr(ctx, c.prefix+"executions").Err()
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(sctx)
-	}
+func (c charges) Charge(ctx context.Context, key string, pid int) (int64, error) {
+	return c.rdb.RPush(ctx, c.prefix+"charges", fmt.Sprintf("%s/%d", key, pid)).Result()
 }
