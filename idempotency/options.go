@@ -440,8 +440,10 @@ func WithAcceptAfter(d time.Duration) Option {
 // connection rolls the claim back with the handler's writes, so there is
 // nothing to resume. Phase and External, which need records in progress
 // with committed recovery points, fail with ErrOneTransaction on every
-// execution of such a Middleware: keep handlers with phases or External
-// on one without the option. A handler that holds its transaction while
+// execution of such a Middleware but one that took over a record in
+// progress (left, say, before the route had the option), which resumes
+// its phases and completes: keep handlers with phases or External on one
+// without the option. A handler that holds its transaction while
 // it calls a slow service holds a connection, and on SQLite the write
 // lock, as long; so does a request that waits on a key held so.
 //
