@@ -184,18 +184,24 @@ var errClaimTimeout = fmt.Errorf(
 	context.DeadlineExceeded)
 
 // claimInUnit claims c.Scope in a unit of the store's (OpClaim), as
-// ClaimInUnit says, waiting for it at most storeTimeout after wait. A
-// claim that created the record holds it in res.unit, which lives until it
-// is written or ended, like begin's; one that did not is the store's
-// answer, or a zero Record when c is to be claimed with claim. Nothing is
-// read back: a unit that failed committed nothing.
-func (g gateway) claimInUnit(ctx context.Context, c Claim, wait time.Duration) (ClaimResult,
-	error) {
+// ClaimInUnit says, on ctx, waiting for it at most storeTimeout after wait
+// and while caller lives: when caller ends first, the claim ends with its
+// cause. A claim that created the record holds it in res.unit, which lives
+// until it is written or ended, like begin's; one that did not is the
+// store's answer, or a zero Record when c is to be claimed with claim.
+// Nothing is read back: a unit that failed committed nothing.
+func (g gateway) claimInUnit(ctx, caller context.Context, c Claim, wait time.Duration) (
+	ClaimResult, error) {
 	start := time.Now()
 	bctx, abort := context.WithCancelCause(ctx)
 	timer := time.AfterFunc(addSat(storeTimeout, wait), func() { abort(errClaimTimeout) })
+	unhook := context.AfterFunc(caller, func() { abort(context.Cause(caller)) })
 	res, u, uctx, err := g.claimTx.ClaimInUnit(bctx, c, wait)
-	if !timer.Stop() && err == nil { // the wait ran out: bctx is canceled, and the unit with it
+	late, gone := !timer.Stop(), !unhook()
+	switch {
+	case gone: // bctx is canceled, and the unit with it: nothing is claimed
+		err = context.Cause(caller)
+	case late && err == nil:
 		err = errClaimTimeout
 	}
 	g.obs.storeCall(ctx, OpClaim, c.Scope, start, err)
