@@ -189,8 +189,7 @@ func (m *Middleware) claim(req request) claimed {
 		}
 		if err != nil {
 			// A claim in one transaction ends with its caller (claimOnce).
-			gone := req.ctx.Err() != nil && errors.Is(err, context.Cause(req.ctx))
-			return claimed{err: err, gone: gone}
+			return claimed{err: err, gone: errors.Is(err, errCallerGone)}
 		}
 		rec := res.Record
 		switch v := decide(res.Acquired(), rec, sameRequest(req, rec), time.Now(), waitUntil,

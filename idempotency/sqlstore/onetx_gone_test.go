@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"net/http"
 	"testing"
 	"time"
@@ -59,6 +60,30 @@ func TestOneTransactionWaitEndsWithTheClient(t *testing.T) {
 		}
 		require.Eventually(t, func() bool { return db.Stats().InUse == 1 }, 10*time.Second,
 			5*time.Millisecond, "only the holder holds a connection")
+
+		// Do: a call waiting on a key held by another call stops with its context.
+		mw := idempotency.New(s, idempotency.WithOneTransaction(true), idempotency.WithLogger(nil),
+			idempotency.WithMaxInProgressWait(time.Hour))
+		call := idempotency.Call{Principal: "acct_1", Operation: "order", Key: "held-do"}
+		doEntered, doRelease, doDone := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		go func() {
+			_, err := mw.Do(t.Context(), call, func(context.Context, *idempotency.Run) ([]byte, error) {
+				close(doEntered)
+				<-doRelease
+				return []byte("out"), nil
+			})
+			doDone <- err
+		}()
+		<-doEntered
+		dctx, dcancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer dcancel()
+		_, err := mw.Do(dctx, call, func(context.Context, *idempotency.Run) ([]byte, error) {
+			return nil, errors.New("must not run")
+		})
+		require.ErrorIs(t, err, idempotency.ErrInProgress)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		close(doRelease)
+		require.NoError(t, <-doDone)
 
 		close(release)
 		first := done()
