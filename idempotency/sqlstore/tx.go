@@ -33,7 +33,11 @@ type unitKey struct{}
 // It returns false outside a guarded handler, with a store other than this
 // package's, or when the transaction could not be begun (the request then
 // answers 503 CodeStoreUnavailable whatever the handler writes). The handler
-// must not call Commit or Rollback on it. On SQLite, write only through this
+// must not call Commit or Rollback on it. On PostgreSQL a statement that
+// fails aborts the transaction: nothing of it can commit, the response is
+// not stored and the request answers 503 CodeStoreUnavailable; run a
+// statement that may fail, and whose failure the handler answers, in a
+// SAVEPOINT it rolls back to on error. On SQLite, write only through this
 // transaction while it is open, never through the *sql.DB: the unit holds
 // the database's write lock, so a write on another connection waits for the
 // busy timeout and then fails. Tx is safe for concurrent use, but the
