@@ -431,9 +431,9 @@ func WithAcceptAfter(d time.Duration) Option {
 // what a handler may do. While the transaction is open no in-progress
 // record is visible: a request (or call of Do) with the same key waits on
 // the key (bounded as the store's ClaimInUnit says: sqlstore's waits
-// WithMaxInProgressWait, at least 1 s, on PostgreSQL and MySQL, never past
-// the request's context, and its busy timeout on SQLite), then replays the
-// response, or runs when the
+// WithMaxInProgressWait, at least 1 s, and never past the request's
+// context, on PostgreSQL and MySQL, and its busy timeout on SQLite), then
+// replays the response, or runs when the
 // first rolled back, or gets 409
 // CodeInProgress (Do: an *InProgressError with RetryAfter 1 s); the
 // Monitor's lookup answers absent. The lease is the transaction's: no
