@@ -179,7 +179,7 @@ func (m *Middleware) claim(req request) claimed {
 	// The claims go on when the caller goes away: one that committed while
 	// its caller gave up would leave the key in progress, with nobody to
 	// finish or release it, until its lease expired.
-	res, err := m.claimOnce(req.bg, claim, waitUntil)
+	res, err := m.claimOnce(req, claim, waitUntil)
 	for claims := 1; ; {
 		if errors.Is(err, ErrInProgress) {
 			// Another caller's transaction holds the key past the wait:
@@ -188,7 +188,8 @@ func (m *Middleware) claim(req request) claimed {
 				Scope: req.scope, State: InProgress, LeaseUntil: time.Now().Add(time.Second)}}}
 		}
 		if err != nil {
-			return claimed{err: err}
+			// A claim in one transaction ends with its caller (claimOnce).
+			return claimed{err: err, gone: errors.Is(err, errCallerGone)}
 		}
 		rec := res.Record
 		switch v := decide(res.Acquired(), rec, sameRequest(req, rec), time.Now(), waitUntil,
@@ -217,27 +218,28 @@ func (m *Middleware) claim(req request) claimed {
 					claim.Fingerprint, claim.FingerprintVersion = fp, rec.FingerprintVersion
 				}
 			}
-			res, err = m.claimOnce(req.bg, claim, waitUntil)
+			res, err = m.claimOnce(req, claim, waitUntil)
 		default:
 			return claimed{verdict: v, res: res}
 		}
 	}
 }
 
-// claimOnce makes one claim of c: in a unit of the store's under
-// WithOneTransaction (when the store is a ClaimTransactor), waiting on a
-// key another unit holds until waitUntil at most, and the ordinary way
-// when the store says so; else the ordinary way.
-func (m *Middleware) claimOnce(ctx context.Context, c Claim, waitUntil time.Time) (ClaimResult,
-	error) {
+// claimOnce makes one claim of c for req, on req.bg: in a unit of the
+// store's under WithOneTransaction (when the store is a ClaimTransactor),
+// waiting on a key another unit holds until waitUntil at most, and no
+// longer than req.ctx lives (such a claim commits nothing on its own, so
+// it can end with its caller), and the ordinary way when the store says
+// so; else the ordinary way.
+func (m *Middleware) claimOnce(req request, c Claim, waitUntil time.Time) (ClaimResult, error) {
 	if !m.cfg.oneTx || m.g.claimTx == nil {
-		return m.g.claim(ctx, c)
+		return m.g.claim(req.bg, c)
 	}
-	res, err := m.g.claimInUnit(ctx, c, max(time.Until(waitUntil), 0))
+	res, err := m.g.claimInUnit(req.bg, req.ctx, c, max(time.Until(waitUntil), 0))
 	if err != nil || res.unit != nil || res.Record.State != Absent {
 		return res, err
 	}
-	return m.g.claim(ctx, c)
+	return m.g.claim(req.bg, c)
 }
 
 // ending is what a door's work came to, for the core to settle.

@@ -14,7 +14,7 @@ import (
 
 // A store that cannot claim in a transaction runs WithOneTransaction's
 // requests through the multi-step lifecycle, says so at Warn once, and
-// refuses phases as the option does on every store.
+// refuses phases in a fresh execution as the option does on every store.
 func TestOneTransactionFallsBack(t *testing.T) {
 	var logs bytes.Buffer
 	mw := idempotency.New(memstore.New(), idempotency.WithOneTransaction(true),

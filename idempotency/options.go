@@ -431,8 +431,9 @@ func WithAcceptAfter(d time.Duration) Option {
 // what a handler may do. While the transaction is open no in-progress
 // record is visible: a request (or call of Do) with the same key waits on
 // the key (bounded as the store's ClaimInUnit says: sqlstore's waits
-// WithMaxInProgressWait, at least 1 s, on PostgreSQL and MySQL, and its
-// busy timeout on SQLite), then replays the response, or runs when the
+// WithMaxInProgressWait, at least 1 s, and never past the request's
+// context, on PostgreSQL and MySQL, and its busy timeout on SQLite), then
+// replays the response, or runs when the
 // first rolled back, or gets 409
 // CodeInProgress (Do: an *InProgressError with RetryAfter 1 s); the
 // Monitor's lookup answers absent. The lease is the transaction's: no
@@ -440,8 +441,10 @@ func WithAcceptAfter(d time.Duration) Option {
 // connection rolls the claim back with the handler's writes, so there is
 // nothing to resume. Phase and External, which need records in progress
 // with committed recovery points, fail with ErrOneTransaction on every
-// execution of such a Middleware: keep handlers with phases or External
-// on one without the option. A handler that holds its transaction while
+// execution of such a Middleware but one that took over a record in
+// progress (left, say, before the route had the option), which resumes
+// its phases and completes: keep handlers with phases or External on one
+// without the option. A handler that holds its transaction while
 // it calls a slow service holds a connection, and on SQLite the write
 // lock, as long; so does a request that waits on a key held so.
 //

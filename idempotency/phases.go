@@ -186,7 +186,7 @@ func (r *Run) enter(ctx context.Context, name string, external bool) (recovery, 
 	case !validPhaseName(name):
 		return misuse("a phase name is 1 to %d bytes of valid UTF-8, not starting with %q; "+
 			"got %.*q", maxPhaseName, intentPrefix, maxPhaseName, name)
-	case r.m.cfg.oneTx:
+	case r.oneTx:
 		return recovery{}, &PhaseError{Phase: name, Step: "use", Err: ErrOneTransaction}
 	case r.inPhase:
 		return misuse("another phase is running")

@@ -38,6 +38,7 @@ type Run struct {
 
 	m            *Middleware
 	recoveryData []byte // the record's at the claim
+	oneTx        bool   // Phase and External fail with ErrOneTransaction
 	// bg is request.bg: the execution's store calls, and its units, use it.
 	bg     context.Context
 	cancel context.CancelCauseFunc // cancels the work's context: only cancelWork calls it
@@ -69,6 +70,9 @@ func (m *Middleware) newRun(req request, res ClaimResult) *Run {
 		recoveryData: rec.RecoveryData, bg: req.bg,
 		leaseUntil: rec.LeaseUntil, point: rec.RecoveryPoint,
 		unit: res.unit, // the unit of a claim in one transaction, else begun by Unit
+		// A takeover resumes a record left in progress, perhaps before the
+		// route had the option: its phases run, so that it completes.
+		oneTx: m.cfg.oneTx && res.Outcome != ClaimTakenOver,
 	}
 	return run
 }
@@ -79,9 +83,10 @@ func (m *Middleware) newRun(req request, res ClaimResult) *Run {
 var ErrMisuse = errors.New("idempotency: misuse of a run")
 
 // ErrOneTransaction is matched by the *PhaseError of Phase and External
-// on a Middleware made WithOneTransaction(true): phases and External calls
-// need records in progress with committed recovery points, which one
-// transaction does not have. It matches ErrMisuse too.
+// on a Middleware made WithOneTransaction(true), but in an execution that
+// took over a record in progress: phases and External calls need records
+// in progress with committed recovery points, which one transaction does
+// not have. It matches ErrMisuse too.
 var ErrOneTransaction = fmt.Errorf(
 	"%w: phases and External calls need the multi-step lifecycle, not WithOneTransaction",
 	ErrMisuse)

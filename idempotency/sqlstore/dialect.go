@@ -89,7 +89,9 @@ type dialect interface {
 	// scope has none, waiting on a record another transaction holds
 	// uncommitted for wait at most where the dialect can bound it: it
 	// reports whether it created the record. It leaves the transaction's
-	// lock wait as it was for the handler's statements.
+	// lock wait as it was for the handler's statements; an error that
+	// matches errSessionChanged says it could not, and the connection is
+	// then discarded.
 	claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
 		wait time.Duration) (bool, error)
 	// heldPastWait reports whether err is claimInTx's wait running out.

@@ -167,7 +167,10 @@
 // never less than a second, see ClaimInUnit; on SQLite, whose
 // transactions take the database's write lock at BEGIN, up to the busy
 // timeout), then replays, or runs when the first rolled back; it holds a
-// connection of the pool while it waits. A crash, a
+// connection of the pool while it waits, and the middleware ends the wait
+// when the request's context ends. On MySQL a claim whose lock wait could
+// not be restored (canceled between the two) closes its connection rather
+// than give it back to the pool with the claim's setting. A crash, a
 // killed connection, an error or a panic of the handler rolls the claim
 // back with the handler's writes: there is nothing to resume and nothing
 // for the Completer. Keep handlers with phases or External calls, which

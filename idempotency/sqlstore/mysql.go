@@ -245,16 +245,18 @@ func (mysqlDialect) claim(ctx context.Context, s *Store, q execer, c idempotency
 // (at least minClaimWait, rounded up to whole seconds: MySQL's unit),
 // runs the claim's INSERT, which waits for a row of the key that another
 // transaction inserted and has not committed, and restores the session's
-// value: three statements.
+// value: three statements. When the restore fails (its context canceled
+// after the SET, say), the error matches errSessionChanged.
 func (d mysqlDialect) claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
 	wait time.Duration) (bool, error) {
 	secs := min(int64((max(wait, minClaimWait)+time.Second-1)/time.Second), 1<<30)
 	if _, err := tx.ExecContext(ctx, s.q.setWait, secs); err != nil {
-		return false, err
+		// Whether the SET applied is unknown: the session may keep it.
+		return false, fmt.Errorf("%w: %w", errSessionChanged, err)
 	}
 	created, err := d.claim(ctx, s, tx, c)
-	if _, rerr := tx.ExecContext(ctx, s.q.resetWait); rerr != nil && err == nil {
-		return false, rerr
+	if _, rerr := tx.ExecContext(ctx, s.q.resetWait); rerr != nil {
+		return false, fmt.Errorf("%w: %w", errSessionChanged, errors.Join(err, rerr))
 	}
 	return created, err
 }

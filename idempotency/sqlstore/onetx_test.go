@@ -635,6 +635,7 @@ func TestOneTransactionShutdownMidHandler(t *testing.T) {
 		require.EqualValues(t, 1, upRuns.Load())
 		orders, records = oneTxCounts(t, db, "sd")
 		require.Equal(t, [2]int{1, 1}, [2]int{orders, records})
+		require.Zero(t, db.Stats().InUse, "no connection is held")
 	})
 }
 

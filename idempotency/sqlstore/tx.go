@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync"
@@ -32,7 +33,11 @@ type unitKey struct{}
 // It returns false outside a guarded handler, with a store other than this
 // package's, or when the transaction could not be begun (the request then
 // answers 503 CodeStoreUnavailable whatever the handler writes). The handler
-// must not call Commit or Rollback on it. On SQLite, write only through this
+// must not call Commit or Rollback on it. On PostgreSQL a statement that
+// fails aborts the transaction: nothing of it can commit, the response is
+// not stored and the request answers 503 CodeStoreUnavailable; run a
+// statement that may fail, and whose failure the handler answers, in a
+// SAVEPOINT it rolls back to on error. On SQLite, write only through this
 // transaction while it is open, never through the *sql.DB: the unit holds
 // the database's write lock, so a write on another connection waits for the
 // busy timeout and then fails. Tx is safe for concurrent use, but the
@@ -100,6 +105,7 @@ type unit struct {
 	s     *Store
 	ctx   context.Context // Begin's: the transaction's
 	lease idempotency.Lease
+	conn  *sql.Conn // the claim's (ClaimInUnit), closed when the unit ends; else nil
 
 	mu      sync.Mutex // Tx may begin the transaction from another goroutine
 	tx      *sql.Tx    // nil until begun
@@ -194,6 +200,9 @@ func (u *unit) end(commit bool) error {
 		return nil
 	}
 	defer u.cancel(nil)
+	if u.conn != nil {
+		defer func() { _ = u.conn.Close() }()
+	}
 	if commit {
 		return u.tx.Commit()
 	}
@@ -321,19 +330,31 @@ func (s *Store) ClaimInUnit(ctx context.Context, c idempotency.Claim, wait time.
 	return idempotency.ClaimResult{}, nil, ctx, opErr("claim", err)
 }
 
+// errSessionChanged marks an error of claimInTx after which the
+// connection may keep a session setting the claim changed.
+var errSessionChanged = errors.New("sqlstore: the claim could not restore its session's setting")
+
 // claimInUnit is one try of ClaimInUnit: the unit that holds the record
-// it created, or its answer without a unit (the transaction ended).
+// it created, or its answer without a unit (the transaction ended). The
+// transaction runs on a connection of its own (sql.Conn), so that one whose
+// session a failed claim left changed is discarded, not pooled.
 func (s *Store) claimInUnit(ctx context.Context, c idempotency.Claim, wait time.Duration) (
 	idempotency.ClaimResult, *unit, error) {
 	tctx, cancel := context.WithCancelCause(ctx)
-	tx, err := s.db.BeginTx(tctx, s.d.txOptions())
+	conn, err := s.db.Conn(tctx)
 	if err != nil {
+		cancel(nil)
+		return idempotency.ClaimResult{}, nil, err
+	}
+	tx, err := conn.BeginTx(tctx, s.d.txOptions())
+	if err != nil {
+		_ = conn.Close()
 		cancel(nil)
 		return idempotency.ClaimResult{}, nil, err
 	}
 	created, err := s.d.claimInTx(tctx, s, tx, c, wait)
 	if err == nil && created {
-		u := &unit{s: s, ctx: ctx, tx: tx, cancel: cancel,
+		u := &unit{s: s, ctx: ctx, tx: tx, cancel: cancel, conn: conn,
 			lease: idempotency.Lease{Scope: c.Scope, Owner: c.Owner, Generation: 1}}
 		return idempotency.ClaimResult{Outcome: idempotency.ClaimCreated,
 			Record: claimedRecord(c, 1)}, u, nil
@@ -351,6 +372,10 @@ func (s *Store) claimInUnit(ctx context.Context, c idempotency.Claim, wait time.
 		}
 	}
 	_ = tx.Rollback()
+	if errors.Is(err, errSessionChanged) {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // closes it
+	}
+	_ = conn.Close()
 	cancel(nil)
 	return res, nil, err
 }
