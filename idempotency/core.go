@@ -155,7 +155,8 @@ func decide(acquired bool, rec Record, same bool, now, waitUntil time.Time,
 // claimed is how a call's claim ended: the verdict (never verdictWait or
 // verdictClaim), with the claim's result (for verdictRun) or the record;
 // or err, the store's, or the caller's context's when gone: it went away
-// while it waited. With an error the verdict means nothing.
+// while it waited, on the record in res. With an error the verdict means
+// nothing.
 type claimed struct {
 	verdict verdict
 	res     ClaimResult
@@ -184,12 +185,13 @@ func (m *Middleware) claim(req request) claimed {
 		if errors.Is(err, ErrInProgress) {
 			// Another caller's transaction holds the key past the wait:
 			// nothing of it can be read, so the answer says retry in 1 s.
-			return claimed{verdict: verdictBusy, res: ClaimResult{Record: Record{
-				Scope: req.scope, State: InProgress, LeaseUntil: time.Now().Add(time.Second)}}}
+			return claimed{verdict: verdictBusy, res: heldElsewhere(req.scope)}
+		}
+		if errors.Is(err, errCallerGone) { // a claim in one transaction ends with its caller
+			return claimed{err: err, gone: true, res: heldElsewhere(req.scope)}
 		}
 		if err != nil {
-			// A claim in one transaction ends with its caller (claimOnce).
-			return claimed{err: err, gone: errors.Is(err, errCallerGone)}
+			return claimed{err: err}
 		}
 		rec := res.Record
 		switch v := decide(res.Acquired(), rec, sameRequest(req, rec), time.Now(), waitUntil,
@@ -197,12 +199,12 @@ func (m *Middleware) claim(req request) claimed {
 		case verdictWait:
 			pause := min(time.Until(waitUntil), pollInterval)
 			if err := wait.Sleep(req.ctx, pause); err != nil {
-				return claimed{err: err, gone: true}
+				return claimed{err: err, gone: true, res: res}
 			}
 			rec, err = m.g.get(req.ctx, kindGet, req.scope)
 			switch {
 			case req.ctx.Err() != nil: // the caller went away: not a store outage
-				return claimed{err: context.Cause(req.ctx), gone: true}
+				return claimed{err: context.Cause(req.ctx), gone: true, res: res}
 			case errors.Is(err, ErrNotFound):
 				rec, err = Record{}, nil
 			}
@@ -223,6 +225,13 @@ func (m *Middleware) claim(req request) claimed {
 			return claimed{verdict: v, res: res}
 		}
 	}
+}
+
+// heldElsewhere is the answer's record for a key that another caller's
+// unit of work holds, which nothing can read: in progress, for 1 s more.
+func heldElsewhere(s Scope) ClaimResult {
+	return ClaimResult{Record: Record{Scope: s, State: InProgress,
+		LeaseUntil: time.Now().Add(time.Second)}}
 }
 
 // claimOnce makes one claim of c for req, on req.bg: in a unit of the

@@ -177,3 +177,32 @@ func TestInProgressWait(t *testing.T) {
 		<-done
 	})
 }
+
+// A request whose context ends while it waits on a key in progress, from
+// a deadline set in front of the middleware while its client is still
+// connected, gets the in-progress answer: not net/http's empty 200, which
+// a client would take for a success.
+func TestInProgressWaitCutByTheRequestsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		block := make(chan struct{})
+		h := idempotency.New(memstore.New(), idempotency.WithAnonymousKeys(true),
+			idempotency.WithMaxInProgressWait(10*time.Second), idempotency.WithLogger(quiet)).
+			Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-block }))
+		outer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), 200*time.Millisecond)
+			defer cancel()
+			h.ServeHTTP(w, r.WithContext(ctx))
+		})
+		done := make(chan struct{})
+		go func() { send(t, h, "k", `{}`); close(done) }()
+		synctest.Wait()
+		start := time.Now()
+		dup := send(t, outer, "k", `{}`)
+		require.Equal(t, http.StatusConflict, dup.Code)
+		require.Equal(t, "1", dup.Header().Get("Retry-After"))
+		require.Contains(t, dup.Body.String(), "idempotency_request_in_progress")
+		require.Equal(t, 200*time.Millisecond, time.Since(start))
+		close(block)
+		<-done
+	})
+}

@@ -127,7 +127,11 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, req request) {
 	c := m.claim(req)
 	switch {
 	case c.gone:
-		return // the client went away while it waited: nobody to answer
+		// The request's context ended while it waited on a key in progress:
+		// its client went away, and reads nothing, or a deadline in front
+		// of the middleware cut the wait, and the client must not read
+		// net/http's empty 200 as a success.
+		m.answer(req.ctx, w, req.scope, verdictBusy, c.res.Record)
 	case c.err != nil:
 		m.refuseStore(req.ctx, w, req.scope, c.err)
 	case c.verdict == verdictRun && m.accepts():
