@@ -10,8 +10,9 @@
 //
 // or build one: client := saferetry.NewClient(saferetry.WithMaxAttempts(3)).
 //
-// The server half, package idempotency, honours the key: it runs each keyed
-// request once per key and replays its answer to every retry, over memory,
+// The server half, package idempotency, honours the key: each keyed request
+// takes effect effectively once within the key's scope and the replay
+// window, its stored answer replayed to every retry, over memory,
 // SQLite (embedded), PostgreSQL, MySQL/MariaDB or Redis (standalone,
 // Sentinel or Cluster).
 //

@@ -21,8 +21,8 @@ type Reaper struct {
 }
 
 // The bounds of one ReapOnce, and Start's pause between runs while one
-// reports More: 50,000 records a run, and runs back to back until the
-// backlog is gone.
+// reports More: 50,000 records a run, and the next run a second later
+// until the backlog is gone.
 const (
 	reapBatch      = 100         // records per DeleteBefore call
 	reapMaxBatches = 500         // DeleteBefore calls per run
