@@ -39,6 +39,16 @@ func forEach(t *testing.T, f func(t *testing.T, b backend)) {
 	}
 }
 
+// forEachServer runs f as forEach does, on the dialects with a server
+// (PostgreSQL and MySQL), for what an embedded database does not have.
+func forEachServer(t *testing.T, f func(t *testing.T, b backend)) {
+	for _, b := range backends {
+		if b.dialect != sqlstore.SQLite {
+			t.Run(b.name, func(t *testing.T) { f(t, b) })
+		}
+	}
+}
+
 // openSQLite opens a new SQLite database file in the test's temp dir with the
 // recommended DSN.
 func openSQLite(t testing.TB) *sql.DB {

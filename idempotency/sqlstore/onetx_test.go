@@ -210,10 +210,9 @@ func TestOneTransactionConcurrentDuplicates(t *testing.T) {
 // holder commits, both replay. SQLite waits for its write lock instead
 // (the busy timeout), which this does not test.
 func TestOneTransactionBoundedWait(t *testing.T) {
-	forEach(t, func(t *testing.T, b backend) {
-		if b.dialect == sqlstore.SQLite {
-			t.Skip("SQLite bounds the wait by its busy timeout, not WithMaxInProgressWait")
-		}
+	// Not on SQLite: it bounds the wait by its busy timeout, not by
+	// WithMaxInProgressWait.
+	forEachServer(t, func(t *testing.T, b backend) {
 		s, db := newStore(t, b)
 		entered, release := make(chan struct{}), make(chan struct{})
 		hold := func(context.Context, *sql.Tx) { close(entered); <-release }
@@ -299,10 +298,8 @@ func killOwnConnection(ctx context.Context, b backend, db *sql.DB, tx *sql.Tx) e
 // the order nor the claim is left (nothing to resume); the retry runs
 // once.
 func TestOneTransactionCrash(t *testing.T) {
-	forEach(t, func(t *testing.T, b backend) {
-		if b.dialect == sqlstore.SQLite {
-			t.Skip("an embedded database has no connection of its own to kill")
-		}
+	// Not on SQLite: an embedded database has no connection of its own to kill.
+	forEachServer(t, func(t *testing.T, b backend) {
 		s, db := newStore(t, b)
 		var kill atomic.Bool
 		kill.Store(true)
@@ -423,10 +420,8 @@ func TestOneTransactionDo(t *testing.T) {
 // statements in the transaction wait on locks as the session's setting
 // says.
 func TestOneTransactionHandlerLockWait(t *testing.T) {
-	forEach(t, func(t *testing.T, b backend) {
-		if b.dialect == sqlstore.SQLite {
-			t.Skip("SQLite has no lock wait per statement")
-		}
+	// Not on SQLite: it has no lock wait per statement.
+	forEachServer(t, func(t *testing.T, b backend) {
 		s, db := newStore(t, b)
 		read := `SELECT current_setting('lock_timeout')`
 		if b.dialect == sqlstore.MySQL {
