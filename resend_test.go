@@ -472,23 +472,26 @@ func TestTheCallersRequestIsLeftAsItWas(t *testing.T) {
 // h2Front is a loopback HTTP/2 server without TLS (prior knowledge) that
 // does not process a stream, as a loaded server may not: a front passes
 // every frame between the client and a net/http server behind it, and
-// answers the first HEADERS frame of a connection itself, once it has
-// passed it on, with RST_STREAM REFUSED_STREAM (the client may send it
-// again on the same connection) or, on the first connection only, with
-// GOAWAY whose last stream ID is 0 (goaway: on a new connection). The
-// server notes every request it reads, what was on the wire, and leaves the
-// one the front answered unanswered until its connection closes.
+// answers the first HEADERS frame of its first connection itself, once it
+// has passed it on, with RST_STREAM REFUSED_STREAM (the client may send it
+// again on the same connection or a new one) or with GOAWAY whose last
+// stream ID is 0 (goaway: on a new connection). The server notes every
+// request it reads, what was on the wire, and leaves the one the front
+// answered unanswered until its connection closes.
 type h2Front struct {
 	addr, backend string
 	goaway        bool
 	arrived       chan wireRequest // what the server read, in the order it noted it
 	mu            sync.Mutex
-	conns         int             // client connections accepted
-	held          map[string]bool // the front's addresses whose first request it answered
+	conns         int // client connections accepted
+	// held: the front's addresses whose first request it answered, each
+	// with a channel the server closes when it has noted that request.
+	held map[string]chan struct{}
 }
 
 func newH2Front(t *testing.T, goaway bool) *h2Front {
-	f := &h2Front{goaway: goaway, arrived: make(chan wireRequest, 16), held: map[string]bool{}}
+	f := &h2Front{goaway: goaway, arrived: make(chan wireRequest, 16),
+		held: map[string]chan struct{}{}}
 	protocols := new(http.Protocols)
 	protocols.SetUnencryptedHTTP2(true)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -503,13 +506,14 @@ func newH2Front(t *testing.T, goaway bool) *h2Front {
 
 func (f *h2Front) handle(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
-	hold := f.held[r.RemoteAddr]
+	noted, hold := f.held[r.RemoteAddr]
 	delete(f.held, r.RemoteAddr)
 	f.mu.Unlock()
 	seen := wireRequest{attempt: r.Header.Get("Request-Attempt"), key: r.Header.Get("Idempotency-Key"),
 		body: -1}
 	if hold {
 		f.arrived <- seen
+		close(noted)
 		<-r.Context().Done()
 		return
 	}
@@ -556,9 +560,10 @@ func (f *h2Front) serve(c net.Conn) {
 	defer s.Close()
 	f.mu.Lock()
 	f.conns++
-	refuse := !f.goaway || f.conns == 1
+	refuse := f.conns == 1 // a send again on a new connection goes through
+	noted := make(chan struct{})
 	if refuse {
-		f.held[s.LocalAddr().String()] = true
+		f.held[s.LocalAddr().String()] = noted
 	}
 	f.mu.Unlock()
 	var (
@@ -618,6 +623,13 @@ func (f *h2Front) serve(c net.Conn) {
 		wmu.Unlock()
 		if err != nil {
 			return
+		}
+		// Nothing more goes to the server until it has noted the request
+		// answered: so it holds that one, not the one sent again, and has
+		// read it before a client that moves on closes this connection.
+		select {
+		case <-noted:
+		case <-time.After(10 * time.Second): // a bound on a failure, which take reports
 		}
 	}
 }
