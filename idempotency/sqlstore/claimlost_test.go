@@ -19,23 +19,19 @@ import (
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
 )
 
-// A claim whose answer is lost: the database runs the claim's INSERT and
-// commits it, then the connection dies before the answer reaches the
-// client. The middleware reads the record back: it holds the claim's owner
-// token, so the request (or the call of Do) runs, once, and is stored; the
-// retry gets the replay, not 409 for a lease that nobody holds
-// (idempotencytest.TestClaimAnswerLost). On PostgreSQL a proxy cuts the
-// connection after the server answered the claim's statement; on MySQL the
-// driver's connection (its socket) is closed after the statement ran to its
-// end; on SQLite, whose file no fault cuts on demand, the driver reports
-// the loss after the statement ran and the pool discards the connection
-// (cutClaims).
-func TestClaimWhoseAnswerIsLost(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		dialect sqlstore.Dialect
-		open    func(t *testing.T) (db *sql.DB, arm func(), cuts func() int32)
-	}{
+// claimCut is a database, per dialect, whose next statement with an
+// INSERT, once armed, runs to its end and commits, and whose answer is
+// then lost (cutClaims; on PostgreSQL a proxy, newPGCutter); cuts counts
+// the answers lost.
+type claimCut struct {
+	name    string
+	dialect sqlstore.Dialect
+	open    func(t *testing.T) (db *sql.DB, arm func(), cuts func() int32)
+}
+
+// claimCuts returns a claimCut for each dialect.
+func claimCuts() []claimCut {
+	return []claimCut{
 		{"sqlite", sqlstore.SQLite, func(t *testing.T) (*sql.DB, func(), func() int32) {
 			dsn := sqlstore.SQLiteDSN(filepath.Join(t.TempDir(), "idem.db"))
 			c := &cutClaims{open: func() (driver.Conn, error) {
@@ -53,12 +49,28 @@ func TestClaimWhoseAnswerIsLost(t *testing.T) {
 		{"mysql", sqlstore.MySQL, func(t *testing.T) (*sql.DB, func(), func() int32) {
 			connector, err := mysql.NewConnector(mysqlDatabaseConfig(t))
 			require.NoError(t, err)
+			rebinding := mysqlTestConnector{Connector: connector} // the tests' $N
 			c := &cutClaims{open: func() (driver.Conn, error) {
-				return connector.Connect(context.Background())
+				return rebinding.Connect(context.Background())
 			}, driver: connector.Driver()}
 			return cutDB(t, c), func() { c.armed.Store(true) }, c.cuts.Load
 		}},
-	} {
+	}
+}
+
+// A claim whose answer is lost: the database runs the claim's INSERT and
+// commits it, then the connection dies before the answer reaches the
+// client. The middleware reads the record back: it holds the claim's owner
+// token, so the request (or the call of Do) runs, once, and is stored; the
+// retry gets the replay, not 409 for a lease that nobody holds
+// (idempotencytest.TestClaimAnswerLost). On PostgreSQL a proxy cuts the
+// connection after the server answered the claim's statement; on MySQL the
+// driver's connection (its socket) is closed after the statement ran to its
+// end; on SQLite, whose file no fault cuts on demand, the driver reports
+// the loss after the statement ran and the pool discards the connection
+// (cutClaims).
+func TestClaimWhoseAnswerIsLost(t *testing.T) {
+	for _, tc := range claimCuts() {
 		t.Run(tc.name, func(t *testing.T) {
 			db, arm, cuts := tc.open(t)
 			s, err := sqlstore.Open(db, tc.dialect)

@@ -3,21 +3,14 @@
 package sqlstore_test
 
 import (
-	"bytes"
-	"context"
-	"database/sql"
-	"database/sql/driver"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
-	"modernc.org/sqlite"
 
 	"github.com/saferetry/saferetry/idempotency"
 	"github.com/saferetry/saferetry/idempotency/sqlstore"
@@ -31,35 +24,7 @@ import (
 // 503 without running the handler, and leaves no record; the retry runs
 // once and is replayed after.
 func TestOneTransactionClaimWhoseAnswerIsLost(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		dialect sqlstore.Dialect
-		open    func(t *testing.T) (db *sql.DB, arm func(), cuts func() int32)
-	}{
-		{"sqlite", sqlstore.SQLite, func(t *testing.T) (*sql.DB, func(), func() int32) {
-			dsn := sqlstore.SQLiteDSN(filepath.Join(t.TempDir(), "idem.db"))
-			c := &cutClaims{open: func() (driver.Conn, error) {
-				return (&sqlite.Driver{}).Open(dsn)
-			}, driver: &sqlite.Driver{}, keepOpen: true}
-			return cutDB(t, c), func() { c.armed.Store(true) }, c.cuts.Load
-		}},
-		{"postgres", sqlstore.Postgres, func(t *testing.T) (*sql.DB, func(), func() int32) {
-			dsn := withParam(pgSchemaDSN(t), "default_query_exec_mode", "exec")
-			cutter, viaProxy := newPGCutter(t, dsn, func(typ byte, body []byte) bool {
-				return (typ == 'P' || typ == 'Q') && bytes.Contains(body, []byte("INSERT INTO"))
-			})
-			return pgPool(t, viaProxy, 4), func() { cutter.armed.Store(true) }, cutter.cuts.Load
-		}},
-		{"mysql", sqlstore.MySQL, func(t *testing.T) (*sql.DB, func(), func() int32) {
-			connector, err := mysql.NewConnector(mysqlDatabaseConfig(t))
-			require.NoError(t, err)
-			rebinding := mysqlTestConnector{Connector: connector} // the tests' $N
-			c := &cutClaims{open: func() (driver.Conn, error) {
-				return rebinding.Connect(context.Background())
-			}, driver: connector.Driver()}
-			return cutDB(t, c), func() { c.armed.Store(true) }, c.cuts.Load
-		}},
-	} {
+	for _, tc := range claimCuts() {
 		t.Run(tc.name, func(t *testing.T) {
 			db, arm, cuts := tc.open(t)
 			s, err := sqlstore.Open(db, tc.dialect)
