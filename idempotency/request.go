@@ -24,37 +24,12 @@ type storedRequest struct {
 	Body        []byte `json:"-"` // after the JSON and its newline
 }
 
-// encode returns the encoding in one allocation: the JSON is written by
-// hand in the field order and form of encoding/json (appendJSONString).
 func (s storedRequest) encode() []byte {
-	n := len(`{"method":"","url":"","host":"","content_type":""}`) + 1 + len(s.Method) +
-		len(s.URL) + len(s.Host) + len(s.ContentType) + len(s.Body)
-	b := make([]byte, 0, n)
-	b = appendJSONString(append(b, `{"method":`...), s.Method)
-	b = appendJSONString(append(b, `,"url":`...), s.URL)
-	if s.Host != "" {
-		b = appendJSONString(append(b, `,"host":`...), s.Host)
-	}
-	if s.ContentType != "" {
-		b = appendJSONString(append(b, `,"content_type":`...), s.ContentType)
-	}
+	meta, _ := json.Marshal(s) // strings only: cannot fail
 	// encoding/json escapes every control character in a string, so the
 	// JSON holds no raw newline: the first one ends it.
-	return append(append(b, "}\n"...), s.Body...)
-}
-
-// appendJSONString appends v as encoding/json writes a string: as it is
-// between quotes when every byte is printable ASCII that it does not
-// escape, else as json.Marshal writes it.
-func appendJSONString(b []byte, v string) []byte {
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' ||
-			c == '&' {
-			q, _ := json.Marshal(v) // a string: cannot fail
-			return append(b, q...)
-		}
-	}
-	return append(append(append(b, '"'), v...), '"')
+	b := make([]byte, 0, len(meta)+1+len(s.Body))
+	return append(append(append(b, meta...), '\n'), s.Body...)
 }
 
 var errBadStoredRequest = errors.New("idempotency: malformed stored request")
@@ -74,39 +49,17 @@ func decodeRequest(b []byte) (storedRequest, error) {
 	return s, nil
 }
 
-// maxPresizedBody bounds what a declared Content-Length reserves before the
-// body arrives, for a client that declares more than it sends.
-const maxPresizedBody = 64 << 10
-
 var errTooLarge = errors.New("idempotency: request body too large")
 
-// readBody reads r's body, at most limit bytes: errTooLarge beyond. The
-// buffer is sized by the declared length (up to the limit and
-// maxPresizedBody), so that a body that declares its length is read into
-// one allocation; a wrong one only costs growth.
+// readBody reads r's body, at most limit bytes: errTooLarge beyond.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	limit = min(limit, math.MaxInt64-1)
-	size := int64(512)
-	if cl := r.ContentLength; cl >= 0 && cl < min(limit, maxPresizedBody) {
-		size = cl + 1 // room for the EOF to be read without growing
-	}
-	b := make([]byte, 0, size)
-	lr := io.LimitedReader{R: r.Body, N: limit + 1}
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := lr.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, err
 	}
 	if int64(len(b)) > limit {
 		return nil, errTooLarge
