@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	randv2 "math/rand/v2"
 	"strconv"
 	"time"
 
@@ -252,9 +251,8 @@ func headerInt(v any) int {
 func (h *Handler) decide(ctx context.Context, m delivery, attempt int) (consume.Verdict,
 	idempotency.Call, error) {
 	c, err := h.scope.Call(m, m.d.Body)
-	var poison *consume.PoisonError
-	if errors.As(err, &poison) {
-		return consume.Verdict{Action: consume.DeadLetter, Reason: poison.Reason}, c, err
+	if err != nil {
+		return consume.Outcome(err, false, attempt, h.policy), c, err
 	}
 	d := m.d
 	d.Acknowledger = nil // the Func cannot settle the delivery
@@ -262,17 +260,7 @@ func (h *Handler) decide(ctx context.Context, m delivery, attempt int) (consume.
 		error) {
 		return nil, h.fn(ctx, run, d)
 	})
-	r := randv2.Float64()
-	wait := h.policy.Backoff(attempt, r)
-	var busy *idempotency.InProgressError
-	if errors.As(err, &busy) {
-		wait = busy.RetryAfter // when the other execution's lease ends
-	}
-	v := consume.Decide(err, attempt, h.policy, wait, r)
-	if v.Action == consume.Ack && res.Replayed {
-		v.Reason = consume.Replayed
-	}
-	return v, c, err
+	return consume.Outcome(err, res.Replayed, attempt, h.policy), c, err
 }
 
 // settleTimeout bounds the confirmation of a redelivery's publish.
