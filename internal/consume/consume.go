@@ -69,12 +69,6 @@ const (
 	DefaultCap         = 30 * time.Second
 )
 
-// DefaultPolicy returns the defaults: 5 attempts, full jitter from 1 s up
-// to 30 s.
-func DefaultPolicy() Policy {
-	return Policy{MaxAttempts: DefaultMaxAttempts, Base: DefaultBase, Cap: DefaultCap}
-}
-
 // Outcome returns what a call of Do does to its message, delivered for the
 // attempt-th time: err is Scope.Call's *PoisonError or Do's error, replayed
 // Do's Result.Replayed. It is Decide with a random backoff, the wait of an
