@@ -263,10 +263,12 @@ func (h *Handler) decide(ctx context.Context, m delivery, attempt int) (consume.
 	return consume.Outcome(err, res.Replayed, attempt, h.policy), c, err
 }
 
-// settleTimeout bounds the confirmation of a redelivery's publish.
+// settleTimeout bounds the settling of one delivery: the confirmation of a
+// redelivery's publish and, when that fails, the hold before the requeue.
 const settleTimeout = 10 * time.Second
 
-// settle does to m what v says. It runs even when ctx has ended.
+// settle does to m what v says. It runs even when ctx has ended, bounded
+// by settleTimeout.
 func (h *Handler) settle(ctx context.Context, ch *amqp.Channel, m delivery, v consume.Verdict,
 	c idempotency.Call, err error, attempt int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
@@ -295,8 +297,9 @@ func (h *Handler) settle(ctx context.Context, ch *amqp.Channel, m delivery, v co
 			counted--
 		}
 		if perr := h.later(ctx, ch, m, v.Delay, counted); perr != nil {
-			// The copy may not exist: hold the delivery for the delay, then
-			// have the broker requeue it (no requeue loop faster than that).
+			// The copy may not exist: hold the delivery for the delay (at
+			// most what is left of settleTimeout), then have the broker
+			// requeue it, so that no requeue loop runs faster than that.
 			h.logf(slog.LevelWarn, "amqpconsumer: the delayed copy was not published; "+
 				"requeue after the delay", append(attrs, "publish_err", perr, "delay", v.Delay)...)
 			t := time.NewTimer(v.Delay)
