@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	randv2 "math/rand/v2"
 	"strconv"
 	"time"
 
@@ -252,9 +251,8 @@ func headerInt(v any) int {
 func (h *Handler) decide(ctx context.Context, m delivery, attempt int) (consume.Verdict,
 	idempotency.Call, error) {
 	c, err := h.scope.Call(m, m.d.Body)
-	var poison *consume.PoisonError
-	if errors.As(err, &poison) {
-		return consume.Verdict{Action: consume.DeadLetter, Reason: poison.Reason}, c, err
+	if err != nil {
+		return consume.Outcome(err, false, attempt, h.policy), c, err
 	}
 	d := m.d
 	d.Acknowledger = nil // the Func cannot settle the delivery
@@ -262,23 +260,15 @@ func (h *Handler) decide(ctx context.Context, m delivery, attempt int) (consume.
 		error) {
 		return nil, h.fn(ctx, run, d)
 	})
-	r := randv2.Float64()
-	wait := h.policy.Backoff(attempt, r)
-	var busy *idempotency.InProgressError
-	if errors.As(err, &busy) {
-		wait = busy.RetryAfter // when the other execution's lease ends
-	}
-	v := consume.Decide(err, attempt, h.policy, wait, r)
-	if v.Action == consume.Ack && res.Replayed {
-		v.Reason = consume.Replayed
-	}
-	return v, c, err
+	return consume.Outcome(err, res.Replayed, attempt, h.policy), c, err
 }
 
-// settleTimeout bounds the confirmation of a redelivery's publish.
+// settleTimeout bounds the settling of one delivery: the confirmation of a
+// redelivery's publish and, when that fails, the hold before the requeue.
 const settleTimeout = 10 * time.Second
 
-// settle does to m what v says. It runs even when ctx has ended.
+// settle does to m what v says. It runs even when ctx has ended, bounded
+// by settleTimeout.
 func (h *Handler) settle(ctx context.Context, ch *amqp.Channel, m delivery, v consume.Verdict,
 	c idempotency.Call, err error, attempt int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
@@ -307,8 +297,9 @@ func (h *Handler) settle(ctx context.Context, ch *amqp.Channel, m delivery, v co
 			counted--
 		}
 		if perr := h.later(ctx, ch, m, v.Delay, counted); perr != nil {
-			// The copy may not exist: hold the delivery for the delay, then
-			// have the broker requeue it (no requeue loop faster than that).
+			// The copy may not exist: hold the delivery for the delay (at
+			// most what is left of settleTimeout), then have the broker
+			// requeue it, so that no requeue loop runs faster than that.
 			h.logf(slog.LevelWarn, "amqpconsumer: the delayed copy was not published; "+
 				"requeue after the delay", append(attrs, "publish_err", perr, "delay", v.Delay)...)
 			t := time.NewTimer(v.Delay)

@@ -254,25 +254,14 @@ func inProgress(msg jetstream.Msg, ackWait time.Duration) (stop func()) {
 func (h *Handler) decide(ctx context.Context, m Message) (consume.Verdict, idempotency.Call,
 	error) {
 	c, err := h.scope.Call(m, m.Data)
-	var poison *consume.PoisonError
-	if errors.As(err, &poison) {
-		return consume.Verdict{Action: consume.DeadLetter, Reason: poison.Reason}, c, err
+	if err != nil {
+		return consume.Outcome(err, false, m.Delivered, h.policy), c, err
 	}
 	res, err := h.mw.Do(ctx, c, func(ctx context.Context, run *idempotency.Run) ([]byte,
 		error) {
 		return nil, h.fn(ctx, run, m)
 	})
-	r := rand.Float64()
-	wait := h.policy.Backoff(m.Delivered, r)
-	var busy *idempotency.InProgressError
-	if errors.As(err, &busy) {
-		wait = busy.RetryAfter // when the other execution's lease ends
-	}
-	v := consume.Decide(err, m.Delivered, h.policy, wait, r)
-	if v.Action == consume.Ack && res.Replayed {
-		v.Reason = consume.Replayed
-	}
-	return v, c, err
+	return consume.Outcome(err, res.Replayed, m.Delivered, h.policy), c, err
 }
 
 // ackTimeout bounds every acknowledgement and dead-letter publish.

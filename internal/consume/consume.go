@@ -6,6 +6,7 @@ package consume
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -68,10 +69,27 @@ const (
 	DefaultCap         = 30 * time.Second
 )
 
-// DefaultPolicy returns the defaults: 5 attempts, full jitter from 1 s up
-// to 30 s.
-func DefaultPolicy() Policy {
-	return Policy{MaxAttempts: DefaultMaxAttempts, Base: DefaultBase, Cap: DefaultCap}
+// Outcome returns what a call of Do does to its message, delivered for the
+// attempt-th time: err is Scope.Call's *PoisonError or Do's error, replayed
+// Do's Result.Replayed. It is Decide with a random backoff, the wait of an
+// *idempotency.InProgressError for a key another execution holds, and
+// reason Replayed for an acknowledged duplicate.
+func Outcome(err error, replayed bool, attempt int, p Policy) Verdict {
+	var poison *PoisonError
+	if errors.As(err, &poison) {
+		return Verdict{Action: DeadLetter, Reason: poison.Reason}
+	}
+	r := rand.Float64()
+	wait := p.Backoff(attempt, r)
+	var busy *idempotency.InProgressError
+	if errors.As(err, &busy) {
+		wait = busy.RetryAfter // when the other execution's lease ends
+	}
+	v := Decide(err, attempt, p, wait, r)
+	if v.Action == Ack && replayed {
+		v.Reason = Replayed
+	}
+	return v
 }
 
 // Backoff returns the full-jitter wait before delivery attempt+1, for r in

@@ -63,6 +63,39 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+func TestOutcome(t *testing.T) {
+	p := Policy{MaxAttempts: 3, Base: 100 * time.Millisecond, Cap: time.Second}
+	busy := fmt.Errorf("do: %w", &idempotency.InProgressError{RetryAfter: 7 * time.Second})
+	cases := []struct {
+		name     string
+		err      error
+		replayed bool
+		want     Verdict
+	}{
+		{"completed", nil, false, Verdict{Action: Ack, Reason: Completed}},
+		{"replayed", nil, true, Verdict{Action: Ack, Reason: Replayed}},
+		{"poison", &PoisonError{Reason: TenantMissing, Err: errors.New("no tenant")}, false,
+			Verdict{Action: DeadLetter, Reason: TenantMissing}},
+		{"held key waits for the lease", busy, false,
+			Verdict{Action: Redeliver, Reason: InProgress, Delay: 7 * time.Second}},
+		{"failed last", errors.New("boom"), false, Verdict{Action: DeadLetter, Reason: Exhausted}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := Outcome(c.err, c.replayed, 3, p); got != c.want {
+				t.Fatalf("Outcome(%v, %t) = %+v, want %+v", c.err, c.replayed, got, c.want)
+			}
+		})
+	}
+	for range 100 {
+		v := Outcome(errors.New("boom"), false, 2, p)
+		if v.Action != Redeliver || v.Reason != Failed || v.Delay < 0 ||
+			v.Delay >= 200*time.Millisecond {
+			t.Fatalf("Outcome of a failure on attempt 2 = %+v, want a redelivery within [0, 200ms)", v)
+		}
+	}
+}
+
 func TestDecideOneAttemptAtLeast(t *testing.T) {
 	got := Decide(errors.New("boom"), 1, Policy{MaxAttempts: 0}, 0, 0)
 	if got.Action != DeadLetter || got.Reason != Exhausted {
