@@ -195,10 +195,7 @@ func (c *call) follow(resp *http.Response, err error) (*http.Response, error) {
 // text holds no key).
 func (c *call) followed(resp *http.Response, err error) (*http.Response, error) {
 	c.ended = time.Now()
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
+	return resp, err
 }
 
 // pollWait is the wait before a poll that follows an answer with header h:
@@ -222,6 +219,7 @@ func askedWait(h http.Header) time.Duration {
 	return defaultPollWait
 }
 
+// responseHeader is resp's header, nil for no response.
 func responseHeader(resp *http.Response) http.Header {
 	if resp == nil {
 		return nil
