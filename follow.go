@@ -155,15 +155,14 @@ func (c *call) follow(resp *http.Response, err error) (*http.Response, error) {
 	pause := c.pollWait(resp.Header)
 	resp.Body.Close()
 	p := poller{c: c, mon: mon, header: pollHeader(c.header, ""), end: end}
-	state := OperationInProgress
 	for n := 1; ; n++ {
 		if !time.Now().Add(pause).Before(end) {
-			return c.followed(nil, &FollowError{Monitor: mon.String(), State: state,
-				Polls: n - 1, Key: c.key, Err: errFollowDeadline})
+			return c.followed(nil, &FollowError{Monitor: mon.String(),
+				State: OperationInProgress, Polls: n - 1, Key: c.key, Err: errFollowDeadline})
 		}
 		if err := wait.Sleep(ctx, pause); err != nil {
-			return c.followed(nil, &FollowError{Monitor: mon.String(), State: state,
-				Polls: n - 1, Key: c.key, Err: err})
+			return c.followed(nil, &FollowError{Monitor: mon.String(),
+				State: OperationInProgress, Polls: n - 1, Key: c.key, Err: err})
 		}
 		r := p.poll(ctx)
 		pause = 0
@@ -173,13 +172,13 @@ func (c *call) follow(resp *http.Response, err error) (*http.Response, error) {
 		case r.state == OperationCompleted:
 			out = r.resp
 		case r.state == OperationAbsent:
-			state, stop = OperationAbsent, &FollowError{Monitor: mon.String(),
-				State: OperationAbsent, Polls: n, Key: c.key}
+			stop = &FollowError{Monitor: mon.String(), State: OperationAbsent, Polls: n,
+				Key: c.key}
 		case r.state == OperationInProgress || !Definitive(r.resp, r.err):
 			pause = c.pollWait(responseHeader(r.resp))
 		default:
-			stop = &FollowError{Monitor: mon.String(), State: state, Polls: n, Key: c.key,
-				Err: fmt.Errorf("the monitor answered %d", r.resp.StatusCode)}
+			stop = &FollowError{Monitor: mon.String(), State: OperationInProgress, Polls: n,
+				Key: c.key, Err: fmt.Errorf("the monitor answered %d", r.resp.StatusCode)}
 		}
 		c.observePoll(ctx, r, n, pause)
 		if out != nil {
@@ -196,10 +195,7 @@ func (c *call) follow(resp *http.Response, err error) (*http.Response, error) {
 // text holds no key).
 func (c *call) followed(resp *http.Response, err error) (*http.Response, error) {
 	c.ended = time.Now()
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
+	return resp, err
 }
 
 // pollWait is the wait before a poll that follows an answer with header h:
@@ -223,6 +219,7 @@ func askedWait(h http.Header) time.Duration {
 	return defaultPollWait
 }
 
+// responseHeader is resp's header, nil for no response.
 func responseHeader(resp *http.Response) http.Header {
 	if resp == nil {
 		return nil

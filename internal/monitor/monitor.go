@@ -44,7 +44,7 @@ const (
 // problem+json body) is code, says of the operation.
 func Read(resp *http.Response, code string) State {
 	switch {
-	case Replayed(resp.Header):
+	case replayed(resp.Header):
 		return Completed
 	case resp.StatusCode == http.StatusAccepted:
 		return InProgress
@@ -56,9 +56,9 @@ func Read(resp *http.Response, code string) State {
 	return Unknown
 }
 
-// Replayed reports whether h marks a replayed response: one
+// replayed reports whether h marks a replayed response: one
 // Idempotent-Replayed field line, exactly "true".
-func Replayed(h http.Header) bool {
+func replayed(h http.Header) bool {
 	v := h.Values(ReplayedHeader)
 	return len(v) == 1 && v[0] == "true"
 }

@@ -41,7 +41,7 @@ var names = [...]string{"Idempotency-Key", "X-Idempotency-Key"}
 // HEAD, OPTIONS or TRACE, or its header holds a field named exactly
 // Idempotency-Key or X-Idempotency-Key.
 func Replays(r *http.Request) bool {
-	if ByMethod(r.Method) {
+	if byMethod(r.Method) {
 		return true
 	}
 	for _, n := range names {
@@ -52,9 +52,9 @@ func Replays(r *http.Request) bool {
 	return false
 }
 
-// ByMethod reports whether net/http re-sends a request of method whatever
+// byMethod reports whether net/http re-sends a request of method whatever
 // its header: GET (or ""), HEAD, OPTIONS and TRACE.
-func ByMethod(method string) bool {
+func byMethod(method string) bool {
 	switch method {
 	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
 		return true
