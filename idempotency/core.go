@@ -86,8 +86,7 @@ type request struct {
 }
 
 // newRequest returns the request of a call on ctx with scope s, whose
-// fingerprint covers in, and which stores sr (its ID set here) when it
-// creates its record.
+// fingerprint covers in, and which stores sr when it creates its record.
 func newRequest(ctx context.Context, s Scope, in fingerprintInput, sr storedRequest) request {
 	fp, _ := fingerprint(in, fingerprintVersion)
 	return request{scope: s, input: in, fp: fp, stored: sr.encode(), ctx: ctx,

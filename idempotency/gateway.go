@@ -189,10 +189,11 @@ var errCallerGone = errors.New("idempotency: the caller went away while its clai
 // claimInUnit claims c.Scope in a unit of the store's (OpClaim), as
 // ClaimInUnit says, on ctx, waiting for it at most storeTimeout after wait
 // and while caller lives: when caller ends first, the claim ends with
-// errCallerGone and caller's cause. A claim that created the record holds it in res.unit, which lives
-// until it is written or ended, like begin's; one that did not is the
-// store's answer, or a zero Record when c is to be claimed with claim.
-// Nothing is read back: a unit that failed committed nothing.
+// errCallerGone and caller's cause. A claim that created the record holds
+// it in res.unit, which lives until it is written or ended, like begin's;
+// one that did not is the store's answer, or a zero Record when c is to be
+// claimed with claim. Nothing is read back: a unit that failed committed
+// nothing.
 func (g gateway) claimInUnit(ctx, caller context.Context, c Claim, wait time.Duration) (
 	ClaimResult, error) {
 	start := time.Now()
@@ -208,19 +209,18 @@ func (g gateway) claimInUnit(ctx, caller context.Context, c Claim, wait time.Dur
 		err = errClaimTimeout
 	}
 	g.obs.storeCall(ctx, OpClaim, c.Scope, start, err)
-	if err != nil || u == nil {
-		if u != nil {
-			g.end(ctx, &openUnit{Unit: u, lease: res.Record.Lease(), inTx: true})
-		}
-		abort(nil)
-		if err != nil {
-			return ClaimResult{}, err
-		}
-		res.unit = nil
+	if err == nil && u != nil {
+		res.unit = &openUnit{Unit: u, lease: res.Record.Lease(), ctx: uctx, abort: abort,
+			inTx: true, claimed: true}
 		return res, nil
 	}
-	res.unit = &openUnit{Unit: u, lease: res.Record.Lease(), ctx: uctx, abort: abort, inTx: true,
-		claimed: true}
+	if u != nil { // begun, then failed or too late: nothing of it may stand
+		g.end(ctx, &openUnit{Unit: u, lease: res.Record.Lease(), inTx: true})
+	}
+	abort(nil)
+	if err != nil {
+		return ClaimResult{}, err
+	}
 	return res, nil
 }
 

@@ -95,7 +95,7 @@ func (mh *monitorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case rec.State == Completed:
 		m.replay(ctx, &noStore{ResponseWriter: w}, s, rec)
 	default:
-		m.inProgress(w, s, rec)
+		inProgress(w, m.monitorURL(s, rec), rec)
 	}
 }
 
@@ -201,13 +201,13 @@ type statusBody struct {
 	Monitor string `json:"monitor,omitempty"`
 }
 
-// inProgress answers that the request of scope s, whose record is rec, is
-// in progress: 202 Accepted, Retry-After, the status body, and the monitor
-// URL in Location and Operation-Location.
-func (m *Middleware) inProgress(w http.ResponseWriter, s Scope, rec Record) {
+// inProgress answers that the request whose record is rec is in progress:
+// 202 Accepted, Retry-After, the status body, and loc, its monitor URL
+// (monitorURL), in Location and Operation-Location unless "".
+func inProgress(w http.ResponseWriter, loc string, rec Record) {
 	h := w.Header()
-	loc := m.locate(h, s, rec)
 	if loc != "" {
+		h.Set("Location", loc)
 		h.Set(monitor.OperationLocation, loc)
 	}
 	var age time.Duration
@@ -224,10 +224,10 @@ func (m *Middleware) inProgress(w http.ResponseWriter, s Scope, rec Record) {
 	_, _ = w.Write(body)
 }
 
-// locate sets Location in h to the monitor URL of the request of scope s,
-// whose record is rec, and returns it; "" (and nothing set) without
-// WithMonitor, for a call of Do, and for an identifier over maxIDLength.
-func (m *Middleware) locate(h http.Header, s Scope, rec Record) string {
+// monitorURL returns the monitor URL of the request of scope s, whose
+// record is rec; "" without WithMonitor, for a call of Do, and for an
+// identifier over maxIDLength.
+func (m *Middleware) monitorURL(s Scope, rec Record) string {
 	if m.cfg.monitorIDs == nil || s.Method == "" || rec.Fingerprint == "" {
 		return "" // "": a record nobody can see yet (WithOneTransaction)
 	}
@@ -236,9 +236,14 @@ func (m *Middleware) locate(h http.Header, s Scope, rec Record) string {
 	if len(id) > maxIDLength {
 		return "" // a route of kilobytes: the monitor could not open it
 	}
-	loc := m.cfg.monitorPath + id
-	h.Set("Location", loc)
-	return loc
+	return m.cfg.monitorPath + id
+}
+
+// locate sets Location in h to monitorURL(s, rec), unless "".
+func (m *Middleware) locate(h http.Header, s Scope, rec Record) {
+	if loc := m.monitorURL(s, rec); loc != "" {
+		h.Set("Location", loc)
+	}
 }
 
 // accepts reports whether guarded requests answer 202 past WithAcceptAfter.
@@ -266,7 +271,8 @@ func (h *handler) runAccepting(w http.ResponseWriter, r *http.Request, req reque
 	// The handler may outlive ServeHTTP, and its request with it: its own
 	// copy, on the context that survives the client.
 	r = r.Clone(req.bg)
-	if h.m.locate(make(http.Header), req.scope, res.Record) == "" {
+	loc := h.m.monitorURL(req.scope, res.Record)
+	if loc == "" {
 		h.run(w, r, req, res, false) // no monitor URL to give: no 202
 		return
 	}
@@ -292,7 +298,7 @@ func (h *handler) runAccepting(w http.ResponseWriter, r *http.Request, req reque
 		case end = <-done: // it answered meanwhile
 		default:
 			cw.detach()
-			h.m.inProgress(w, req.scope, res.Record)
+			inProgress(w, loc, res.Record)
 			return
 		}
 	case <-req.ctx.Done():

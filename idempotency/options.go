@@ -433,8 +433,7 @@ func WithAcceptAfter(d time.Duration) Option {
 // the key (bounded as the store's ClaimInUnit says: sqlstore's waits
 // WithMaxInProgressWait, at least 1 s, and never past the request's
 // context, on PostgreSQL and MySQL, and its busy timeout on SQLite), then
-// replays the response, or runs when the
-// first rolled back, or gets 409
+// replays the response, or runs when the first rolled back, or gets 409
 // CodeInProgress (Do: an *InProgressError with RetryAfter 1 s); the
 // Monitor's lookup answers absent. The lease is the transaction's: no
 // heartbeat runs and nothing can take the record over; a crash or a lost
@@ -444,9 +443,9 @@ func WithAcceptAfter(d time.Duration) Option {
 // execution of such a Middleware but one that took over a record in
 // progress (left, say, before the route had the option), which resumes
 // its phases and completes: keep handlers with phases or External on one
-// without the option. A handler that holds its transaction while
-// it calls a slow service holds a connection, and on SQLite the write
-// lock, as long; so does a request that waits on a key held so.
+// without the option. A handler that holds its transaction while it calls
+// a slow service holds a connection, and on SQLite the write lock, as
+// long; so does a request that waits on a key held so.
 //
 // A key that has a record (a replay, a conflict, a completion past the
 // replay window, an expired lease) is claimed the ordinary way, and a

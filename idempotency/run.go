@@ -233,11 +233,11 @@ func (r *Run) extend(until time.Time) {
 // another service for phase: keygen.Event of phase and a digest of the
 // client's key scope, the first 16 bytes of SHA-256 over the
 // length-prefixed principal, method, route (for Do: none, and the
-// operation) and client's key. So it carries the client's key in digest form: the same in
-// every execution under that key (a retry after the key was given up, a
-// takeover and a resume alike), and another one for another client key,
-// principal, operation, route or method: a client that sends the same
-// request under a new key makes a new downstream call. The client's key
+// operation) and client's key. So it carries the client's key in digest
+// form: the same in every execution under that key (a retry after the key
+// was given up, a takeover and a resume alike), and another one for
+// another client key, principal, operation, route or method: a client
+// that sends the same request under a new key makes a new downstream call. The client's key
 // itself is never in it, so it never reaches the other service or its
 // logs. External passes it to its call; use it for any other downstream
 // call that can de-duplicate. It is a valid bare key (keygen.Validate).
