@@ -98,7 +98,7 @@ func (c *call) begin(ctx context.Context, retrying retry.Class, hedge bool,
 	// is as early, that deadline alone ends the attempt, and the error
 	// stays the caller's.
 	if d, ok := ctx.Deadline(); !a.until.IsZero() && (!ok || a.until.Before(d)) {
-		a.timer = limit(a.until.Sub(a.start), a.cancel)
+		a.timer = limit(time.Until(a.until), a.cancel)
 	}
 
 	r := c.req.WithContext(a.ctx)
