@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -183,20 +184,12 @@ func (h *handler) exec(cw *capture, r *http.Request, req request, res ClaimResul
 	return h.m.execute(req, res, background, !background, func(ctx context.Context,
 		_ *Run) ending {
 		r2 := r.WithContext(ctx)
-		body := &bodyReader{}
-		body.Reset(req.input.body)
-		r2.Body = body
+		r2.Body = io.NopCloser(bytes.NewReader(req.input.body))
 		r2.ContentLength = int64(len(req.input.body))
 		h.next.ServeHTTP(cw, r2)
 		return h.ending(cw, background)
 	})
 }
-
-// bodyReader is the body a handler reads: the bytes read before it ran.
-type bodyReader struct{ bytes.Reader }
-
-// Close does nothing.
-func (*bodyReader) Close() error { return nil }
 
 // respond answers the request through cw.w after the execution settled as
 // s says: the handler's response, or a problem when it cannot stand.
