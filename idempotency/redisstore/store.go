@@ -581,7 +581,7 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 			idempotency.ErrRecordTooLarge, size, s.cfg.maxRecord)
 	}
 	k := s.keysOf(c.Scope)
-	leaseUntil := unixnano.Time(unixnano.Add(c.Now, c.LeaseFor))
+	lease := unixnano.Add(c.Now, c.LeaseFor)
 	var cutoff any = "" // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = unixnano.Add(c.Now, -c.ReplayWindow)
@@ -600,9 +600,9 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 	v, err := s.run(ctx, "claim", sc, []string{k.rec, k.lease, k.done, s.nonce(k), k.marker},
 		claimWrote,
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
-		c.Fingerprint, c.FingerprintVersion, c.Owner, ns(leaseUntil),
+		c.Fingerprint, c.FingerprintVersion, c.Owner, lease,
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
-		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
+		k.member, lease/1000, max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
 		s.nonceTTL(), s.guard.epoch, unixnano.Add(c.Now, -keep), evicting)
 	if err != nil {
 		switch {
@@ -621,7 +621,7 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 		// Acquired but not replicated: the caller must not run.
 		return idempotency.ClaimResult{}, err
 	}
-	res, err := claimResult(v, c, leaseUntil)
+	res, err := claimResult(v, c, lease)
 	if err != nil {
 		return idempotency.ClaimResult{}, opErr("claim", err)
 	}
@@ -664,8 +664,9 @@ func fencedWrote(v any) bool {
 	return n == 1
 }
 
-// claimResult reads the claim script's answer (see claimScript).
-func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (
+// claimResult reads the claim script's answer (see claimScript) to c, whose
+// lease ends at lease (ns).
+func claimResult(v any, c idempotency.Claim, lease int64) (
 	idempotency.ClaimResult, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
@@ -698,7 +699,7 @@ func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (
 	r = idempotency.Record{
 		Scope: c.Scope, State: idempotency.InProgress, Fingerprint: c.Fingerprint,
 		FingerprintVersion: c.FingerprintVersion, Owner: c.Owner, Generation: d.int(a[1]),
-		LeaseUntil: unixnano.Time(unixnano.Of(leaseUntil)), CreatedAt: now, UpdatedAt: now,
+		LeaseUntil: unixnano.Time(lease), CreatedAt: now, UpdatedAt: now,
 	}
 	if outcome == 1 {
 		r.Request = c.Request
