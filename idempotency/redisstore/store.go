@@ -895,8 +895,6 @@ func (s *Store) fenced(ctx context.Context, op string, sc *redis.Script, k []str
 	return nil
 }
 
-func gen(l idempotency.Lease) int64 { return l.Generation }
-
 // Heartbeat implements idempotency.Store.Heartbeat: it sets the lease end
 // to until. idempotency.ErrLeaseLost when l does not own an in-progress
 // record.
@@ -907,7 +905,7 @@ func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.T
 func (s *Store) lease(ctx context.Context, op string, l idempotency.Lease, until time.Time) error {
 	k := s.keysOf(l.Scope)
 	return s.fenced(ctx, op, heartbeatScript, []string{k.rec, k.lease, s.nonce(k)},
-		l.Owner, gen(l), ns(until), micros(until), k.member, s.nonceTTL())
+		l.Owner, l.Generation, ns(until), micros(until), k.member, s.nonceTTL())
 }
 
 // Complete implements idempotency.Store.Complete: it stores resp, drops the
@@ -923,7 +921,7 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 		hasHeader = "1"
 	}
 	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
-		l.Owner, gen(l), resp.Status, header, hasHeader, resp.Body, ns(now), k.member,
+		l.Owner, l.Generation, resp.Status, header, hasHeader, resp.Body, ns(now), k.member,
 		micros(now), s.nonceTTL())
 }
 
@@ -933,7 +931,7 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 	k := s.keysOf(l.Scope)
 	return s.fenced(ctx, "release", releaseScript, []string{k.rec, k.lease, s.nonce(k)},
-		l.Owner, gen(l), k.member, s.nonceTTL())
+		l.Owner, l.Generation, k.member, s.nonceTTL())
 }
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint.
@@ -946,5 +944,5 @@ func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point
 		hasData = "1"
 	}
 	return s.fenced(ctx, "set_recovery_point", pointScript, []string{k.rec, s.nonce(k)},
-		l.Owner, gen(l), point, data, hasData, ns(now), s.nonceTTL())
+		l.Owner, l.Generation, point, data, hasData, ns(now), s.nonceTTL())
 }
