@@ -36,11 +36,12 @@ type queries struct {
 
 // all returns every statement, by name.
 func (q *queries) all() map[string]*string {
-	return map[string]*string{"get": &q.get, "existing": &q.existing, "insert": &q.insert, "insert_wait": &q.insertWait,
-		"takeover": &q.takeover, "restart": &q.restart, "heartbeat": &q.heartbeat,
-		"complete": &q.complete, "release": &q.release, "set_point": &q.setPoint,
-		"abandoned": &q.abandoned, "delete_before": &q.deleteBefore, "locked": &q.locked,
-		"held": &q.held, "stale": &q.stale, "set_wait": &q.setWait, "reset_wait": &q.resetWait}
+	return map[string]*string{"get": &q.get, "existing": &q.existing, "insert": &q.insert,
+		"insert_wait": &q.insertWait, "takeover": &q.takeover, "restart": &q.restart,
+		"heartbeat": &q.heartbeat, "complete": &q.complete, "release": &q.release,
+		"set_point": &q.setPoint, "abandoned": &q.abandoned, "delete_before": &q.deleteBefore,
+		"locked": &q.locked, "held": &q.held, "stale": &q.stale, "set_wait": &q.setWait,
+		"reset_wait": &q.resetWait}
 }
 
 // rebind turns the $N placeholders of every statement into a dialect's.
