@@ -309,14 +309,17 @@ func (g *guard) arm(ctx context.Context, now time.Time) error {
 		var mine [8]byte
 		_, _ = rand.Read(mine[:])
 		epoch := hex.EncodeToString(mine[:])
-		if err := g.rdb.SetNX(ctx, g.shards[0].marker, "p"+epoch, 0).Err(); err != nil {
+		set, err := g.rdb.SetNX(ctx, g.shards[0].marker, "p"+epoch, 0).Result()
+		if err != nil {
 			return err
 		}
-		if first, err = g.markers(ctx, 0, 1); err != nil {
-			return err
-		}
-		marks[0] = first[0]
-		if marks[0] == "p"+epoch {
+		if !set { // another New was first: read its marker
+			if first, err = g.markers(ctx, 0, 1); err != nil {
+				return err
+			}
+			marks[0] = first[0]
+		} else {
+			marks[0] = "p" + epoch
 			g.log(slog.LevelInfo, "redisstore: arming a new prefix (no shard held a marker)",
 				"prefix", g.cfg.prefix)
 		}

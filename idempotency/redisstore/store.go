@@ -581,7 +581,7 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 			idempotency.ErrRecordTooLarge, size, s.cfg.maxRecord)
 	}
 	k := s.keysOf(c.Scope)
-	leaseUntil := unixnano.Time(unixnano.Add(c.Now, c.LeaseFor))
+	lease := unixnano.Add(c.Now, c.LeaseFor)
 	var cutoff any = "" // ReplayWindow <= 0: completed records never expire
 	if c.ReplayWindow > 0 {
 		cutoff = unixnano.Add(c.Now, -c.ReplayWindow)
@@ -600,9 +600,9 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 	v, err := s.run(ctx, "claim", sc, []string{k.rec, k.lease, k.done, s.nonce(k), k.marker},
 		claimWrote,
 		c.Scope.Principal, c.Scope.Method, c.Scope.Route, c.Scope.Key,
-		c.Fingerprint, c.FingerprintVersion, c.Owner, ns(leaseUntil),
+		c.Fingerprint, c.FingerprintVersion, c.Owner, lease,
 		c.Request, ns(c.Now), cutoff, takeoverOnly,
-		k.member, micros(leaseUntil), max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
+		k.member, lease/1000, max(c.LeaseFor.Milliseconds(), 0), keep.Milliseconds(),
 		s.nonceTTL(), s.guard.epoch, unixnano.Add(c.Now, -keep), evicting)
 	if err != nil {
 		switch {
@@ -621,7 +621,7 @@ func (s *Store) claim(ctx context.Context, c idempotency.Claim, sc *redis.Script
 		// Acquired but not replicated: the caller must not run.
 		return idempotency.ClaimResult{}, err
 	}
-	res, err := claimResult(v, c, leaseUntil)
+	res, err := claimResult(v, c, lease)
 	if err != nil {
 		return idempotency.ClaimResult{}, opErr("claim", err)
 	}
@@ -664,8 +664,9 @@ func fencedWrote(v any) bool {
 	return n == 1
 }
 
-// claimResult reads the claim script's answer (see claimScript).
-func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (
+// claimResult reads the claim script's answer (see claimScript) to c, whose
+// lease ends at lease (ns).
+func claimResult(v any, c idempotency.Claim, lease int64) (
 	idempotency.ClaimResult, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
@@ -698,7 +699,7 @@ func claimResult(v any, c idempotency.Claim, leaseUntil time.Time) (
 	r = idempotency.Record{
 		Scope: c.Scope, State: idempotency.InProgress, Fingerprint: c.Fingerprint,
 		FingerprintVersion: c.FingerprintVersion, Owner: c.Owner, Generation: d.int(a[1]),
-		LeaseUntil: unixnano.Time(unixnano.Of(leaseUntil)), CreatedAt: now, UpdatedAt: now,
+		LeaseUntil: unixnano.Time(lease), CreatedAt: now, UpdatedAt: now,
 	}
 	if outcome == 1 {
 		r.Request = c.Request
@@ -894,8 +895,6 @@ func (s *Store) fenced(ctx context.Context, op string, sc *redis.Script, k []str
 	return nil
 }
 
-func gen(l idempotency.Lease) int64 { return l.Generation }
-
 // Heartbeat implements idempotency.Store.Heartbeat: it sets the lease end
 // to until. idempotency.ErrLeaseLost when l does not own an in-progress
 // record.
@@ -906,7 +905,7 @@ func (s *Store) Heartbeat(ctx context.Context, l idempotency.Lease, until time.T
 func (s *Store) lease(ctx context.Context, op string, l idempotency.Lease, until time.Time) error {
 	k := s.keysOf(l.Scope)
 	return s.fenced(ctx, op, heartbeatScript, []string{k.rec, k.lease, s.nonce(k)},
-		l.Owner, gen(l), ns(until), micros(until), k.member, s.nonceTTL())
+		l.Owner, l.Generation, ns(until), micros(until), k.member, s.nonceTTL())
 }
 
 // Complete implements idempotency.Store.Complete: it stores resp, drops the
@@ -922,7 +921,7 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 		hasHeader = "1"
 	}
 	return s.fenced(ctx, "complete", completeScript, []string{k.rec, k.lease, k.done, s.nonce(k)},
-		l.Owner, gen(l), resp.Status, header, hasHeader, resp.Body, ns(now), k.member,
+		l.Owner, l.Generation, resp.Status, header, hasHeader, resp.Body, ns(now), k.member,
 		micros(now), s.nonceTTL())
 }
 
@@ -932,7 +931,7 @@ func (s *Store) Complete(ctx context.Context, l idempotency.Lease, resp idempote
 func (s *Store) Release(ctx context.Context, l idempotency.Lease) error {
 	k := s.keysOf(l.Scope)
 	return s.fenced(ctx, "release", releaseScript, []string{k.rec, k.lease, s.nonce(k)},
-		l.Owner, gen(l), k.member, s.nonceTTL())
+		l.Owner, l.Generation, k.member, s.nonceTTL())
 }
 
 // SetRecoveryPoint implements idempotency.Store.SetRecoveryPoint.
@@ -945,5 +944,5 @@ func (s *Store) SetRecoveryPoint(ctx context.Context, l idempotency.Lease, point
 		hasData = "1"
 	}
 	return s.fenced(ctx, "set_recovery_point", pointScript, []string{k.rec, s.nonce(k)},
-		l.Owner, gen(l), point, data, hasData, ns(now), s.nonceTTL())
+		l.Owner, l.Generation, point, data, hasData, ns(now), s.nonceTTL())
 }

@@ -343,11 +343,7 @@ func (mysqlDialect) deleteBefore(ctx context.Context, s *Store, h, n int64) (int
 	q := s.q.deleteBefore + strings.Repeat("?, ", len(keys)-1) + "?)"
 	args := append([]any{h, h}, keys...)
 	return retried(func() (int, error) {
-		res, err := s.db.ExecContext(ctx, q, args...)
-		if err != nil {
-			return 0, err
-		}
-		n, err := res.RowsAffected()
+		n, err := execRows(ctx, s.db, q, args...)
 		return int(n), err
 	})
 }

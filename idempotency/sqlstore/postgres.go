@@ -126,12 +126,8 @@ WHERE attrelid = to_regclass($1) AND attname = 'recovery_point' AND NOT attisdro
 func (postgresDialect) claimInTx(ctx context.Context, s *Store, tx *sql.Tx, c idempotency.Claim,
 	wait time.Duration) (bool, error) {
 	ms := min(max(wait, minClaimWait).Milliseconds(), math.MaxInt32)
-	res, err := tx.ExecContext(ctx, s.q.insertWait,
+	n, err := execRows(ctx, tx, s.q.insertWait,
 		append(s.insertArgs(c), strconv.FormatInt(ms, 10)+"ms")...)
-	if err != nil {
-		return false, err
-	}
-	n, err := res.RowsAffected()
 	return n == 1, err
 }
 

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/saferetry/saferetry/idempotency"
@@ -35,11 +36,12 @@ type queries struct {
 
 // all returns every statement, by name.
 func (q *queries) all() map[string]*string {
-	return map[string]*string{"get": &q.get, "existing": &q.existing, "insert": &q.insert, "insert_wait": &q.insertWait,
-		"takeover": &q.takeover, "restart": &q.restart, "heartbeat": &q.heartbeat,
-		"complete": &q.complete, "release": &q.release, "set_point": &q.setPoint,
-		"abandoned": &q.abandoned, "delete_before": &q.deleteBefore, "locked": &q.locked,
-		"held": &q.held, "stale": &q.stale, "set_wait": &q.setWait, "reset_wait": &q.resetWait}
+	return map[string]*string{"get": &q.get, "existing": &q.existing, "insert": &q.insert,
+		"insert_wait": &q.insertWait, "takeover": &q.takeover, "restart": &q.restart,
+		"heartbeat": &q.heartbeat, "complete": &q.complete, "release": &q.release,
+		"set_point": &q.setPoint, "abandoned": &q.abandoned, "delete_before": &q.deleteBefore,
+		"locked": &q.locked, "held": &q.held, "stale": &q.stale, "set_wait": &q.setWait,
+		"reset_wait": &q.resetWait}
 }
 
 // rebind turns the $N placeholders of every statement into a dialect's.
@@ -224,11 +226,7 @@ type returning struct{}
 // claim runs the INSERT that creates c's record or does nothing (ON
 // CONFLICT DO NOTHING): it created the record when it inserted a row.
 func (returning) claim(ctx context.Context, s *Store, q execer, c idempotency.Claim) (bool, error) {
-	res, err := q.ExecContext(ctx, s.q.insert, s.insertArgs(c)...)
-	if err != nil {
-		return false, err
-	}
-	n, err := res.RowsAffected()
+	n, err := execRows(ctx, q, s.q.insert, s.insertArgs(c)...)
 	return n == 1, err
 }
 
@@ -263,13 +261,21 @@ func (returning) win(ctx context.Context, s *Store, q execer, c idempotency.Clai
 // serialization failure).
 func (returning) deleteBefore(ctx context.Context, s *Store, horizon, limit int64) (int, error) {
 	return retried(func() (int, error) {
-		res, err := s.db.ExecContext(ctx, s.q.deleteBefore, horizon, limit)
-		if err != nil {
-			return 0, err
-		}
-		n, err := res.RowsAffected()
+		n, err := execRows(ctx, s.db, s.q.deleteBefore, horizon, limit)
 		return int(n), err
 	})
+}
+
+// execRows runs query on ex and returns how many rows it affected (as the
+// driver counts them: MySQL's the rows it changed).
+func execRows(ctx context.Context, ex interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, query string, args ...any) (int64, error) {
+	res, err := ex.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // confirmMiss: a write that matched no row found the lease lost.

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/saferetry/saferetry/idempotency"
+	"github.com/saferetry/saferetry/internal/wait"
 )
 
 // Charges is a store's side of the handler. Both methods are called with
@@ -56,9 +57,8 @@ func Run(addr string, store idempotency.Store, charges Charges, work time.Durati
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		select { // the side effect takes a while: others arrive meanwhile
-		case <-time.After(work):
-		case <-ctx.Done():
+		// The side effect takes a while: others arrive meanwhile.
+		if wait.Sleep(ctx, work) != nil {
 			http.Error(w, "canceled", http.StatusServiceUnavailable)
 			return
 		}
